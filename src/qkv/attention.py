@@ -1,0 +1,263 @@
+"""Scaled dot-product attention, the spec's self-attention and multi-head attention.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V          (Vaswani et al. 2017, eq. 1)
+    MultiHead(X) = Concat(head_1, …, head_h) W_O,  head_i = Attention(X W_Q^i, X W_K^i, X W_V^i)
+
+Shapes: B batch, L query length, S key length, C model width, H query heads,
+G key/value heads (G divides H), D head width (C / H).
+Masks: bool True = may attend; float bias is added to the scores (see ``qkv.masks``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import causal_mask
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., len, dim), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if q.size(-1) != k.size(-1):
+        raise ValueError(f"q and k must share their last dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.size(-2) != v.size(-2):
+        raise ValueError(f"k and v must have the same length, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not (q.dim() == k.dim() == v.dim() and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"q, k, v must share their leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+
+
+def _check_broadcast(name: str, t: Tensor, target: tuple[int, ...]) -> None:
+    try:
+        torch.broadcast_shapes(t.shape, target)
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the scores' shape {target}") from None
+    if len(t.shape) > len(target):
+        raise ValueError(f"{name} has {t.dim()} dims but the scores have {len(target)}: {tuple(t.shape)} vs {target}")
+
+
+def _allowed(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor | None:
+    """The combined bool mask (broadcastable to (..., L, S)), or None when all is allowed."""
+    allowed = mask
+    if is_causal:
+        causal = causal_mask(q.size(-2), k.size(-2), device=q.device)  # (L, S)
+        allowed = causal if allowed is None else allowed & causal
+    return allowed
+
+
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    """The spec's formula line by line: softmax(Q Kᵀ · scale + bias, masked) V. Returns (out, weights)."""
+    scores = q @ k.transpose(-2, -1) * scale  # (..., L, S)
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    # A row with no key left would be softmax(-inf, …) = NaN; such a query gets zero weights
+    # (and, below, a zero output), forward and backward.
+    row_ok = (scores > float("-inf")).any(dim=-1, keepdim=True)  # (..., L, 1)
+    scores = torch.where(row_ok, scores, torch.zeros_like(scores))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype) * row_ok  # each live row sums to 1
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (..., L, Dv), (..., L, S)
+
+
+def fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float, dropout_p: float
+) -> Tensor:
+    """The same answer through ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels)."""
+    if allowed is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    # Kernels disagree on rows with no allowed key (NaN or garbage): open such rows to every
+    # key, then zero their output. The multiplication keeps their gradient exactly zero.
+    row_ok = allowed.any(dim=-1, keepdim=True)  # (..., L, 1)
+    attn_mask = allowed | ~row_ok
+    if bias is not None:
+        attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return out * row_ok
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(Q Kᵀ · scale + bias, masked) · V, with scale = 1/√d_k by default.
+
+    Args:
+        q: (..., L, D) queries; k: (..., S, D) keys; v: (..., S, Dv) values.
+        mask: bool, broadcastable to (..., L, S); True where a query may attend.
+        bias: float, broadcastable to (..., L, S); added to the scores (ALiBi, relative bias).
+        is_causal: add a causal mask aligned bottom-right (query i sees keys ≤ S − L + i).
+        scale: score multiplier; 1/√D when None.
+        dropout_p: dropout on the weights (pass 0.0 at evaluation).
+        return_weights: also return the (..., L, S) weights; this takes the reference path.
+    Returns:
+        out (..., L, Dv) [, weights (..., L, S)]. A query with no allowed key gets zeros.
+    """
+    _check_qkv(q, k, v)
+    scores_shape = (*q.shape[:-1], k.size(-2))
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"mask must be a bool Tensor (True = may attend), got {got}; pass float masks as bias=")
+        _check_broadcast("mask", mask, scores_shape)
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
+            raise TypeError(f"bias must be a floating-point Tensor, got {got}")
+        _check_broadcast("bias", bias, scores_shape)
+        bias = bias.to(q.dtype)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    allowed = _allowed(q, k, mask, is_causal)
+    if return_weights:
+        return reference_attention(q, k, v, allowed, bias, scale, dropout_p)
+    if is_causal and mask is None and bias is None and q.size(-2) == k.size(-2):
+        # Square causal: top-left == bottom-right, so the kernel's own is_causal (flash) is exact.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
+    return fused_attention(q, k, v, allowed, bias, scale, dropout_p)
+
+
+class SelfAttention(nn.Module):
+    """The spec's chapter-1 module: one head over the full width, Q = X W_Q, K = X W_K, V = X W_V."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        if not isinstance(d_model, int) or d_model <= 0:
+            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+        self.d_model = d_model
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(
+        self, x: Tensor, *, mask: Tensor | None = None, is_causal: bool = False, return_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """x (..., T, C) -> out (..., T, C) [, weights (..., T, T)]."""
+        if x.dim() < 2 or x.size(-1) != self.d_model:
+            raise ValueError(f"expected x of shape (..., T, {self.d_model}), got {tuple(x.shape)}")
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (..., T, C) each
+        return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017 §3.2.2) with grouped-query heads (Ainslie et al. 2023).
+
+    Self-attention when ``context`` is None; cross-attention (Q from x, K and V from
+    context) otherwise. ``num_kv_heads`` < ``num_heads`` shares each K/V head among
+    num_heads / num_kv_heads query heads (1 = multi-query). Position enters through the
+    optional ``rope`` (rotates q and k) or ``alibi`` (biases the scores) modules.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        bias: bool = False,
+        dropout: float = 0.0,
+        rope: nn.Module | None = None,
+        alibi: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        if rope is not None and getattr(rope, "head_dim", self.head_dim) != self.head_dim:
+            raise ValueError(f"rope.head_dim must equal d_model / num_heads = {self.head_dim}, got {rope.head_dim}")
+        if alibi is not None and getattr(alibi, "num_heads", num_heads) != num_heads:
+            raise ValueError(f"alibi.num_heads must equal num_heads = {num_heads}, got {alibi.num_heads}")
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+        self.rope, self.alibi = rope, alibi
+
+    def _heads(self, t: Tensor, n: int) -> Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n·D) -> (B, n, T, D)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        kv_cache=None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, L, C) [, context (B, S, C)] -> out (B, L, C) [, weights (B, H, L, S)].
+
+        ``mask`` is bool, True = may attend, broadcastable to (B, H, L, S) where S counts
+        cached keys too. ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
+        values and supplies all keys so far; positions continue from ``kv_cache.pos``.
+        """
+        self._check(x, context, kv_cache)
+        src = x if context is None else context
+        q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
+        k = self._heads(self.k_proj(src), self.num_kv_heads)  # (B, G, S, D)
+        v = self._heads(self.v_proj(src), self.num_kv_heads)  # (B, G, S, D)
+        offset = 0 if kv_cache is None else kv_cache.pos
+        if self.rope is not None:
+            q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, G, offset + S, D)
+        if self.num_kv_heads != self.num_heads:
+            groups = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(groups, dim=1)  # (B, G, S, D) -> (B, H, S, D)
+            v = v.repeat_interleave(groups, dim=1)
+        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2))  # (H, L, S)
+        dropout_p = self.dropout if self.training else 0.0
+        res = scaled_dot_product_attention(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p, return_weights=return_weights
+        )
+        out, weights = res if return_weights else (res, None)
+        out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)  # (B, H, L, D) -> (B, L, C)
+        out = self.out_proj(out)
+        return (out, weights) if return_weights else out
+
+    def _check(self, x: Tensor, context: Tensor | None, kv_cache) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {shape}")
+        if context is not None:
+            if not isinstance(context, Tensor) or context.dim() != 3 or context.size(-1) != self.d_model:
+                shape = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
+                raise ValueError(f"expected context of shape (B, S, {self.d_model}), got {shape}")
+            if context.size(0) != x.size(0):
+                raise ValueError(f"context batch {context.size(0)} differs from x batch {x.size(0)}")
+        if kv_cache is not None and context is not None:
+            raise ValueError("kv_cache is for self-attention; cross-attention keys come from context")

@@ -1,0 +1,116 @@
+"""Sampling as small functions (logits → filtered logits → next token) and the decode loop.
+
+Shapes: B batch, T prompt length, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the k largest logits of each row (B, V); the rest become -inf."""
+    k = min(k, logits.size(-1))
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filtering (Holtzman et al. 2020): keep the smallest set whose probability reaches p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop = cum - sorted_logits.softmax(-1) >= p  # mass before this token already reaches p; the top token stays
+    drop = drop.scatter(-1, order, drop)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def next_token(
+    logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """logits (B, V) -> token ids (B,). temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.size(1) == 0:
+        got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"ids must be a non-empty integer tensor (B, T), got {got}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
+        raise ValueError(f"mask must be bool with the shape of ids {tuple(ids.shape)}, got {mask.dtype} {tuple(mask.shape)}")
+
+
+@torch.no_grad()
+def generate(
+    model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
+
+    Args:
+        ids: (B, T) prompts; a batch of different lengths is left-padded, with ``mask``
+            (B, T) bool True on real tokens. Each row then gets the tokens it would alone.
+        eos_id: a row that emits it is finished and padded with eos_id from then on.
+        use_cache: KV-cached decoding (same tokens as without, far fewer FLOPs).
+        seed: seeds a private generator, so sampling is reproducible.
+    Returns:
+        (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
+
+    The model never sees more than ``config.max_len`` tokens (as in training): when the
+    sequence would outgrow it, decoding continues from the last max_len // 2 tokens
+    (a sliding window, re-prefilled), with or without the cache alike.
+    """
+    _check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
+    was_training = model.training
+    model.eval()
+    device = ids.device
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    B = ids.size(0)
+    limit = model.config.max_len
+    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+    out, start = ids, max(0, ids.size(1) - limit)  # the model sees out[:, start:]
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    caches = None
+
+    def prefill():
+        nonlocal caches
+        if use_cache:
+            caches = model.new_kv_caches(B, min(limit, out.size(1) - start + max_new_tokens), device=device)
+        return model(out[:, start:], mask=valid[:, start:], kv_caches=caches).logits[:, -1]
+
+    logits = prefill()
+    for step in range(max_new_tokens):
+        tok = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        if eos_id is not None:
+            tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
+            finished |= tok == eos_id
+        out = torch.cat([out, tok[:, None]], dim=1)  # (B, T+1)
+        valid = torch.cat([valid, torch.ones_like(tok[:, None], dtype=torch.bool)], dim=1)
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        if out.size(1) - start > limit:  # window full: slide and re-prefill
+            start = out.size(1) - limit // 2
+            logits = prefill()
+        elif use_cache:
+            logits = model(tok[:, None], mask=valid[:, start:], kv_caches=caches).logits[:, -1]
+        else:
+            logits = model(out[:, start:], mask=valid[:, start:]).logits[:, -1]
+    model.train(was_training)
+    return out

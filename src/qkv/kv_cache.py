@@ -1,0 +1,47 @@
+"""A preallocated key/value cache for one attention layer (after gpt-fast and torchtune).
+
+Shapes: B batch, G key/value heads, M capacity (max_len), D head width.
+Position tracking: ``pos`` counts the tokens written so far; the next ``update`` writes
+rows pos … pos+T−1 and returns keys/values 0 … pos+T−1. Nothing is reallocated per token.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class KVCache(nn.Module):
+    """Keys and values of one layer, (B, G, M, D) each, filled left to right."""
+
+    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *, dtype=None, device=None):
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads),
+                            ("max_len", max_len), ("head_dim", head_dim)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.max_len = max_len
+        self.pos = 0
+
+    def reset(self) -> None:
+        """Forget the contents (the buffers are reused, not reallocated)."""
+        self.pos = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, G, T, D) at pos; return all keys and values so far, (B, G, pos+T, D)."""
+        if k.shape != v.shape or k.dim() != 4 or k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+            raise ValueError(
+                f"expected k and v of shape (B={self.k.size(0)}, G={self.k.size(1)}, T, D={self.k.size(3)}), "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        end = self.pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.pos} cached + {k.size(2)} new = {end} tokens > max_len={self.max_len}"
+            )
+        self.k[:, :, self.pos:end] = k
+        self.v[:, :, self.pos:end] = v
+        self.pos = end
+        return self.k[:, :, :end], self.v[:, :, :end]
