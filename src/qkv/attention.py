@@ -167,6 +167,7 @@ class MultiHeadAttention(nn.Module):
     context) otherwise. ``num_kv_heads`` < ``num_heads`` shares each K/V head among
     num_heads / num_kv_heads query heads (1 = multi-query). Position enters through the
     optional ``rope`` (rotates q and k) or ``alibi`` (biases the scores) modules.
+    ``kv_dim`` is the context's width when it differs from d_model (cross-attention).
     """
 
     def __init__(
@@ -179,10 +180,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         rope: nn.Module | None = None,
         alibi: nn.Module | None = None,
+        kv_dim: int | None = None,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        kv_dim = d_model if kv_dim is None else kv_dim
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                            ("kv_dim", kv_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % num_heads:
@@ -191,7 +195,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.d_model, self.num_heads, self.num_kv_heads, self.kv_dim = d_model, num_heads, num_kv_heads, kv_dim
         self.head_dim = d_model // num_heads
         if rope is not None and getattr(rope, "head_dim", self.head_dim) != self.head_dim:
             raise ValueError(f"rope.head_dim must equal d_model / num_heads = {self.head_dim}, got {rope.head_dim}")
@@ -199,8 +203,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"alibi.num_heads must equal num_heads = {num_heads}, got {alibi.num_heads}")
         kv_width = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.k_proj = nn.Linear(kv_dim, kv_width, bias=bias)
+        self.v_proj = nn.Linear(kv_dim, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.rope, self.alibi = rope, alibi
@@ -226,6 +230,8 @@ class MultiHeadAttention(nn.Module):
         values and supplies all keys so far; positions continue from ``kv_cache.pos``.
         """
         self._check(x, context, kv_cache)
+        if context is None and self.kv_dim != self.d_model:
+            raise ValueError(f"this attention takes keys of width kv_dim={self.kv_dim}: pass a context")
         src = x if context is None else context
         q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
         k = self._heads(self.k_proj(src), self.num_kv_heads)  # (B, G, S, D)
@@ -254,9 +260,9 @@ class MultiHeadAttention(nn.Module):
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {shape}")
         if context is not None:
-            if not isinstance(context, Tensor) or context.dim() != 3 or context.size(-1) != self.d_model:
+            if not isinstance(context, Tensor) or context.dim() != 3 or context.size(-1) != self.kv_dim:
                 shape = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
-                raise ValueError(f"expected context of shape (B, S, {self.d_model}), got {shape}")
+                raise ValueError(f"expected context of shape (B, S, {self.kv_dim}), got {shape}")
             if context.size(0) != x.size(0):
                 raise ValueError(f"context batch {context.size(0)} differs from x batch {x.size(0)}")
         if kv_cache is not None and context is not None:

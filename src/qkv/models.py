@@ -158,7 +158,7 @@ class Embeddings(nn.Module):
             self.pos = LearnedPositionalEmbedding(config.max_len, config.d_model)
         else:
             self.pos = None  # none, or position applied inside attention (rope, alibi)
-        self.type = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        self.token_type = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
         self.norm = make_norm(config.norm, config.d_model, config.norm_eps) if config.embedding_norm else None
         self.drop = nn.Dropout(config.dropout)
         self.vocab_size = config.vocab_size
@@ -171,8 +171,8 @@ class Embeddings(nn.Module):
         x = self.tok(ids)  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(positions)
-        if self.type is not None:
-            x = x + self.type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
+        if self.token_type is not None:
+            x = x + self.token_type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
         return self.drop(x)

@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+import qkv
+
+ATOL = 1e-5
+
+
+def make_mha(kind, kv_heads=4):
+    pos = {"rope": {"rope": qkv.RotaryEmbedding(4)}, "alibi": {"alibi": qkv.ALiBi(4)}, "none": {}}[kind]
+    return qkv.MultiHeadAttention(16, 4, num_kv_heads=kv_heads, **pos).eval()
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "none"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_token_by_token_equals_full_forward(kind, kv_heads):
+    mha = make_mha(kind, kv_heads)
+    x = torch.randn(2, 7, 16)
+    full = mha(x, is_causal=True)
+    cache = qkv.KVCache(2, kv_heads, 7, 4)
+    steps = [mha(x[:, :3], is_causal=True, kv_cache=cache)]  # chunked prefill, then one token at a time
+    steps += [mha(x[:, t:t + 1], is_causal=True, kv_cache=cache) for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+    assert cache.pos == 7
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "none", "learned", "sinusoidal"])
+def test_gpt_cached_logits_equal_full_forward(positional):
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional=positional, num_kv_heads=2)).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    full = model(ids).logits
+    caches = model.new_kv_caches(2, 9)
+    parts = [model(ids[:, :4], kv_caches=caches).logits]
+    parts += [model(ids[:, t:t + 1], kv_caches=caches).logits for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=ATOL, rtol=0)
+
+
+def test_overflow_reset_and_shape_errors():
+    cache = qkv.KVCache(1, 2, 4, 8)
+    k = torch.randn(1, 2, 3, 8)
+    cache.update(k, k)
+    with pytest.raises(ValueError, match=r"overflow.*3 cached \+ 2 new = 5 tokens > max_len=4"):
+        cache.update(k[:, :, :2], k[:, :, :2])
+    cache.reset()
+    kk, vv = cache.update(k, k)
+    assert cache.pos == 3 and kk.shape == (1, 2, 3, 8)
+    ptr = cache.k.data_ptr()
+    cache.update(k[:, :, :1], k[:, :, :1])
+    assert cache.k.data_ptr() == ptr  # no reallocation per token
+    with pytest.raises(ValueError, match="expected k and v"):
+        cache.update(torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8))
+    with pytest.raises(ValueError, match="max_len"):
+        qkv.KVCache(1, 2, 0, 8)
+
+
+def test_cross_attention_refuses_a_cache():
+    mha = qkv.MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="cross-attention"):
+        mha(torch.randn(1, 2, 8), torch.randn(1, 3, 8), kv_cache=qkv.KVCache(1, 2, 4, 4))
