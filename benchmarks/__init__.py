@@ -1,0 +1,1 @@
+"""Side-by-side measurements; not run as tests."""

@@ -1,0 +1,43 @@
+"""Shared helpers for side-by-side measurements: interleaved repeats, medians, machine info."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def machine_info() -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    return (f"torch {torch.__version__}, {dev}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
+            f"python {platform.python_version()}")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each fn, calls interleaved round-robin so drift hits all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cols = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cols[1:]])
