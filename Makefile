@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +20,16 @@ demo: $(STAMP)
 	$(VENV)/bin/qkv train --preset demo --out runs/demo --overwrite
 	$(VENV)/bin/qkv sample --run runs/demo --prompt "def " --max-new-tokens 300
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# The explorer's tests drive Debian's chromium through Playwright (never `playwright install`).
+# Without apt-get or root, the browser tests skip and say why.
+browser:
+	@if [ ! -x $(CHROMIUM) ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+	  || echo "make: could not install chromium; the browser tests will skip"; fi
 
 bench: $(STAMP)
 	$(PY) -m benchmarks --quick
