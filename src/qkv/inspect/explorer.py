@@ -286,6 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send JSON: {\"text\": \"...\"}"})
         try:
             length = int(self.headers.get("Content-Length") or "")
+            if length < 0:
+                raise ValueError
         except ValueError:
             return self._json(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length is required"})
         limit = 6 * self.server.max_chars + 64  # JSON escapes: at most 6 bytes per character ("\uXXXX")
