@@ -57,3 +57,35 @@ def test_cross_attention_refuses_a_cache():
     mha = qkv.MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match="cross-attention"):
         mha(torch.randn(1, 2, 8), torch.randn(1, 3, 8), kv_cache=qkv.KVCache(1, 2, 4, 4))
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "none"])
+def test_static_cache_write_equals_growing_cache(kind):
+    mha = make_mha(kind)
+    x = torch.randn(2, 6, 16)
+    full = mha(x, is_causal=True)
+    cache = qkv.KVCache(2, 4, 8, 4)  # capacity 8 > 6: slots 6, 7 stay unwritten and masked
+    outs = []
+    for t in range(6):
+        mask = (torch.arange(8) <= t)[None, None, None, :]  # (1, 1, 1, M): slots written so far
+        outs.append(mha(x[:, t:t + 1], mask=mask, kv_cache=cache, input_pos=torch.tensor([t])))
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="kv_cache"):
+        mha(x, input_pos=torch.arange(6))
+
+
+def test_compiled_decode_step_compiles_once_and_matches(monkeypatch):
+    import torch._dynamo
+
+    import qkv.generate as gen
+
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")  # graph capture only: fast, same guards
+    torch._dynamo.reset()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope"))
+    ids = torch.randint(0, 64, (2, 5))
+    expected = model.generate(ids, 12, temperature=0)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = model.generate(ids, 12, temperature=0, compile=True)  # a recompile per token would raise
+    assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="use_cache"):
+        model.generate(ids, 2, compile=True, use_cache=False)

@@ -221,6 +221,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = False,
         kv_cache=None,
+        input_pos: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, L, C) [, context (B, S, C)] -> out (B, L, C) [, weights (B, H, L, S)].
@@ -228,24 +229,28 @@ class MultiHeadAttention(nn.Module):
         ``mask`` is bool, True = may attend, broadcastable to (B, H, L, S) where S counts
         cached keys too. ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
         values and supplies all keys so far; positions continue from ``kv_cache.pos``.
+        With ``input_pos`` (L,) the cache is static: x's tokens sit at those slots, keys are
+        the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
         """
-        self._check(x, context, kv_cache)
+        self._check(x, context, kv_cache, input_pos)
         if context is None and self.kv_dim != self.d_model:
             raise ValueError(f"this attention takes keys of width kv_dim={self.kv_dim}: pass a context")
         src = x if context is None else context
         q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
         k = self._heads(self.k_proj(src), self.num_kv_heads)  # (B, G, S, D)
         v = self._heads(self.v_proj(src), self.num_kv_heads)  # (B, G, S, D)
-        offset = 0 if kv_cache is None else kv_cache.pos
+        offset = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
         if self.rope is not None:
             q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
-        if kv_cache is not None:
+        if input_pos is not None:
+            k, v = kv_cache.write(input_pos, k, v)  # (B, G, M, D): the whole static cache
+        elif kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, G, offset + S, D)
         if self.num_kv_heads != self.num_heads:
             groups = self.num_heads // self.num_kv_heads
             k = k.repeat_interleave(groups, dim=1)  # (B, G, S, D) -> (B, H, S, D)
             v = v.repeat_interleave(groups, dim=1)
-        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2))  # (H, L, S)
+        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2), q_positions=input_pos)  # (H, L, S)
         dropout_p = self.dropout if self.training else 0.0
         res = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p, return_weights=return_weights
@@ -255,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(out)
         return (out, weights) if return_weights else out
 
-    def _check(self, x: Tensor, context: Tensor | None, kv_cache) -> None:
+    def _check(self, x: Tensor, context: Tensor | None, kv_cache, input_pos) -> None:
         if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {shape}")
@@ -267,3 +272,5 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"context batch {context.size(0)} differs from x batch {x.size(0)}")
         if kv_cache is not None and context is not None:
             raise ValueError("kv_cache is for self-attention; cross-attention keys come from context")
+        if input_pos is not None and kv_cache is None:
+            raise ValueError("input_pos places tokens in a static KV cache: pass kv_cache too")

@@ -66,6 +66,7 @@ class TransformerBlock(nn.Module):
         is_causal: bool = False,
         context_mask: Tensor | None = None,
         kv_cache=None,
+        input_pos: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor, Tensor | None]:
         """x (B, T, C) [, context (B, S, C)] -> (B, T, C) [, self weights (B, H, T, T'), cross weights].
@@ -79,7 +80,8 @@ class TransformerBlock(nn.Module):
             )
 
         def attn(h):
-            r = self.attn(h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, return_weights=return_weights)
+            r = self.attn(h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
+                          return_weights=return_weights)
             return r if return_weights else (r, None)
 
         def cross(h):

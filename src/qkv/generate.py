@@ -60,7 +60,7 @@ def _check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
 def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
-    mask: Tensor | None = None,
+    mask: Tensor | None = None, compile: bool = False,
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 
@@ -68,8 +68,10 @@ def generate(
         ids: (B, T) prompts; a batch of different lengths is left-padded, with ``mask``
             (B, T) bool True on real tokens. Each row then gets the tokens it would alone.
         eos_id: a row that emits it is finished and padded with eos_id from then on.
-        use_cache: KV-cached decoding (same tokens as without, far fewer FLOPs).
+        use_cache: decode with a preallocated static KV cache (same tokens as without it).
         seed: seeds a private generator, so sampling is reproducible.
+        compile: ``torch.compile`` the one-token decode step; its shapes never change, so it
+            compiles once, not per token.
     Returns:
         (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
 
@@ -78,39 +80,62 @@ def generate(
     (a sliding window, re-prefilled), with or without the cache alike.
     """
     _check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
+    if compile and not use_cache:
+        raise ValueError("compile=True compiles the cached decode step: it needs use_cache=True")
     was_training = model.training
     model.eval()
     device = ids.device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    B = ids.size(0)
-    limit = model.config.max_len
+    B, limit = ids.size(0), model.config.max_len
     valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
     out, start = ids, max(0, ids.size(1) - limit)  # the model sees out[:, start:]
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    caches = None
+    if use_cache:
+        capacity = min(limit, out.size(1) - start + max_new_tokens)
+        caches = model.new_kv_caches(B, capacity, device=device)
+        slots = torch.zeros(B, capacity, dtype=torch.bool, device=device)  # cache slots holding real tokens
+        step = _compiled_step(model) if compile else model
 
-    def prefill():
-        nonlocal caches
-        if use_cache:
-            caches = model.new_kv_caches(B, min(limit, out.size(1) - start + max_new_tokens), device=device)
-        return model(out[:, start:], mask=valid[:, start:], kv_caches=caches).logits[:, -1]
+    def prefill() -> Tensor:
+        n = out.size(1) - start
+        if not use_cache:
+            return model(out[:, start:], mask=valid[:, start:]).logits[:, -1]
+        slots.zero_()
+        slots[:, :n] = valid[:, start:]
+        pos = torch.arange(n, device=device)
+        return model(out[:, start:], mask=slots, kv_caches=caches, input_pos=pos).logits[:, -1]
 
     logits = prefill()
-    for step in range(max_new_tokens):
+    for i in range(max_new_tokens):
         tok = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
         if eos_id is not None:
             tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
             finished |= tok == eos_id
         out = torch.cat([out, tok[:, None]], dim=1)  # (B, T+1)
         valid = torch.cat([valid, torch.ones_like(tok[:, None], dtype=torch.bool)], dim=1)
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        if i == max_new_tokens - 1 or bool(finished.all()):
             break
         if out.size(1) - start > limit:  # window full: slide and re-prefill
             start = out.size(1) - limit // 2
             logits = prefill()
         elif use_cache:
-            logits = model(tok[:, None], mask=valid[:, start:], kv_caches=caches).logits[:, -1]
+            slot = out.size(1) - 1 - start
+            slots[:, slot] = True
+            pos = torch.full((1,), slot, device=device)
+            logits = step(tok[:, None], mask=slots, kv_caches=caches, input_pos=pos).logits[:, -1]
         else:
             logits = model(out[:, start:], mask=valid[:, start:]).logits[:, -1]
     model.train(was_training)
     return out
+
+
+COMPILE_BACKEND = "inductor"  # tests use "eager" (graph capture without code generation)
+
+
+def _compiled_step(model):
+    """The model's forward compiled once per model for one-token static-cache steps."""
+    step = getattr(model, "_qkv_compiled_step", None)
+    if step is None:
+        step = torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
+        object.__setattr__(model, "_qkv_compiled_step", step)  # not a submodule: kept out of state_dict
+    return step

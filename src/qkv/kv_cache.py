@@ -3,6 +3,7 @@
 Shapes: B batch, G key/value heads, M capacity (max_len), D head width.
 Position tracking: ``pos`` counts the tokens written so far; the next ``update`` writes
 rows pos … pos+T−1 and returns keys/values 0 … pos+T−1. Nothing is reallocated per token.
+``write`` is the static form (gpt-fast's): explicit slots in, the full buffers out.
 """
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ class KVCache(nn.Module):
         self.v[:, :, self.pos:end] = v
         self.pos = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Static form, for compiled decoding: write k, v (B, G, T, D) at slots input_pos (T,).
+
+        Returns the whole buffers (B, G, M, D): shapes never change, so a compiled step never
+        recompiles. The caller tracks positions and masks the slots not yet written.
+        """
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
+        return self.k, self.v

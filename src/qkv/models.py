@@ -165,7 +165,7 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+        if not torch.compiler.is_compiling() and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{int(ids.min())}, {int(ids.max())}]")
         x = self.tok(ids)  # (B, T, C)
@@ -223,6 +223,16 @@ def _positions(mask: Tensor | None, offset: int, T: int, device) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T): left padding does not shift positions
 
 
+def _static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,).
+
+    Returns absolute positions (B, T), counted over real tokens, and the mask (B, 1, T, M).
+    """
+    positions = (slots.long().cumsum(-1) - 1).clamp(min=0).index_select(1, input_pos)  # (B, T)
+    causal = torch.arange(slots.size(1), device=slots.device) <= input_pos[:, None]  # (T, M)
+    return positions, slots[:, None, None, :] & causal  # (B, 1, T, M)
+
+
 def _check_ids(ids: Tensor) -> None:
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point():
         got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
@@ -260,23 +270,32 @@ class GPT(nn.Module):
         mask: Tensor | None = None,
         return_attention: bool = False,
         kv_caches: list[KVCache] | None = None,
+        input_pos: Tensor | None = None,
     ) -> ModelOutput:
         """ids (B, T) -> logits (B, T, V); loss when targets (B, T) are given (-100 = ignore).
 
         ``mask``: bool (B, S) True on real tokens, S = cached + new tokens (left padding for
         batched generation). ``kv_caches``: from ``new_kv_caches``, for incremental decoding.
+        ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
+        the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
         """
         _check_ids(ids)
         B, T = ids.shape
-        offset = kv_caches[0].pos if kv_caches else 0
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} kv_caches (one per layer), got {len(kv_caches)}")
-        x = self.embed(ids, _positions(mask, offset, T, ids.device))  # (B, T, C)
-        attn_mask = _key_mask(mask, B, offset + T)
+        if input_pos is None:
+            offset = kv_caches[0].pos if kv_caches else 0
+            positions, attn_mask = _positions(mask, offset, T, ids.device), _key_mask(mask, B, offset + T)
+        else:
+            if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
+                raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
+            positions, attn_mask = _static_positions_and_mask(mask, input_pos)
+        x = self.embed(ids, positions)  # (B, T, C)
         attentions = []
         for i, block in enumerate(self.blocks):
             cache = kv_caches[i] if kv_caches else None
-            r = block(x, mask=attn_mask, is_causal=True, kv_cache=cache, return_weights=return_attention)
+            r = block(x, mask=attn_mask, is_causal=input_pos is None, kv_cache=cache, input_pos=input_pos,
+                      return_weights=return_attention)
             x = r[0] if return_attention else r
             if return_attention:
                 attentions.append(r[1])

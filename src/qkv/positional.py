@@ -60,7 +60,7 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, positions: Tensor | int) -> Tensor:
         pos = _positions(positions, self.weight.device)
-        if pos.numel():
+        if pos.numel() and not torch.compiler.is_compiling():
             top, low = int(pos.max()), int(pos.min())
             if top >= self.max_len:
                 raise ValueError(
@@ -96,13 +96,15 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x (B, H, T, D) -> rotated (B, H, T, D); position of row t is offset + t.
 
-        ``offset`` may also be a (B, T) tensor of explicit positions.
+        ``offset`` may also be explicit positions: a (T,) or (B, T) integer tensor.
         """
         if x.dim() != 4 or x.size(-1) != self.head_dim:
             raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {tuple(x.shape)}")
         T = x.size(-2)
         if isinstance(offset, Tensor) and offset.dim() == 2:
-            pos = offset[:, None, :]  # (B, 1, T)
+            pos = offset[:, None, :]  # (B, T) -> (B, 1, T)
+        elif isinstance(offset, Tensor) and offset.dim() == 1:
+            pos = offset  # (T,)
         else:
             pos = torch.arange(T, device=x.device) + offset  # (T,)
         cos, sin = self.angles(pos)  # (…, T, D/2)
@@ -143,9 +145,14 @@ class ALiBi(nn.Module):
         lower = 2 ** math.floor(math.log2(n))
         return power_of_two(lower) + power_of_two(2 * lower)[0::2][: n - lower]
 
-    def forward(self, q_len: int, k_len: int) -> Tensor:
-        """Bias (H, L, S): −m_h · |i' − j| with i' = i + S − L (the query's key position)."""
-        i = torch.arange(q_len, device=self.slopes.device)[:, None] + (k_len - q_len)  # (L, 1)
+    def forward(self, q_len: int, k_len: int, *, q_positions: Tensor | None = None) -> Tensor:
+        """Bias (H, L, S): −m_h · |i' − j| with i' = i + S − L (the query's key position).
+
+        ``q_positions`` (L,) gives i' explicitly (a static KV cache, where S is the capacity).
+        """
+        if q_positions is None:
+            q_positions = torch.arange(q_len, device=self.slopes.device) + (k_len - q_len)
+        i = q_positions[:, None]  # (L, 1)
         j = torch.arange(k_len, device=self.slopes.device)  # (S,)
         dist = (i - j).abs().float()  # (L, S)
         return -self.slopes[:, None, None] * dist  # (H, L, S)
