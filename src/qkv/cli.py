@@ -26,6 +26,98 @@ ADDERS: list = []  # each section appends its _add_NAME here, next to its defini
 # --- end train / sample / info ----------------------------------------------------------
 
 # --- verify / plot (claims issue) -------------------------------------------------------
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="measure every claim of the spec on qkv's own modules",
+                       description="Check the spec's claims (§1.3 scaling, §1.4 weights, §2.2 parameters, §2.3 FLOPs, "
+                       "§3 permutation equivariance, the PE properties, FAQ Q5/Q12/Q16, and three corrections of the "
+                       "spec's code) by measuring qkv's modules. Exit status 1 if any claim fails.")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="run only these claims (repeat, or comma-separate; --list shows the names)")
+    p.add_argument("--list", action="store_true", help="print the claim names and exit")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {name, claim, section, measured, holds, summary}")
+    p.add_argument("--markdown", metavar="FILE", help="also write a Markdown report with figures (PNG files next to FILE)")
+    p.add_argument("--run", metavar="DIR", help="a run written by `qkv train`: adds the Q3 head-diversity claim")
+    p.add_argument("--text", help="with --run: the text for head diversity (default: the run's validation text)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
+    p.set_defaults(func=_run_verify)
+
+
+def _load_run(path: str):
+    if not os.path.isdir(path):
+        raise CommandError(f"--run {path}: no such run directory")
+    try:
+        from .checkpoint import load_run
+    except ImportError as e:
+        raise CommandError(f"--run needs qkv.checkpoint, which is not available ({e})") from None
+    return load_run(path, device="cpu")
+
+
+def _run_verify(args) -> int:
+    import json
+
+    from .inspect import claims
+
+    if args.list:
+        print("\n".join(claims.claim_names()))
+        return 0
+    names = claims.resolve_names(args.only)
+    model = ids = None
+    if args.run:
+        run = _load_run(args.run)
+        model, ids = run.model, claims.run_text_ids(run, args.text)
+    elif args.text is not None:
+        raise CommandError("--text is for --run (the text the trained heads are compared on)")
+    results = claims.run_claims(names, model=model, ids=ids, seed=args.seed)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+    else:
+        print(claims.format_table(results))
+    if args.markdown:
+        from .inspect import plots
+
+        sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
+        labels = None if sample is None else run.tokenizer.token_strings(sample.tolist())
+        path = plots.write_report(results, args.markdown, model=model, ids=sample, labels=labels)
+        print(f"wrote {path} (figures next to it)", file=sys.stderr if args.json else sys.stdout)
+    return 0 if all(r.holds for r in results) else 1
+
+
+def _add_plot(sub) -> None:
+    p = sub.add_parser("plot", help="draw figures (PNG): pe, scaling, attention",
+                       description="Draw a figure as a PNG file in --out DIR and print its path.")
+    figures = p.add_subparsers(dest="figure", metavar="FIGURE", required=True, parser_class=_Parser)
+    pe = figures.add_parser("pe", help="the sinusoidal PE matrix as a heatmap, and a few dimensions against position")
+    pe.add_argument("--d-model", type=int, default=128, help="model width (even; default 128)")
+    pe.add_argument("--length", type=int, default=256, help="positions to draw (default 256)")
+    scaling = figures.add_parser("scaling", help="softmax saturation against d_k, with and without 1/√d_k")
+    att = figures.add_parser("attention", help="a trained model's attention: one heatmap per layer and head")
+    att.add_argument("--run", required=True, metavar="DIR", help="a run written by `qkv train`")
+    att.add_argument("--text", required=True, help="the text to look at (at most the model's max_len tokens)")
+    for q in (pe, scaling, att):
+        q.add_argument("--out", default="plots", metavar="DIR", help="directory for the PNG (default ./plots)")
+    p.set_defaults(func=_run_plot)
+
+
+def _run_plot(args) -> int:
+    from pathlib import Path
+
+    from .inspect import plots
+
+    out = Path(args.out)
+    if args.figure == "pe":
+        path = plots.plot_pe(out / "pe.png", d_model=args.d_model, length=args.length)
+    elif args.figure == "scaling":
+        path = plots.plot_scaling(out / "scaling.png")
+    else:
+        run = _load_run(args.run)
+        ids, labels = plots.encode_text(run.tokenizer, args.text, max_len=run.model.config.max_len)
+        path = plots.plot_attention(run.model, ids, labels, out / "attention.png")
+    print(path)
+    return 0
+
+
+ADDERS.append(_add_verify)
+ADDERS.append(_add_plot)
 # --- end verify / plot ------------------------------------------------------------------
 
 # --- study (positional-encoding studies) ------------------------------------------------

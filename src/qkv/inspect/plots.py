@@ -1,0 +1,197 @@
+"""Figures a reader would rather look at than read: the sinusoidal PE, softmax saturation
+against d_k, and a model's attention, layer by layer and head by head.
+
+Each function draws on its own matplotlib ``Figure`` with the Agg canvas (no pyplot, no
+global backend switch), writes one PNG of a fixed size (figsize × DPI; no tight bbox)
+atomically, and returns its path.
+
+Shapes: N layers, B batch, H heads, T tokens, C model width.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from ..positional import SinusoidalPositionalEncoding
+from . import claims
+
+DPI = 100
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write fig as PNG: a temp file beside path, then rename (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def plot_pe(path: str | os.PathLike, *, d_model: int = 128, length: int = 256, base: float = 10000.0) -> Path:
+    """The sinusoidal PE matrix as a heatmap (positions × dimensions), and a few dimensions against position."""
+    table = SinusoidalPositionalEncoding(d_model, base)(length)  # (T, C)
+    fig = Figure(figsize=(14, 5.5))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
+    im = left.imshow(table.T, aspect="auto", origin="lower", cmap="RdBu_r", vmin=-1, vmax=1,
+                     extent=(-0.5, length - 0.5, -0.5, d_model - 0.5), interpolation="nearest")
+    left.set(xlabel="position", ylabel="dimension (even: sin, odd: cos)", title=f"PE matrix ({length} × {d_model})")
+    fig.colorbar(im, ax=left, label="PE value")
+    shown = min(length, 128)  # more positions make the fastest dimension an unreadable block of colour
+    for i in sorted({0, d_model // 16, (5 * d_model) // 32, d_model // 2 - 1}):  # pair i: dimensions 2i, 2i+1
+        wavelength = 2 * math.pi * base ** (2 * i / d_model)
+        right.plot(table[:shown, 2 * i], lw=1.6, label=f"dim {2 * i} (sin), wavelength {wavelength:,.1f}")
+    right.set(xlabel="position", ylabel="PE value", ylim=(-1.15, 1.5),
+              title=f"sin dimensions against position (first {shown})")
+    right.legend(loc="upper right", fontsize=8.5, ncol=2)
+    right.grid(alpha=0.3)
+    fig.suptitle(f"Sinusoidal positional encoding, d_model = {d_model}: PE(pos, 2i) = sin(pos / {base:g}^(2i/d)), "
+                 f"PE(pos, 2i+1) = cos(…); wavelengths 2π … {base:g}^(1−2/d)·2π", fontsize=11)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.11, top=0.86, wspace=0.18)
+    return _save(fig, path)
+
+
+def scaling_curves(d_ks: Sequence[int], *, seed: int = 0) -> dict:
+    """softmax statistics (see ``claims.softmax_stats``) per d_k, with and without the 1/√d_k scaling."""
+    curves = {"scaled": [], "unscaled": []}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for d_k in d_ks:
+            q, k = claims.unit_qk(d_k)
+            curves["scaled"].append(claims.softmax_stats(claims.scaled_dot_product_attention, q, k))
+            curves["unscaled"].append(claims.softmax_stats(claims.scaled_dot_product_attention, q, k, scale=1.0))
+    return curves
+
+
+def plot_scaling(path: str | os.PathLike, *, d_ks: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                 seed: int = 0) -> Path:
+    """Softmax saturation against d_k: mean max weight, entropy, and the gradient reaching the scores."""
+    curves = scaling_curves(d_ks, seed=seed)
+    n = claims.unit_qk(1)[1].size(1)
+    panels = [("max_weight", "mean max weight per row", (0, 1.02)),
+              ("entropy", "mean entropy per row (nats)", (0, math.log(n) * 1.08)),
+              ("grad_median", "median ‖∂L/∂scores‖ per row (log scale)", None)]
+    fig = Figure(figsize=(15, 4.8))
+    axes = fig.subplots(1, 3)
+    styles = {"scaled": ("softmax(QKᵀ/√d_k) — qkv, the paper", "tab:blue", "o"),
+              "unscaled": ("softmax(QKᵀ) — no scaling", "tab:red", "s")}
+    for ax, (key, label, ylim) in zip(axes, panels):
+        for way, (name, color, marker) in styles.items():
+            ax.plot(d_ks, [s[key] for s in curves[way]], marker=marker, color=color, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(d_ks), [str(d) for d in d_ks])
+        ax.set(xlabel="d_k", title=label)
+        if ylim:
+            ax.set_ylim(*ylim)
+        else:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[1].axhline(math.log(n), color="gray", ls="--", lw=1, label=f"uniform over {n} keys (ln {n})")
+    axes[0].legend(loc="upper left", fontsize=9)
+    axes[1].legend(loc="center right", fontsize=9)
+    fig.suptitle(f"Softmax saturation against d_k, with and without the 1/√d_k scaling (§1.3): q, k ~ N(0, 1), "
+                 f"{n} keys per query", fontsize=11)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.13, top=0.85, wspace=0.22)
+    return _save(fig, path)
+
+
+def _label(token: str) -> str:
+    """A token as a readable tick label: whitespace made visible, matplotlib's mathtext '$' escaped."""
+    shown = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    text = "".join(shown.get(c, c if c.isprintable() else f"\\x{ord(c):02x}") for c in token)
+    return text.replace("$", r"\$") or "∅"
+
+
+def attention_maps(model: nn.Module, ids: Tensor) -> Tensor:
+    """Every layer's per-head weights for one sequence: ids (T,) or (1, T) -> (N, H, T, T)."""
+    ids = ids.reshape(1, -1).to(next(model.parameters()).device)  # (1, T)
+    with torch.no_grad():
+        att = model(ids, return_attention=True).attentions
+    return torch.stack(att)[:, 0].float().cpu()  # (N, 1, H, T, T) -> (N, H, T, T)
+
+
+def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequence[str], path: str | os.PathLike,
+                   *, title: str | None = None) -> Path:
+    """A grid of heatmaps, one per (layer, head): row = query token, column = key token, colour = weight."""
+    ids = torch.as_tensor(ids)
+    if len(labels) != ids.numel():
+        raise ValueError(f"expected one label per token ({ids.numel()}), got {len(labels)}")
+    att = attention_maps(model, ids)  # (N, H, T, T)
+    N, H, T, _ = att.shape
+    cell = min(max(2.3, 0.14 * T + 1.0), 6.0)  # inches per heatmap: room for T tick labels
+    fig = Figure(figsize=(H * cell + 1.4, N * cell + 1.3))
+    axes = fig.subplots(N, H, squeeze=False)
+    step = max(1, math.ceil(T / 48))  # label every token up to 48, then every step-th
+    ticks = list(range(0, T, step))
+    names = [_label(labels[i]) for i in ticks]
+    font = max(5.0, min(9.0, 9.0 * 24 / max(len(ticks), 24)))
+    for layer in range(N):
+        for head in range(H):
+            ax = axes[layer, head]
+            im = ax.imshow(att[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+            ax.set_xticks(ticks, names if layer == N - 1 else [], rotation=90, fontsize=font)
+            ax.set_yticks(ticks, names if head == 0 else [], fontsize=font)
+            if layer == N - 1:
+                ax.set_xlabel("key (attended to)", fontsize=8)
+            if head == 0:
+                ax.set_ylabel("query", fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01, label="attention weight")
+    shown = "".join(labels) if len("".join(labels)) <= 60 else "".join(labels)[:57] + "…"
+    fig.suptitle(title or f"Attention weights per layer (rows) and head (columns) on {_label(shown)!s}: "
+                 f"each row is a query's distribution over keys", fontsize=11)
+    fig.subplots_adjust(left=0.8 / fig.get_figwidth() + 0.02, right=0.92, bottom=0.9 / fig.get_figheight() + 0.02,
+                        top=1 - 0.7 / fig.get_figheight(), wspace=0.15, hspace=0.3)
+    return _save(fig, path)
+
+
+def plot_head_diversity(claim: claims.Claim, path: str | os.PathLike) -> Path:
+    """Q3: per layer, the mean pairwise distance between heads, trained against initialisation."""
+    t, i = claim.measured["trained_per_layer"], claim.measured["init_per_layer"]
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
+    x = torch.arange(len(t)).tolist()
+    ax.bar([v - 0.2 for v in x], t, width=0.4, label="trained", color="tab:blue")
+    ax.bar([v + 0.2 for v in x], i, width=0.4, label="same architecture at initialisation", color="tab:gray")
+    ax.set_xticks(x, [f"layer {v}" for v in x])
+    ax.set(ylabel="mean pairwise TV distance between heads", ylim=(0, 1))
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Q3: do heads attend differently? Total-variation distance between heads' attention rows", fontsize=11)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.1, top=0.88)
+    return _save(fig, path)
+
+
+encode_text = claims.encode_text  # text -> (ids, labels), checked against the vocabulary and max_len
+
+
+def write_report(results: list[claims.Claim], path: str | os.PathLike, *, model: nn.Module | None = None,
+                 ids: Tensor | None = None, labels: Sequence[str] | None = None) -> Path:
+    """A Markdown report of the claims with the figures embedded; PNGs are written next to it."""
+    path = Path(path)
+    stem = path.stem
+    figures = {"Sinusoidal positional encoding (§3.1)": plot_pe(path.with_name(f"{stem}-pe.png")),
+               "Softmax saturation against d_k (§1.3)": plot_scaling(path.with_name(f"{stem}-scaling.png"))}
+    diversity = next((r for r in results if r.name == "head-diversity"), None)
+    if diversity is not None:
+        figures["Head diversity, trained vs initialisation (Q3)"] = plot_head_diversity(
+            diversity, path.with_name(f"{stem}-heads.png"))
+    if model is not None and ids is not None and labels is not None:
+        figures["Attention of the trained model"] = plot_attention(model, ids, labels,
+                                                                   path.with_name(f"{stem}-attention.png"))
+    text = claims.format_markdown(results, {k: p.name for k, p in figures.items()})
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
