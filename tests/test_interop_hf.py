@@ -231,14 +231,19 @@ def test_in_memory_model_loads_like_its_directory(saved, kind):
 
 
 def test_task_heads_and_buffers_are_skipped_but_other_heads_are_not(saved, tmp_path):
-    """A BertForMaskedLM checkpoint ("bert." prefix, cls.* head) loads as the same encoder."""
+    """A TF-era BertForPreTraining checkpoint ("bert." prefix, LayerNorm gamma/beta, position_ids
+    buffer, cls.* heads) loads as the same encoder; any other extra key is refused."""
     bert = HF_CLASSES["bert"].from_pretrained(saved["bert"])
-    tensors = {f"bert.{k}": v.contiguous() for k, v in bert.state_dict().items()}
-    tensors["cls.predictions.bias"] = torch.zeros(96)
+    tensors = {f"bert.{k}".replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
+               v.contiguous() for k, v in bert.state_dict().items()}
+    tensors.update({"cls.predictions.bias": torch.zeros(96), "bert.embeddings.position_ids": torch.arange(64)[None]})
     save_file(tensors, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((saved["bert"] / "config.json").read_text())
     a, b = from_hf(tmp_path).state_dict(), from_hf(saved["bert"]).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    save_file({**tensors, "classifier.weight": torch.zeros(2, 32)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="1 unexpected keys: classifier.weight"):
+        from_hf(tmp_path)
 
 
 def test_dtype_and_eval_mode(saved):

@@ -143,13 +143,17 @@ def _gpt2_rules(c: ModelConfig) -> list[Rule]:
 def _llama_config(hf: dict, problems: list[str]) -> dict:
     heads, width = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
     kv_heads = hf.get("num_key_value_heads") or heads
-    if hf.get("head_dim") is not None and isinstance(heads, int) and heads > 0 and hf["head_dim"] != width // heads:
+    sizes_ok = isinstance(heads, int) and isinstance(width, int) and heads > 0
+    if hf.get("head_dim") is not None and sizes_ok and hf["head_dim"] != width // heads:
         problems.append(f"head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = "
                         f"{width // heads} (qkv needs them equal)")
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         problems.append(f"attention_bias={hf.get('attention_bias')} and mlp_bias={hf.get('mlp_bias')} differ "
                         "(qkv has one bias setting)")
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 / 4 spelling
+    if not isinstance(rope, dict):
+        problems.append(f"rope parameters must be a JSON object, got {rope!r}")
+        rope = {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         problems.append(f"RoPE scaling {rope_type!r} is not supported (qkv implements plain RoPE)")
@@ -246,9 +250,19 @@ def _fail(name: str, model_type: str, problems: list[str]) -> ValueError:
     return ValueError(f"cannot load {name} as {model_type}: " + "; ".join(problems))
 
 
+LEGACY = re.compile(r"(.*\.LayerNorm)\.(gamma|beta)")
+
+
+def _modern_name(key: str) -> str:
+    """TF-era BERT checkpoints call LayerNorm parameters gamma/beta (HF renames them on load too)."""
+    m = LEGACY.fullmatch(key)
+    return key if m is None else f"{m[1]}.{'weight' if m[2] == 'gamma' else 'bias'}"
+
+
 def _convert(tensors: dict[str, Tensor], family: Family, config: ModelConfig, own: dict[str, Tensor],
              problems: list[str]) -> dict[str, Tensor]:
     """HF tensors -> qkv state dict; every missing/unexpected key and shape mismatch goes to problems."""
+    tensors = {_modern_name(k): t for k, t in tensors.items()}
     prefix = family.base + "." if any(k.startswith(family.base + ".") for k in tensors) else ""
     rules = {(r.hf if r.hf == HEAD else prefix + r.hf): r for r in family.rules(config)}
     tied_head = family.model is GPT and config.tie_embeddings
@@ -393,7 +407,7 @@ def _hf_config(c: ModelConfig) -> tuple[str, dict]:
     return "llama", dict(shared, hidden_size=c.d_model, intermediate_size=c.ff_width, num_hidden_layers=c.num_layers,
                          num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads or c.num_heads,
                          head_dim=c.head_dim, hidden_act=acts[c.activation], max_position_embeddings=c.max_len,
-                         rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
+                         rms_norm_eps=c.norm_eps, rope_theta=c.rope_base,
                          attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.dropout)
 
 
@@ -419,7 +433,7 @@ def to_hf(model: GPT, **config_kwargs) -> nn.Module:
         state[HEAD] = own["embed.tok.weight"]
     hf = model_cls(config_cls(**{**fields, **config_kwargs}))
     hf.load_state_dict(state, strict=True)
-    return hf.to(model.lm_head.weight.dtype).eval()
+    return hf.to(device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype).eval()
 
 
 # --- a checkpoint directory with its tokenizer ------------------------------------------------------
