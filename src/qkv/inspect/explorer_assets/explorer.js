@@ -151,17 +151,21 @@
       });
     }
   }
-  function lines() {
+  function lines() {  // one path per colour and alpha step: T² strokes in ~40 draw calls
     const T = st.data.T, hv = st.hover, ctx = sized($("lines-canvas"), LINES_W, T * ROW);
-    const y = (i) => i * ROW + ROW / 2;
-    const stroke = (i, j, colour, alpha) => {
-      if (alpha < 0.004) return;
-      ctx.strokeStyle = colour; ctx.globalAlpha = Math.min(1, alpha);
-      ctx.beginPath(); ctx.moveTo(2, y(i)); ctx.lineTo(LINES_W - 2, y(j)); ctx.stroke();
+    const STEPS = 20, paths = new Map();
+    const add = (i, j, colour, alpha) => {
+      const k = Math.round(Math.min(1, alpha) * STEPS);
+      if (k === 0) return;
+      const key = colour + k;
+      if (!paths.has(key)) paths.set(key, { colour, alpha: k / STEPS, path: new Path2D() });
+      const p = paths.get(key).path;
+      p.moveTo(2, i * ROW + ROW / 2); p.lineTo(LINES_W - 2, j * ROW + ROW / 2);
     };
+    for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) add(i, j, "#1f5fbf", cur(i, j) * (hv === null ? 0.9 : 0.08));
+    if (hv !== null) for (let k = 0; k < T; k++) { add(hv, k, "#1f5fbf", cur(hv, k)); add(k, hv, "#d9730d", cur(k, hv)); }
     ctx.lineWidth = 2;
-    for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) stroke(i, j, "#1f5fbf", cur(i, j) * (hv === null ? 0.9 : 0.08));
-    if (hv !== null) for (let k = 0; k < T; k++) { stroke(hv, k, "#1f5fbf", cur(hv, k)); stroke(k, hv, "#d9730d", cur(k, hv)); }
+    for (const { colour, alpha, path } of paths.values()) { ctx.strokeStyle = colour; ctx.globalAlpha = alpha; ctx.stroke(path); }
     ctx.globalAlpha = 1;
   }
 
@@ -183,12 +187,25 @@
     else { place($("hm-row"), i, true); place($("hm-col"), i, false); $("hm-row").dataset.row = i; $("hm-col").dataset.col = i; }
     lines();
   }
-  function hoverable(box) {
+  let pending, follow = false;  // hover updates wait for the next frame: a fast mouse crosses many tokens
+  function hoverSoon(i, scroll) {
+    if (pending === undefined) requestAnimationFrame(() => {
+      const k = pending; pending = undefined;
+      if (k === st.hover) return;
+      setHover(k);
+      if (k !== null && follow) {  // bring the token's line into the lines view
+        const box = $("lines"), y = k * ROW;
+        if (y < box.scrollTop || y + ROW > box.scrollTop + box.clientHeight) box.scrollTop = y - box.clientHeight / 2;
+      }
+    });
+    pending = i; follow = scroll;
+  }
+  function hoverable(box, scroll) {
     box.addEventListener("mouseover", (ev) => {
       const t = ev.target.closest("[data-index]");
-      if (t && box.contains(t)) setHover(Number(t.dataset.index));
+      if (t && box.contains(t)) hoverSoon(Number(t.dataset.index), scroll);
     });
-    box.addEventListener("mouseleave", () => setHover(null));
+    box.addEventListener("mouseleave", () => hoverSoon(null, false));
   }
 
   // ---- thumbnails and entropy ------------------------------------------------------------------
@@ -294,7 +311,7 @@
   const hm = $("heatmap");
   hm.addEventListener("mousemove", onHeatmapMove);
   hm.addEventListener("mouseleave", () => { $("tip").hidden = true; setHover(null); });
-  hoverable($("tokens")); hoverable($("lines-left")); hoverable($("lines-right"));
+  hoverable($("tokens"), true); hoverable($("lines-left"), false); hoverable($("lines-right"), false);
   if (server) {
     $("input").hidden = false;
     $("text").value = server.text || "";
