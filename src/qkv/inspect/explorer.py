@@ -38,7 +38,8 @@ _POSITION_NOTES = {
             "positional matrix to show; its effect is in the attention maps.",
     "alibi": "ALiBi adds −m_h·|i−j| to each head's scores inside attention, so there is no additive "
              "positional matrix to show; its effect is in the attention maps.",
-    "none": "This model has no positional encoding: without it self-attention cannot tell token order.",
+    "none": "This model has no positional encoding: bidirectional attention then cannot tell token order; "
+            "a causal model can only infer positions from its mask.",
 }
 
 
@@ -62,7 +63,7 @@ def _positional(model: nn.Module, T: int, device: torch.device) -> dict[str, Any
         return {"kind": name, "note": _POSITION_NOTES.get(name, f"no additive positional matrix ({name})")}
     pe = pe.detach().float()
     unit = pe / pe.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    return {"kind": kind, "T": T, "C": pe.size(-1), "matrix": _b64_float32(pe),
+    return {"kind": kind, "T": T, "C": pe.size(-1), "base": getattr(pos, "base", None), "matrix": _b64_float32(pe),
             "similarity": _b64_float32(unit @ unit.T)}  # (T, T) cosine similarity of positions
 
 

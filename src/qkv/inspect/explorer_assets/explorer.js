@@ -252,7 +252,7 @@
     $("pe-kind").textContent = p.kind ? `(${p.kind})` : "";
     if (!p.matrix) { $("pe-note").textContent = p.note || ""; $("pe-views").hidden = true; return; }
     $("pe-note").textContent = p.kind === "sinusoidal"
-      ? "Fixed: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(…), added to the token embeddings."
+      ? `Fixed: PE(pos, 2i) = sin(pos / ${p.base}^(2i/d)), PE(pos, 2i+1) = cos(…), added to the token embeddings.`
       : "Learned: one trained vector per position, added to the token embeddings.";
     const M = f32(p.matrix), S = f32(p.similarity), T = p.T, C = p.C;
     let amax = 1e-12; for (const v of M) amax = Math.max(amax, Math.abs(v));
