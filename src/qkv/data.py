@@ -1,0 +1,302 @@
+"""Corpora and tokenizers: the embedded default corpus, user text, character and byte-level BPE.
+
+The default corpus is the Python standard library's own source (the ``.py`` files under
+``sysconfig.get_paths()["stdlib"]``, test suites and site-packages left out): about 11 M
+characters on every machine with Python. A deterministic split *by file* holds out about
+5 % of the files for validation, so no validation file is ever seen in training.
+
+Shapes: N tokens in a split.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+VAL_FRACTION = 0.05
+STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Training and validation text, and where they came from."""
+
+    train: str
+    val: str
+    source: str
+    train_files: int = 1
+    val_files: int = 1
+
+
+# --- reading text ------------------------------------------------------------------------
+
+def read_text(path: str | os.PathLike) -> str:
+    """A UTF-8 text file's contents; ValueError for binary, non-UTF-8 or unreadable files."""
+    p = Path(path)
+    raw = p.read_bytes()
+    if b"\x00" in raw[:1 << 20]:
+        raise ValueError(f"{p} looks binary (it contains NUL bytes); --data takes UTF-8 text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p} is not UTF-8 text (invalid byte at offset {e.start}); --data takes UTF-8 text") from None
+
+
+def _val_names(names: list[str], fraction: float) -> set[str]:
+    """About ``fraction`` of the names (at least one), chosen by a hash of the name: deterministic
+    on every machine and stable when unrelated files come and go."""
+    n_val = min(len(names) - 1, max(1, round(fraction * len(names))))
+    ranked = sorted(names, key=lambda s: hashlib.sha1(s.encode()).hexdigest())
+    return set(ranked[:n_val])
+
+
+def split_by_file(texts: dict[str, str], *, source: str, val_fraction: float = VAL_FRACTION) -> Corpus:
+    """Hold out about ``val_fraction`` of the files; with one file, its last ``val_fraction``
+    (cut at a line break) is the validation text instead."""
+    texts = {k: v for k, v in texts.items() if v}
+    if not texts:
+        raise ValueError(f"{source} contains no text")
+    if len(texts) == 1:
+        (text,) = texts.values()
+        cut = int(len(text) * (1 - val_fraction))
+        line = text.rfind("\n", 0, cut)
+        cut = line + 1 if line > len(text) // 2 else cut
+        if cut <= 0 or cut >= len(text):
+            raise ValueError(f"{source} is too short to split into training and validation text ({len(text)} characters)")
+        return Corpus(train=text[:cut], val=text[cut:], source=source, train_files=1, val_files=1)
+    val = _val_names(sorted(texts), val_fraction)
+    names = sorted(texts)
+    return Corpus(
+        train="".join(texts[k] for k in names if k not in val),
+        val="".join(texts[k] for k in names if k in val),
+        source=source, train_files=len(texts) - len(val), val_files=len(val),
+    )
+
+
+def stdlib_files(root: str | os.PathLike | None = None) -> list[Path]:
+    """The standard library's ``.py`` files, sorted, without test suites or installed packages."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP and not d.startswith("."))
+        files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    return files
+
+
+@lru_cache(maxsize=1)
+def default_corpus() -> Corpus:
+    """The embedded corpus: the standard library's source, split by file (about 5 % held out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = {}
+    for f in stdlib_files(root):
+        try:
+            texts[f.relative_to(root).as_posix()] = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # a stray non-UTF-8 file does not stop the corpus
+    return split_by_file(texts, source=f"Python {sysconfig.get_python_version()} standard library ({root})")
+
+
+def load_corpus(path: str | os.PathLike | None = None) -> Corpus:
+    """``None``: the default corpus. A file: its text. A directory: every UTF-8 text file below it
+    (hidden and binary files skipped), split by file."""
+    if path is None:
+        return default_corpus()
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--data {p}: no such file or directory")
+    if p.is_file():
+        text = read_text(p)
+        if not text.strip():
+            raise ValueError(f"--data {p} is empty")
+        return split_by_file({p.name: text}, source=str(p))
+    texts = {}
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            f = Path(dirpath) / name
+            if name.startswith(".") or not f.is_file():
+                continue
+            try:
+                texts[f.relative_to(p).as_posix()] = read_text(f)
+            except (ValueError, OSError):
+                continue  # binary or unreadable: not part of a text corpus
+    if not any(t.strip() for t in texts.values()):
+        raise ValueError(f"--data {p} contains no UTF-8 text files")
+    return split_by_file(texts, source=str(p))
+
+
+# --- tokenizers --------------------------------------------------------------------------
+
+def _atomic_write(path: Path, text: str) -> None:
+    from .checkpoint import atomic_write
+
+    atomic_write(path, text.encode("utf-8"))
+
+
+class CharTokenizer:
+    """One token per Unicode character of a fixed vocabulary (sorted, so ids are stable)."""
+
+    kind = "char"
+
+    def __init__(self, chars: str | list[str]) -> None:
+        chars = sorted(set(chars))
+        if not chars or any(len(c) != 1 for c in chars):
+            raise ValueError("a character vocabulary needs at least one single-character entry")
+        self.chars = chars
+        self._index = {c: i for i, c in enumerate(chars)}
+        self._codepoints = torch.tensor([ord(c) for c in chars], dtype=torch.int64)  # sorted
+
+    @classmethod
+    def train(cls, text: str) -> "CharTokenizer":
+        """The vocabulary of every character in ``text``."""
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_tensor(text).tolist()
+
+    def encode_tensor(self, text: str) -> Tensor:
+        """text -> int64 ids (N,), vectorised (the corpus has millions of characters)."""
+        cps = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32).long()  # (N,)
+        ids = torch.searchsorted(self._codepoints, cps).clamp(max=len(self.chars) - 1)
+        unknown = self._codepoints[ids] != cps
+        if bool(unknown.any()):
+            bad = sorted({chr(c) for c in cps[unknown].tolist()})
+            shown = ", ".join(repr(c) for c in bad[:10]) + (" …" if len(bad) > 10 else "")
+            raise ValueError(f"{len(bad)} character(s) outside the tokenizer's {self.vocab_size}-character "
+                             f"vocabulary: {shown}")
+        return ids
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= i < len(self.chars)]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
+        return "".join(self.chars[i] for i in ids)
+
+    def token_strings(self, ids) -> list[str]:
+        """Each token's text, for labels (one character each)."""
+        return [self.decode([i]) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+
+    def to_json(self) -> str:
+        return json.dumps({"qkv_tokenizer": "char", "chars": "".join(self.chars)}, ensure_ascii=False)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / TOKENIZER_FILE
+        _atomic_write(path, self.to_json())
+        return path
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2's scheme) trained with Hugging Face ``tokenizers``: any text encodes."""
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def train(cls, texts: str | list[str], vocab_size: int = 1024) -> "BPETokenizer":
+        """Learn ``vocab_size`` − 256 merges on top of the 256 byte tokens."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if not isinstance(vocab_size, int) or not 257 <= vocab_size <= 1 << 20:
+            raise ValueError(f"BPE vocab_size must be an int in [257, {1 << 20}], got {vocab_size!r}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=[], show_progress=False)
+        texts = [texts] if isinstance(texts, str) else texts
+        tok.train_from_iterator(_chunks(texts), trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def encode_tensor(self, text: str) -> Tensor:
+        """text -> int64 ids (N,), encoded in line-aligned chunks in parallel."""
+        encs = self.tokenizer.encode_batch(list(_chunks([text])))
+        return torch.tensor([i for e in encs for i in e.ids], dtype=torch.int64)
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
+        return self.tokenizer.decode(ids)
+
+    def token_strings(self, ids) -> list[str]:
+        """Each token's text, for labels; a token holding part of a multi-byte character shows as '�'."""
+        return [self.decode([i]) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+
+    def to_json(self) -> str:
+        return self.tokenizer.to_str()
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / TOKENIZER_FILE
+        _atomic_write(path, self.to_json())
+        return path
+
+
+def _chunks(texts: list[str], size: int = 1 << 16):
+    """Pieces of about ``size`` characters, cut after a line break."""
+    for text in texts:
+        start = 0
+        while start < len(text):
+            end = text.find("\n", start + size)
+            end = len(text) if end < 0 else end + 1
+            yield text[start:end]
+            start = end
+
+
+def train_tokenizer(kind: str, text: str, *, vocab_size: int | None = None):
+    """A new tokenizer of ``kind`` (char | bpe) fitted to ``text``."""
+    if kind == "char":
+        if vocab_size is not None:
+            raise ValueError("--vocab-size applies to --tokenizer bpe; a character vocabulary is the text's characters")
+        return CharTokenizer.train(text)
+    if kind == "bpe":
+        return BPETokenizer.train(text, 1024 if vocab_size is None else vocab_size)
+    raise ValueError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
+
+
+def tokenizer_from_json(text: str):
+    """Rebuild a tokenizer from ``to_json()`` output."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tokenizer file is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(obj, dict) and obj.get("qkv_tokenizer") == "char" and isinstance(obj.get("chars"), str):
+        return CharTokenizer(obj["chars"])
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict) and obj["model"].get("type") == "BPE":
+        from tokenizers import Tokenizer
+
+        try:
+            return BPETokenizer(Tokenizer.from_str(text))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type
+            raise ValueError(f"invalid BPE tokenizer file: {e}") from None
+    raise ValueError("tokenizer file is neither a qkv character vocabulary nor a byte-level BPE tokenizer")
+
+
+def load_tokenizer(directory: str | os.PathLike):
+    """The tokenizer saved in ``directory`` (its tokenizer.json)."""
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.is_file():
+        raise ValueError(f"{directory} has no {TOKENIZER_FILE}")
+    return tokenizer_from_json(path.read_text(encoding="utf-8"))
