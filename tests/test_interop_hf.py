@@ -343,6 +343,8 @@ def test_config_values_are_validated(saved, tmp_path):
 def test_from_hf_and_to_hf_reject_wrong_types():
     with pytest.raises(TypeError, match="expects a directory path or a transformers model, got int"):
         from_hf(42)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got 'float32'"):
+        from_hf("anywhere", dtype="float32")
     with pytest.raises(TypeError, match="converts a qkv.GPT"):
         to_hf(qkv.Encoder(qkv.PRESETS["tiny"]))
     with pytest.raises(ValueError, match="positional='learned' \\(GPT-2\\) or 'rope' \\(LLaMA\\), got 'alibi'"):
@@ -419,3 +421,27 @@ def test_tokenizer_edge_cases(saved, with_tokenizer, tmp_path):
     small.save_pretrained(tmp_path)  # 96 embeddings, a 300-token tokenizer
     with pytest.raises(ValueError, match="has 300 tokens but the model only 96 embeddings"):
         load_pretrained(tmp_path)
+
+
+def test_bert_wordpiece_vocab_txt(saved, tmp_path):
+    for f in saved["bert"].iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog", "bit", "man", "##s", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    model, tok = load_pretrained(tmp_path)
+    ids = tok.encode("The dog bits the man.")
+    assert tok.token_strings(ids) == ["[CLS]", "the", "dog", "bit", "##s", "the", "man", ".", "[SEP]"]
+    assert tok.decode(ids) == "[CLS] the dog bits the man. [SEP]"
+    assert model(torch.tensor([ids])).last_hidden_state.shape == (1, 9, 32)
+
+
+def test_sharded_checkpoint(saved, tmp_path):
+    HF_CLASSES["llama"].from_pretrained(saved["llama"]).save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 1
+    a, b = from_hf(tmp_path).state_dict(), from_hf(saved["llama"]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names shards that are not files in .*\['../elsewhere.safetensors'\]"):
+        from_hf(tmp_path)

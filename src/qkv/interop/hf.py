@@ -304,10 +304,12 @@ def _build(hf_config: dict, load: Callable[[], dict[str, Tensor]], name: str, *,
         problems.append(str(e))
     if problems:
         raise _fail(name, model_type, problems)
-    model = family.model(config)
-    state = _convert(load(), family, config, model.state_dict(), problems)
+    with torch.device("meta"):  # shapes only: nothing is allocated before the checkpoint passes
+        skeleton = family.model(config).state_dict()
+    state = _convert(load(), family, config, skeleton, problems)
     if problems:
         raise _fail(name, model_type, problems)
+    model = family.model(config)
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 
@@ -372,6 +374,8 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         ValueError listing every problem at once: no config.json, unsupported model_type or
         setting, missing or unexpected keys, shape mismatches.
     """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if isinstance(source, (str, os.PathLike)):
         d = Path(source)
         return _build(_read_config(d), lambda: _read_safetensors(d), str(d), dtype=dtype, dropout=dropout)
