@@ -412,6 +412,9 @@ def test_tokenizer_edge_cases(saved, with_tokenizer, tmp_path):
     tok = load_tokenizer(with_tokenizer)
     with pytest.raises(ValueError, match=r"token ids must be ints in \[0, 300\)"):
         tok.decode([1, 300])
+    with pytest.raises(TypeError, match="token ids must be a sequence of ints"):
+        tok.token_strings([1.0])
+    assert tok.decode(torch.tensor([5, 6])) == tok.decode([5, 6])
     with pytest.raises(TypeError, match="encode expects a str"):
         tok.encode([1, 2])
     for f in with_tokenizer.iterdir():

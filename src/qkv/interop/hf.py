@@ -21,6 +21,7 @@ D head width (C / H).
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -483,8 +484,11 @@ class Tokenizer:
         return out
 
     def _check(self, ids) -> list[int]:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size]
+        try:  # ints, numpy ints and integer tensors; never a float silently truncated
+            ids = [operator.index(i) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+        except TypeError:
+            raise TypeError(f"token ids must be a sequence of ints, got {ids!r:.80}") from None
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token ids must be ints in [0, {self.vocab_size}), got {bad[:5]}")
         return ids
