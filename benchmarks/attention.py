@@ -1,8 +1,9 @@
-"""Multi-head attention forward: qkv vs torch.nn.MultiheadAttention vs a spec-style naive module.
+"""Multi-head attention: qkv vs torch.nn.MultiheadAttention vs a spec-style naive module.
 
     python -m benchmarks.attention [--quick]
 
-Same weights, same input, calls interleaved, medians; ratios are what to read.
+Same weights, same input, calls interleaved, medians; forward and forward+backward; achieved
+GFLOP/s as a fraction of this machine's fp32 matmul peak measured in the same run.
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from torch import nn
 import qkv
 from qkv.interop.torch_nn import mha_to_torch
 
-from .common import machine_info, table, time_interleaved
+from .common import machine_info, matmul_peak_gflops, table, time_interleaved
+
+SHAPES = [(8, 256, 512, 8), (4, 1024, 512, 8), (1, 4096, 512, 8)]
+QUICK_SHAPES = [(8, 256, 512, 8), (4, 1024, 512, 8)]
 
 
 class NaiveMHA(nn.Module):
@@ -34,36 +38,64 @@ class NaiveMHA(nn.Module):
         return self.W_O((attn @ V).transpose(1, 2).reshape(B, n, d))  # (B, h, n, d_k) -> (B, n, d)
 
 
-def run(B: int, n: int, d: int, h: int, repeats: int, causal: bool = False) -> list:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    ours = qkv.MultiHeadAttention(d, h).to(device).eval()
-    theirs = mha_to_torch(ours).eval()
-    naive = NaiveMHA(d, h).to(device).eval()
+def attention_flops(B: int, n: int, d: int) -> float:
+    """Forward FLOPs: four d×d projections (2·B·n·d² each) + QKᵀ and weights·V (2·B·n²·d each)."""
+    return 4 * 2 * B * n * d * d + 2 * 2 * B * n * n * d
+
+
+def modules(d: int, h: int, device):
+    ours = qkv.MultiHeadAttention(d, h).to(device)
+    theirs = mha_to_torch(ours)
+    naive = NaiveMHA(d, h).to(device)
     with torch.no_grad():
         for lin, src in zip((naive.W_Q, naive.W_K, naive.W_V, naive.W_O),
                             (ours.q_proj, ours.k_proj, ours.v_proj, ours.out_proj)):
             lin.weight.copy_(src.weight)
+    calls = {"qkv": lambda x: ours(x), "nn.MHA": lambda x: theirs(x, x, x, need_weights=False)[0],
+             "naive": lambda x: naive(x)}
+    return calls
+
+
+def run(B: int, n: int, d: int, h: int, repeats: int, peak: float) -> list[list]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    calls = modules(d, h, device)
     x = torch.randn(B, n, d, device=device)
+    with torch.no_grad():
+        ref = calls["qkv"](x)
+        for name, fn in calls.items():
+            torch.testing.assert_close(fn(x), ref, atol=1e-4, rtol=1e-4)
     with torch.inference_mode():
-        torch.testing.assert_close(ours(x), theirs(x, x, x, need_weights=False)[0], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(ours(x), naive(x), atol=1e-4, rtol=1e-4)
-        t = time_interleaved({
-            "qkv": lambda: ours(x),
-            "torch": lambda: theirs(x, x, x, need_weights=False),
-            "naive": lambda: naive(x),
-        }, repeats=repeats)
-    return [f"({B}, {n}, {d}, {h})", f"{t['qkv'] * 1e3:.1f}", f"{t['torch'] * 1e3:.1f}", f"{t['naive'] * 1e3:.1f}",
-            f"{t['torch'] / t['qkv']:.2f}x", f"{t['naive'] / t['qkv']:.2f}x"]
+        fwd = time_interleaved({k: (lambda fn=fn: fn(x)) for k, fn in calls.items()}, repeats=repeats)
+    xg = x.clone().requires_grad_(True)
+    bwd = time_interleaved({k: (lambda fn=fn: fn(xg).sum().backward()) for k, fn in calls.items()},
+                           repeats=max(3, repeats // 2))
+    rows = []
+    for label, t, flops in (("forward", fwd, attention_flops(B, n, d)), ("fwd+bwd", bwd, 3 * attention_flops(B, n, d))):
+        gflops = flops / t["qkv"] / 1e9
+        rows.append([f"({B}, {n}, {d}, {h})", label, f"{t['qkv'] * 1e3:.1f}", f"{t['nn.MHA'] * 1e3:.1f}",
+                     f"{t['naive'] * 1e3:.1f}", f"{t['nn.MHA'] / t['qkv']:.2f}x", f"{t['naive'] / t['qkv']:.2f}x",
+                     f"{gflops:.0f}", f"{gflops / peak:.2f}"])
+    return rows
 
 
-def main(argv=None) -> None:
+HEADER = ["(B, n, d, h)", "pass", "qkv ms", "nn.MHA ms", "naive ms", "nn.MHA / qkv", "naive / qkv",
+          "qkv GFLOP/s", "of matmul peak"]
+
+
+def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer repeats")
+    p.add_argument("--quick", action="store_true", help="two shapes, fewer repeats")
     args = p.parse_args(argv)
     print(machine_info())
-    rows = [run(4, 1024, 512, 8, repeats=5 if args.quick else 15)]
-    print(table(rows, ["(B, n, d, h)", "qkv ms", "nn.MHA ms", "naive ms", "nn.MHA / qkv", "naive / qkv"]))
-    print("ratios > 1 mean qkv is faster; medians of interleaved calls, fp32, forward only")
+    peak = matmul_peak_gflops()
+    print(f"fp32 matmul peak (median of a 2048² torch.mm): {peak:.0f} GFLOP/s")
+    rows = []
+    for shape in QUICK_SHAPES if args.quick else SHAPES:
+        rows += run(*shape, repeats=3 if args.quick else 9, peak=peak)
+    out = table(rows, HEADER)
+    print(out)
+    print("ratios > 1: qkv is faster; medians of interleaved calls, fp32")
+    return out
 
 
 if __name__ == "__main__":

@@ -41,3 +41,11 @@ def table(rows: list[list], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cols[1:]])
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 7) -> float:
+    """This machine's fp32 matmul throughput: median GFLOP/s of an n×n torch.mm."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    t = time_interleaved({"mm": lambda: torch.mm(a, b)}, repeats=repeats)["mm"]
+    return 2 * n**3 / t / 1e9

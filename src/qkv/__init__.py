@@ -6,6 +6,7 @@ from .layers import FeedForward
 from .masks import causal_mask, padding_mask
 from .models import GPT, PRESETS, Encoder, ModelConfig, ModelOutput, Transformer
 from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from . import interop  # noqa: E402  (qkv.interop.from_hf etc.; imports only torch until used)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -13,5 +14,5 @@ __all__ = [
     "SelfAttention", "MultiHeadAttention",
     "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi",
     "FeedForward", "TransformerBlock", "KVCache",
-    "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer",
+    "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer", "interop",
 ]

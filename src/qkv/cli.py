@@ -23,6 +23,135 @@ class _Parser(argparse.ArgumentParser):
 ADDERS: list = []  # each section appends its _add_NAME here, next to its definitions
 
 # --- train / sample / info (training issue) -------------------------------------------
+_TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help)
+    "--preset": ("preset", str, "model preset (default: demo)"),
+    "--data": ("data", str, "a UTF-8 text file or a directory of them (default: the Python standard library)"),
+    "--max-steps": ("max_steps", int, "optimizer steps"),
+    "--max-minutes": ("max_minutes", float, "wall-clock training budget (default 3 when no budget is given)"),
+    "--max-tokens": ("max_tokens", int, "training tokens"),
+    "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1337)"),
+    "--tokenizer": ("tokenizer", str, "char (default) or bpe (byte-level BPE, Hugging Face tokenizers)"),
+    "--vocab-size": ("vocab_size", int, "BPE vocabulary size (default 1024)"),
+    "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
+    "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
+    "--lr": ("lr", float, "peak learning rate"),
+    "--context": ("context", int, "training context length (default: the preset's max_len)"),
+    "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
+    "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
+}
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a GPT on the embedded corpus or your text",
+                       description="Train a decoder-only Transformer; writes runs/NAME (checkpoint, metrics, "
+                                   "loss curve, summary) and ends with validation bits per character beside "
+                                   "gzip's and xz's, and a sample. Under torchrun it trains with DDP.")
+    for flag, (_, typ, text) in _TRAIN_FLAGS.items():
+        p.add_argument(flag, type=typ, default=None, help=text,
+                       choices=("char", "bpe") if flag == "--tokenizer" else None)
+    p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_train)
+
+
+def _fresh_run_dir(preset: str) -> str:
+    from pathlib import Path
+
+    base, n = Path("runs") / preset, 2
+    out = base
+    while out.exists() and any(out.iterdir()):
+        out, n = base.with_name(f"{preset}-{n}"), n + 1
+    return str(out)
+
+
+def _run_train(args) -> int:
+    from .train import TrainConfig, train
+
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in _TRAIN_FLAGS.items()}
+    given |= {"bf16": args.bf16, "compile": args.compile}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.resume:
+        if not args.out:
+            raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
+        cfg = TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
+    else:
+        if not any(k in given for k in ("max_steps", "max_minutes", "max_tokens")):
+            given["max_minutes"] = 3.0
+        cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
+        cfg.out = args.out or _fresh_run_dir(cfg.preset)
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if rank0:
+        print(f"qkv: training {cfg.model and 'a custom model' or f'preset {cfg.preset}'} on "
+              f"{cfg.data or 'the Python standard library'} for {cfg.budget} -> {cfg.out}", file=sys.stderr)
+    result = train(cfg)
+    if not rank0:
+        return 0
+    s = result.summary
+    print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters, {s['tokenizer']} tokenizer, "
+          f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
+    print(f"validation bits per character: model {s['val_bpc']:.3f} | gzip -9 {s['gzip_bpc']:.3f} | "
+          f"xz -9e {s['xz_bpc']:.3f}   ({s['val_chars']} characters held out)")
+    if args.sample_tokens > 0:
+        from .checkpoint import Run
+
+        run = Run(model=result.model, tokenizer=result.tokenizer, config=result.config, path=result.path)
+        prompt = next((p for p in ("def ", "\n", " ") if _encodable(run.tokenizer, p)), run.tokenizer.decode([0]))
+        print(f"sample (temperature 0.8, seed {cfg.seed}):")
+        print(run.sample(prompt, args.sample_tokens, temperature=0.8, seed=cfg.seed))
+    return 0
+
+
+def _encodable(tokenizer, text: str) -> bool:
+    try:
+        return bool(tokenizer.encode(text))
+    except ValueError:
+        return False
+
+
+def _add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="generate text from a trained run",
+                       description="Continue a prompt with a trained run's model (KV-cached decoding).")
+    p.add_argument("--run", required=True, help="run directory written by qkv train")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(func=_run_sample)
+
+
+def _run_sample(args) -> int:
+    from .checkpoint import load_run
+
+    run = load_run(args.run, device=args.device)
+    print(run.sample(args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                     top_p=args.top_p, seed=args.seed))
+    return 0
+
+
+def _add_info(sub) -> None:
+    p = sub.add_parser("info", help="describe a trained run", description="Model, tokenizer, training and results "
+                                                                          "of a run directory.")
+    p.add_argument("--run", required=True, help="run directory written by qkv train")
+    p.set_defaults(func=_run_info)
+
+
+def _run_info(args) -> int:
+    from .checkpoint import run_info
+
+    for key, value in run_info(args.run).items():
+        print(f"{key + ':':<14} {value}")
+    return 0
+
+
+ADDERS.extend([_add_train, _add_sample, _add_info])
 # --- end train / sample / info ----------------------------------------------------------
 
 # --- verify / plot (claims issue) -------------------------------------------------------
@@ -155,6 +284,8 @@ def _load_for_explore(args):
     except ImportError as e:
         raise CommandError(f"--hf needs the interop module qkv.interop.hf, which is not available ({e})") from None
     model, tokenizer = load_pretrained(args.hf)
+    if tokenizer is None:
+        raise CommandError(f"{args.hf} has no tokenizer files (tokenizer.json …): explore needs one to read --text")
     return model.to(args.device), tokenizer
 
 
@@ -183,6 +314,34 @@ ADDERS.append(_add_explore)
 # --- end explore ------------------------------------------------------------------------
 
 # --- bench ------------------------------------------------------------------------------
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="side-by-side speed and memory measurements (python -m benchmarks)",
+                       description="Run benchmarks/ from a source checkout: attention vs nn.MultiheadAttention, "
+                                   "memory of fused vs reference attention, generation and training vs Hugging Face.")
+    p.add_argument("--quick", action="store_true", help="smaller shapes, fewer repeats")
+    p.add_argument("--only", nargs="+", metavar="SECTION",
+                   help="attention | memory | generation | train_speed")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args) -> int:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        raise CommandError("qkv bench runs the benchmarks/ folder of a source checkout; none found beside this install")
+    sys.path.insert(0, str(root))
+    from benchmarks.__main__ import SECTIONS, main as bench_main
+
+    unknown = sorted(set(args.only or []) - set(SECTIONS))
+    if unknown:
+        raise CommandError(f"unknown benchmark section(s) {unknown}; choose from {SECTIONS}")
+    return bench_main((["--quick"] if args.quick else []) + (["--only", *args.only] if args.only else []))
+
+
+ADDERS.append(_add_bench)
 # --- end bench --------------------------------------------------------------------------
 
 

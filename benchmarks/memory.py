@@ -1,0 +1,73 @@
+"""Peak memory of one attention forward: fused path (about linear in n) vs reference path (quadratic).
+
+    python -m benchmarks.memory [--quick]
+
+Each measurement runs in a fresh subprocess: on CUDA the allocator's peak, on CPU the rise
+of the process's peak resident memory (ru_maxrss) over its level once the inputs exist.
+B=1, H=8, D=64 (d_model 512), fp32, causal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from .common import machine_info, table
+
+LENGTHS = [1024, 2048, 4096, 8192, 16384]
+H, D = 8, 64
+LIMIT_GB = 8.0  # the reference path is skipped where its n×n scores alone would pass this
+
+
+def measure(n: int, path: str) -> float:
+    """Peak extra memory in MB of one forward at length n on the given path, in a fresh process."""
+    code = f"""
+import json, resource, torch, qkv
+cuda = torch.cuda.is_available()
+dev = "cuda" if cuda else "cpu"
+q, k, v = (torch.randn(1, {H}, {n}, {D}, device=dev) for _ in range(3))
+with torch.inference_mode():
+    qkv.scaled_dot_product_attention(q[..., :8, :], k[..., :8, :], v[..., :8, :], is_causal=True,
+                                     return_weights={path == "reference"})  # warm up kernels and libraries
+    if cuda:
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights={path == "reference"})
+    if cuda:
+        torch.cuda.synchronize(); peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps((peak - base) / 2**20))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if res.returncode:
+        raise RuntimeError(res.stderr.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="n up to 4k")
+    args = p.parse_args(argv)
+    print(machine_info())
+    rows, crossover = [], None
+    for n in LENGTHS[:3] if args.quick else LENGTHS:
+        scores_gb = H * n * n * 4 / 2**30
+        fused = measure(n, "fused")
+        ref = measure(n, "reference") if scores_gb <= LIMIT_GB / 2 else None
+        if ref is not None and crossover is None and ref > 2 * fused:
+            crossover = n
+        rows.append([n, f"{fused:.0f}", "skipped" if ref is None else f"{ref:.0f}",
+                     f"{scores_gb * 1024:.0f}", "n/a" if ref is None else f"{ref / max(fused, 1):.1f}x"])
+    out = table(rows, ["n", "fused MB", "reference MB", "one n×n fp32 score tensor MB", "reference / fused"])
+    print(out)
+    print(f"reference path skipped where one score tensor exceeds {LIMIT_GB / 2:.0f} GB (it holds several).")
+    if crossover:
+        print(f"the reference path needs over twice the fused path's memory from n = {crossover} on")
+    return out
+
+
+if __name__ == "__main__":
+    main()
