@@ -44,14 +44,14 @@ def plot_pe(path: str | os.PathLike, *, d_model: int = 128, length: int = 256, b
     table = SinusoidalPositionalEncoding(d_model, base)(length)  # (T, C)
     fig = Figure(figsize=(14, 5.5))
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
-    im = left.imshow(table.T, aspect="auto", origin="lower", cmap="RdBu_r", vmin=-1, vmax=1,
+    im = left.imshow(table.T.numpy(), aspect="auto", origin="lower", cmap="RdBu_r", vmin=-1, vmax=1,
                      extent=(-0.5, length - 0.5, -0.5, d_model - 0.5), interpolation="nearest")
     left.set(xlabel="position", ylabel="dimension (even: sin, odd: cos)", title=f"PE matrix ({length} × {d_model})")
     fig.colorbar(im, ax=left, label="PE value")
     shown = min(length, 128)  # more positions make the fastest dimension an unreadable block of colour
     for i in sorted({0, d_model // 16, (5 * d_model) // 32, d_model // 2 - 1}):  # pair i: dimensions 2i, 2i+1
         wavelength = 2 * math.pi * base ** (2 * i / d_model)
-        right.plot(table[:shown, 2 * i], lw=1.6, label=f"dim {2 * i} (sin), wavelength {wavelength:,.1f}")
+        right.plot(table[:shown, 2 * i].numpy(), lw=1.6, label=f"dim {2 * i} (sin), wavelength {wavelength:,.1f}")
     right.set(xlabel="position", ylabel="PE value", ylim=(-1.15, 1.5),
               title=f"sin dimensions against position (first {shown})")
     right.legend(loc="upper right", fontsize=8.5, ncol=2)
@@ -65,8 +65,7 @@ def plot_pe(path: str | os.PathLike, *, d_model: int = 128, length: int = 256, b
 def scaling_curves(d_ks: Sequence[int], *, seed: int = 0) -> dict:
     """softmax statistics (see ``claims.softmax_stats``) per d_k, with and without the 1/√d_k scaling."""
     curves = {"scaled": [], "unscaled": []}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with claims.seeded(seed):
         for d_k in d_ks:
             q, k = claims.unit_qk(d_k)
             curves["scaled"].append(claims.softmax_stats(claims.scaled_dot_product_attention, q, k))
@@ -130,7 +129,7 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
     att = attention_maps(model, ids)  # (N, H, T, T)
     N, H, T, _ = att.shape
     cell = min(max(2.3, 0.14 * T + 1.0), 6.0)  # inches per heatmap: room for T tick labels
-    fig = Figure(figsize=(H * cell + 1.4, N * cell + 1.3))
+    fig = Figure(figsize=(H * cell + 1.4, N * cell + 1.3))  # + margins for labels, title and colour bar
     axes = fig.subplots(N, H, squeeze=False)
     step = max(1, math.ceil(T / 48))  # label every token up to 48, then every step-th
     ticks = list(range(0, T, step))
@@ -139,7 +138,7 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
     for layer in range(N):
         for head in range(H):
             ax = axes[layer, head]
-            im = ax.imshow(att[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            im = ax.imshow(att[layer, head].numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
             ax.set_title(f"layer {layer}, head {head}", fontsize=9)
             ax.set_xticks(ticks, names if layer == N - 1 else [], rotation=90, fontsize=font)
             ax.set_yticks(ticks, names if head == 0 else [], fontsize=font)
@@ -147,12 +146,16 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
                 ax.set_xlabel("key (attended to)", fontsize=8)
             if head == 0:
                 ax.set_ylabel("query", fontsize=8)
-    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01, label="attention weight")
     shown = "".join(labels) if len("".join(labels)) <= 60 else "".join(labels)[:57] + "…"
     fig.suptitle(title or f"Attention weights per layer (rows) and head (columns) on {_label(shown)!s}: "
                  f"each row is a query's distribution over keys", fontsize=11)
-    fig.subplots_adjust(left=0.8 / fig.get_figwidth() + 0.02, right=0.92, bottom=0.9 / fig.get_figheight() + 0.02,
-                        top=1 - 0.7 / fig.get_figheight(), wspace=0.15, hspace=0.3)
+    width, height = fig.get_size_inches()
+    left, right, bottom, top = 0.9 / width, 1 - 0.5 / width, 0.95 / height, 1 - 0.6 / height  # margins in inches
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.25)
+    cax = fig.add_axes((right + 0.1 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
+    fig.colorbar(im, cax=cax)
+    cax.tick_params(labelsize=7)
+    cax.set_title("weight", fontsize=7)
     return _save(fig, path)
 
 

@@ -1,0 +1,79 @@
+"""qkv.inspect.plots: each figure renders a non-empty PNG of the expected size."""
+import struct
+
+import pytest
+import torch
+from matplotlib.image import imread
+
+import qkv
+from qkv.inspect import claims, plots
+
+
+def png_size(path):
+    """(width, height) from the PNG header (IHDR)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def assert_drawn(path, size):
+    assert png_size(path) == size
+    pixels = imread(path)[..., :3]  # (H, W, 3) floats
+    assert pixels.std() > 0.05, "the image is (nearly) blank"
+    assert (pixels < 0.5).mean() > 0.01, "almost nothing dark: no text or data"
+    assert not list(path.parent.glob(".*.tmp")), "a temporary file was left behind"
+
+
+def test_pe_figure(tmp_path):
+    path = plots.plot_pe(tmp_path / "sub" / "pe.png", d_model=32, length=40)
+    assert path == tmp_path / "sub" / "pe.png"
+    assert_drawn(path, (1400, 550))  # figsize (14, 5.5) × DPI 100
+
+
+def test_scaling_figure(tmp_path):
+    assert_drawn(plots.plot_scaling(tmp_path / "s.png", d_ks=(4, 16, 64)), (1500, 480))
+
+
+def test_scaling_curves_separate_with_d_k():
+    c = plots.scaling_curves((4, 256))
+    assert c["unscaled"][1]["max_weight"] > 0.8 > 0.2 > c["scaled"][1]["max_weight"]
+
+
+def tiny_gpt(num_layers=2, num_heads=4):
+    cfg = qkv.ModelConfig(vocab_size=16, d_model=16, num_heads=num_heads, num_layers=num_layers, max_len=16)
+    return qkv.GPT(cfg).eval()
+
+
+def test_attention_grid_has_one_panel_per_layer_and_head(tmp_path):
+    labels = ["a", " ", "$x$", "\n", "b", "\t", "é", "\x00"]  # mathtext, whitespace, control characters
+    path = plots.plot_attention(tiny_gpt(), torch.arange(8), labels, tmp_path / "att.png")
+    # cell = max(2.3, 0.14·8 + 1.0) = 2.3 in; figsize (4·2.3 + 1.4, 2·2.3 + 1.3) = (10.6, 5.9) in at 100 dpi
+    assert_drawn(path, (1060, 590))
+    path = plots.plot_attention(tiny_gpt(1, 2), [1, 2, 3], ["x", "y", "z"], tmp_path / "att1.png", title="t")
+    assert_drawn(path, (600, 360))  # (2·2.3 + 1.4, 2.3 + 1.3)
+
+
+def test_attention_labels_are_readable():
+    assert plots._label(" ") == "␣" and plots._label("\n") == "\\n" and plots._label("$") == r"\$"
+    assert plots._label("\x00") == "\\x00" and plots._label("") == "∅"
+
+
+def test_attention_needs_one_label_per_token(tmp_path):
+    with pytest.raises(ValueError, match="one label per token"):
+        plots.plot_attention(tiny_gpt(), torch.arange(4), ["a"], tmp_path / "x.png")
+
+
+def test_attention_maps_shape():
+    assert plots.attention_maps(tiny_gpt(3, 2), torch.arange(5)).shape == (3, 2, 5, 5)
+
+
+def test_report_embeds_figures(tmp_path):
+    results = claims.run_claims(["mha-params"])
+    gpt = tiny_gpt()
+    results.append(claims.head_diversity(gpt, torch.randint(0, 16, (1, 8))))
+    path = plots.write_report(results, tmp_path / "report.md", model=gpt, ids=torch.arange(6), labels=list("abcdef"))
+    text = path.read_text(encoding="utf-8")
+    for name in ("report-pe.png", "report-scaling.png", "report-heads.png", "report-attention.png"):
+        assert f"]({name})" in text and (tmp_path / name).stat().st_size > 10_000
+    assert_drawn(tmp_path / "report-heads.png", (800, 450))
+    assert "| claim | section | measured | holds |" in text and "(`mha-params`)" in text
