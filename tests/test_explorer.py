@@ -192,6 +192,13 @@ def test_server_answers_and_refuses(server):
     assert _post(server, b'{"text": 3}')[0] == 400
     assert _post(server, b'{"text": "a"}', ctype="text/plain")[0] == 415
     assert _post(server, b'{"text": "a"}', host="evil.example:80")[0] == 403
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+    conn.putrequest("POST", "/api/attention")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", "-1")
+    conn.endheaders()
+    assert conn.getresponse().status == 411
+    conn.close()
 
 
 def test_make_server_checks_arguments(gpt):
@@ -256,6 +263,8 @@ def _heatmap_pixels(page) -> str:
 
 
 def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
+    from playwright.sync_api import expect
+
     text = "the dog bit the man"
     ids, labels = explorer.tokenize(CharTokenizer(), text)
     page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title="qkv test page"))
@@ -279,7 +288,8 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
     i = 4  # hovering a token outlines its row of the heatmap (and its column, and its lines)
     page.hover(f"#tokens .tok >> nth={i}")
     row = page.locator("#hm-row")
-    assert row.is_visible() and row.get_attribute("data-row") == str(i)
+    expect(row).to_have_attribute("data-row", str(i))
+    assert row.is_visible()
     geo = page.evaluate("() => { const c = document.getElementById('heatmap').getBoundingClientRect();"
                         " const r = document.getElementById('hm-row').getBoundingClientRect();"
                         " return [c.top, r.top, r.height]; }")
@@ -289,8 +299,9 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
     assert "active" in page.locator("#tokens .tok >> nth=4").get_attribute("class")
     assert "active" in page.locator("#lines-left .ltok >> nth=4").get_attribute("class")
     page.hover("#lines-right .ltok >> nth=7")  # from the lines view too
-    assert row.get_attribute("data-row") == "7"
+    expect(row).to_have_attribute("data-row", "7")
     page.hover(f"#tokens .tok >> nth={i}")
+    expect(row).to_have_attribute("data-row", str(i))
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=True)
@@ -303,6 +314,7 @@ def test_page_in_browser_shows_hostile_text_as_text(browser, gpt, tmp_path):
     page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title=XSS))
     page.hover("#tokens .tok >> nth=5")
     page.select_option("#layer", "1")
+    page.wait_for_selector("#hm-row[data-row='5']")
     shown = page.eval_on_selector_all("#tokens .tok", "ts => ts.map(t => t.textContent).join('')")
     assert shown == XSS.replace(" ", "␣")
     assert page.text_content("#title") == XSS and page.title() == XSS
@@ -336,3 +348,104 @@ def test_served_page_runs_new_text_and_refuses_oversized(browser, server):
     assert page.locator("#tokens .tok").count() == len(XSS)  # the last good result stays on screen
     assert watch.dialogs == []
     page.close()
+
+
+# ---- the command on real checkpoints: `--run` (qkv train's output) and `--hf` ------------------
+
+CORPUS = "the quick brown fox jumps over the lazy dog. <script>alert(1)</script>\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from qkv.checkpoint import save_model
+    from qkv.data import CharTokenizer as Chars
+
+    tok = Chars.train(CORPUS)
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, num_layers=3, num_heads=4))
+    d = tmp_path_factory.mktemp("run")
+    save_model(d, model, tok)
+    return d
+
+
+def test_command_explores_a_run(run_dir, tmp_path, capsys):
+    from qkv import cli
+    from qkv.checkpoint import load_run
+
+    out = tmp_path / "run.html"
+    assert cli.main(["explore", "--run", str(run_dir), "--text", "the lazy dog", "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    d = _boot(out.read_text())["data"]
+    assert d["tokens"] == list("the lazy dog") and d["title"] == f"qkv explorer: {run_dir.name}"
+    run = load_run(run_dir)
+    ids = torch.tensor([run.tokenizer.encode("the lazy dog")])
+    with torch.no_grad():
+        ref = torch.stack([a[0] for a in run.model(ids, return_attention=True).attentions])
+    np.testing.assert_array_equal(_decode(d["attention"], (3, 4, 12, 12)), ref.numpy())
+    assert cli.main(["explore", "--run", str(run_dir), "--text", "naïve €", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkv: error:") and "vocabulary" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["explore", "--run", str(tmp_path / "nope"), "--text", "the"]) == 2
+
+
+def test_command_serves_a_run_on_loopback(run_dir):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "explore", "--serve", "--run", str(run_dir), "--port", "0",
+                             "--max-chars", "20", "--text", "the fox"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert m, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=20)
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        assert r.status == 200 and _boot(r.read().decode())["data"]["tokens"] == list("the fox")
+        for text, status in (("dog", 200), ("x" * 21, 413), ("€", 400)):
+            conn.request("POST", "/api/attention", body=json.dumps({"text": text}),
+                         headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            body = json.loads(r.read())
+            assert r.status == status, body
+            assert status == 200 or ("at most 20" if status == 413 else "vocabulary") in body["error"]
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers", reason="--hf needs the hf extra: pip install 'qkv[hf]'")
+    from tokenizers import Tokenizer as Fast, decoders, models, pre_tokenizers, trainers
+
+    from qkv.interop import to_hf
+
+    tok = Fast(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([CORPUS] * 4, trainers.BpeTrainer(
+        vocab_size=290, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    d = tmp_path_factory.mktemp("hf")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(d)
+    torch.manual_seed(0)
+    config = qkv.ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), num_layers=3, num_heads=4,
+                                    activation="gelu_tanh")
+    to_hf(qkv.GPT(config)).save_pretrained(d)
+    return d
+
+
+def test_command_explores_a_hugging_face_directory(hf_dir, tmp_path):
+    from qkv import cli
+
+    out = tmp_path / "hf.html"
+    assert cli.main(["explore", "--hf", str(hf_dir), "--text", "the lazy fox", "--out", str(out)]) == 0
+    d = _boot(out.read_text())["data"]
+    assert "".join(d["tokens"]) == "the lazy fox" and d["num_layers"] == 3 and d["num_heads"] == 4
+    bare = tmp_path / "bare"  # weights without a tokenizer: a clear one-line error
+    bare.mkdir()
+    for f in hf_dir.iterdir():
+        if f.name.startswith(("config", "model")):
+            (bare / f.name).write_bytes(f.read_bytes())
+    assert cli.main(["explore", "--hf", str(bare), "--text", "the"]) == 2
