@@ -84,12 +84,8 @@ def _run_train(args) -> int:
             given["max_minutes"] = 3.0
         cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
         cfg.out = args.out or _fresh_run_dir(cfg.preset)
-    rank0 = os.environ.get("RANK", "0") == "0"
-    if rank0:
-        print(f"qkv: training {cfg.model and 'a custom model' or f'preset {cfg.preset}'} on "
-              f"{cfg.data or 'the Python standard library'} for {cfg.budget} -> {cfg.out}", file=sys.stderr)
     result = train(cfg)
-    if not rank0:
+    if os.environ.get("RANK", "0") != "0":
         return 0
     s = result.summary
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters, {s['tokenizer']} tokenizer, "

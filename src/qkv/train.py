@@ -18,6 +18,7 @@ import json
 import lzma
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -466,6 +467,12 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
     bar = None
     if cfg.progress and rank == 0:
         from tqdm.auto import tqdm
+
+        print(f"qkv: training a {raw.num_parameters() / 1e6:.2f} M-parameter GPT ({cfg.preset if cfg.model is None else 'custom'}"
+              f", {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens, context {T}) on {corpus.source}: "
+              f"{len(train_ids) / 1e6:.2f} M training tokens, {len(corpus.val) / 1e6:.2f} M validation characters; "
+              f"budget {cfg.budget}{'' if world == 1 else f', {world} processes'} -> {out or '(not saved)'}",
+              file=sys.stderr)
 
         bar = tqdm(total=100.0, initial=round(100 * progress(step, elapsed), 2), unit="%", dynamic_ncols=True,
                    bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")

@@ -1,0 +1,128 @@
+"""`qkv train / sample / info`, called in-process through qkv.cli.main."""
+import json
+import re
+
+import pytest
+import torch
+
+from qkv.cli import main
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+FAST = ["--preset", "tiny", "--context", "32", "--batch-size", "4", "--eval-interval", "2", "--quiet",
+        "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, above all on a shared machine
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    for i in range(4):
+        (d / f"m{i}.py").write_text(TEXT[i * 2000:(i + 1) * 4000], encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "r"
+    assert main(["train", *FAST, "--data", str(data), "--max-steps", "4", "--out", str(out),
+                 "--sample-tokens", "0"]) == 0
+    return out
+
+
+def snapshot(d):
+    return {p.name: p.read_bytes() for p in d.iterdir()}
+
+
+def fails(capsys, argv, message):
+    """Exit 2 and one line on stderr naming the problem, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("qkv: error:") and re.search(message, err[0]), err
+    return err[0]
+
+
+def test_train_prints_bpc_beside_compressors_and_a_sample(data, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--data", str(data), "--max-steps", "4", "--out", str(out),
+                 "--sample-tokens", "20"]) == 0
+    text = capsys.readouterr().out
+    m = re.search(r"validation bits per character: model ([\d.]+) \| gzip -9 ([\d.]+) \| xz -9e ([\d.]+)", text)
+    assert m, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert float(m[1]) == pytest.approx(summary["val_bpc"], abs=1e-3)
+    assert float(m[2]) == pytest.approx(summary["gzip_bpc"], abs=1e-3)
+    assert "sample" in text and "\ndef " in text
+    assert (out / "loss.png").is_file() and (out / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_sample_and_info(run, capsys):
+    assert main(["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "15", "--seed", "1"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("def f") and len(first.rstrip("\n")) >= 5
+    assert main(["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "15", "--seed", "1",
+                 "--top-k", "5", "--top-p", "0.9", "--temperature", "0.7"]) == 0
+    assert main(["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "15", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[-len(first.splitlines()):] == first.splitlines()  # reproducible
+    assert main(["info", "--run", str(run)]) == 0
+    info = capsys.readouterr().out
+    assert "tokenizer:" in info and "char" in info and "val_bpc:" in info and "gzip -9" in info
+
+
+def test_resume_continues_a_run(data, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--data", str(data), "--max-steps", "2", "--out", str(out), "--sample-tokens", "0"]) == 0
+    assert main(["train", "--resume", "--out", str(out), "--max-steps", "4", "--quiet", "--sample-tokens", "0"]) == 0
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4] and json.loads((out / "summary.json").read_text())["steps"] == 4
+
+
+def test_default_out_never_overwrites(data, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert main(["train", *FAST, "--data", str(data), "--max-steps", "2", "--sample-tokens", "0"]) == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny", "tiny-2"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"), (b"", "is empty"), (b"\x7fELF\x00\x00\x01", "binary"),
+])
+def test_bad_data_overwrites_nothing(run, tmp_path, capsys, content, message):
+    f = tmp_path / "data.txt"
+    if content is not None:
+        f.write_bytes(content)
+    before = snapshot(run)
+    fails(capsys, ["train", *FAST, "--data", str(f), "--max-steps", "2", "--out", str(run), "--overwrite"], message)
+    assert snapshot(run) == before
+
+
+def test_bad_inputs(run, data, tmp_path, capsys):
+    before = snapshot(run)
+    fails(capsys, ["train", "--preset", "huge", "--out", str(tmp_path / "x")], "unknown preset 'huge'")
+    fails(capsys, ["train", *FAST, "--data", str(data), "--out", str(run), "--max-steps", "2"],
+          "already exists; pass --resume")
+    fails(capsys, ["train", "--resume", "--out", str(run), "--lr", "0.5"], r"changed config \(lr: 0.003 -> 0.5\)")
+    fails(capsys, ["train", "--resume", "--out", str(tmp_path / "none")], "not a qkv run")
+    fails(capsys, ["train", "--resume", "--out", str(run)], "already finished")
+    fails(capsys, ["train", "--max-steps", "-3", "--out", str(tmp_path / "y")], "max_steps must be a positive")
+    fails(capsys, ["sample", "--run", str(run), "--prompt", "déf ✓"], r"outside .*'é', '✓'")
+    fails(capsys, ["sample", "--run", str(tmp_path), "--prompt", "def"], "not a qkv run")
+    fails(capsys, ["info", "--run", str(tmp_path / "nope")], "not a qkv run")
+    fails(capsys, ["sample", "--run", str(run), "--prompt", "def", "--top-p", "2"], "top_p")
+    assert snapshot(run) == before
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_corrupt_checkpoint(run, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name, content in snapshot(run).items():
+        (broken / name).write_bytes(content[: len(content) // 2] if name == "model.safetensors" else content)
+    fails(capsys, ["sample", "--run", str(broken), "--prompt", "def"], "corrupt or truncated")
+    fails(capsys, ["train", "--resume", "--out", str(broken), "--max-steps", "8", "--quiet"], "corrupt or truncated")
