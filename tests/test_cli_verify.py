@@ -122,5 +122,5 @@ def test_plot_commands(run_dir, tmp_path, capsys):
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / n) for n in ("pe.png", "scaling.png", "attention.png")]
     assert png_size(tmp_path / "pe.png") == (1400, 550)
-    # 14 tokens: cell = 0.14·14 + 1.0 = 2.96 in; (4·2.96 + 1.4, 2·2.96 + 1.3) in at 100 dpi
-    assert png_size(tmp_path / "attention.png") == (1324, 722)
+    # 14 tokens: cell = 0.12·14 + 0.9 = 2.58 in; (4·2.58 + 1.6, 2·(2.58 + 0.4) + 1.0 + 0.45 + 0.22) in, 1-line title
+    assert png_size(tmp_path / "attention.png") == (1192, 763)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
@@ -128,34 +130,40 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
         raise ValueError(f"expected one label per token ({ids.numel()}), got {len(labels)}")
     att = attention_maps(model, ids)  # (N, H, T, T)
     N, H, T, _ = att.shape
-    cell = min(max(2.3, 0.14 * T + 1.0), 6.0)  # inches per heatmap: room for T tick labels
-    fig = Figure(figsize=(H * cell + 1.4, N * cell + 1.3))  # + margins for labels, title and colour bar
+    cell = min(max(2.3, 0.12 * T + 0.9), 5.0)  # inches per heatmap: room for T tick labels
+    width = H * cell + 1.6  # + 1 in for the query labels, 0.6 in for the colour bar
+    text = "".join(labels)
+    text = _label(text if len(text) <= 60 else text[:57] + "…")
+    heading = title or (f"Attention weights per layer (rows) and head (columns) on “{text}”: row = query, "
+                        f"column = key, colour = weight (√ scale)")
+    heading = textwrap.fill(heading, width=int(width * 72 / (0.55 * 12)))  # characters that fit at 12 pt
+    top_margin = 0.45 + 0.22 * (heading.count("\n") + 1)  # inches
+    height = N * (cell + 0.4) + 1.0 + top_margin  # 0.4 in per row for panel titles, 1 in for the key labels
+    fig = Figure(figsize=(width, height))
     axes = fig.subplots(N, H, squeeze=False)
     step = max(1, math.ceil(T / 48))  # label every token up to 48, then every step-th
     ticks = list(range(0, T, step))
     names = [_label(labels[i]) for i in ticks]
-    font = max(5.0, min(9.0, 9.0 * 24 / max(len(ticks), 24)))
+    font = min(9.0, max(5.0, cell * 72 / (1.5 * len(ticks))))  # points: the labels fit along one side
+    rotation = 0 if all(len(n) <= 2 for n in names) else 90
+    norm = PowerNorm(gamma=0.5, vmin=0, vmax=1)  # √ scale: small weights stay visible beside a weight of 1
     for layer in range(N):
         for head in range(H):
             ax = axes[layer, head]
-            im = ax.imshow(att[layer, head].numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_title(f"layer {layer}, head {head}", fontsize=9)
-            ax.set_xticks(ticks, names if layer == N - 1 else [], rotation=90, fontsize=font)
+            im = ax.imshow(att[layer, head].numpy(), cmap="viridis", norm=norm, interpolation="nearest")
+            ax.set_title(f"layer {layer}, head {head}", fontsize=min(12.0, 6.5 + cell))
+            ax.set_xticks(ticks, names if layer == N - 1 else [], rotation=rotation, fontsize=font)
             ax.set_yticks(ticks, names if head == 0 else [], fontsize=font)
             if layer == N - 1:
-                ax.set_xlabel("key (attended to)", fontsize=8)
+                ax.set_xlabel("key (attended to)", fontsize=9)
             if head == 0:
-                ax.set_ylabel("query", fontsize=8)
-    shown = "".join(labels) if len("".join(labels)) <= 60 else "".join(labels)[:57] + "…"
-    fig.suptitle(title or f"Attention weights per layer (rows) and head (columns) on {_label(shown)!s}: "
-                 f"each row is a query's distribution over keys", fontsize=11)
-    width, height = fig.get_size_inches()
-    left, right, bottom, top = 0.9 / width, 1 - 0.5 / width, 0.95 / height, 1 - 0.6 / height  # margins in inches
-    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.25)
-    cax = fig.add_axes((right + 0.1 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
-    fig.colorbar(im, cax=cax)
-    cax.tick_params(labelsize=7)
-    cax.set_title("weight", fontsize=7)
+                ax.set_ylabel("query", fontsize=9)
+    fig.suptitle(heading, fontsize=12, y=1 - 0.15 / height, va="top")
+    left, right, bottom, top = 1.0 / width, 1 - 0.6 / width, 1.0 / height, 1 - top_margin / height
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.4 / cell)
+    cax = fig.add_axes((right + 0.12 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
+    fig.colorbar(im, cax=cax, ticks=[0, 0.05, 0.2, 0.5, 1])
+    cax.tick_params(labelsize=8)
     return _save(fig, path)
 
 
