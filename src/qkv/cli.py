@@ -189,7 +189,8 @@ def _run_verify(args) -> int:
     model = ids = None
     if args.run:
         run = _load_run(args.run)
-        model, ids = run.model, claims.run_text_ids(run, args.text)
+        if names is None or "head-diversity" in names or args.markdown:
+            model, ids = run.model, claims.run_text_ids(run, args.text)
     elif args.text is not None:
         raise CommandError("--text is for --run (the text the trained heads are compared on)")
     results = claims.run_claims(names, model=model, ids=ids, seed=args.seed)

@@ -330,7 +330,7 @@ def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | Non
         default_without, default_with = _position_variants()
         without_pe = default_without if without_pe is None else without_pe
         with_pe = default_with if with_pe is None else with_pe
-    T = next(iter(without_pe.values()))[1].size(1)
+    T = next(iter(without_pe.values()))[1].size(1)  # every input shares this length
     perm = torch.randperm(T)
     err_without = {n: equivariance_error(f, x, perm) for n, (f, x) in without_pe.items()}
     err_with = {n: equivariance_error(f, x, perm) for n, (f, x) in with_pe.items()}
@@ -444,8 +444,13 @@ def future_gradient(f: Callable[[Tensor], Tensor], x: Tensor) -> tuple[float, fl
     return future, past
 
 
-def _gpt_on_embeddings(model: GPT, ids: Tensor) -> Callable[[Tensor], Tensor]:
-    """e (B, T, C) -> the GPT's logits with its embedding output replaced by e (to differentiate by position)."""
+def _gpt_on_embeddings(model: GPT, ids: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    """(f, e): the GPT's embedding output e (B, T, C) for ids, and f(e') = its logits with e' in place of e."""
+    seen = []
+    handle = model.embed.register_forward_hook(lambda m, inputs, out: seen.append(out.detach()))
+    with torch.no_grad():
+        model(ids)
+    handle.remove()
 
     def f(e: Tensor) -> Tensor:
         handle = model.embed.register_forward_hook(lambda m, inputs, out: e)
@@ -454,7 +459,7 @@ def _gpt_on_embeddings(model: GPT, ids: Tensor) -> Callable[[Tensor], Tensor]:
         finally:
             handle.remove()
 
-    return f
+    return f, seen[0]
 
 
 @check("causal-no-future", "Q12", "a causal mask lets no information flow from the future (zero gradient)")
@@ -466,7 +471,7 @@ def causal_no_future(causal: dict | None = None):
         causal = {
             "MHA (fused)": (lambda x: mha(x, is_causal=True), torch.randn(1, 8, 16)),
             "MHA (reference)": (lambda x: mha(x, is_causal=True, return_weights=True)[0], torch.randn(1, 8, 16)),
-            "GPT": (_gpt_on_embeddings(gpt, ids), gpt.embed(ids, torch.arange(8)).detach()),
+            "GPT": _gpt_on_embeddings(gpt, ids),
         }
     grads = {name: future_gradient(f, x) for name, (f, x) in causal.items()}
     holds = all(fut == 0.0 and past > 0 for fut, past in grads.values())
@@ -515,7 +520,8 @@ def head_distances(model: nn.Module, ids: Tensor) -> Tensor:
     TV(p, q) = ½ Σ|p − q| per query row, averaged over rows, batch and the H(H−1)/2 head pairs.
     """
     with torch.no_grad():
-        att = torch.stack(model(ids, return_attention=True).attentions)  # (N, B, H, T, T)
+        att = torch.stack(model(ids.to(next(model.parameters()).device), return_attention=True).attentions)
+    att = att.float().cpu()  # (N, B, H, T, T)
     H = att.size(2)
     tv = 0.5 * (att[:, :, :, None] - att[:, :, None, :]).abs().sum(-1)  # (N, B, H, H, T)
     pairs = torch.triu(torch.ones(H, H, dtype=torch.bool), diagonal=1)  # (H, H), i < j

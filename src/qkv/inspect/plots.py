@@ -43,6 +43,8 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
 
 def plot_pe(path: str | os.PathLike, *, d_model: int = 128, length: int = 256, base: float = 10000.0) -> Path:
     """The sinusoidal PE matrix as a heatmap (positions × dimensions), and a few dimensions against position."""
+    if not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an int >= 2 (positions to draw), got {length!r}")
     table = SinusoidalPositionalEncoding(d_model, base)(length)  # (T, C)
     fig = Figure(figsize=(14, 5.5))
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
