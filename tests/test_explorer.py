@@ -323,6 +323,17 @@ def test_page_in_browser_shows_hostile_text_as_text(browser, gpt, tmp_path):
     page.close()
 
 
+def test_page_in_browser_positional_section(browser, gpt, tmp_path):
+    page, watch = _open(browser, tmp_path, explorer.render_html(gpt, [1, 2, 3], list("abc")))
+    assert page.locator("#pe-matrix").is_visible() and "Learned" in page.text_content("#pe-note")
+    page.close()
+    rope = _model(positional="rope")
+    page, watch = _open(browser, tmp_path, explorer.render_html(rope, [1, 2, 3], list("abc")))
+    assert not page.locator("#pe-views").is_visible() and "RoPE" in page.text_content("#pe-note")
+    assert watch.errors == []
+    page.close()
+
+
 def test_served_page_runs_new_text_and_refuses_oversized(browser, server):
     from playwright.sync_api import expect
 
