@@ -38,6 +38,7 @@ _TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help)
     "--context": ("context", int, "training context length (default: the preset's max_len)"),
     "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
     "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
+    "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
 }
 
 
@@ -153,14 +154,16 @@ ADDERS.extend([_add_train, _add_sample, _add_info])
 # --- verify / plot (claims issue) -------------------------------------------------------
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="measure every claim of the spec on qkv's own modules",
-                       description="Check the spec's claims (§1.3 scaling, §1.4 weights, §2.2 parameters, §2.3 FLOPs, "
-                       "§3 permutation equivariance, the PE properties, FAQ Q5/Q12/Q16, and three corrections of the "
-                       "spec's code) by measuring qkv's modules. Exit status 1 if any claim fails.")
+                       description="Check the spec's claims (§1.3 scaling, §1.4 weights, §2.2 parameters, §2.3 "
+                       "FLOPs, §3 permutation equivariance, the PE properties, FAQ Q5/Q12/Q16, and three corrections "
+                       "of the spec's code) by measuring qkv's modules. Exit status 1 if any claim fails.")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only these claims (repeat, or comma-separate; --list shows the names)")
     p.add_argument("--list", action="store_true", help="print the claim names and exit")
-    p.add_argument("--json", action="store_true", help="print a JSON list of {name, claim, section, measured, holds, summary}")
-    p.add_argument("--markdown", metavar="FILE", help="also write a Markdown report with figures (PNG files next to FILE)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of {name, claim, section, measured, holds, summary}")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write a Markdown report with figures (PNG files next to FILE)")
     p.add_argument("--run", metavar="DIR", help="a run written by `qkv train`: adds the Q3 head-diversity claim")
     p.add_argument("--text", help="with --run: the text for head diversity (default: the run's validation text)")
     p.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")

@@ -72,6 +72,7 @@ class TrainConfig:
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
     progress: bool = True  # tqdm progress bar (rank 0)
 
     def __post_init__(self) -> None:
@@ -81,7 +82,7 @@ class TrainConfig:
             self.model = ModelConfig.from_dict(self.model)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
-        for name in ("max_steps", "max_tokens", "vocab_size", "context"):
+        for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -232,6 +233,19 @@ def _resolve_device(name: str, local_rank: int) -> torch.device:
     return torch.device(name)
 
 
+def cpu_threads() -> int:
+    """Threads for CPU training: the cores that other processes leave free (at least one).
+
+    On a busy machine OpenMP's threads wait on each other at every operation: two threads on two
+    cores shared with other jobs ran 10x slower than one thread here. OMP_NUM_THREADS wins if set.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cores, round(cores - busy)))
+
+
 def _init_distributed(device_name: str) -> tuple[int, int, int, bool]:
     """(rank, world size, local rank, whether this call started the process group)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -353,15 +367,19 @@ def train(cfg: TrainConfig, *, corpus: Corpus | None = None, tokenizer=None, sto
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_minutes):
         raise ValueError("give a budget: max_steps, max_tokens or max_minutes")
     rank, world, local_rank, started_pg = _init_distributed(cfg.device)
+    threads = torch.get_num_threads()
     try:
         return _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank)
     finally:
+        torch.set_num_threads(threads)
         if started_pg:
             torch.distributed.destroy_process_group()
 
 
 def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainResult:
     device = _resolve_device(cfg.device, local_rank)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads or (cpu_threads() if world == 1 else torch.get_num_threads()))
     out = _prepare_out(cfg, rank)
     saved_state = None
     if cfg.resume:
@@ -471,7 +489,8 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
         print(f"qkv: training a {raw.num_parameters() / 1e6:.2f} M-parameter GPT ({cfg.preset if cfg.model is None else 'custom'}"
               f", {tokenizer.kind} tokenizer, {tokenizer.vocab_size} tokens, context {T}) on {corpus.source}: "
               f"{len(train_ids) / 1e6:.2f} M training tokens, {len(corpus.val) / 1e6:.2f} M validation characters; "
-              f"budget {cfg.budget}{'' if world == 1 else f', {world} processes'} -> {out or '(not saved)'}",
+              f"budget {cfg.budget}; {world} process(es) on {device}"
+              f"{f' with {torch.get_num_threads()} thread(s)' if device.type == 'cpu' else ''} -> {out or '(not saved)'}",
               file=sys.stderr)
 
         bar = tqdm(total=100.0, initial=round(100 * progress(step, elapsed), 2), unit="%", dynamic_ncols=True,

@@ -1,0 +1,97 @@
+"""Training tokens/s: qkv GPT against Hugging Face ``GPT2LMHeadModel`` of the same shape and weights.
+
+    python -m benchmarks.train_speed [--quick] [--threads N]
+
+One optimizer step = forward + cross-entropy + backward + AdamW step, on the same random batch.
+The HF model is ``qkv.interop.to_hf`` of the qkv one (identical weights; the first losses must
+agree), random init, HF's default attention (SDPA). Steps are interleaved round-robin and the
+median is reported, so that the load of a shared machine hits both alike; the ratio is the number
+to read. MFU = 6·N·tokens + attention FLOPs (PaLM appendix B) over this machine's fp32 matmul peak.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import qkv
+from qkv.interop import to_hf
+
+from .common import machine_info, matmul_peak_gflops, table, time_interleaved
+
+# GPT-2 architecture (learned positions, GELU-tanh, biases, pre-LN, tied head) at CPU-friendly sizes.
+SHAPES = {
+    "demo-size": (qkv.ModelConfig.preset("gpt2", vocab_size=256, d_model=128, num_heads=4, num_layers=4, max_len=128), 32),
+    "gpt2-mini": (qkv.ModelConfig.preset("gpt2", vocab_size=8192, d_model=384, num_heads=6, num_layers=6, max_len=256), 8),
+}
+
+
+def flops_per_token(c: qkv.ModelConfig, T: int) -> float:
+    """Training FLOPs per token: 6 per weight (forward + backward) plus attention's 12·L·T·d."""
+    n = c.num_layers * (4 * c.d_model**2 + 2 * c.d_model * c.ff_width) + c.d_model * c.vocab_size
+    return 6 * n + 12 * c.num_layers * T * c.d_model
+
+
+def step_fn(model, forward, opt, x):
+    def step():
+        loss = forward(model, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def qkv_loss(model, x):
+    return model(x[:, :-1], targets=x[:, 1:]).loss
+
+
+def hf_loss(model, x):
+    logits = model(input_ids=x[:, :-1]).logits  # (B, T, V); the same next-token loss on every position
+    return F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+
+
+def measure(name: str, config: qkv.ModelConfig, batch: int, repeats: int, peak: float) -> list:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    ours = qkv.GPT(config).to(device).train()
+    theirs = to_hf(ours).to(device).train()
+    T = config.max_len
+    x = torch.randint(0, config.vocab_size, (batch, T + 1), device=device)
+    with torch.no_grad():
+        a, b = qkv_loss(ours, x).item(), hf_loss(theirs, x).item()
+    assert abs(a - b) < 1e-4, f"same weights, different losses: qkv {a} vs HF {b}"
+    steps = {"qkv": step_fn(ours, qkv_loss, torch.optim.AdamW(ours.parameters(), lr=1e-4), x),
+             "HF": step_fn(theirs, hf_loss, torch.optim.AdamW(theirs.parameters(), lr=1e-4), x)}
+    sec = time_interleaved(steps, repeats=repeats, warmup=2)
+    tokens = batch * T
+    tps = {k: tokens / v for k, v in sec.items()}
+    mfu = {k: tps[k] * flops_per_token(config, T) / (peak * 1e9) for k in tps}
+    return [name, f"{ours.num_parameters() / 1e6:.2f} M", f"{batch}x{T}", f"{tps['qkv']:.0f}", f"{tps['HF']:.0f}",
+            f"{tps['qkv'] / tps['HF']:.2f}x", f"{100 * mfu['qkv']:.1f}% / {100 * mfu['HF']:.1f}%"]
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="only the demo-size shape, fewer repeats")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: qkv's choice for training)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        from qkv.train import cpu_threads
+
+        torch.set_num_threads(args.threads or cpu_threads())
+    print(machine_info())
+    peak = matmul_peak_gflops(1024 if args.quick else 2048)
+    print(f"fp32 matmul peak here: {peak:.0f} GFLOP/s")
+    names = ["demo-size"] if args.quick else list(SHAPES)
+    rows = [measure(n, *SHAPES[n], repeats=7 if args.quick else 15, peak=peak) for n in names]
+    out = table(rows, ["shape", "params", "batch", "qkv tok/s", "HF tok/s", "qkv / HF", "MFU qkv / HF"])
+    print(out)
+    print("median of interleaved optimizer steps; identical weights and batch (first losses asserted equal)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
