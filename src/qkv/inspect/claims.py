@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
@@ -137,8 +138,10 @@ def softmax_stats(attention: Callable, q: Tensor, k: Tensor, *, scale: float | N
     }
 
 
-@check("scaling-variance", "§1.3", "QKᵀ score variance grows in proportion to d_k; after dividing by √d_k it stays near 1")
+@check("scaling-variance", "§1.3",
+       "QKᵀ score variance grows in proportion to d_k; after dividing by √d_k it stays near 1")
 def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
+    """``attention``: a function with qkv.scaled_dot_product_attention's signature (needs ``bias=``, ``scale=``)."""
     raw, scaled = [], []
     for d_k in d_ks:
         q, k = unit_qk(d_k)
@@ -149,8 +152,10 @@ def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks
     return {"d_k": d_ks, "raw_var_over_d_k": raw, "scaled_var": scaled}, holds, summary
 
 
-@check("scaling-saturation", "§1.3", "without the √d_k scaling softmax saturates: near one-hot rows, vanishing gradient")
+@check("scaling-saturation", "§1.3",
+       "without the √d_k scaling softmax saturates: near one-hot rows, vanishing gradient")
 def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
+    """Each statistic through ``attention`` with its default scale and with ``scale=1.0``, q, k ~ N(0, 1)."""
     runs = {"scaled": [], "unscaled": []}
     for d_k in d_ks:
         q, k = unit_qk(d_k)
@@ -175,8 +180,10 @@ def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_
 
 
 # --- §1.4 / Q17 / Q18: what attention computes ---------------------------------------------
-@check("softmax-rows", "§1.4 / Q17", "each row of attention weights is a probability distribution (non-negative, sums to 1)")
+@check("softmax-rows", "§1.4 / Q17",
+       "each row of attention weights is a probability distribution (non-negative, sums to 1)")
 def softmax_rows(attention: Callable = scaled_dot_product_attention):
+    """``attention`` returns (out, weights) with ``return_weights=True``; plain, causal and padded cases."""
     q, k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 5)  # (B, H, L|S, D)
     valid = torch.arange(9) < torch.tensor([9, 4])[:, None]  # (B, S): the second sequence has 4 real keys
     cases = {"plain": {}, "causal": {"is_causal": True}, "padding": {"mask": valid[:, None, None, :]}}
@@ -185,12 +192,14 @@ def softmax_rows(attention: Callable = scaled_dot_product_attention):
         _, w = attention(q, k, v, return_weights=True, **kw)  # (B, H, L, S)
         min_w[name], max_dev[name] = float(w.min()), float((w.sum(-1) - 1).abs().max())
     holds = min(min_w.values()) >= 0 and max(max_dev.values()) < FLOAT_TOL
-    summary = f"min weight {min(min_w.values()):.3g}; max |row sum − 1| = {max(max_dev.values()):.2g} (plain, causal, padding)"
+    summary = (f"min weight {min(min_w.values()):.3g}; max |row sum − 1| = {max(max_dev.values()):.2g} "
+               "(plain, causal, padding)")
     return {"min_weight": min_w, "max_row_sum_error": max_dev}, holds, summary
 
 
 @check("convex-combination", "§1.4", "each output row is a convex combination of the rows of V")
 def convex_combination(module: nn.Module | None = None):
+    """``module``: SelfAttention-like, with ``v_proj`` and ``return_weights=True``."""
     module = SelfAttention(16) if module is None else module
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
@@ -201,14 +210,15 @@ def convex_combination(module: nn.Module | None = None):
     # A convex combination stays inside the per-coordinate range of the rows it mixes.
     outside = float(torch.maximum(out - v.amax(-2, keepdim=True), v.amin(-2, keepdim=True) - out).clamp_min(0).max())
     holds = float(w.min()) >= 0 and row_dev < FLOAT_TOL and recon < FLOAT_TOL and outside < FLOAT_TOL
-    summary = (f"max |out − W·V| = {recon:.2g}; min weight {float(w.min()):.3g}; max |row sum − 1| = {row_dev:.2g}; "
-               f"max excursion outside V's range {outside:.2g}")
+    summary = (f"max |out − W·V| = {recon:.2g}; min weight {float(w.min()):.3g}; "
+               f"max |row sum − 1| = {row_dev:.2g}; max excursion outside V's range {outside:.2g}")
     return {"max_reconstruction_error": recon, "min_weight": float(w.min()), "max_row_sum_error": row_dev,
             "max_outside_value_range": outside}, holds, summary
 
 
 @check("output-shape", "Q18", "the attention output has the input's shape")
 def output_shape(modules: dict | None = None):
+    """``modules``: name -> (module, input shapes)."""
     if modules is None:
         modules = {"SelfAttention": (SelfAttention(16), [(5, 16), (2, 5, 16), (2, 3, 5, 16)]),
                    "MultiHeadAttention": (MultiHeadAttention(16, 4), [(1, 5, 16), (3, 7, 16)])}
@@ -227,6 +237,7 @@ HEADS = (1, 2, 4, 8, 16)
 
 @check("mha-params", "§2.2", "multi-head attention has 4·d_model² parameters whatever the number of heads h")
 def mha_params(make: Callable = MultiHeadAttention, *, d_model: int = 128, heads=HEADS):
+    """``make(d_model, h)`` builds the module under test."""
     counts = [sum(p.numel() for p in make(d_model, h).parameters()) for h in heads]
     expected = 4 * d_model**2
     holds = all(c == expected for c in counts)
@@ -254,8 +265,10 @@ def attention_flops(module: nn.Module, x: Tensor, **forward_kwargs) -> int:
     return counter.get_total_flops()
 
 
-@check("mha-flops", "§2.3", "the FLOP count of multi-head attention is the same as one head's, up to lower-order terms")
+@check("mha-flops", "§2.3",
+       "the FLOP count of multi-head attention is the same as one head's, up to lower-order terms")
 def mha_flops(make: Callable = MultiHeadAttention, *, d_model: int = 128, n: int = 64, heads=HEADS):
+    """``make(d_model, h)`` builds the module; counted on the fused and the reference (``return_weights``) path."""
     x = torch.randn(1, n, d_model)
     fused = [attention_flops(make(d_model, h), x) for h in heads]
     reference = [attention_flops(make(d_model, h), x, return_weights=True) for h in heads]
@@ -271,6 +284,7 @@ def mha_flops(make: Callable = MultiHeadAttention, *, d_model: int = 128, n: int
 
 @check("heads-divisible", "§2.2 tip", "d_model not divisible by h raises a clear error")
 def heads_divisible(make: Callable = MultiHeadAttention):
+    """``make(d_model, h)`` must raise ValueError/TypeError naming both numbers when h does not divide d_model."""
     bad = [(10, 3), (512, 7), (768, 10)]
     good = [(512, 8), (768, 12), (1024, 16)]  # the spec's examples: paper, BERT-base, BERT-large
     errors = {}
@@ -326,6 +340,7 @@ def _position_variants(d: int = 32, h: int = 4, T: int = 10) -> tuple[dict, dict
        "without PE self-attention is permutation-equivariant (exactly, up to float error); sinusoidal, learned, "
        "RoPE and ALiBi break it")
 def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | None = None, *, broken: float = 1e-4):
+    """Dicts name -> (f, x): f maps x (B, T, …) to (B, T, C); every x has the same T."""
     if without_pe is None or with_pe is None:
         default_without, default_with = _position_variants()
         without_pe = default_without if without_pe is None else without_pe
@@ -337,11 +352,13 @@ def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | Non
     holds = max(err_without.values()) < FLOAT_TOL and min(err_with.values()) > broken
     summary = (f"rel. error of f(x[perm]) vs f(x)[perm]: no PE {_fmt(err_without.values())} "
                f"({', '.join(err_without)}); with PE min {min(err_with.values()):.3g} over {len(err_with)} variants")
-    return {"without_pe": err_without, "with_pe": err_with, "tolerance": FLOAT_TOL, "broken_above": broken}, holds, summary
+    measured = {"without_pe": err_without, "with_pe": err_with, "tolerance": FLOAT_TOL, "broken_above": broken}
+    return measured, holds, summary
 
 
 @check("sinusoidal-range", "§3.1 / Q10", "sinusoidal PE values lie in [-1, 1]")
 def sinusoidal_range(pe: Callable | None = None, *, length: int = 4096):
+    """``pe(T)`` -> (T, C)."""
     pe = SinusoidalPositionalEncoding(128) if pe is None else pe
     with torch.no_grad():
         table = pe(length)  # (T, C)
@@ -358,8 +375,10 @@ def pe_frequencies(pe: Callable) -> Tensor:
     return torch.atan2(p1[0::2], p1[1::2])  # (C/2,)
 
 
-@check("sinusoidal-wavelengths", "§3.1 / Q8", "sinusoidal wavelengths run from 2π (i = 0) to about 10000·2π (i = d/2 − 1)")
+@check("sinusoidal-wavelengths", "§3.1 / Q8",
+       "sinusoidal wavelengths run from 2π (i = 0) to about 10000·2π (i = d/2 − 1)")
 def sinusoidal_wavelengths(pe: Callable | None = None, *, d_model: int = 128, base: float = 10000.0):
+    """``pe(positions)`` -> (…, C) with (sin, cos) pairs on (even, odd) dimensions."""
     pe = SinusoidalPositionalEncoding(d_model) if pe is None else pe
     wave = (2 * math.pi / pe_frequencies(pe)).tolist()
     ratios = [b / a for a, b in zip(wave, wave[1:])]
@@ -376,14 +395,19 @@ def sinusoidal_wavelengths(pe: Callable | None = None, *, d_model: int = 128, ba
 
 
 def rotation_for_shift(pe_k: Tensor) -> Tensor:
-    """Block-diagonal R_k (C, C) built from PE(k) alone: [sin(a+b), cos(a+b)] = [[cos b, sin b], [−sin b, cos b]]·[sin a, cos a]."""
+    """Block-diagonal R_k (C, C) from PE(k) alone, b = kω_i:
+
+        [sin(a+b), cos(a+b)] = [[cos b, sin b], [−sin b, cos b]] · [sin a, cos a]
+    """
     s, c = pe_k[0::2], pe_k[1::2]  # sin kω_i, cos kω_i, each (C/2,)
     blocks = torch.stack((torch.stack((c, s), -1), torch.stack((-s, c), -1)), -2)  # (C/2, 2, 2)
     return torch.block_diag(*blocks)
 
 
-@check("sinusoidal-rotation", "§3.1", "PE(pos + k) = R_k·PE(pos) for a fixed block rotation R_k that depends only on k")
+@check("sinusoidal-rotation", "§3.1",
+       "PE(pos + k) = R_k·PE(pos) for a fixed block rotation R_k that depends only on k")
 def sinusoidal_rotation(pe: Callable | None = None, *, shifts=(1, 7, 50), length: int = 512):
+    """``pe(positions)`` -> (…, C); R_k is built from PE(k) alone and applied to every position."""
     pe = SinusoidalPositionalEncoding(64) if pe is None else pe
     errors, orth = [], []
     with torch.no_grad():
@@ -408,8 +432,10 @@ def _error_of(fn: Callable) -> str:
     return "no error"
 
 
-@check("learned-max-len", "§3.3 / Q9", "learned PE has no vector beyond max_len (a clear error); sinusoidal runs at any length")
+@check("learned-max-len", "§3.3 / Q9",
+       "learned PE has no vector beyond max_len (a clear error); sinusoidal runs at any length")
 def learned_max_len(learned: Callable | None = None, sinusoidal: Callable | None = None, *, max_len: int = 16):
+    """``learned(T)`` must raise a ValueError naming max_len past it; ``sinusoidal(T)`` must run far beyond."""
     learned = LearnedPositionalEmbedding(max_len, 8) if learned is None else learned
     sinusoidal = SinusoidalPositionalEncoding(8) if sinusoidal is None else sinusoidal
     inside = _error_of(lambda: learned(max_len))
@@ -464,6 +490,7 @@ def _gpt_on_embeddings(model: GPT, ids: Tensor) -> tuple[Callable[[Tensor], Tens
 
 @check("causal-no-future", "Q12", "a causal mask lets no information flow from the future (zero gradient)")
 def causal_no_future(causal: dict | None = None):
+    """``causal``: name -> (f, x) with x (1, T, C); output t must not depend on inputs after t."""
     if causal is None:
         mha = MultiHeadAttention(16, 4)
         gpt = GPT(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16)).eval()
@@ -475,12 +502,14 @@ def causal_no_future(causal: dict | None = None):
         }
     grads = {name: future_gradient(f, x) for name, (f, x) in causal.items()}
     holds = all(fut == 0.0 and past > 0 for fut, past in grads.values())
-    summary = "; ".join(f"{n}: max future grad {fut:.3g}, min past grad norm {past:.3g}" for n, (fut, past) in grads.items())
+    summary = "; ".join(f"{n}: max future grad {fut:.3g}, min past grad norm {past:.3g}"
+                        for n, (fut, past) in grads.items())
     return {n: {"max_future_grad": fut, "min_past_grad_norm": past} for n, (fut, past) in grads.items()}, holds, summary
 
 
 @check("scores-not-symmetric", "Q5", "attention scores QKᵀ are not symmetric (W_Q and W_K are learned separately)")
 def scores_not_symmetric(module: nn.Module | None = None):
+    """``module``: SelfAttention-like, with ``q_proj``, ``k_proj`` and ``return_weights=True``."""
     module = SelfAttention(16) if module is None else module
     x = torch.randn(1, 8, 16)
     with torch.no_grad():
@@ -495,11 +524,13 @@ def scores_not_symmetric(module: nn.Module | None = None):
 
 @check("attends-to-itself", "Q16", "a token attends to itself with non-zero weight")
 def attends_to_itself(weights: dict | None = None):
+    """``weights``: name -> a function returning (…, T, T) attention weights."""
     if weights is None:
         sa = SelfAttention(16)
         gpt = GPT(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16)).eval()
+        ids = torch.randint(0, 32, (2, 8))
         weights = {"SelfAttention": lambda: sa(torch.randn(2, 8, 16), return_weights=True)[1],
-                   "GPT (causal)": lambda: torch.stack(gpt(torch.randint(0, 32, (2, 8)), return_attention=True).attentions)}
+                   "GPT (causal)": lambda: torch.stack(gpt(ids, return_attention=True).attentions)}
     diag = {}
     with torch.no_grad():
         for name, fn in weights.items():
@@ -508,8 +539,8 @@ def attends_to_itself(weights: dict | None = None):
             allowed = (w > 0).sum(-1)  # (..., T): keys each query may see (all, or ≤ itself under a causal mask)
             diag[name] = {"min_self_weight": float(d.min()), "self_over_uniform": float((d * allowed).mean())}
     holds = all(v["min_self_weight"] > 0 for v in diag.values())
-    summary = "; ".join(f"{n}: min self-weight {v['min_self_weight']:.3g}, mean {v['self_over_uniform']:.3g}× a uniform "
-                        "row's" for n, v in diag.items())
+    summary = "; ".join(f"{n}: min self-weight {v['min_self_weight']:.3g}, mean {v['self_over_uniform']:.3g}× "
+                        "a uniform row's" for n, v in diag.items())
     return diag, holds, summary
 
 
@@ -555,9 +586,6 @@ def encode_text(tokenizer, text: str, *, max_len: int) -> tuple[Tensor, list[str
 
 def validation_text(run_dir) -> str:
     """The validation split of the corpus the run was trained on (train_config.json's data; default corpus)."""
-    import json
-    from pathlib import Path
-
     from ..data import load_corpus
 
     cfg_path = Path(run_dir) / "train_config.json"
@@ -625,6 +653,7 @@ def correct_mha_scores(mha: MultiHeadAttention, X: Tensor) -> tuple[Tensor, Tens
 @check("spec-2.1-scores-shape", "§2.1 (correction)",
        "the spec's §2.1 snippet gives (n, h, h) scores, not (h, n, n); the heads must be moved first")
 def spec_scores_shape(mha: nn.Module | None = None, *, n: int = 6, d_model: int = 32, h: int = 4):
+    """``mha``: a MultiHeadAttention-like module; its output must match the corrected §2.1 logic."""
     mha = MultiHeadAttention(d_model, h) if mha is None else mha
     X = torch.randn(n, d_model)
     with torch.no_grad():
@@ -637,8 +666,9 @@ def spec_scores_shape(mha: nn.Module | None = None, *, n: int = 6, d_model: int 
     summary = (f"n={n}, h={h}: spec scores {tuple(spec_s.shape)}, correct {tuple(right_s.shape)}; "
                f"both outputs are {tuple(spec_out.shape)}, so the bug passes shape checks; rel. error vs "
                f"qkv.MultiHeadAttention: spec {spec_err:.3g}, correct {right_err:.2g}")
-    return {"spec_scores_shape": spec_s.shape, "correct_scores_shape": right_s.shape,
-            "spec_output_shape": spec_out.shape, "spec_vs_module": spec_err, "correct_vs_module": right_err}, holds, summary
+    measured = {"spec_scores_shape": spec_s.shape, "correct_scores_shape": right_s.shape,
+                "spec_output_shape": spec_out.shape, "spec_vs_module": spec_err, "correct_vs_module": right_err}
+    return measured, holds, summary
 
 
 def spec_pe_check(out: Tensor) -> bool:
@@ -655,6 +685,7 @@ def permutation_check(f: Callable[[Tensor], Tensor], x: Tensor, perm: list[int])
        "the spec's §3.4 check compares rows of one output and cannot detect position information; "
        "permuting the input can")
 def spec_pe_check_claim(without_pe: Callable | None = None, with_pe: Callable | None = None):
+    """``without_pe`` / ``with_pe``: f(x (n, C)) -> (n, C), self-attention without and with PE."""
     d = 16
     tokens = ["狗", "咬", "人"]  # "dog bites man"; reversed, "man bites dog"
     emb = nn.Embedding(len(tokens), d)
@@ -676,6 +707,7 @@ def spec_pe_check_claim(without_pe: Callable | None = None, with_pe: Callable | 
 @check("spec-q2-packed-projection", "Q2 (correction)",
        "nn.MultiheadAttention holds one packed in_proj_weight (3d × d) plus out_proj, not four separate nn.Linear")
 def spec_packed_projection(module: nn.Module | None = None, *, d_model: int = 32, h: int = 4):
+    """``module``: expected to be ``nn.MultiheadAttention(d_model, h)``."""
     module = nn.MultiheadAttention(d_model, h, batch_first=True) if module is None else module
     params = {n: list(p.shape) for n, p in module.named_parameters()}
     linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
@@ -687,7 +719,8 @@ def spec_packed_projection(module: nn.Module | None = None, *, d_model: int = 32
 
         x = torch.randn(2, 5, d_model)
         with torch.no_grad():
-            measured["qkv_split_rel_error"] = _rel_err(mha_from_torch(module)(x), module(x, x, x, need_weights=False)[0])
+            split = mha_from_torch(module)(x)  # four projections, same weights
+            measured["qkv_split_rel_error"] = _rel_err(split, module(x, x, x, need_weights=False)[0])
         holds = holds and measured["qkv_split_rel_error"] < FLOAT_TOL
     summary = (f"parameters {', '.join(f'{n} {tuple(s)}' for n, s in params.items())}; nn.Linear submodules: "
                f"{linears or 'none'}" + (f"; split into 4 projections it equals qkv's MHA to "
