@@ -191,7 +191,8 @@ def test_server_answers_and_refuses(server):
     assert _post(server, b"not json")[0] == 400
     assert _post(server, b'{"text": 3}')[0] == 400
     assert _post(server, b'{"text": "a"}', ctype="text/plain")[0] == 415
-    assert _post(server, b'{"text": "a"}', host="evil.example:80")[0] == 403
+    assert _post(server, b'{"text": "a"}', host="evil.example:80")[0] == 403  # DNS rebinding
+    assert _post(server, b'{"text": "a"}', host=f"localhost:{server.server_address[1]}")[0] == 200
     conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
     conn.putrequest("POST", "/api/attention")
     conn.putheader("Content-Type", "application/json")
@@ -460,3 +461,24 @@ def test_command_explores_a_hugging_face_directory(hf_dir, tmp_path):
         if f.name.startswith(("config", "model")):
             (bare / f.name).write_bytes(f.read_bytes())
     assert cli.main(["explore", "--hf", str(bare), "--text", "the"]) == 2
+
+
+def test_served_page_without_text_waits_for_input(browser, gpt):
+    from playwright.sync_api import expect
+
+    srv = explorer.make_server(gpt, CharTokenizer(), port=0, max_chars=64, title="empty <b>start</b>")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page()
+        watch = Watch(page)
+        page.goto(srv.url)
+        assert page.locator("#empty").is_visible() and not page.locator("#main").is_visible()
+        assert page.text_content("#title") == "empty <b>start</b>"
+        page.fill("#text", "a b")
+        page.press("#text", "Control+Enter")
+        expect(page.locator("#tokens .tok")).to_have_count(3)
+        assert not page.locator("#empty").is_visible() and watch.errors == []
+        page.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
