@@ -127,3 +127,13 @@ def test_plot_commands(run_dir, tmp_path, capsys):
     assert png_size(tmp_path / "pe.png") == (1400, 550)
     # 14 tokens: cell = 0.12·14 + 0.9 = 2.58 in; (4·2.58 + 1.6, 2·(2.58 + 0.4) + 1.0 + 0.45 + 0.22) in, 1-line title
     assert png_size(tmp_path / "attention.png") == (1192, 763)
+
+
+def test_run_whose_training_text_is_gone(run_dir, tmp_path, capsys):
+    import shutil
+
+    moved = tmp_path / "run"
+    shutil.copytree(run_dir, moved)
+    (moved / "train_config.json").write_text(json.dumps({"data": str(tmp_path / "gone.txt")}), encoding="utf-8")
+    one_line_error(capsys, ["verify", "--run", str(moved), "--only", "head-diversity"], "pass --text")
+    assert main(["verify", "--run", str(moved), "--only", "head-diversity", "--text", "def f(a, b):"]) == 0
