@@ -125,8 +125,9 @@ def test_plot_commands(run_dir, tmp_path, capsys):
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / n) for n in ("pe.png", "scaling.png", "attention.png")]
     assert png_size(tmp_path / "pe.png") == (1400, 550)
-    # 14 tokens: cell = 0.12·14 + 0.9 = 2.58 in; (4·2.58 + 1.6, 2·(2.58 + 0.4) + 1.0 + 0.45 + 0.22) in, 1-line title
-    assert png_size(tmp_path / "attention.png") == (1192, 763)
+    # 14 tokens: cell = max(2.3, 0.1·14 + 0.9) = 2.3 in; (4·2.3 + 1.6, 2·(2.3 + 0.4) + 1.0 + 0.45 + 2·0.22) in,
+    # the title wrapped to 2 lines
+    assert png_size(tmp_path / "attention.png") == (1080, 729)
 
 
 def test_run_whose_training_text_is_gone(run_dir, tmp_path, capsys):

@@ -47,7 +47,7 @@ def tiny_gpt(num_layers=2, num_heads=4):
 def test_attention_grid_has_one_panel_per_layer_and_head(tmp_path):
     labels = ["a", " ", "$x$", "\n", "b", "\t", "é", "\x00"]  # mathtext, whitespace, control characters
     path = plots.plot_attention(tiny_gpt(), torch.arange(8), labels, tmp_path / "att.png")
-    # cell = max(2.3, 0.12·8 + 0.9) = 2.3 in; width 4·2.3 + 1.6 = 10.8 in; the title wraps to 2 lines:
+    # cell = max(2.3, 0.1·8 + 0.9) = 2.3 in; width 4·2.3 + 1.6 = 10.8 in; the title wraps to 2 lines:
     # height 2·(2.3 + 0.4) + 1.0 + (0.45 + 2·0.22) = 7.29 in; at 100 dpi
     assert_drawn(path, (1080, 729))
     path = plots.plot_attention(tiny_gpt(1, 2), [1, 2, 3], ["x", "y", "z"], tmp_path / "att1.png", title="t")

@@ -132,7 +132,7 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
         raise ValueError(f"expected one label per token ({ids.numel()}), got {len(labels)}")
     att = attention_maps(model, ids)  # (N, H, T, T)
     N, H, T, _ = att.shape
-    cell = min(max(2.3, 0.12 * T + 0.9), 5.0)  # inches per heatmap: room for T tick labels
+    cell = min(max(2.3, 0.1 * T + 0.9), 7.5)  # inches per heatmap: room for T tick labels
     width = H * cell + 1.6  # + 1 in for the query labels, 0.6 in for the colour bar
     text = "".join(labels)
     text = _label(text if len(text) <= 60 else text[:57] + "…")
@@ -143,7 +143,7 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
     height = N * (cell + 0.4) + 1.0 + top_margin  # 0.4 in per row for panel titles, 1 in for the key labels
     fig = Figure(figsize=(width, height))
     axes = fig.subplots(N, H, squeeze=False)
-    step = max(1, math.ceil(T / 48))  # label every token up to 48, then every step-th
+    step = max(1, math.ceil(T / 64))  # label every token up to 64, then every step-th
     ticks = list(range(0, T, step))
     names = [_label(labels[i]) for i in ticks]
     font = min(9.0, max(5.0, cell * 72 / (1.5 * len(ticks))))  # points: the labels fit along one side
