@@ -22,6 +22,33 @@ class _Parser(argparse.ArgumentParser):
 
 ADDERS: list = []  # each section appends its _add_NAME here, next to its definitions
 
+
+def add_model_source(p: argparse.ArgumentParser) -> None:
+    """--run DIR | --hf DIR, exactly one: where a command's model and tokenizer come from."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", metavar="DIR", help="a run directory written by `qkv train`")
+    src.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory (save_pretrained), with its tokenizer")
+
+
+def load_model_source(args, *, device: str = "cpu"):
+    """(model in eval mode, tokenizer) from --run or --hf; one clear error for anything missing."""
+    path = args.run or args.hf
+    if not os.path.isdir(path):
+        kind = "--run {}: no such run directory" if args.run else "--hf {}: no such model directory"
+        raise CommandError(kind.format(path))
+    if args.run:
+        from .checkpoint import load_run
+
+        run = load_run(path, device=device)
+        return run.model, run.tokenizer
+    from .interop.hf import load_pretrained
+
+    model, tokenizer = load_pretrained(path)
+    if tokenizer is None:
+        raise CommandError(f"{path} has no tokenizer files (tokenizer.json, vocab.json, vocab.txt …): "
+                           "this command needs one to read text")
+    return model.to(device).eval(), tokenizer
+
 # --- train / sample / info (training issue) -------------------------------------------
 _TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help)
     "--preset": ("preset", str, "model preset (default: demo)"),
@@ -170,16 +197,6 @@ def _add_verify(sub) -> None:
     p.set_defaults(func=_run_verify)
 
 
-def _load_run(path: str):
-    if not os.path.isdir(path):
-        raise CommandError(f"--run {path}: no such run directory")
-    try:
-        from .checkpoint import load_run
-    except ImportError as e:
-        raise CommandError(f"--run needs qkv.checkpoint, which is not available ({e})") from None
-    return load_run(path, device="cpu")
-
-
 def _run_verify(args) -> int:
     import json
 
@@ -191,7 +208,11 @@ def _run_verify(args) -> int:
     names = claims.resolve_names(args.only)
     model = ids = None
     if args.run:
-        run = _load_run(args.run)
+        if not os.path.isdir(args.run):
+            raise CommandError(f"--run {args.run}: no such run directory")
+        from .checkpoint import load_run
+
+        run = load_run(args.run, device="cpu")
         if names is None or "head-diversity" in names or args.markdown:
             model, ids = run.model, claims.run_text_ids(run, args.text)
     elif args.text is not None:
@@ -220,7 +241,7 @@ def _add_plot(sub) -> None:
     pe.add_argument("--length", type=int, default=256, help="positions to draw (default 256)")
     scaling = figures.add_parser("scaling", help="softmax saturation against d_k, with and without 1/√d_k")
     att = figures.add_parser("attention", help="a trained model's attention: one heatmap per layer and head")
-    att.add_argument("--run", required=True, metavar="DIR", help="a run written by `qkv train`")
+    add_model_source(att)
     att.add_argument("--text", required=True, help="the text to look at (at most the model's max_len tokens)")
     for q in (pe, scaling, att):
         q.add_argument("--out", default="plots", metavar="DIR", help="directory for the PNG (default ./plots)")
@@ -238,9 +259,9 @@ def _run_plot(args) -> int:
     elif args.figure == "scaling":
         path = plots.plot_scaling(out / "scaling.png")
     else:
-        run = _load_run(args.run)
-        ids, labels = plots.encode_text(run.tokenizer, args.text, max_len=run.model.config.max_len)
-        path = plots.plot_attention(run.model, ids, labels, out / "attention.png")
+        model, tokenizer = load_model_source(args)
+        ids, labels = plots.encode_text(tokenizer, args.text, max_len=model.config.max_len)
+        path = plots.plot_attention(model, ids, labels, out / "attention.png")
     print(path)
     return 0
 
@@ -257,9 +278,7 @@ def _add_explore(sub) -> None:
     p = sub.add_parser("explore", help="explore a model's attention in the browser (one HTML file or a local server)",
                        description="Write one self-contained HTML page showing every head's attention on TEXT, "
                        "or serve it on 127.0.0.1 with a text box (--serve).")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", metavar="DIR", help="a run directory written by `qkv train`")
-    src.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory (save_pretrained)")
+    add_model_source(p)
     p.add_argument("--text", help="the text to look at (required unless --serve)")
     p.add_argument("--out", default="qkv-explore.html", metavar="FILE.html", help="where to write the page")
     p.add_argument("--title", help="page title (default: the model's directory)")
@@ -270,31 +289,12 @@ def _add_explore(sub) -> None:
     p.set_defaults(func=_run_explore)
 
 
-def _load_for_explore(args):
-    """(model, tokenizer) from --run or --hf."""
-    if args.run:
-        try:
-            from .checkpoint import load_run
-        except ImportError as e:
-            raise CommandError(f"--run needs qkv.checkpoint, which is not available ({e})") from None
-        run = load_run(args.run, device=args.device)
-        return run.model, run.tokenizer
-    try:
-        from .interop.hf import load_pretrained
-    except ImportError as e:
-        raise CommandError(f"--hf needs the interop module qkv.interop.hf, which is not available ({e})") from None
-    model, tokenizer = load_pretrained(args.hf)
-    if tokenizer is None:
-        raise CommandError(f"{args.hf} has no tokenizer files (tokenizer.json …): explore needs one to read --text")
-    return model.to(args.device), tokenizer
-
-
 def _run_explore(args) -> int:
     from .inspect import explorer
 
     if not args.serve and args.text is None:
         raise CommandError("explore: give --text TEXT (or --serve for a page with a text box)")
-    model, tokenizer = _load_for_explore(args)
+    model, tokenizer = load_model_source(args, device=args.device)
     title = args.title or f"qkv explorer: {os.path.basename(os.path.normpath(args.run or args.hf))}"
     if args.serve:
         server = explorer.make_server(model, tokenizer, port=args.port, max_chars=args.max_chars,
