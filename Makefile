@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# About 3 minutes of training on the embedded corpus; ends with validation bits per character
+# beside gzip -9 and xz -9e on the same held-out text, then a sample.
 demo: $(STAMP)
-	$(VENV)/bin/qkv train --preset demo --out runs/demo --overwrite
-	$(VENV)/bin/qkv sample --run runs/demo --prompt "def " --max-new-tokens 300
+	$(VENV)/bin/qkv train --preset demo --out runs/demo --overwrite --sample-tokens 0
+	$(VENV)/bin/qkv sample --run runs/demo --prompt "def " --max-new-tokens 300 --temperature 0.8 --seed 0
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q

@@ -181,3 +181,13 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     for x, y in zip(a, b):
         assert abs(x["train_loss"] - y["train_loss"]) <= 1e-5 and abs(x["val_loss"] - y["val_loss"]) <= 1e-5
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+
+
+def test_bf16_autocast_trains_and_device_is_checked():
+    r = train(cfg(max_steps=2, bf16=True), corpus=CORPUS)
+    assert math.isfinite(r.metrics[-1]["val_loss"]) and r.model.lm_head.weight.dtype == torch.float32
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            train(cfg(device="cuda"), corpus=CORPUS)
+    with pytest.raises(ValueError, match="device must be"):
+        train(cfg(device="tpu"), corpus=CORPUS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -207,8 +208,10 @@ class BPETokenizer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def train(cls, texts: str | list[str], vocab_size: int = 1024) -> "BPETokenizer":
-        """Learn ``vocab_size`` − 256 merges on top of the 256 byte tokens."""
+    def train(cls, texts: str | list[str], vocab_size: int = 1024, *, max_chars: int | None = 4_000_000
+              ) -> "BPETokenizer":
+        """Learn ``vocab_size`` − 256 merges on top of the 256 byte tokens, from at most ``max_chars``
+        characters spread evenly over the text (merge statistics settle long before 11 M)."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if not isinstance(vocab_size, int) or not 257 <= vocab_size <= 1 << 20:
@@ -218,8 +221,11 @@ class BPETokenizer:
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       special_tokens=[], show_progress=False)
-        texts = [texts] if isinstance(texts, str) else texts
-        tok.train_from_iterator(_chunks(texts), trainer=trainer)
+        pieces = list(_chunks([texts] if isinstance(texts, str) else texts))
+        total = sum(len(p) for p in pieces)
+        if max_chars and total > max_chars:
+            pieces = pieces[:: math.ceil(total / max_chars)]  # every k-th 64 K piece, deterministic
+        tok.train_from_iterator(pieces, trainer=trainer)
         return cls(tok)
 
     @property

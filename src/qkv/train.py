@@ -39,6 +39,11 @@ RESUME_FIXED = ("preset", "model", "data", "tokenizer", "vocab_size", "context",
                 "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
 
 
+# The demo trains byte-level BPE: at equal compute it reached 2.04 bpc where characters reached
+# 2.49 (1 M tokens, d_model 128, 4 layers; README "Train and sample"). Every other preset: characters.
+PRESET_TOKENIZERS = {"demo": ("bpe", 512)}
+
+
 @dataclass
 class TrainConfig:
     """How to train. A budget is required: ``max_steps``, ``max_tokens`` or ``max_minutes``
@@ -50,8 +55,8 @@ class TrainConfig:
     out: str | None = None  # run directory; None: write nothing
     resume: bool = False
     overwrite: bool = False
-    tokenizer: str = "char"  # char | bpe
-    vocab_size: int | None = None  # BPE only (default 1024)
+    tokenizer: str | None = None  # char | bpe; None: the preset's (PRESET_TOKENIZERS), else char
+    vocab_size: int | None = None  # BPE only; None: the preset's, else 1024
     context: int | None = None  # T; None: the model's max_len
     max_steps: int | None = None
     max_tokens: int | None = None
@@ -80,6 +85,9 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
+        if self.tokenizer is None:
+            self.tokenizer, default_vocab = PRESET_TOKENIZERS.get(self.preset if self.model is None else "", ("char", None))
+            self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
         for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
@@ -377,6 +385,7 @@ def train(cfg: TrainConfig, *, corpus: Corpus | None = None, tokenizer=None, sto
 
 
 def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainResult:
+    t_begin = time.perf_counter()  # a time budget counts preparation (tokenizer, encoding) too
     device = _resolve_device(cfg.device, local_rank)
     if device.type == "cpu":
         torch.set_num_threads(cfg.threads or (cpu_threads() if world == 1 else torch.get_num_threads()))
@@ -482,6 +491,8 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         })
 
+    if saved_state is None:
+        elapsed = _from_rank0(time.perf_counter() - t_begin, world, device)
     bar = None
     if cfg.progress and rank == 0:
         from tqdm.auto import tqdm
