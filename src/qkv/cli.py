@@ -57,8 +57,9 @@ _TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help)
     "--max-minutes": ("max_minutes", float, "wall-clock training budget (default 3 when no budget is given)"),
     "--max-tokens": ("max_tokens", int, "training tokens"),
     "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1337)"),
-    "--tokenizer": ("tokenizer", str, "char (default) or bpe (byte-level BPE, Hugging Face tokenizers)"),
-    "--vocab-size": ("vocab_size", int, "BPE vocabulary size (default 1024)"),
+    "--tokenizer": ("tokenizer", str, "char or bpe (byte-level BPE, Hugging Face tokenizers); default: "
+                    "the demo preset's bpe, char for every other preset"),
+    "--vocab-size": ("vocab_size", int, "BPE vocabulary size (default: the preset's, else 1024)"),
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
