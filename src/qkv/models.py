@@ -47,6 +47,7 @@ class ModelConfig:
     rope_interleaved: bool = False
     type_vocab_size: int = 0  # > 0: BERT's token-type (segment) embeddings
     embedding_norm: bool = False  # BERT normalises the summed embeddings
+    scale_embeddings: bool = False  # token embeddings × √d_model before PE is added (Vaswani et al. §3.4)
     final_norm: bool | None = None  # None: same as norm_first
     num_decoder_layers: int | None = None  # encoder-decoder only; None: num_layers
 
@@ -162,13 +163,15 @@ class Embeddings(nn.Module):
         self.norm = make_norm(config.norm, config.d_model, config.norm_eps) if config.embedding_norm else None
         self.drop = nn.Dropout(config.dropout)
         self.vocab_size = config.vocab_size
+        # Without it, N(0, 0.02) token vectors are drowned by sinusoids of amplitude 1.
+        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
         if not torch.compiler.is_compiling() and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{int(ids.min())}, {int(ids.max())}]")
-        x = self.tok(ids)  # (B, T, C)
+        x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(positions)
         if self.token_type is not None:

@@ -393,7 +393,7 @@ def _hf_config(c: ModelConfig) -> tuple[str, dict]:
         raise ValueError(f"to_hf needs positional='learned' (GPT-2) or 'rope' (LLaMA), got {c.positional!r}")
     gpt2 = c.positional == "learned"
     problems = [f"{k}={getattr(c, k)!r} (needs {want!r})" for k, want in (
-        ("norm_first", True), ("type_vocab_size", 0), ("embedding_norm", False),
+        ("norm_first", True), ("type_vocab_size", 0), ("embedding_norm", False), ("scale_embeddings", False),
         ("norm", "layernorm" if gpt2 else "rmsnorm")) if getattr(c, k) != want]
     problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
     acts = GPT2_ACT_NAME if gpt2 else LLAMA_ACT_NAME

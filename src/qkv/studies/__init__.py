@@ -1,0 +1,1 @@
+"""Experiments on positional encodings: length extrapolation (``pe``) and word order (``order``)."""

@@ -1,0 +1,373 @@
+"""Length extrapolation: train identical small GPTs that differ only in positional scheme at
+length L, then score the same validation text at L, 2L, 4L and 8L.
+
+The setting of Press et al. 2022 (ALiBi, Table 2) at laptop scale: character-level, the
+embedded corpus, one token budget and one seed for every scheme. Evaluation uses
+*non-overlapping* windows: the validation text is cut into ``eval_chunks`` chunks of 8L + 1
+characters spread evenly over it, and each chunk into windows of length T ∈ {L, 2L, 4L, 8L}
+(window k predicts characters kT+1 … kT+T of the chunk), so every length predicts exactly the
+same 8L characters per chunk and only the context available differs. A scheme that
+extrapolates gets *lower* loss at longer T (more context on average); one that does not gets
+higher loss past position L.
+
+Only learned PE has parameters tied to max_len: it gets max_len = L and is reported as n/a
+beyond it (``LearnedPositionalEmbedding`` refuses those positions); every other model gets
+max_len = 8L, which changes nothing but the length check.
+
+Shapes: N windows, T evaluation length, V vocabulary.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..checkpoint import _atomic_via, atomic_json, atomic_write
+from ..data import load_corpus, train_tokenizer
+from ..models import POSITIONAL, ModelConfig
+from ..train import LN2, TrainConfig, train
+
+SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
+FACTORS = (1, 2, 4, 8)  # evaluation lengths, in multiples of L
+TOLERANCE = 0.10  # "stayed within 10 % of its loss at L"
+OUTPUTS = ("results.csv", "results.md", "positions.csv", "pe.png", "summary.json")
+assert set(SCHEMES) == set(POSITIONAL)
+
+
+@dataclass
+class PEStudyConfig:
+    """The study's settings; ``PEStudyConfig.quick()`` is the one-minute version."""
+
+    train_len: int = 64  # L
+    d_model: int = 128
+    num_heads: int = 4
+    num_layers: int = 4
+    max_tokens: int = 1 << 20  # training tokens per model (512 steps of 32 × 64)
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    eval_chunks: int = 128  # validation chunks of 8L + 1 characters
+    seeds: int = 1  # models per scheme: seed, seed + 1, …
+    seed: int = 1337
+    data: str | None = None  # None: the embedded corpus
+    schemes: tuple[str, ...] = SCHEMES
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("train_len", "d_model", "num_heads", "num_layers", "max_tokens", "batch_size",
+                     "eval_chunks", "seeds"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.schemes = tuple(self.schemes)
+        bad = [s for s in self.schemes if s not in SCHEMES]
+        if bad or not self.schemes:
+            raise ValueError(f"schemes must be a non-empty subset of {SCHEMES}, got {self.schemes}")
+
+    @classmethod
+    def quick(cls, **overrides) -> "PEStudyConfig":
+        """About a minute on 2 free CPU cores: a smaller model, 160 K training tokens, 16 chunks."""
+        return replace(cls(d_model=64, num_heads=4, num_layers=2, max_tokens=160 * 1024, batch_size=16,
+                           warmup_steps=10, eval_chunks=16), **overrides)
+
+    def model_config(self, scheme: str, vocab_size: int) -> ModelConfig:
+        """Identical models; only learned PE has a table sized by max_len (L), the others allow 8L.
+        Token embeddings are scaled by √d_model (the paper's §3.4) so that sinusoids of amplitude 1
+        do not drown N(0, 0.02) token vectors; every scheme gets the same scaling."""
+        max_len = self.train_len if scheme == "learned" else self.train_len * FACTORS[-1]
+        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads,
+                           num_layers=self.num_layers, max_len=max_len, positional=scheme, bias=False,
+                           scale_embeddings=True)
+
+
+@dataclass
+class PEStudyResult:
+    """What ``run`` returns: one row per (scheme, eval_len), per-position losses, sentences."""
+
+    rows: list[dict]
+    positions: dict[tuple[str, int], list[float]]  # (scheme, eval_len) -> mean nats at each position
+    sentences: list[str]
+    table: str  # Markdown
+    config: PEStudyConfig
+    seconds: float
+    parameters: dict[str, int] = field(default_factory=dict)
+    out: Path | None = None
+
+    def bpc(self, scheme: str, eval_len: int) -> float:
+        """Mean validation bits per character (NaN where n/a)."""
+        return next(r["bpc"] for r in self.rows if r["scheme"] == scheme and r["eval_len"] == eval_len)
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def chunk_starts(n_tokens: int, chunk: int, count: int) -> list[int]:
+    """Starts of ``count`` chunks of ``chunk`` + 1 tokens spread evenly over a split (fewer if short)."""
+    last = n_tokens - chunk - 1
+    if last < 0:
+        raise ValueError(f"validation text is {n_tokens} tokens; need at least {chunk + 1} for one chunk of 8L + 1")
+    idx = torch.linspace(0, last, min(count, last + 1)).round().long().unique()
+    return idx.tolist()
+
+
+@torch.no_grad()
+def position_losses(model, ids: Tensor, starts: list[int], chunk: int, T: int, *, batch_size: int = 32) -> Tensor:
+    """Mean next-token cross-entropy (nats) at each position 0 … T−1 of the non-overlapping windows
+    of length T that tile each chunk ``ids[s : s + chunk + 1]``; returns (T,) float64."""
+    if chunk % T:
+        raise ValueError(f"the chunk length {chunk} must be a multiple of the window length {T}")
+    device = next(model.parameters()).device
+    wins = torch.stack([ids[s + k:s + k + T + 1] for s in starts for k in range(0, chunk, T)])  # (N, T+1)
+    total = torch.zeros(T, dtype=torch.float64)
+    model.eval()
+    for lo in range(0, len(wins), batch_size):
+        rows = wins[lo:lo + batch_size].to(device)  # (B, T+1)
+        logits = model(rows[:, :-1]).logits.float()  # (B, T, V)
+        nats = F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")  # (B, T)
+        total += nats.sum(0).double().cpu()
+    return total / len(wins)
+
+
+# --- the study -------------------------------------------------------------------------------
+
+def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = None, corpus=None,
+        progress: bool = True, overwrite: bool = True) -> PEStudyResult:
+    """Train one GPT per scheme (and seed), score it at L, 2L, 4L, 8L; write the results to ``out``.
+
+    Args:
+        config: the settings (default ``PEStudyConfig()``: about 20 minutes on 2 CPU cores).
+        out: a directory for results.csv, results.md, positions.csv, pe.png, summary.json (None: none).
+        corpus: a ``qkv.data.Corpus`` (default ``load_corpus(config.data)``).
+        progress: a progress bar across the schemes.
+        overwrite: replace the study's files in ``out``; False refuses a directory that has them.
+    """
+    cfg = config or PEStudyConfig()
+    out = _prepare_out(out, overwrite)
+    t0 = time.perf_counter()
+    corpus = corpus if corpus is not None else load_corpus(cfg.data)
+    tokenizer = train_tokenizer("char", corpus.train + corpus.val)  # one character = one token
+    val_ids = tokenizer.encode_tensor(corpus.val)  # (N_val,)
+    L, lengths = cfg.train_len, [cfg.train_len * f for f in FACTORS]
+    starts = chunk_starts(len(val_ids), lengths[-1], cfg.eval_chunks)
+    jobs = [(seed, s) for seed in range(cfg.seed, cfg.seed + cfg.seeds) for s in cfg.schemes]
+    per_seed: dict[tuple[str, int], list[Tensor | None]] = {(s, T): [] for s in cfg.schemes for T in lengths}
+    params: dict[str, int] = {}
+    bar = _bar(len(jobs), progress)
+    try:
+        for seed, scheme in jobs:
+            if bar is not None:
+                bar.set_postfix_str(f"{scheme}, seed {seed}")
+            tc = TrainConfig(model=cfg.model_config(scheme, tokenizer.vocab_size), context=L,
+                             max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
+                             warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8,
+                             final_eval=False, seed=seed, device=cfg.device, progress=False)
+            model = train(tc, corpus=corpus, tokenizer=tokenizer).model
+            params[scheme] = model.num_parameters()
+            for T in lengths:
+                per_seed[(scheme, T)].append(_score(model, val_ids, starts, lengths[-1], T))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    rows, positions = _summarise(per_seed, cfg, lengths)
+    result = PEStudyResult(rows=rows, positions=positions, sentences=sentences(rows, L), table="",
+                           config=cfg, seconds=time.perf_counter() - t0, parameters=params, out=out)
+    result.table = markdown_table(rows, L, cfg.seeds)
+    if out is not None:
+        _write(result, corpus, len(starts))
+    return result
+
+
+def _score(model, val_ids: Tensor, starts: list[int], chunk: int, T: int) -> Tensor | None:
+    """Per-position loss (T,), or None where the model cannot run (learned PE past max_len)."""
+    try:
+        return position_losses(model, val_ids, starts, chunk, T)
+    except ValueError:
+        if model.config.positional == "learned" and T > model.config.max_len:
+            return None  # n/a: no embedding exists for those positions
+        raise
+
+
+def _summarise(per_seed, cfg: PEStudyConfig, lengths: list[int]):
+    rows, positions = [], {}
+    for (scheme, T), runs in per_seed.items():
+        if any(r is None for r in runs):
+            bpcs = [math.nan] * len(runs)
+        else:
+            bpcs = [float(r.mean()) / LN2 for r in runs]  # char tokenizer: bits per token = per character
+            positions[(scheme, T)] = torch.stack(runs).mean(0).tolist()
+        mean = sum(bpcs) / len(bpcs)
+        row = {"scheme": scheme, "eval_len": T, "bpc": mean}
+        if cfg.seeds > 1:
+            row |= {"bpc_std": float(torch.tensor(bpcs).std()) if not math.isnan(mean) else math.nan,
+                    "seeds": cfg.seeds}
+        rows.append(row)
+    for row in rows:
+        at_l = next(r["bpc"] for r in rows if r["scheme"] == row["scheme"] and r["eval_len"] == cfg.train_len)
+        row["ratio_to_L"] = row["bpc"] / at_l
+    return rows, positions
+
+
+def sentences(rows: list[dict], L: int) -> list[str]:
+    """A few sentences read off the numbers: who stayed within 10 % of its loss at L, who did not."""
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    longest = max(r["eval_len"] for r in rows)
+    by = {(r["scheme"], r["eval_len"]): r for r in rows}
+    kept, broke, na = [], [], []
+    for s in schemes:
+        ratios = [(r["eval_len"], r["ratio_to_L"]) for r in rows if r["scheme"] == s and r["eval_len"] > L]
+        if any(math.isnan(x) for _, x in ratios):
+            na.append(s)
+        elif all(x <= 1 + TOLERANCE for _, x in ratios):
+            kept.append(s)
+        else:
+            first = next(T for T, x in ratios if x > 1 + TOLERANCE)
+            broke.append(f"{s} (+{100 * (by[(s, first)]['ratio_to_L'] - 1):.0f} % at {first}, "
+                         f"{by[(s, longest)]['bpc']:.2f} bpc at {longest})")
+    out = []
+    best = min((r for r in rows if r["eval_len"] == L), key=lambda r: r["bpc"])
+    out.append(f"At the training length L = {L}, {best['scheme']} is best ({best['bpc']:.3f} bpc); "
+               + ", ".join(f"{r['scheme']} {r['bpc']:.3f}" for r in rows if r["eval_len"] == L and r is not best) + ".")
+    if kept:
+        change = ", ".join(f"{s} {100 * (by[(s, longest)]['ratio_to_L'] - 1):+.1f} %" for s in kept)
+        out.append(f"Stayed within {100 * TOLERANCE:.0f} % of their bits per character at L all the way to "
+                   f"{longest // L}L = {longest}: {', '.join(kept)} (change at {longest}: {change}).")
+    else:
+        out.append(f"No scheme stayed within {100 * TOLERANCE:.0f} % of its bits per character at L up to {longest}.")
+    if broke:
+        out.append(f"Rose more than {100 * TOLERANCE:.0f} % above their loss at L: {'; '.join(broke)}.")
+    if na:
+        out.append(f"n/a beyond L: {', '.join(na)} (learned positions exist only up to max_len = L = {L}).")
+    return out
+
+
+def markdown_table(rows: list[dict], L: int, seeds: int = 1) -> str:
+    """Schemes × evaluation lengths, bits per character (± std over seeds), and the ratio at the longest."""
+    lengths = sorted({r["eval_len"] for r in rows})
+    by = {(r["scheme"], r["eval_len"]): r for r in rows}
+
+    def cell(r: dict) -> str:
+        if math.isnan(r["bpc"]):
+            return "n/a"
+        return f"{r['bpc']:.3f}" + (f" ± {r['bpc_std']:.3f}" if seeds > 1 else "")
+
+    head = "| scheme | " + " | ".join(f"{T} ({T // L}L)" for T in lengths) + f" | {lengths[-1]} / {L} |"
+    lines = [head, "|" + "---|" * (len(lengths) + 2)]
+    for s in dict.fromkeys(r["scheme"] for r in rows):
+        ratio = by[(s, lengths[-1])]["ratio_to_L"]
+        lines.append(f"| {s} | " + " | ".join(cell(by[(s, T)]) for T in lengths)
+                     + f" | {'n/a' if math.isnan(ratio) else f'{ratio:.2f}'} |")
+    return "\n".join(lines)
+
+
+# --- output ----------------------------------------------------------------------------------
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="model", desc="qkv study pe", dynamic_ncols=True)
+
+
+def _prepare_out(out, overwrite: bool) -> Path | None:
+    if out is None:
+        return None
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    if not overwrite and any((out / name).exists() for name in OUTPUTS):
+        raise ValueError(f"{out} already holds a study's results; pass overwrite=True to replace them")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def machine() -> str:
+    """A one-line description of where the study ran."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    return (f"{dev}; {cpu}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads; "
+            f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
+
+
+def _csv(rows: list[dict], columns: list[str]) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["n/a" if isinstance(r[c], float) and math.isnan(r[c]) else
+                    (f"{r[c]:.6f}" if isinstance(r[c], float) else r[c]) for c in columns])
+    return buf.getvalue().encode()
+
+
+def _write(result: PEStudyResult, corpus, n_chunks: int) -> None:
+    out, cfg = result.out, result.config
+    columns = ["scheme", "eval_len", "bpc"] + (["bpc_std", "seeds"] if cfg.seeds > 1 else []) + ["ratio_to_L"]
+    atomic_write(out / "results.csv", _csv(result.rows, columns))
+    pos_rows = [{"scheme": s, "eval_len": T, "position": i, "loss_nats": v}
+                for (s, T), losses in result.positions.items() for i, v in enumerate(losses)]
+    atomic_write(out / "positions.csv", _csv(pos_rows, ["scheme", "eval_len", "position", "loss_nats"]))
+    L = cfg.train_len
+    text = [f"# Positional encodings: length extrapolation (trained at L = {L})", "",
+            "Validation bits per character at each evaluation length (non-overlapping windows; "
+            f"the same {n_chunks} × {FACTORS[-1] * L} characters scored at every length).", "",
+            result.table, "", *[f"- {s}" for s in result.sentences], "",
+            f"Models: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers} layers, "
+            f"{cfg.max_tokens} training tokens each (batch {cfg.batch_size} × {L}), seed {cfg.seed}"
+            + (f" … {cfg.seed + cfg.seeds - 1} (mean ± std)" if cfg.seeds > 1 else "")
+            + f"; learned PE has max_len = L = {L}, the others max_len = {FACTORS[-1] * L} (no parameters tied to it).",
+            f"Parameters: " + ", ".join(f"{k} {v:,}" for k, v in result.parameters.items()) + ".",
+            f"Corpus: {corpus.source}.", f"Machine: {machine()}.", f"Wall time: {result.seconds / 60:.1f} min.", ""]
+    atomic_write(out / "results.md", "\n".join(text).encode())
+    plot(result, out / "pe.png")
+    atomic_json(out / "summary.json", {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
+                                       "parameters": result.parameters, "seconds": round(result.seconds, 1),
+                                       "machine": machine(), "corpus": corpus.source, "eval_chunks": n_chunks})
+
+
+def plot(result: PEStudyResult, path: Path) -> Path:
+    """Left: bpc against evaluation length, one line per scheme. Right: loss per position at 8L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    L = result.config.train_len
+    lengths = sorted({r["eval_len"] for r in result.rows})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for s in dict.fromkeys(r["scheme"] for r in result.rows):
+        ys = [result.bpc(s, T) for T in lengths]
+        line, = a.plot(lengths, ys, marker="o", label=s)
+        if (s, lengths[-1]) in result.positions:
+            losses = torch.tensor(result.positions[(s, lengths[-1])]) / LN2  # bits per character
+            k = max(1, L // 8)  # average over buckets of L/8 positions
+            xs = torch.arange(0, len(losses), k).float() + (k - 1) / 2
+            b.plot(xs, losses[: len(losses) // k * k].view(-1, k).mean(1), color=line.get_color(), label=s)
+    a.set_xscale("log", base=2)
+    a.set_xticks(lengths, [f"{T}\n({T // L}L)" for T in lengths])
+    a.set(xlabel="evaluation length", ylabel="validation bits per character", title=f"trained at L = {L}")
+    a.legend(fontsize=8)
+    b.axvline(L, color="gray", linestyle="--", linewidth=1)
+    b.set_yscale("log")
+    b.set(xlabel="position in the window", ylabel="bits per character", title=f"loss per position, windows of {lengths[-1]}")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    _atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    plt.close(fig)
+    return path

@@ -1,0 +1,167 @@
+"""qkv.studies: the PE extrapolation study and the order study, end to end on tiny budgets.
+
+The corpus is a small synthetic text (a few hundred KB of Python-like lines) so that the
+test does not depend on the standard library's size; budgets are a few hundred K tokens.
+"""
+import csv
+import math
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.data import split_by_file, train_tokenizer
+from qkv.models import GPT, ModelConfig
+from qkv.studies import order, pe
+from qkv.train import LN2, eval_starts, evaluate
+
+
+def _corpus():
+    g = torch.Generator().manual_seed(0)
+    words = ["def", "return", "self", "x", "y", "for", "in", "range", "if", "else", "print", "(", ")", ":", "=", "+"]
+    files = {}
+    for f in range(20):
+        lines = []
+        for _ in range(120):
+            idx = torch.randint(len(words), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)
+            lines.append("    " * int(torch.randint(0, 3, (1,), generator=g)) + " ".join(words[i] for i in idx))
+        files[f"f{f}.py"] = "\n".join(lines) + "\n"
+    return split_by_file(files, source="synthetic", val_fraction=0.25)
+
+
+TINY = dict(train_len=16, d_model=32, num_heads=2, num_layers=1, max_tokens=8 * 1024, batch_size=8,
+            warmup_steps=4, eval_chunks=4)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return _corpus()
+
+
+@pytest.fixture(scope="module")
+def tiny_study(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pe")
+    return pe.run(pe.PEStudyConfig(**TINY), out=out, corpus=corpus, progress=False)
+
+
+def test_pe_study_writes_every_scheme_length_plot_and_sentences(tiny_study):
+    r, out = tiny_study, tiny_study.out
+    lengths = [16, 32, 64, 128]
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(row["scheme"], int(row["eval_len"])) for row in rows} == {(s, T) for s in pe.SCHEMES for T in lengths}
+    for row in rows:
+        if row["scheme"] == "learned" and int(row["eval_len"]) > 16:
+            assert row["bpc"] == "n/a"  # no embedding past max_len = L
+        else:
+            assert 0 < float(row["bpc"]) < 10
+    assert (out / "pe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "results.md").read_text()
+    assert "| alibi |" in md and "non-overlapping" in md and "n/a" in md
+    assert any("within 10 %" in s or "10 %" in s for s in r.sentences) and any("learned" in s for s in r.sentences)
+    with open(out / "positions.csv") as f:
+        pos = list(csv.DictReader(f))
+    assert sum(1 for p in pos if p["scheme"] == "rope" and p["eval_len"] == "128") == 128
+    assert not any(p["scheme"] == "learned" and p["eval_len"] != "16" for p in pos)
+
+
+def test_pe_sentences_follow_the_numbers():
+    rows = []
+    for scheme, bpcs in (("alibi", [2.0, 1.9, 1.9, 1.9]), ("sinusoidal", [2.0, 2.1, 3.0, 4.0]),
+                         ("learned", [2.1, math.nan, math.nan, math.nan])):
+        for T, b in zip([8, 16, 32, 64], bpcs):
+            rows.append({"scheme": scheme, "eval_len": T, "bpc": b, "ratio_to_L": b / bpcs[0]})
+    text = " ".join(pe.sentences(rows, 8))
+    assert "64: alibi" in text and "sinusoidal (+50 % at 32" in text and "n/a beyond L: learned" in text
+    assert "| learned | 2.100 | n/a | n/a | n/a | n/a |" in pe.markdown_table(rows, 8)
+
+
+def test_position_losses_agree_with_train_evaluate(corpus):
+    """The study's per-position scorer and train.evaluate give the same mean loss on the same windows."""
+    tok = train_tokenizer("char", corpus.train + corpus.val)
+    ids = tok.encode_tensor(corpus.val)
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=2, num_layers=1, max_len=64,
+                            positional="rope")).eval()
+    starts = pe.chunk_starts(len(ids), 64, 3)
+    per_pos = pe.position_losses(model, ids, starts, 64, 16)  # (16,)
+    windows = [s + k for s in starts for k in range(0, 64, 16)]
+    nats, n = evaluate(model, ids, 16, windows)
+    assert per_pos.shape == (16,)
+    assert per_pos.mean().item() == pytest.approx(nats / n, rel=1e-5)
+    assert eval_starts(len(ids), 16, None)[:2] == [0, 16]  # evaluate's own tiling is non-overlapping too
+
+
+def test_pe_same_seed_reproduces_changed_seed_changes(corpus, tiny_study):
+    cfg = dict(TINY, schemes=("rope", "learned"))
+    again = pe.run(pe.PEStudyConfig(**cfg), corpus=corpus, progress=False)
+    for s in ("rope", "learned"):
+        assert again.bpc(s, 16) == tiny_study.bpc(s, 16)  # exactly
+    assert again.bpc("rope", 128) == tiny_study.bpc("rope", 128)
+    other = pe.run(pe.PEStudyConfig(**cfg, seed=7), corpus=corpus, progress=False)
+    assert other.bpc("rope", 16) != tiny_study.bpc("rope", 16)
+
+
+def test_pe_seeds_add_mean_and_std(corpus, tmp_path):
+    r = pe.run(pe.PEStudyConfig(**dict(TINY, schemes=("alibi",), seeds=2, max_tokens=2048)), out=tmp_path,
+               corpus=corpus, progress=False)
+    header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[:5] == ["scheme", "eval_len", "bpc", "bpc_std", "seeds"]
+    assert all(row["bpc_std"] > 0 for row in r.rows)
+    assert "±" in r.table
+
+
+def test_pe_bad_input(tmp_path, corpus):
+    with pytest.raises(ValueError, match="schemes"):
+        pe.PEStudyConfig(schemes=("absolute",))
+    with pytest.raises(ValueError, match="seeds"):
+        pe.PEStudyConfig(seeds=0)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        pe.run(pe.PEStudyConfig(**TINY), out=tmp_path / "file", corpus=corpus, progress=False)
+    with pytest.raises(ValueError, match="chunk"):
+        pe.chunk_starts(10, 64, 4)
+
+
+def test_order_pe_beats_no_pe_and_no_pe_stays_order_blind(tmp_path):
+    cfg = order.OrderStudyConfig.quick(schemes=("none", "learned"), steps=300, test_size=512)
+    r = order.run(cfg, out=tmp_path, progress=False)
+    with open(tmp_path / "results.csv") as f:
+        rows = {row["scheme"]: float(row["accuracy"]) for row in csv.DictReader(f)}
+    assert set(rows) == {"none", "learned"}
+    assert rows["none"] < r.bag_baseline + 0.05  # permutation equivariance: at best a guess from the bag
+    assert rows["learned"] > rows["none"] + 0.3
+    assert "none" in (tmp_path / "results.md").read_text()
+
+
+def test_order_targets_and_bag_baseline():
+    ids = torch.tensor([[1, 2, 3, 3]])
+    assert order.task_targets(ids, "reverse").tolist() == [[3, 3, 2, 1]]
+    assert order.task_targets(ids, "shift").tolist() == [[-100, 1, 2, 3]]
+    # bag minus self: pos0 {2,3,3}->3 (target 3 ✓), pos1 {1,3,3}->3 ✓, pos2 {1,2,3}->1 (target 2 ✗), pos3 ->1 ✓
+    assert order.bag_baseline(ids, order.task_targets(ids, "reverse")) == 0.75
+    with pytest.raises(ValueError, match="task"):
+        order.OrderStudyConfig(task="sort")
+
+
+def test_cli_study_errors_are_one_line(capsys, tmp_path):
+    assert main(["study", "pe", "--seeds", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkv: error:") and "seeds" in err and err.count("\n") == 1
+    assert main(["study", "order", "--task", "sort"]) == 2
+    assert main(["study"]) == 2
+
+
+def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
+    """ModelConfig.scale_embeddings (added for these studies): x = √C · tok(ids) + PE(pos), Vaswani §3.4."""
+    conf = ModelConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, positional="sinusoidal")
+    plain, scaled = GPT(conf), GPT(ModelConfig(**{**conf.to_dict(), "scale_embeddings": True}))
+    scaled.load_state_dict(plain.state_dict())
+    ids = torch.tensor([[1, 5, 7]])
+    pos = torch.arange(3)
+    want = 4.0 * plain.embed.tok(ids) + plain.embed.pos(pos)
+    torch.testing.assert_close(scaled.embed(ids, pos), want)
+    torch.testing.assert_close(plain.embed(ids, pos), plain.embed.tok(ids) + plain.embed.pos(pos))
+    from qkv.interop.hf import _hf_config
+
+    with pytest.raises(ValueError, match="scale_embeddings"):
+        _hf_config(ModelConfig(positional="rope", norm="rmsnorm", activation="swiglu", scale_embeddings=True))
