@@ -14,6 +14,7 @@ over the old one, so a crash leaves either the old file or the new one, never ha
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -68,8 +69,47 @@ def save_model(directory: str | os.PathLike, model: GPT, tokenizer, *, step: int
     d.mkdir(parents=True, exist_ok=True)
     atomic_json(d / CONFIG_FILE, model.config.to_dict())
     # save_model handles the tied embedding / LM-head weight (stored once).
-    _atomic_via(d / WEIGHTS_FILE, lambda tmp: st_save(model, tmp, metadata={"format": "pt", "step": str(step)}))
+    meta = {"format": "pt", "step": str(step), "sha256": state_digest(model)}
+    _atomic_via(d / WEIGHTS_FILE, lambda tmp: st_save(model, tmp, metadata=meta))
     tokenizer.save(d)
+
+
+def state_digest(model: nn.Module) -> str:
+    """SHA-256 of every state_dict tensor's bytes, by name: safetensors has no checksum of its own,
+    so a bit flip in the weights would otherwise load silently."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check_shapes(path: Path, model_config: ModelConfig) -> None:
+    """Compare the file's header with the model config on the meta device, before allocating anything:
+    a config.json that asks for a huge model fails here unless the file really holds those weights."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - SafetensorError for a damaged header, OSError
+        raise ValueError(f"{path} is corrupt or truncated ({str(e).strip()[:200] or type(e).__name__})") from None
+    c = model_config
+    at_least = c.num_layers * (2 * c.d_model**2 + 2 * c.d_model * c.ff_width) + c.vocab_size * c.d_model  # parameters
+    if 2 * at_least > path.stat().st_size:  # 2 bytes: the smallest dtype a checkpoint uses
+        raise ValueError(f"{path} does not match config.json: the config describes at least {at_least:,} parameters, "
+                         f"the file holds {path.stat().st_size:,} bytes")
+    with torch.device("meta"):
+        skeleton = GPT(model_config)
+    expected = skeleton.state_dict(keep_vars=True)
+    stored = {id(expected[k]) for k in found if k in expected}  # a tied weight is stored under one name
+    missing = sorted(k for k, t in expected.items() if k not in found and id(t) not in stored)
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(f"{k} {found[k]} vs config {tuple(expected[k].shape)}" for k in found
+                   if k in expected and found[k] != tuple(expected[k].shape))
+    if missing or unexpected or wrong:
+        raise ValueError(f"{path} does not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                         f"wrong shapes {wrong[:3]}")
 
 
 def save_train_state(directory: str | os.PathLike, state: dict) -> None:
@@ -129,6 +169,12 @@ def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu"
     if missing or unexpected:
         raise ValueError(f"{path} does not match config.json: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        digest = (f.metadata() or {}).get("sha256")
+    if digest is not None and digest != state_digest(model):
+        raise ValueError(f"{path} is corrupt: its weights do not match the checksum saved with them")
 
 
 @dataclass
@@ -164,6 +210,7 @@ def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> 
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{d}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
                          f"vocab_size={config.vocab_size}")
+    _check_shapes(d / WEIGHTS_FILE, config)  # before allocating: config.json may ask for absurd sizes
     model = GPT(config).to(device)  # random init is cheap at these sizes and builds every buffer
     load_weights(model, d, device=device)
     return Run(model=model.eval(), tokenizer=tokenizer, config=config, path=d)

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
-            return 2
+            raise CommandError("choose a command (listed above)")
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("qkv: interrupted", file=sys.stderr)

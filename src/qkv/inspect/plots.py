@@ -41,10 +41,16 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
     return path
 
 
+MAX_PE_CELLS = 1 << 22  # more PE values than a figure can show, and bounded memory
+
+
 def plot_pe(path: str | os.PathLike, *, d_model: int = 128, length: int = 256, base: float = 10000.0) -> Path:
     """The sinusoidal PE matrix as a heatmap (positions × dimensions), and a few dimensions against position."""
-    if not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an int >= 2 (positions to draw), got {length!r}")
+    if not isinstance(length, int) or not 2 <= length <= MAX_PE_CELLS:
+        raise ValueError(f"length must be an int in [2, {MAX_PE_CELLS}] (positions to draw), got {length!r}")
+    if not isinstance(d_model, int) or not 2 <= d_model <= 4096 or length * d_model > MAX_PE_CELLS:
+        raise ValueError(f"need an even d_model in [2, 4096] and length × d_model <= {MAX_PE_CELLS} "
+                         f"(a readable picture), got d_model={d_model!r}, length={length}")
     table = SinusoidalPositionalEncoding(d_model, base)(length)  # (T, C)
     fig = Figure(figsize=(14, 5.5))
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
