@@ -294,9 +294,11 @@ def _add_study(sub) -> None:
     order = studies.add_parser("order", help="an Encoder on a task that needs order, with no PE and each PE",
                                description="Train a bidirectional Encoder with a linear head on random sequences "
                                "(reverse: output the token at the mirrored position; shift: the previous token) "
-                               "with no PE and with each PE; writes results.csv (scheme, accuracy) and results.md.")
-    order.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
-    order.add_argument("--task", default="reverse", choices=("reverse", "shift"), help="default reverse")
+                               "with no PE and with each PE; writes results.csv (scheme, task, accuracy), "
+                               "results.md and summary.json.")
+    order.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    order.add_argument("--task", action="append", choices=("reverse", "shift"),
+                       help="reverse or shift (repeatable; default both)")
     order.add_argument("--seed", type=int, default=1337, help="seed (default 1337)")
     order.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     order.add_argument("--out", default="runs/study-order", metavar="DIR", help="default runs/study-order")
@@ -318,13 +320,12 @@ def _run_study(args) -> int:
     else:
         from .studies import order
 
-        overrides = {"task": args.task, "seed": args.seed, "device": args.device}
+        overrides = {"seed": args.seed, "device": args.device} | ({"tasks": args.task} if args.task else {})
         cfg = order.OrderStudyConfig.quick(**overrides) if args.quick else order.OrderStudyConfig(**overrides)
         result = order.run(cfg, out=args.out, progress=not args.quiet)
-        print("\n".join(f"{r['scheme']:>10}  accuracy {r['accuracy']:.3f}" for r in result.rows))
-        print(f"{'chance':>10}  {result.chance:.3f}   best order-blind guess {result.bag_baseline:.3f}")
-        print(*result.sentences, sep="\n")
-    print(f"wrote {args.out}/results.csv, results.md ({result.seconds / 60:.1f} min)")
+        print(order.markdown_table(result), "", *result.sentences, "", sep="\n")
+    print(f"wrote {args.out}/ (results.csv, results.md{', pe.png' if args.study == 'pe' else ''}) "
+          f"in {result.seconds / 60:.1f} min")
     return 0
 
 

@@ -24,6 +24,7 @@ import math
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from torch import Tensor
 from ..checkpoint import _atomic_via, atomic_json, atomic_write
 from ..data import load_corpus, train_tokenizer
 from ..models import POSITIONAL, ModelConfig
-from ..train import LN2, TrainConfig, train
+from ..train import LN2, TrainConfig, cpu_threads, train
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 FACTORS = (1, 2, 4, 8)  # evaluation lengths, in multiples of L
@@ -61,8 +62,11 @@ class PEStudyConfig:
     data: str | None = None  # None: the embedded corpus
     schemes: tuple[str, ...] = SCHEMES
     device: str = "auto"
+    threads: int | None = None  # CPU threads; None: the cores other processes leave free, fixed for the whole study
 
     def __post_init__(self) -> None:
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
+            raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
         for name in ("train_len", "d_model", "num_heads", "num_layers", "max_tokens", "batch_size",
                      "eval_chunks", "seeds"):
             v = getattr(self, name)
@@ -151,6 +155,22 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
     """
     cfg = config or PEStudyConfig()
     out = _prepare_out(out, overwrite)
+    with threads(cfg.threads or cpu_threads()) as n:
+        return _run(replace(cfg, threads=n), out, corpus, progress)
+
+
+@contextmanager
+def threads(n: int):
+    """Run on ``n`` intra-op CPU threads, restoring the caller's count afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool) -> PEStudyResult:
     t0 = time.perf_counter()
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
     tokenizer = train_tokenizer("char", corpus.train + corpus.val)  # one character = one token
@@ -168,7 +188,7 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
             tc = TrainConfig(model=cfg.model_config(scheme, tokenizer.vocab_size), context=L,
                              max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
                              warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8,
-                             final_eval=False, seed=seed, device=cfg.device, progress=False)
+                             final_eval=False, seed=seed, device=cfg.device, threads=cfg.threads, progress=False)
             model = train(tc, corpus=corpus, tokenizer=tokenizer).model
             params[scheme] = model.num_parameters()
             for T in lengths:
