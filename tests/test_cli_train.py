@@ -107,7 +107,7 @@ def test_bad_inputs(run, data, tmp_path, capsys):
     fails(capsys, ["train", "--preset", "huge", "--out", str(tmp_path / "x")], "unknown preset 'huge'")
     fails(capsys, ["train", *FAST, "--data", str(data), "--out", str(run), "--max-steps", "2"],
           "already exists; pass --resume")
-    fails(capsys, ["train", "--resume", "--out", str(run), "--lr", "0.5"], r"changed config \(lr: 0.003 -> 0.5\)")
+    fails(capsys, ["train", "--resume", "--out", str(run), "--lr", "0.5"], r"changed config \(lr: 0.006 -> 0.5\)")
     fails(capsys, ["train", "--resume", "--out", str(tmp_path / "none")], "not a qkv run")
     fails(capsys, ["train", "--resume", "--out", str(run)], "already finished")
     fails(capsys, ["train", "--max-steps", "-3", "--out", str(tmp_path / "y")], "max_steps must be a positive")

@@ -141,3 +141,20 @@ def test_load_tokenizer_rejects_bad_files(tmp_path, content):
         load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="no tokenizer.json"):
         load_tokenizer(tmp_path / "missing")
+
+
+def test_encoded_corpus_and_bpe_are_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))
+    tok = data.fit_tokenizer("bpe", CODE, vocab_size=300)
+    ids = data.encode_corpus(tok, CODE)
+    assert len(list(tmp_path.glob("bpe-*.json"))) == 1 and len(list(tmp_path.glob("ids-*.safetensors"))) == 1
+    monkeypatch.setattr(BPETokenizer, "encode_tensor", lambda self, text: pytest.fail("not cached"))
+    monkeypatch.setattr(BPETokenizer, "train", classmethod(lambda cls, *a, **k: pytest.fail("not cached")))
+    again = data.fit_tokenizer("bpe", CODE, vocab_size=300)
+    assert again.to_json() == tok.to_json() and torch.equal(data.encode_corpus(again, CODE), ids)
+    next(tmp_path.glob("ids-*.safetensors")).write_bytes(b"damaged")  # recomputed, never trusted
+    with pytest.raises(pytest.fail.Exception, match="not cached"):
+        data.encode_corpus(again, CODE)
+    monkeypatch.setenv("QKV_CACHE_DIR", "off")
+    with pytest.raises(pytest.fail.Exception, match="not cached"):
+        data.fit_tokenizer("bpe", CODE, vocab_size=300)
