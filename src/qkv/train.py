@@ -363,6 +363,26 @@ def plot_losses(path: Path, records: list[dict], summary: dict | None = None) ->
 
 # --- the loop ----------------------------------------------------------------------------
 
+def train_step(model, opt, batches: Tensor, *, grad_clip: float = 0.0, autocast=nullcontext,
+               ddp: bool = False) -> Tensor:
+    """One optimizer step over micro-batches (accum, B, T + 1): gradients of the mean loss are
+    accumulated (DDP syncs on the last one only), clipped to ``grad_clip`` and applied.
+    Returns the mean loss (detached)."""
+    accum = batches.size(0)
+    step_loss = torch.zeros((), device=batches.device)
+    for m, batch in enumerate(batches):  # batch (B, T + 1)
+        with model.no_sync() if ddp and m < accum - 1 else nullcontext():
+            with autocast():
+                loss = model(batch[:, :-1], targets=batch[:, 1:]).loss
+            (loss / accum).backward()
+        step_loss += loss.detach() / accum
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return step_loss
+
+
 def train(cfg: TrainConfig, *, corpus: Corpus | None = None, tokenizer=None, stop_at: int | None = None) -> TrainResult:
     """Train a GPT as ``cfg`` says and return the model, its metrics and a summary.
 
@@ -514,21 +534,10 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
             t0 = time.perf_counter()
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step, progress(step, elapsed))
-            starts = torch.randint(len(windows), (cfg.batch_size,), generator=batch_gen)
-            mine = starts.view(cfg.grad_accum, world, micro)[:, rank]  # (accum, B)
-            step_loss = torch.zeros((), device=device)
-            for m in range(cfg.grad_accum):
-                batch = windows[mine[m]].to(device, non_blocking=True)  # (B, T + 1)
-                sync = nullcontext() if world == 1 or m == cfg.grad_accum - 1 else model.no_sync()
-                with sync:
-                    with autocast():
-                        loss = model(batch[:, :-1], targets=batch[:, 1:]).loss
-                    (loss / cfg.grad_accum).backward()
-                step_loss += loss.detach() / cfg.grad_accum
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            starts = torch.randint(len(windows), (cfg.batch_size,), generator=batch_gen)  # the global batch
+            mine = starts.view(cfg.grad_accum, world, micro)[:, rank]  # (accum, B): this rank's slices
+            batches = windows[mine].to(device, non_blocking=True)  # (accum, B, T + 1)
+            step_loss = train_step(model, opt, batches, grad_clip=cfg.grad_clip, autocast=autocast, ddp=world > 1)
             if world > 1:
                 torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
             running[0] += float(step_loss)
@@ -568,7 +577,8 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
         return result  # stopped early (stop_at): resume to finish
     summary = {"steps": step, "tokens": step * tokens_per_step,
                "tokens_per_s": step * tokens_per_step / max(train_time, 1e-9), "train_seconds": round(train_time, 2),
-               "elapsed_seconds": round(elapsed, 2), "prepare_seconds": round(prepare_s, 2), "train_loss": records[-1]["train_loss"] if records else None}
+               "elapsed_seconds": round(elapsed, 2), "prepare_seconds": round(prepare_s, 2),
+               "train_loss": records[-1]["train_loss"] if records else None}
     if cfg.final_eval:
         nats, n = evaluate(raw, val_ids, T, eval_starts(len(val_ids), T, None), device=device, autocast=autocast,
                            rank=rank, world=world)
