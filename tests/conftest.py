@@ -7,3 +7,26 @@ def seed():
     """Every test starts from the same RNG state."""
     torch.manual_seed(0)
     yield
+
+
+HF_TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need", "héllo wörld"] * 4
+
+
+@pytest.fixture(scope="session")
+def with_tokenizer(tmp_path_factory):
+    """A GPT-2-style directory: byte-level BPE tokenizer (trained offline) + a matching tiny model."""
+    transformers = pytest.importorskip("transformers")  # the `hf` extra
+    from tokenizers import Tokenizer as Fast, decoders, models, pre_tokenizers, trainers
+
+    tok = Fast(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(HF_TEXTS, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    d = tmp_path_factory.mktemp("with_tokenizer")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(d)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_positions=32, n_embd=16, n_layer=1, n_head=2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)).save_pretrained(d)
+    return d

@@ -355,27 +355,7 @@ def test_from_hf_and_to_hf_reject_wrong_types():
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope")))
 
 
-# --- the tokenizer beside the weights ---------------------------------------------------------------
-
-TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need", "héllo wörld"] * 4
-
-
-@pytest.fixture(scope="module")
-def with_tokenizer(tmp_path_factory):
-    """A GPT-2-style directory: byte-level BPE tokenizer (trained offline) + a matching tiny model."""
-    from tokenizers import Tokenizer as Fast, decoders, models, pre_tokenizers, trainers
-
-    tok = Fast(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    d = tmp_path_factory.mktemp("with_tokenizer")
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(d)
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=32, n_embd=16, n_layer=1, n_head=2,
-                               **NO_SPECIAL)).save_pretrained(d)
-    return d
+# --- the tokenizer beside the weights (fixture with_tokenizer: conftest.py) ----------------------------
 
 
 def test_load_pretrained_returns_model_and_tokenizer(with_tokenizer):

@@ -189,11 +189,10 @@ class Run:
     def sample(self, prompt: str, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None) -> str:
         """The prompt followed by ``max_new_tokens`` sampled tokens, as text."""
-        if not prompt:
-            raise ValueError("the prompt is empty; give at least one character to continue from")
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.model.lm_head.weight.device)  # (1, T)
-        out = self.model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        return self.tokenizer.decode(out[0])
+        from .generate import generate_text
+
+        return generate_text(self.model, self.tokenizer, prompt, max_new_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p, seed=seed)
 
 
 def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Run:

@@ -139,9 +139,10 @@ def _encodable(tokenizer, text: str) -> bool:
 
 
 def _add_sample(sub) -> None:
-    p = sub.add_parser("sample", help="generate text from a trained run",
-                       description="Continue a prompt with a trained run's model (KV-cached decoding).")
-    p.add_argument("--run", required=True, help="run directory written by qkv train")
+    p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
+                       description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA "
+                                   "directory with its tokenizer (KV-cached decoding).")
+    add_model_source(p)
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
@@ -153,11 +154,14 @@ def _add_sample(sub) -> None:
 
 
 def _run_sample(args) -> int:
-    from .checkpoint import load_run
+    from .generate import generate_text
+    from .models import GPT
 
-    run = load_run(args.run, device=args.device)
-    print(run.sample(args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                     top_p=args.top_p, seed=args.seed))
+    model, tokenizer = load_model_source(args, device=args.device)
+    if not isinstance(model, GPT):
+        raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
+    print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed))
     return 0
 
 

@@ -129,6 +129,21 @@ def generate(
     return out
 
 
+def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:
+    """The prompt followed by ``max_new_tokens`` sampled tokens, as text (``kwargs`` as ``generate``).
+
+    ``tokenizer`` needs ``encode(str) -> list[int]`` and ``decode(ids) -> str``; its ``eos_id``,
+    if it has one, ends the sample.
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character to continue from")
+    ids = torch.tensor([tokenizer.encode(prompt)], device=model.lm_head.weight.device)  # (1, T)
+    if ids.size(1) == 0:
+        raise ValueError(f"the prompt {prompt!r} encodes to no tokens")
+    kwargs.setdefault("eos_id", getattr(tokenizer, "eos_id", None))
+    return tokenizer.decode(generate(model, ids, max_new_tokens, **kwargs)[0].tolist())
+
+
 COMPILE_BACKEND = "inductor"  # tests use "eager" (graph capture without code generation)
 
 
