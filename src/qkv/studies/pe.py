@@ -384,7 +384,7 @@ def plot(result: PEStudyResult, path: Path) -> Path:
     a.set(xlabel="evaluation length", ylabel="validation bits per character", title=f"trained at L = {L}")
     a.legend(fontsize=8)
     b.axvline(L, color="gray", linestyle="--", linewidth=1)
-    b.set_yscale("log")
+    b.annotate(f" L = {L}", (L, 1), xycoords=("data", "axes fraction"), va="top", fontsize=8, color="gray")
     b.set(xlabel="position in the window", ylabel="bits per character", title=f"loss per position, windows of {lengths[-1]}")
     b.legend(fontsize=8)
     fig.tight_layout()
