@@ -1,12 +1,19 @@
-"""Training tokens/s: qkv GPT against Hugging Face ``GPT2LMHeadModel`` of the same shape and weights.
+"""Training tokens/s: qkv GPT against Hugging Face ``GPT2LMHeadModel`` of the same shape and weights;
+and validation bits per character of the default ``qkv train`` beside gzip -9 and xz -9e.
 
-    python -m benchmarks.train_speed [--quick] [--threads N]
+    python -m benchmarks.train_speed [--quick] [--threads N]      # speed (both models, one process)
+    python -m benchmarks.train_speed --bpc-minutes 3 [--bpc-minutes 30]   # what `qkv train` reaches
+    python -m benchmarks.train_speed --sweep                        # the tokenizer / batch / lr sweep
 
 One optimizer step = forward + cross-entropy + backward + AdamW step, on the same random batch.
 The HF model is ``qkv.interop.to_hf`` of the qkv one (identical weights; the first losses must
 agree), random init, HF's default attention (SDPA). Steps are interleaved round-robin and the
 median is reported, so that the load of a shared machine hits both alike; the ratio is the number
 to read. MFU = 6·N·tokens + attention FLOPs (PaLM appendix B) over this machine's fp32 matmul peak.
+
+``--bpc-minutes M`` trains the demo preset exactly as ``qkv train --max-minutes M`` does (nothing
+written) and prints its validation bits per character beside the compressors'. ``--sweep`` trains
+the README's table at an equal token budget (equal compute, so a busy machine only slows it down).
 """
 from __future__ import annotations
 
@@ -73,11 +80,51 @@ def measure(name: str, config: qkv.ModelConfig, batch: int, repeats: int, peak: 
             f"{tps['qkv'] / tps['HF']:.2f}x", f"{100 * mfu['qkv']:.1f}% / {100 * mfu['HF']:.1f}%"]
 
 
+SWEEP = [  # (label, TrainConfig overrides); d_model 128, 4 layers, 4 heads, RoPE, context 128, 1 M tokens
+    ("characters, batch 32, lr 3e-3", dict(tokenizer="char", batch_size=32, lr=3e-3)),
+    ("characters, batch 32, lr 6e-3", dict(tokenizer="char", batch_size=32, lr=6e-3)),
+    ("characters, batch 16, lr 3e-3", dict(tokenizer="char", batch_size=16, lr=3e-3)),
+    ("BPE 512, batch 32, lr 3e-3", dict(tokenizer="bpe", vocab_size=512, batch_size=32, lr=3e-3)),
+    ("BPE 1024, batch 32, lr 3e-3", dict(tokenizer="bpe", vocab_size=1024, batch_size=32, lr=3e-3)),
+    ("BPE 1024, batch 32, lr 6e-3", dict(tokenizer="bpe", vocab_size=1024, batch_size=32, lr=6e-3)),
+    ("BPE 1024, batch 16, lr 6e-3", dict(tokenizer="bpe", vocab_size=1024, batch_size=16, lr=6e-3)),
+    ("BPE 1024, batch 8, lr 6e-3", dict(tokenizer="bpe", vocab_size=1024, batch_size=8, lr=6e-3)),
+]
+
+
+def bpc_run(minutes: float | None = None, *, max_tokens: int | None = None, **overrides) -> dict:
+    """Train the demo preset (``qkv train``'s defaults unless overridden); its summary."""
+    from qkv.train import TrainConfig, train
+
+    cfg = TrainConfig(max_minutes=minutes, max_tokens=max_tokens, progress=False, **overrides)
+    return train(cfg).summary
+
+
+def bpc_row(label: str, s: dict) -> list:
+    return [label, s["steps"], f"{s['tokens'] / 1e6:.2f} M", f"{s['tokens_per_s']:.0f}", f"{s['val_bpc']:.3f}",
+            f"{s['gzip_bpc']:.3f}", f"{s['xz_bpc']:.3f}"]
+
+
+BPC_HEADER = ["run", "steps", "tokens", "tok/s", "val bpc", "gzip -9 bpc", "xz -9e bpc"]
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="only the demo-size shape, fewer repeats")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: qkv's choice for training)")
+    p.add_argument("--bpc-minutes", type=float, action="append", default=[],
+                   help="also train the default `qkv train` for this many minutes and report its bpc (repeatable)")
+    p.add_argument("--sweep", action="store_true", help="train the sweep (1 M tokens each) instead of timing")
     args = p.parse_args(argv)
+    if args.sweep or args.bpc_minutes:
+        rows = [bpc_row(f"qkv train --max-minutes {m:g}", bpc_run(m, threads=args.threads)) for m in args.bpc_minutes]
+        if args.sweep:
+            model = qkv.ModelConfig.preset("demo", d_model=128)  # the sweep ran before the demo became 96 wide
+            rows += [bpc_row(label, bpc_run(max_tokens=1_000_000, model=model, threads=args.threads, **kw))
+                     for label, kw in SWEEP]
+        out = table(rows, BPC_HEADER)
+        print(out)
+        return out
     if not torch.cuda.is_available():
         from qkv.train import cpu_threads
 
