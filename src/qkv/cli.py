@@ -99,7 +99,9 @@ def _fresh_run_dir(preset: str) -> str:
 
 
 def _run_train(args) -> int:
-    from .train import TrainConfig, train
+    import torch
+
+    from .train import TrainConfig, cpu_threads, train
 
     given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in _TRAIN_FLAGS.items()}
     given |= {"bf16": args.bf16, "compile": args.compile}
@@ -124,6 +126,8 @@ def _run_train(args) -> int:
     if args.sample_tokens > 0:
         from .checkpoint import Run
 
+        if result.model.lm_head.weight.device.type == "cpu":
+            torch.set_num_threads(cfg.threads or cpu_threads())  # one token at a time: busy cores hurt most
         run = Run(model=result.model, tokenizer=result.tokenizer, config=result.config, path=result.path)
         prompt = next((p for p in ("def ", "\n", " ") if _encodable(run.tokenizer, p)), run.tokenizer.decode([0]))
         print(f"sample (temperature 0.8, seed {cfg.seed}):")
@@ -154,9 +158,14 @@ def _add_sample(sub) -> None:
 
 
 def _run_sample(args) -> int:
+    import torch
+
     from .generate import generate_text
     from .models import GPT
+    from .train import cpu_threads
 
+    if args.device == "cpu":
+        torch.set_num_threads(cpu_threads())  # decoding one token at a time suffers most on busy cores
     model, tokenizer = load_model_source(args, device=args.device)
     if not isinstance(model, GPT):
         raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
