@@ -191,3 +191,15 @@ def test_bf16_autocast_trains_and_device_is_checked():
             train(cfg(device="cuda"), corpus=CORPUS)
     with pytest.raises(ValueError, match="device must be"):
         train(cfg(device="tpu"), corpus=CORPUS)
+
+
+def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
+    from qkv import train as train_module
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(train_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    for load, expected in [(0.1, 4), (1.2, 3), (3.6, 1), (9.0, 1)]:
+        monkeypatch.setattr(train_module.os, "getloadavg", lambda load=load: (load, load, load))
+        assert train_module.cpu_threads() == expected
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert train_module.cpu_threads() == torch.get_num_threads()
