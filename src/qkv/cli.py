@@ -438,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             raise CommandError("choose a command (listed above)")
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("qkv: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C; training saves a checkpoint first and says where
+        print(f"qkv: {e or 'interrupted'}", file=sys.stderr)
         return 130
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0

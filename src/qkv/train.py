@@ -18,7 +18,9 @@ import json
 import lzma
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -279,9 +281,10 @@ def _prepare_out(cfg: TrainConfig, rank: int) -> Path | None:
         return None
     out = Path(cfg.out)
     if cfg.resume:
-        ckpt.check_run_dir(out)
-        if not (out / ckpt.STATE_FILE).is_file():
-            raise ValueError(f"{out} has no {ckpt.STATE_FILE}: it cannot be resumed")
+        if not (out / "train_config.json").is_file() or (out / ckpt.STATE_FILE).is_file():
+            ckpt.check_run_dir(out)  # names what is missing; a run stopped before its first checkpoint passes
+        if not (out / "train_config.json").is_file():
+            raise ValueError(f"{out} has no train_config.json: it cannot be resumed")
         return out
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
@@ -313,7 +316,7 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
 
 def _get_tokenizer(cfg: TrainConfig, corpus: Corpus, out: Path | None, rank: int, world: int):
     """Resume: the run's. Otherwise fitted to the corpus (rank 0 fits; the others receive it)."""
-    if cfg.resume:
+    if cfg.resume and (out / "tokenizer.json").is_file():  # absent when stopped before the first checkpoint
         return load_tokenizer(out)
     text = corpus.train + corpus.val if cfg.tokenizer == "char" else corpus.train
     if world == 1:
@@ -383,6 +386,38 @@ def train_step(model, opt, batches: Tensor, *, grad_clip: float = 0.0, autocast=
     return step_loss
 
 
+class Diverged(ValueError):
+    """The loss became NaN or infinite: the run stops and keeps its last good checkpoint."""
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) asks the loop to stop at the next step boundary, save a checkpoint and exit.
+
+    A second Ctrl-C interrupts at once (the last checkpoint on disk stays as it was).
+    """
+
+    def __init__(self) -> None:
+        self.requested, self._previous = False, None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C after saving a checkpoint."""
+
+
 def train(cfg: TrainConfig, *, corpus: Corpus | None = None, tokenizer=None, stop_at: int | None = None) -> TrainResult:
     """Train a GPT as ``cfg`` says and return the model, its metrics and a summary.
 
@@ -415,11 +450,15 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
     if cfg.resume:
         saved_cfg = TrainConfig.for_resume(out)
         _check_same_run(saved_cfg, cfg)
-        saved_state = ckpt.load_train_state(out)
+        if (out / ckpt.STATE_FILE).is_file():
+            saved_state = ckpt.load_train_state(out)
+        elif rank == 0:  # stopped before its first checkpoint: nothing to continue from
+            print(f"qkv: {out} has no checkpoint yet (stopped before its first one): starting from step 0",
+                  file=sys.stderr)
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
     tokenizer = tokenizer if tokenizer is not None else _get_tokenizer(cfg, corpus, out, rank, world)
     mconf = _model_config(cfg, tokenizer.vocab_size)
-    if cfg.resume:
+    if saved_state is not None:
         saved_mconf = ckpt.read_config(out)
         if saved_mconf != mconf:
             diff = {k: (v, mconf.to_dict()[k]) for k, v in saved_mconf.to_dict().items() if mconf.to_dict()[k] != v}
@@ -460,11 +499,9 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
     step, elapsed, train_time, running = 0, 0.0, 0.0, [0.0, 0]
     records: list[dict] = []
     if saved_state is not None:
-        ckpt.load_weights(model, out, device=device)
-        if ckpt.weights_step(out) != saved_state["step"]:
-            raise ValueError(f"{out}: model.safetensors (step {ckpt.weights_step(out)}) and {ckpt.STATE_FILE} "
-                             f"(step {saved_state['step']}) disagree; the checkpoint is inconsistent")
-        try:
+        ckpt.load_weights(model, out, device=device)  # refuses a damaged model.safetensors (checksum, shapes)
+        try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
+            model.load_state_dict(saved_state["model"])
             opt.load_state_dict(saved_state["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:
             raise ValueError(f"{out}/{ckpt.STATE_FILE} does not match the model: {e}") from None
@@ -508,7 +545,8 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
         ckpt.save_model(out, raw, tokenizer, step=step_now)
         ckpt.save_train_state(out, {
             "step": step_now, "elapsed": elapsed, "train_time": train_time, "running": running, "eval_cost": eval_cost,
-            "optimizer": opt.state_dict(), "batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "model": raw.state_dict(), "optimizer": opt.state_dict(),
+            "batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         })
 
@@ -529,48 +567,56 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
     model.train()
     start_clock, start_elapsed = time.perf_counter(), elapsed
     done = finished = False
-    try:
-        while not done:
-            t0 = time.perf_counter()
-            for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, step, progress(step, elapsed))
-            starts = torch.randint(len(windows), (cfg.batch_size,), generator=batch_gen)  # the global batch
-            mine = starts.view(cfg.grad_accum, world, micro)[:, rank]  # (accum, B): this rank's slices
-            batches = windows[mine].to(device, non_blocking=True)  # (accum, B, T + 1)
-            step_loss = train_step(model, opt, batches, grad_clip=cfg.grad_clip, autocast=autocast, ddp=world > 1)
-            if world > 1:
-                torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
-            running[0] += float(step_loss)
-            running[1] += 1
-            step += 1
-            train_time += time.perf_counter() - t0
-            elapsed = _from_rank0(start_elapsed + time.perf_counter() - start_clock, world, device)
-            finished = progress(step, elapsed) >= 1
-            done = finished or step == stop_at
-            if bar is not None:
-                bar.update(min(100.0, round(100 * progress(step, elapsed), 2)) - bar.n)
-                bar.set_postfix_str(f"step {step}, loss {float(step_loss):.3f}, "
-                                    f"{tokens_per_step * step / max(train_time, 1e-9):.0f} tok/s", refresh=False)
-            if finished or step % cfg.eval_interval == 0:  # an interruption (stop_at) logs nothing extra
-                t_eval = time.perf_counter()
-                nats, n = evaluate(raw, val_ids, T, val_sample, device=device, autocast=autocast,
-                                   rank=rank, world=world)
-                eval_cost = _from_rank0((time.perf_counter() - t_eval) * world / len(val_sample), world, device)
-                records.append({"step": step, "train_loss": running[0] / running[1], "val_loss": nats / n,
-                                "val_bpc": nats / n / LN2 / chars_per_token, "lr": opt.param_groups[0]["lr"],
-                                "tokens": step * tokens_per_step, "elapsed_s": round(elapsed, 2)})
-                running = [0.0, 0]
-                if out is not None and rank == 0:
-                    _write_metrics(out, records)
-            if done or step % cfg.eval_interval == 0:
-                save(step)
+    last_saved = step if saved_state is not None else None
+    with StopRequest() as stop:
+        try:
+            while not done:
+                t0 = time.perf_counter()
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(cfg, step, progress(step, elapsed))
+                starts = torch.randint(len(windows), (cfg.batch_size,), generator=batch_gen)  # the global batch
+                mine = starts.view(cfg.grad_accum, world, micro)[:, rank]  # (accum, B): this rank's slices
+                batches = windows[mine].to(device, non_blocking=True)  # (accum, B, T + 1)
+                step_loss = train_step(model, opt, batches, grad_clip=cfg.grad_clip, autocast=autocast, ddp=world > 1)
+                if world > 1:
+                    torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+                if not math.isfinite(float(step_loss)):  # every rank sees the same averaged loss
+                    kept = "no checkpoint was written yet" if last_saved is None else \
+                        f"the last good checkpoint (step {last_saved}) in {out} is kept"
+                    raise Diverged(f"the training loss became {float(step_loss)} at step {step + 1}: stopped; {kept}. "
+                                   "Try a lower --lr or a smaller --batch-size")
+                running[0] += float(step_loss)
+                running[1] += 1
+                step += 1
+                train_time += time.perf_counter() - t0
                 elapsed = _from_rank0(start_elapsed + time.perf_counter() - start_clock, world, device)
-    except KeyboardInterrupt:
-        save(step)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
+                finished = progress(step, elapsed) >= 1
+                done = finished or step == stop_at or _agree(stop.requested, world, device)
+                if bar is not None:
+                    bar.update(min(100.0, round(100 * progress(step, elapsed), 2)) - bar.n)
+                    bar.set_postfix_str(f"step {step}, loss {float(step_loss):.3f}, "
+                                        f"{tokens_per_step * step / max(train_time, 1e-9):.0f} tok/s", refresh=False)
+                if finished or step % cfg.eval_interval == 0:  # an interruption (stop_at) logs nothing extra
+                    t_eval = time.perf_counter()
+                    nats, n = evaluate(raw, val_ids, T, val_sample, device=device, autocast=autocast,
+                                       rank=rank, world=world)
+                    eval_cost = _from_rank0((time.perf_counter() - t_eval) * world / len(val_sample), world, device)
+                    records.append({"step": step, "train_loss": running[0] / running[1], "val_loss": nats / n,
+                                    "val_bpc": nats / n / LN2 / chars_per_token, "lr": opt.param_groups[0]["lr"],
+                                    "tokens": step * tokens_per_step, "elapsed_s": round(elapsed, 2)})
+                    running = [0.0, 0]
+                    if out is not None and rank == 0:
+                        _write_metrics(out, records)
+                if done or step % cfg.eval_interval == 0:
+                    save(step)
+                    last_saved = step
+                    elapsed = _from_rank0(start_elapsed + time.perf_counter() - start_clock, world, device)
+        finally:
+            if bar is not None:
+                bar.close()
+    if stop.requested and not finished:
+        saved = f"checkpoint saved; continue with: qkv train --resume --out {out}" if out else "nothing saved (no --out)"
+        raise Interrupted(f"interrupted at step {step}, {saved}")
     raw.eval()
     result = TrainResult(model=raw, tokenizer=tokenizer, config=mconf, metrics=records, path=out)
     if not finished:
@@ -595,6 +641,15 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
         if records:
             plot_losses(out / "loss.png", records, summary)
     return result
+
+
+def _agree(flag: bool, world: int, device: torch.device) -> bool:
+    """True on every rank when any rank's flag is set (so all stop at the same step)."""
+    if world == 1:
+        return flag
+    t = torch.tensor(float(flag), device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _from_rank0(value: float, world: int, device: torch.device) -> float:
