@@ -132,7 +132,7 @@ PRESETS: dict[str, ModelConfig] = {
                         positional="rope", bias=False),
     # The paper's base model (Vaswani et al. Table 3): d=512, h=8, N=6, d_ff=2048, post-LN.
     "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512,
-                              positional="sinusoidal", norm_first=False, activation="relu"),
+                              positional="sinusoidal", norm_first=False, activation="relu", scale_embeddings=True),
     # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
     "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,
                         activation="gelu_tanh"),
