@@ -130,7 +130,7 @@ def main(argv=None) -> str:
 
         torch.set_num_threads(args.threads or cpu_threads())
     print(machine_info())
-    peak = matmul_peak_gflops(1024 if args.quick else 2048)
+    peak = matmul_peak_gflops((1024,) if args.quick else (1024, 2048, 3072))
     print(f"fp32 matmul peak here: {peak:.0f} GFLOP/s")
     names = ["demo-size"] if args.quick else list(SHAPES)
     rows = [measure(n, *SHAPES[n], repeats=7 if args.quick else 15, peak=peak) for n in names]

@@ -45,3 +45,9 @@ def test_bad_hf_sources(with_tokenizer, tmp_path, capsys):
         assert words in err and len(err.strip().splitlines()) == 1, err
     model, tok = load_pretrained(with_tokenizer)
     assert tok is not None and model.config.max_len == 32
+
+
+def test_sample_bf16_autocast(with_tokenizer, capsys):
+    assert cli.main(["sample", "--hf", str(with_tokenizer), "--prompt", "the dog", "--max-new-tokens", "5",
+                     "--bf16", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the dog")

@@ -154,10 +154,14 @@ def _add_sample(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step (compiles once)")
     p.set_defaults(func=_run_sample)
 
 
 def _run_sample(args) -> int:
+    import contextlib
+
     import torch
 
     from .generate import generate_text
@@ -169,8 +173,12 @@ def _run_sample(args) -> int:
     model, tokenizer = load_model_source(args, device=args.device)
     if not isinstance(model, GPT):
         raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
-    print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed))
+    device_type = torch.device(args.device).type
+    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    with autocast:
+        text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile)
+    print(text)
     return 0
 
 

@@ -53,6 +53,6 @@ class KVCache(nn.Module):
         Returns the whole buffers (B, G, M, D): shapes never change, so a compiled step never
         recompiles. The caller tracks positions and masks the slots not yet written.
         """
-        self.k.index_copy_(2, input_pos, k)
-        self.v.index_copy_(2, input_pos, v)
+        self.k.index_copy_(2, input_pos, k.to(self.k.dtype))  # autocast may hand in a lower precision
+        self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
         return self.k, self.v
