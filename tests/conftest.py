@@ -9,6 +9,18 @@ def seed():
     yield
 
 
+CODE = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    """A small directory of Python-like files, for training runs in tests (`--data`)."""
+    d = tmp_path_factory.mktemp("corpus")
+    for i in range(4):
+        (d / f"m{i}.py").write_text(CODE[i * 2000:(i + 1) * 4000], encoding="utf-8")
+    return d
+
+
 HF_TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need", "héllo wörld"] * 4
 
 

@@ -7,7 +7,6 @@ import torch
 
 from qkv.cli import main
 
-TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
 FAST = ["--preset", "tiny", "--context", "32", "--batch-size", "4", "--eval-interval", "2", "--quiet",
         "--device", "cpu"]
 
@@ -18,14 +17,6 @@ def one_thread():
     torch.set_num_threads(1)  # tiny models: one thread is fastest, above all on a shared machine
     yield
     torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    for i in range(4):
-        (d / f"m{i}.py").write_text(TEXT[i * 2000:(i + 1) * 4000], encoding="utf-8")
-    return d
 
 
 @pytest.fixture(scope="module")

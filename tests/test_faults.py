@@ -16,7 +16,6 @@ from safetensors.torch import load_file
 from qkv import checkpoint as ckpt
 from qkv.cli import main
 
-TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
 ARGS = ["--preset", "tiny", "--tokenizer", "char", "--context", "32", "--batch-size", "4", "--eval-interval", "10",
         "--seed", "3", "--threads", "1", "--device", "cpu", "--quiet", "--sample-tokens", "0"]
 STEPS = "30"
@@ -59,14 +58,6 @@ elif point == "mid-write":  # 2nd checkpoint: the temporary file half written, n
     ckpt._atomic_via = via
 sys.exit(main(argv))
 """
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    for i in range(4):
-        (d / f"m{i}.py").write_text(TEXT[i * 2000:(i + 1) * 4000], encoding="utf-8")
-    return d
 
 
 @pytest.fixture(scope="module")
