@@ -171,9 +171,10 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
-        if not torch.compiler.is_compiling() and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+        if ids.numel() and not torch.compiler.is_compiling():
+            low, high = (int(v) for v in torch.aminmax(ids))  # one reduction, one sync
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range [{low}, {high}]")
         x = self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(positions)

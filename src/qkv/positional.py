@@ -61,7 +61,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, positions: Tensor | int) -> Tensor:
         pos = _positions(positions, self.weight.device)
         if pos.numel() and not torch.compiler.is_compiling():
-            top, low = int(pos.max()), int(pos.min())
+            low, top = (int(v) for v in torch.aminmax(pos))
             if top >= self.max_len:
                 raise ValueError(
                     f"position {top} is past the learned embedding's max_len={self.max_len} "
