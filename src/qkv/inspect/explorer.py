@@ -27,6 +27,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint import atomic_write
+
 ASSETS = Path(__file__).with_name("explorer_assets")
 MAX_TOKENS = 512  # the page draws T×T matrices; beyond this they are unreadable anyway
 MAX_VALUES = 1 << 23  # L·H·T·T floats (32 MiB of float32) in one page
@@ -195,9 +197,7 @@ def render_html(
 def write_html(path: str | os.PathLike, html_text: str) -> Path:
     """Write the page atomically (temp file, then rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(html_text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, html_text.encode("utf-8"))
     return path
 
 

@@ -9,6 +9,7 @@ Shapes: N layers, B batch, H heads, T tokens, C model width.
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import textwrap
@@ -21,6 +22,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from ..checkpoint import atomic_write
 from ..positional import SinusoidalPositionalEncoding
 from . import claims
 
@@ -32,12 +34,9 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fig.savefig(tmp, dpi=DPI, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format="png")
+    atomic_write(path, buf.getvalue())
     return path
 
 
@@ -210,7 +209,5 @@ def write_report(results: list[claims.Claim], path: str | os.PathLike, *, model:
         figures["Attention of the trained model"] = plot_attention(model, ids, labels,
                                                                    path.with_name(f"{stem}-attention.png"))
     text = claims.format_markdown(results, {k: p.name for k, p in figures.items()})
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text.encode("utf-8"))
     return path
