@@ -17,48 +17,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .fileio import atomic_json, atomic_via, atomic_write  # noqa: F401  (atomic_write: re-exported)
 from .models import GPT, ModelConfig
 
 CONFIG_FILE, WEIGHTS_FILE, STATE_FILE = "config.json", "model.safetensors", "train_state.pt"
 RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json")
-
-
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_json(path: str | os.PathLike, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-
-def _atomic_via(path: Path, write) -> None:
-    """Atomic write for libraries that insist on writing a file name themselves."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_model(directory: str | os.PathLike, model: GPT, tokenizer, *, step: int = 0) -> None:
@@ -70,7 +39,7 @@ def save_model(directory: str | os.PathLike, model: GPT, tokenizer, *, step: int
     atomic_json(d / CONFIG_FILE, model.config.to_dict())
     # save_model handles the tied embedding / LM-head weight (stored once).
     meta = {"format": "pt", "step": str(step), "sha256": state_digest(model)}
-    _atomic_via(d / WEIGHTS_FILE, lambda tmp: st_save(model, tmp, metadata=meta))
+    atomic_via(d / WEIGHTS_FILE, lambda tmp: st_save(model, tmp, metadata=meta))
     tokenizer.save(d)
 
 
@@ -114,7 +83,7 @@ def _check_shapes(path: Path, model_config: ModelConfig) -> None:
 
 def save_train_state(directory: str | os.PathLike, state: dict) -> None:
     """Optimizer state, RNG states and counters; only tensors and plain Python values."""
-    _atomic_via(Path(directory) / STATE_FILE, lambda tmp: torch.save(state, tmp))
+    atomic_via(Path(directory) / STATE_FILE, lambda tmp: torch.save(state, tmp))
 
 
 def load_train_state(directory: str | os.PathLike) -> dict:

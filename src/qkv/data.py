@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .fileio import atomic_text, atomic_write
+
 VAL_FRACTION = 0.05
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 TOKENIZER_FILE = "tokenizer.json"
@@ -136,16 +138,6 @@ def load_corpus(path: str | os.PathLike | None = None) -> Corpus:
 
 # --- tokenizers --------------------------------------------------------------------------
 
-def _atomic_write(path: Path, text: str) -> None:
-    _atomic_bytes(path, text.encode("utf-8"))
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    from .checkpoint import atomic_write
-
-    atomic_write(path, data)
-
-
 class CharTokenizer:
     """One token per Unicode character of a fixed vocabulary (sorted, so ids are stable)."""
 
@@ -199,7 +191,7 @@ class CharTokenizer:
 
     def save(self, directory: str | os.PathLike) -> Path:
         path = Path(directory) / TOKENIZER_FILE
-        _atomic_write(path, self.to_json())
+        atomic_text(path, self.to_json())
         return path
 
 
@@ -261,7 +253,7 @@ class BPETokenizer:
 
     def save(self, directory: str | os.PathLike) -> Path:
         path = Path(directory) / TOKENIZER_FILE
-        _atomic_write(path, self.to_json())
+        atomic_text(path, self.to_json())
         return path
 
 
@@ -329,7 +321,7 @@ def fit_tokenizer(kind: str, text: str, *, vocab_size: int | None = None):
     return _cached(f"bpe-{_key(kind, str(vocab_size), text)}.json",
                    lambda: train_tokenizer(kind, text, vocab_size=vocab_size),
                    lambda p: tokenizer_from_json(p.read_text(encoding="utf-8")),
-                   lambda tok, p: _atomic_write(p, tok.to_json()))
+                   lambda tok, p: atomic_text(p, tok.to_json()))
 
 
 def encode_corpus(tokenizer, text: str) -> Tensor:
@@ -346,7 +338,7 @@ def encode_corpus(tokenizer, text: str) -> Tensor:
     def save(ids: Tensor, path: Path) -> None:
         from safetensors.torch import save as st_save
 
-        _atomic_bytes(path, st_save({"ids": ids.to(torch.int32)}))
+        atomic_write(path, st_save({"ids": ids.to(torch.int32)}))
 
     return _cached(f"ids-{_key(tokenizer.to_json(), text)}.safetensors", lambda: tokenizer.encode_tensor(text),
                    load, save)

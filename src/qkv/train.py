@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checkpoint as ckpt
+from .fileio import atomic_via
 from .data import Corpus, encode_corpus, fit_tokenizer, load_corpus, load_tokenizer, tokenizer_from_json
 from .models import GPT, PRESETS, ModelConfig
 
@@ -299,7 +300,7 @@ def _clear_out(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices (weights, embeddings), none on biases and norm gains."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -360,7 +361,7 @@ def plot_losses(path: Path, records: list[dict], summary: dict | None = None) ->
     b.set(xlabel="step", ylabel="bits per character", title="validation bits per character")
     b.legend()
     fig.tight_layout()
-    ckpt._atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -494,7 +495,7 @@ def _train(cfg, corpus, tokenizer, stop_at, rank, world, local_rank) -> TrainRes
     # Model, optimizer, RNG: from the seed, or from the checkpoint.
     torch.manual_seed(cfg.seed)
     model = GPT(mconf).to(device)
-    opt = _optimizer(model, cfg, device)
+    opt = build_optimizer(model, cfg, device)
     batch_gen = torch.Generator().manual_seed(cfg.seed)
     step, elapsed, train_time, running = 0, 0.0, 0.0, [0.0, 0]
     records: list[dict] = []

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_write
+from ..fileio import atomic_write
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 MAX_TOKENS = 512  # the page draws T×T matrices; beyond this they are unreadable anyway

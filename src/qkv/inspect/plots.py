@@ -22,7 +22,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_write
+from ..fileio import atomic_write
 from ..positional import SinusoidalPositionalEncoding
 from . import claims
 

@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_json, atomic_write
+from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
-from ..train import TrainConfig, _optimizer, _resolve_device, lr_at
+from ..train import TrainConfig, build_optimizer, lr_at
+from ..runtime import resolve_device
 from .pe import SCHEMES, machine, threads
 
 TASKS = ("reverse", "shift")
@@ -125,7 +126,7 @@ def accuracy(model: nn.Module, ids: Tensor, targets: Tensor, *, batch_size: int 
 
 def train_one(cfg: OrderStudyConfig, task: str, scheme: str, test: Tensor) -> tuple[float, float]:
     """Train an OrderModel on ``task`` with positional scheme ``scheme``; (test accuracy, last training loss)."""
-    device = _resolve_device(cfg.device, 0)
+    device = resolve_device(cfg.device)
     mconf = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, num_heads=cfg.num_heads,
                         num_layers=cfg.num_layers, max_len=cfg.seq_len, positional=scheme, bias=False,
                         scale_embeddings=True)  # as in study pe: sinusoids must not drown the tokens
@@ -133,7 +134,7 @@ def train_one(cfg: OrderStudyConfig, task: str, scheme: str, test: Tensor) -> tu
     model = OrderModel(mconf).to(device)
     # The training issue's optimizer (AdamW, decay on matrices only) and warmup + cosine schedule.
     tc = TrainConfig(model=mconf, lr=cfg.lr, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps)
-    opt = _optimizer(model, tc, device)
+    opt = build_optimizer(model, tc, device)
     gen = torch.Generator().manual_seed(cfg.seed)  # the same batches for every scheme
     model.train()
     for step in range(cfg.steps):

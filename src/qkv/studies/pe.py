@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checkpoint import _atomic_via, atomic_json, atomic_write
+from ..fileio import atomic_json, atomic_via, atomic_write
 from ..data import load_corpus, train_tokenizer
 from ..models import POSITIONAL, ModelConfig
 from ..train import LN2, TrainConfig, cpu_threads, train
@@ -388,6 +388,6 @@ def plot(result: PEStudyResult, path: Path) -> Path:
     b.set(xlabel="position in the window", ylabel="bits per character", title=f"loss per position, windows of {lengths[-1]}")
     b.legend(fontsize=8)
     fig.tight_layout()
-    _atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
     plt.close(fig)
     return path

@@ -1,0 +1,84 @@
+"""Where work runs: the device, the CPU thread count, a description of the machine, output folders.
+
+One place for each: training, sampling, the claims and the studies all call these.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+
+def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a torch.device; ValueError for CUDA on a machine without it."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: CUDA is not available on this machine (use --device cpu or auto)")
+        if name == "cuda":
+            name = f"cuda:{local_rank}"
+    elif name != "cpu":
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    return torch.device(name)
+
+
+def cpu_threads() -> int:
+    """Threads for CPU work: the cores that other processes leave free (at least one).
+
+    On a busy machine OpenMP's threads wait on each other at every operation: two threads on two
+    cores shared with other jobs ran 10x slower than one thread here. OMP_NUM_THREADS wins if set.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cores, round(cores - busy)))
+
+
+@contextmanager
+def fixed_threads(n: int | None = None) -> Iterator[int]:
+    """Run on ``n`` intra-op CPU threads (None: ``cpu_threads()``), restoring the caller's count after."""
+    before = torch.get_num_threads()
+    n = n or cpu_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def machine() -> str:
+    """A one-line description of where a measurement ran."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    return (f"{dev}; {cpu}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads; "
+            f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
+
+
+def prepare_output_dir(out: str | os.PathLike | None, outputs: Iterable[str], *, overwrite: bool,
+                       what: str = "results") -> Path | None:
+    """Check (and create) a folder for a command's ``outputs`` before any work: refuse a file in its
+    place, and a folder that already holds some of them unless ``overwrite``."""
+    if out is None:
+        return None
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    taken = sorted(name for name in outputs if (out / name).exists())
+    if taken and not overwrite:
+        raise ValueError(f"{out} already holds {what} ({', '.join(taken[:3])}); "
+                         "pass --overwrite to replace them or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
