@@ -4,6 +4,7 @@ attention  (a) MHA forward and forward+backward vs nn.MultiheadAttention and a n
 memory     (b) peak memory of one attention forward, fused vs reference path
 generation (c) greedy tokens/s with / without the KV cache vs Hugging Face generate
 training   (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
+complexity (e) time and memory against n, fitted exponents: reference, fused, flash, linear attention
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import importlib
 import time
 
-SECTIONS = ["attention", "memory", "generation", "train_speed"]
+SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity"]
 
 
 def main(argv=None) -> int:

@@ -19,12 +19,21 @@ from .common import machine_info, table
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 H, D = 8, 64
 LIMIT_GB = 8.0  # the reference path is skipped where its n×n scores alone would pass this
+CALLS = {  # path -> the call measured on q, k, v of shape (1, H, n, D)
+    "fused": "qkv.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    "reference": "qkv.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)",
+    "flash": "qkv.flash_attention(q, k, v, is_causal=True)",
+    "linear": "qkv.linear_attention(q, k, v, is_causal=True)",
+}
 
 
 def measure(n: int, path: str) -> float:
-    """Peak extra memory in MB of one forward at length n on the given path, in a fresh process."""
+    """Peak extra memory in MB of one forward at length n on the given path (a key of CALLS), in a fresh process."""
+    if path not in CALLS:
+        raise ValueError(f"path must be one of {sorted(CALLS)}, got {path!r}")
     code = f"""
 import json, torch, qkv
+attend = lambda q, k, v: {CALLS[path]}
 
 def status(key):  # kB figures of /proc/self/status
     for line in open("/proc/self/status"):
@@ -34,15 +43,14 @@ cuda = torch.cuda.is_available()
 dev = "cuda" if cuda else "cpu"
 q, k, v = (torch.randn(1, {H}, {n}, {D}, device=dev) for _ in range(3))
 with torch.inference_mode():
-    qkv.scaled_dot_product_attention(q[..., :8, :], k[..., :8, :], v[..., :8, :], is_causal=True,
-                                     return_weights={path == "reference"})  # warm up kernels and libraries
+    attend(q[..., :8, :], k[..., :8, :], v[..., :8, :])  # warm up kernels and libraries
     if cuda:
         torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the high-water mark to the current resident set
         base = status("VmRSS")
-    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights={path == "reference"})
+    out = attend(q, k, v)
     if cuda:
         torch.cuda.synchronize(); peak = torch.cuda.max_memory_allocated()
     else:

@@ -11,6 +11,9 @@ Causal (eq. 10–12): query i sums over the keys it may see only, so both sums b
 
     s_j = s_{j−1} + φ(k_j) v_jᵀ,    z_j = z_{j−1} + φ(k_j),    out_i = φ(q_i)ᵀ s / (φ(q_i)ᵀ z + eps)
 
+Here the running sums are kept for every key at once (a cumulative sum): O(n·D·Dv) memory,
+linear in n but D·Dv floats per position; a loop carrying one state would need only O(D·Dv).
+
 This is another attention, not a faster softmax: its outputs differ from
 ``qkv.scaled_dot_product_attention``. There is no 1/√D scale (the paper has none); ``eps``
 keeps the division finite, as in the paper's code.
