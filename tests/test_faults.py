@@ -36,26 +36,28 @@ if point.startswith("step:"):  # before the optimizer step numbered N (1-based)
         return real(*a, **k)
     tr.train_step = step
 elif point == "between-files":  # 2nd checkpoint: model.safetensors renamed, train_state.pt not yet written
-    real, calls = ckpt.save_train_state, [0]
+    real, calls = ckpt.RunDir.save_state, [0]
     def save(*a, **k):
         calls[0] += 1
         if calls[0] == 2:
             die()
         return real(*a, **k)
-    ckpt.save_train_state = save
-elif point == "mid-write":  # 2nd checkpoint: the temporary file half written, never renamed
-    real, calls = ckpt._atomic_via, [0]
-    def via(path, write):
-        calls[0] += 1
-        if calls[0] == 3:  # calls 1-2: the first checkpoint's two files
-            def half(tmp):
-                write(tmp)
-                with open(tmp, "r+b") as f:
-                    f.truncate(os.path.getsize(tmp) // 2)
-                die()
-            return real(path, half)
-        return real(path, write)
-    ckpt._atomic_via = via
+    ckpt.RunDir.save_state = save
+elif point == "mid-write":  # 2nd checkpoint: train_state.pt's temporary file half written, never renamed
+    import contextlib
+    from qkv import fileio
+    real, calls = fileio.atomic_path, [0]
+    @contextlib.contextmanager
+    def path(target):
+        with real(target) as tmp:
+            yield tmp
+            if os.path.basename(target) == "train_state.pt":
+                calls[0] += 1
+                if calls[0] == 2:
+                    with open(tmp, "r+b") as f:
+                        f.truncate(os.path.getsize(tmp) // 2)
+                    die()
+    fileio.atomic_path = path
 sys.exit(main(argv))
 """
 

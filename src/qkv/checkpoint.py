@@ -1,46 +1,223 @@
-"""Runs on disk: save and load model, config, tokenizer and training state.
+"""The run directory: one object owns its layout, its writes and its lock.
 
 A run directory holds::
 
     config.json         the ModelConfig
-    model.safetensors   the weights (safetensors: no code runs when it is read)
+    model.safetensors   the weights (safetensors: no code runs when it is read); its metadata
+                        names the architecture (GPT, Encoder, Transformer), the step and a SHA-256
     tokenizer.json      the tokenizer (qkv.data)
     train_config.json   how it was trained            (training only)
     train_state.pt      optimizer + RNG state, step  (training only; read with weights_only=True)
     metrics.jsonl, summary.json, loss.png
+    .lock               held (flock) by the one process that writes the run
 
-Every file is written atomically: to a temporary file in the same directory, then renamed
-over the old one, so a crash leaves either the old file or the new one, never half of one.
+Every file is written atomically (``qkv.fileio``): a crash, a kill or a full disk leaves either
+the old file or the new one. One writer at a time: ``RunDir.lock()`` takes an exclusive OS lock
+that dies with its process, even under SIGKILL.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
 
 from .fileio import atomic_json, atomic_via, atomic_write  # noqa: F401  (atomic_write: re-exported)
-from .models import GPT, ModelConfig
+from .models import GPT, Encoder, ModelConfig, Transformer
 
-CONFIG_FILE, WEIGHTS_FILE, STATE_FILE = "config.json", "model.safetensors", "train_state.pt"
-RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json")
+ARCHITECTURES: dict[str, type[nn.Module]] = {"GPT": GPT, "Encoder": Encoder, "Transformer": Transformer}
 
 
-def save_model(directory: str | os.PathLike, model: GPT, tokenizer, *, step: int = 0) -> None:
-    """Write config.json, model.safetensors and tokenizer.json (each atomically)."""
-    from safetensors.torch import save_model as st_save
+class RunLocked(ValueError):
+    """Another process is writing this run directory."""
 
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    atomic_json(d / CONFIG_FILE, model.config.to_dict())
-    # save_model handles the tied embedding / LM-head weight (stored once).
-    meta = {"format": "pt", "step": str(step), "sha256": state_digest(model)}
-    atomic_via(d / WEIGHTS_FILE, lambda tmp: st_save(model, tmp, metadata=meta))
-    tokenizer.save(d)
+
+class RunDir:
+    """The layout of one run on disk: its file names, atomic writes, loading and the writer's lock."""
+
+    CONFIG = "config.json"
+    WEIGHTS = "model.safetensors"
+    TOKENIZER = "tokenizer.json"
+    TRAIN_CONFIG = "train_config.json"
+    STATE = "train_state.pt"
+    METRICS = "metrics.jsonl"
+    SUMMARY = "summary.json"
+    LOSS_PLOT = "loss.png"
+    LOCK = ".lock"
+    MODEL_FILES = (CONFIG, WEIGHTS, TOKENIZER)  # what inference needs
+    OUTPUTS = (*MODEL_FILES, TRAIN_CONFIG, STATE, METRICS, SUMMARY, LOSS_PLOT)  # what training writes
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # --- what is there ---------------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return (self.path / name).is_file()
+
+    def is_empty(self) -> bool:
+        return not self.path.is_dir() or not any(p.name != self.LOCK for p in self.path.iterdir())
+
+    def check(self) -> "RunDir":
+        """Self, if it holds a model; ValueError naming what is missing otherwise."""
+        if not self.path.is_dir():
+            raise ValueError(f"{self.path} is not a qkv run: no such directory")
+        missing = [f for f in self.MODEL_FILES if not self.has(f)]
+        if missing:
+            raise ValueError(f"{self.path} is not a qkv run: missing {', '.join(missing)}")
+        return self
+
+    def clear(self) -> None:
+        """--overwrite: remove the files a run writes (and only those)."""
+        for name in self.OUTPUTS:
+            (self.path / name).unlink(missing_ok=True)
+
+    # --- one writer ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator["RunDir"]:
+        """Hold the run's exclusive write lock; RunLocked names the process that holds it.
+
+        The lock file is removed on release; after a SIGKILL it stays, unlocked, and is reused.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = self._acquire(self.path / self.LOCK)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield self
+        finally:
+            (self.path / self.LOCK).unlink(missing_ok=True)  # while still held: no one can have it half-way
+            os.close(fd)  # closing releases the lock; the kernel does it too if the process dies
+
+    def _acquire(self, path: Path) -> int:
+        import fcntl
+
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunLocked(f"{self.path} is being written by process {holder}: one writer at a time "
+                                    "(wait for it to finish, or choose another --out)") from None
+                raise
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd  # not removed by a releasing holder between our open and our flock
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    # --- model -------------------------------------------------------------------------------
+    def save_model(self, model: nn.Module, tokenizer, *, step: int = 0) -> None:
+        """config.json, model.safetensors and tokenizer.json, each atomically."""
+        from safetensors.torch import save_model as st_save
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_json(self / self.CONFIG, model.config.to_dict())
+        meta = {"format": "pt", "step": str(step), "sha256": state_digest(model),
+                "architecture": type(model).__name__}
+        atomic_via(self / self.WEIGHTS, lambda tmp: st_save(model, str(tmp), metadata=meta))  # ties stored once
+        tokenizer.save(self.path)
+
+    def weights_metadata(self) -> dict:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self / self.WEIGHTS), framework="pt") as f:
+                return f.metadata() or {}
+        except Exception as e:  # noqa: BLE001 - SafetensorError for a damaged header, OSError
+            raise ValueError(f"{self / self.WEIGHTS} is corrupt or truncated "
+                             f"({str(e).strip()[:200] or type(e).__name__})") from None
+
+    def architecture(self) -> type[nn.Module]:
+        name = self.weights_metadata().get("architecture", "GPT")  # runs from before the field: GPT
+        if name not in ARCHITECTURES:
+            raise ValueError(f"{self / self.WEIGHTS} names an unknown architecture {name!r}; "
+                             f"expected one of {sorted(ARCHITECTURES)}")
+        return ARCHITECTURES[name]
+
+    def read_config(self) -> ModelConfig:
+        path = self / self.CONFIG
+        try:
+            return ModelConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path} is not a valid qkv model config: {e}") from None
+
+    def load(self, *, device: str | torch.device = "cpu") -> "Run":
+        """The trained model (eval mode) and tokenizer; ValueError for anything corrupt or mismatched."""
+        from .data import load_tokenizer
+
+        self.check()
+        config = self.read_config()
+        tokenizer = load_tokenizer(self.path)
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(f"{self.path}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
+                             f"vocab_size={config.vocab_size}")
+        cls = self.architecture()
+        check_shapes(self / self.WEIGHTS, config, cls)  # before allocating: config.json may ask for absurd sizes
+        model = cls(config).to(device)
+        load_weights(model, self.path, device=device)
+        return Run(model=model.eval(), tokenizer=tokenizer, config=config, path=self.path)
+
+    # --- training --------------------------------------------------------------------------
+    def save_state(self, state: dict) -> None:
+        """Optimizer state, RNG states and counters; only tensors and plain Python values.
+
+        Serialised in memory first, so a full disk fails at the write (ENOSPC), never mid-archive.
+        """
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write(self / self.STATE, buf.getvalue())
+
+    def load_state(self) -> dict:
+        path = self / self.STATE
+        if not path.is_file():
+            raise ValueError(f"{self.path} has no {self.STATE}: it cannot be resumed")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle arbitrary objects
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
+            raise ValueError(f"{path} is corrupt or truncated ({type(e).__name__})") from None
+
+    def read_json(self, name: str) -> dict | None:
+        path = self / name
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is corrupt: {e}") from None
+
+    def write_json(self, name: str, obj) -> None:
+        atomic_json(self / name, obj)
+
+    def read_metrics(self, upto: int) -> list[dict]:
+        path = self / self.METRICS
+        if not path.is_file():
+            return []
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [r for r in records if r["step"] <= upto]
+
+    def write_metrics(self, records: list[dict]) -> None:
+        atomic_write(self / self.METRICS, "".join(json.dumps(r) + "\n" for r in records).encode())
 
 
 def state_digest(model: nn.Module) -> str:
@@ -53,7 +230,7 @@ def state_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _check_shapes(path: Path, model_config: ModelConfig) -> None:
+def check_shapes(path: Path, model_config: ModelConfig, cls: type[nn.Module] = GPT) -> None:
     """Compare the file's header with the model config on the meta device, before allocating anything:
     a config.json that asks for a huge model fails here unless the file really holds those weights."""
     from safetensors import safe_open
@@ -69,7 +246,7 @@ def _check_shapes(path: Path, model_config: ModelConfig) -> None:
         raise ValueError(f"{path} does not match config.json: the config describes at least {at_least:,} parameters, "
                          f"the file holds {path.stat().st_size:,} bytes")
     with torch.device("meta"):
-        skeleton = GPT(model_config)
+        skeleton = cls(model_config)
     expected = skeleton.state_dict(keep_vars=True)
     stored = {id(expected[k]) for k in found if k in expected}  # a tied weight is stored under one name
     missing = sorted(k for k, t in expected.items() if k not in found and id(t) not in stored)
@@ -81,55 +258,11 @@ def _check_shapes(path: Path, model_config: ModelConfig) -> None:
                          f"wrong shapes {wrong[:3]}")
 
 
-def save_train_state(directory: str | os.PathLike, state: dict) -> None:
-    """Optimizer state, RNG states and counters; only tensors and plain Python values."""
-    atomic_via(Path(directory) / STATE_FILE, lambda tmp: torch.save(state, tmp))
-
-
-def load_train_state(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / STATE_FILE
-    if not path.is_file():
-        raise ValueError(f"{directory} has no {STATE_FILE}: it cannot be resumed")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle arbitrary objects
-    except Exception as e:  # noqa: BLE001 - torch raises many types for a damaged file
-        raise ValueError(f"{path} is corrupt or truncated ({type(e).__name__})") from None
-
-
-def weights_step(directory: str | os.PathLike) -> int:
-    """The training step recorded in model.safetensors' metadata."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(directory) / WEIGHTS_FILE), framework="pt") as f:
-        return int((f.metadata() or {}).get("step", 0))
-
-
-def read_config(directory: str | os.PathLike) -> ModelConfig:
-    path = Path(directory) / CONFIG_FILE
-    try:
-        return ModelConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path} is not a valid qkv model config: {e}") from None
-
-
-def check_run_dir(directory: str | os.PathLike) -> Path:
-    """The directory, if it holds a qkv run; ValueError naming what is missing otherwise."""
-    d = Path(directory)
-    if not d.is_dir():
-        raise ValueError(f"{d} is not a qkv run: no such directory")
-    missing = [f for f in RUN_FILES if not (d / f).is_file()]
-    if missing:
-        raise ValueError(f"{d} is not a qkv run: missing {', '.join(missing)}")
-    return d
-
-
 def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu") -> None:
     """Fill ``model`` from model.safetensors; ValueError for a corrupt file or mismatched shapes."""
     from safetensors.torch import load_model as st_load
 
-    path = Path(directory) / WEIGHTS_FILE
+    path = Path(directory) / RunDir.WEIGHTS
     try:
         missing, unexpected = st_load(model, str(path), strict=False, device=str(device))
     except Exception as e:  # noqa: BLE001 - SafetensorError, RuntimeError (shapes), OSError
@@ -138,10 +271,7 @@ def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu"
     if missing or unexpected:
         raise ValueError(f"{path} does not match config.json: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        digest = (f.metadata() or {}).get("sha256")
+    digest = RunDir(directory).weights_metadata().get("sha256")
     if digest is not None and digest != state_digest(model):
         raise ValueError(f"{path} is corrupt: its weights do not match the checksum saved with them")
 
@@ -150,7 +280,7 @@ def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu"
 class Run:
     """A trained model loaded from a run directory."""
 
-    model: GPT  # in eval mode
+    model: nn.Module  # GPT, Encoder or Transformer, in eval mode
     tokenizer: object  # qkv.data.CharTokenizer or BPETokenizer
     config: ModelConfig
     path: Path
@@ -164,51 +294,38 @@ class Run:
                              top_k=top_k, top_p=top_p, seed=seed)
 
 
+# --- the functions of earlier releases, kept: each is one RunDir method ----------------------
+CONFIG_FILE, WEIGHTS_FILE, STATE_FILE = RunDir.CONFIG, RunDir.WEIGHTS, RunDir.STATE
+RUN_FILES = RunDir.MODEL_FILES
+
+
+def save_model(directory: str | os.PathLike, model: nn.Module, tokenizer, *, step: int = 0) -> None:
+    RunDir(directory).save_model(model, tokenizer, step=step)
+
+
+def save_train_state(directory: str | os.PathLike, state: dict) -> None:
+    RunDir(directory).save_state(state)
+
+
+def load_train_state(directory: str | os.PathLike) -> dict:
+    return RunDir(directory).load_state()
+
+
+def weights_step(directory: str | os.PathLike) -> int:
+    """The training step recorded in model.safetensors' metadata."""
+    return int(RunDir(directory).weights_metadata().get("step", 0))
+
+
+def read_config(directory: str | os.PathLike) -> ModelConfig:
+    return RunDir(directory).read_config()
+
+
+def check_run_dir(directory: str | os.PathLike) -> Path:
+    """The directory, if it holds a qkv run; ValueError naming what is missing otherwise."""
+    return RunDir(directory).check().path
+
+
 def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Run:
-    """Load a run directory (``qkv train``'s output) for inference.
-
-    Raises ValueError with a clear message for a directory that is not a qkv run, or whose
-    config, weights or tokenizer are corrupt or truncated.
-    """
-    from .data import load_tokenizer
-
-    d = check_run_dir(path)
-    config = read_config(d)
-    tokenizer = load_tokenizer(d)
-    if tokenizer.vocab_size != config.vocab_size:
-        raise ValueError(f"{d}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
-                         f"vocab_size={config.vocab_size}")
-    _check_shapes(d / WEIGHTS_FILE, config)  # before allocating: config.json may ask for absurd sizes
-    model = GPT(config).to(device)  # random init is cheap at these sizes and builds every buffer
-    load_weights(model, d, device=device)
-    return Run(model=model.eval(), tokenizer=tokenizer, config=config, path=d)
-
-
-
-def run_info(path: str | os.PathLike) -> dict:
-    """What ``qkv info`` shows: model, tokenizer, training progress and results of a run."""
-    run = load_run(path)
-    c = run.config
-    info = {
-        "run": str(run.path),
-        "model": f"GPT, {run.model.num_parameters() / 1e6:.3f} M parameters: d_model={c.d_model}, "
-                 f"num_heads={c.num_heads}, num_layers={c.num_layers}, d_ff={c.ff_width}, max_len={c.max_len}, "
-                 f"positional={c.positional}, norm_first={c.norm_first}, activation={c.activation}",
-        "tokenizer": f"{run.tokenizer.kind}, {run.tokenizer.vocab_size} tokens",
-        "step": weights_step(run.path),
-    }
-    tc = run.path / "train_config.json"
-    if tc.is_file():
-        t = json.loads(tc.read_text(encoding="utf-8"))
-        info["data"] = t.get("data") or "Python standard library (embedded corpus)"
-        info["training"] = (f"batch_size={t.get('batch_size')}, lr={t.get('lr')}, seed={t.get('seed')}, "
-                            f"budget: steps={t.get('max_steps')}, minutes={t.get('max_minutes')}, "
-                            f"tokens={t.get('max_tokens')}")
-    summary = run.path / "summary.json"
-    if summary.is_file():
-        s = json.loads(summary.read_text(encoding="utf-8"))
-        info["val_bpc"] = (f"{s['val_bpc']:.4f} (gzip -9 {s['gzip_bpc']:.4f}, xz -9e {s['xz_bpc']:.4f}) "
-                           f"after {s['steps']} steps, {s['tokens_per_s']:.0f} tokens/s")
-    else:
-        info["status"] = "unfinished (continue with qkv train --resume --out RUN)"
-    return info
+    """Load a run directory (``qkv train``'s output) for inference; ValueError with a clear message for
+    a directory that is not a qkv run, or whose config, weights or tokenizer are corrupt or truncated."""
+    return RunDir(path).load(device=device)

@@ -64,8 +64,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if not isinstance(e, DiskFullError) and isinstance(e, Exception) and _is_disk_full(e, path.parent):
+        full = isinstance(e, Exception) and not isinstance(e, DiskFullError) and _is_disk_full(e, path.parent)
+        Path(tmp).unlink(missing_ok=True)  # after the check: removing it frees the space
+        if full:
             raise DiskFullError(path) from None
         raise
 
