@@ -47,7 +47,7 @@ def test_rope_preserves_norm_and_depends_on_relative_position():
     rope = qkv.RotaryEmbedding(8)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
     def score(m, n):
-        return (rope(q, offset=m) * rope(k, offset=n)).sum().item()
+        return (rope(q, m) * rope(k, n)).sum().item()
     assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-5)
     assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-3)
     x = torch.randn(2, 3, 5, 8)
@@ -55,12 +55,36 @@ def test_rope_preserves_norm_and_depends_on_relative_position():
     torch.testing.assert_close(rope(x)[..., 0, :], x[..., 0, :])  # position 0 is the identity
 
 
-def test_rope_offset_equals_slice_of_full():
+def test_rope_positions_equal_slice_of_full():
     rope = qkv.RotaryEmbedding(8)
-    x = torch.randn(1, 2, 6, 8)
-    torch.testing.assert_close(rope(x[:, :, 4:], offset=4), rope(x)[:, :, 4:])
-    pos = torch.tensor([[4, 5]])
-    torch.testing.assert_close(rope(x[:, :, 4:], offset=pos), rope(x)[:, :, 4:])
+    x = torch.randn(2, 2, 6, 8)
+    want = rope(x)[:, :, 4:]
+    for positions in (4, torch.tensor(4), torch.tensor([4, 5]), torch.tensor([[4, 5], [4, 5]])):
+        torch.testing.assert_close(rope(x[:, :, 4:], positions=positions), want)
+    per_row = rope(x[:, :, 4:], torch.tensor([[4, 5], [0, 1]]))  # (B, T): each row its own positions
+    torch.testing.assert_close(per_row[0], want[0])
+    torch.testing.assert_close(per_row[1], rope(x[1:, :, 4:])[0])  # positions 0, 1
+
+
+def test_rope_bad_positions_are_refused():
+    rope, x = qkv.RotaryEmbedding(8), torch.randn(2, 1, 3, 8)
+    with pytest.raises(ValueError, match=r"\(T=3,\) or \(B=2, T=3\), got \(4,\)"):
+        rope(x, torch.arange(4))
+    with pytest.raises(TypeError, match="integer"):
+        rope(x, torch.zeros(3))
+
+
+def test_old_position_keywords_still_work_with_a_deprecation_warning():
+    rope, alibi = qkv.RotaryEmbedding(8), qkv.ALiBi(2)
+    x = torch.randn(1, 2, 3, 8)
+    with pytest.warns(DeprecationWarning, match="offset= is deprecated.*positions="):
+        old = rope(x, offset=5)
+    torch.testing.assert_close(old, rope(x, positions=5))
+    with pytest.warns(DeprecationWarning, match="q_positions= is deprecated.*positions="):
+        old = alibi(2, 6, q_positions=torch.tensor([1, 4]))
+    torch.testing.assert_close(old, alibi(2, 6, positions=torch.tensor([1, 4])))
+    with pytest.raises(TypeError, match="both"):
+        rope(x, 1, offset=1)
 
 
 def test_rope_interleaved_equals_half_split_after_permuting_features():
@@ -93,3 +117,9 @@ def test_alibi_bias_is_bottom_right_aligned():
     # query 1 is at key position 3: distances 3, 2, 1, 0
     assert bias[0, 1].tolist() == pytest.approx([-3 * m, -2 * m, -m, 0])
     torch.testing.assert_close(alibi(4, 4)[:, 2:], bias)
+    # explicit positions on the key axis (a static cache of capacity 6): query 1 at key 3 again
+    static = alibi(2, 6, positions=torch.tensor([2, 3]))
+    torch.testing.assert_close(static[..., :4], bias)
+    assert static[0, 1].tolist() == pytest.approx([-3 * m, -2 * m, -m, 0, -m, -2 * m])
+    with pytest.raises(ValueError, match=r"\(L=2,\)"):
+        alibi(2, 6, positions=torch.tensor([1, 2, 3]))

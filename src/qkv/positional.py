@@ -4,16 +4,21 @@ Self-attention is permutation-equivariant (permute the input rows and the output
 permute the same way), so order must be injected.
 
 Shapes: B batch, T length, C model width, H heads, D head width, L/S query/key length.
+Positions: ``positions`` is always a token's absolute position, an integer tensor (T,) or (B, T)
+(where an int is accepted, each docstring says what it means). Static-KV-cache *slots* are
+``input_pos`` (see ``qkv.kv_cache``), a different thing.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor, nn
 
 
-def _positions(positions: Tensor | int, device=None) -> Tensor:
+def _range_if_length(positions: Tensor | int, device=None) -> Tensor:
+    """An int T means positions 0 … T−1; an integer tensor passes through."""
     if isinstance(positions, int):
         return torch.arange(positions, device=device)
     if not isinstance(positions, Tensor) or positions.is_floating_point():
@@ -21,11 +26,23 @@ def _positions(positions: Tensor | int, device=None) -> Tensor:
     return positions
 
 
+def _renamed(old: str, old_value, new: str, new_value):
+    """The value of a keyword renamed from ``old`` to ``new``; ``old`` still works for one release, with a warning."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise TypeError(f"pass {new}= only ({old}= is its deprecated name), got both")
+    # stacklevel 5 names the caller's line: caller → Module.__call__ → _call_impl → forward → here
+    warnings.warn(f"{old}= is deprecated (removed in the next release); pass {new}= instead",
+                  DeprecationWarning, stacklevel=5)
+    return old_value
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """PE(pos, 2i) = sin(pos / base^(2i/C)), PE(pos, 2i+1) = cos(pos / base^(2i/C)) (Vaswani et al. §3.5).
 
     Fixed, defined for every position. ``forward(positions)`` takes integer positions of any
-    shape (…) — or a length T, meaning 0 … T−1 — and returns (…, C) to add to embeddings.
+    shape (…), or an int length T meaning 0 … T−1, and returns (…, C) to add to embeddings.
     """
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
@@ -40,14 +57,17 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (C/2,)
 
     def forward(self, positions: Tensor | int) -> Tensor:
-        pos = _positions(positions, self.inv_freq.device).float()
+        pos = _range_if_length(positions, self.inv_freq.device).float()
         angles = pos.unsqueeze(-1) * self.inv_freq  # (…, C/2)
         pe = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (…, C/2, 2): sin on even dims, cos on odd
         return pe.flatten(-2)  # (…, C)
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """One trained vector per position 0 … max_len − 1 (BERT, GPT-2); none beyond."""
+    """One trained vector per position 0 … max_len − 1 (BERT, GPT-2); none beyond.
+
+    ``forward(positions)``: integer positions of any shape (…), or an int length T (0 … T−1) -> (…, C).
+    """
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
@@ -59,7 +79,7 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, positions: Tensor | int) -> Tensor:
-        pos = _positions(positions, self.weight.device)
+        pos = _range_if_length(positions, self.weight.device)
         if pos.numel() and not torch.compiler.is_compiling():
             low, top = (int(v) for v in torch.aminmax(pos))
             if top >= self.max_len:
@@ -77,7 +97,7 @@ class RotaryEmbedding(nn.Module):
 
     θ_i = base^(−2i/D). Layouts: half-split (default; LLaMA, GPT-NeoX: pairs (x_i, x_{i+D/2}))
     or interleaved (RoFormer, GPT-J: pairs (x_{2i}, x_{2i+1})). Scores then depend on
-    positions only through their difference. ``offset`` shifts positions for cached decoding.
+    positions only through their difference.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False) -> None:
@@ -93,20 +113,18 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (…, D/2)
         return freqs.cos(), freqs.sin()
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """x (B, H, T, D) -> rotated (B, H, T, D); position of row t is offset + t.
+    def forward(self, x: Tensor, positions: Tensor | int | None = None, *, offset: int | Tensor | None = None
+                ) -> Tensor:
+        """x (B, H, T, D) -> rotated (B, H, T, D).
 
-        ``offset`` may also be explicit positions: a (T,) or (B, T) integer tensor.
+        ``positions``: each row's position, an integer tensor (T,) or (B, T); or an int p, the
+        first position (rows at p … p+T−1; cached decoding). None: 0 … T−1. ``offset`` is the
+        deprecated name of ``positions``.
         """
-        if x.dim() != 4 or x.size(-1) != self.head_dim:
-            raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {tuple(x.shape)}")
-        T = x.size(-2)
-        if isinstance(offset, Tensor) and offset.dim() == 2:
-            pos = offset[:, None, :]  # (B, T) -> (B, 1, T)
-        elif isinstance(offset, Tensor) and offset.dim() == 1:
-            pos = offset  # (T,)
-        else:
-            pos = torch.arange(T, device=x.device) + offset  # (T,)
+        if not isinstance(x, Tensor) or x.dim() != 4 or x.size(-1) != self.head_dim:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {shape}")
+        pos = self._row_positions(_renamed("offset", offset, "positions", positions), x)
         cos, sin = self.angles(pos)  # (…, T, D/2)
         xf = x.float()
         if self.interleaved:
@@ -116,6 +134,20 @@ class RotaryEmbedding(nn.Module):
             x1, x2 = xf.chunk(2, dim=-1)  # (B, H, T, D/2) each
             out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return out.to(x.dtype)
+
+    @staticmethod
+    def _row_positions(positions: Tensor | int | None, x: Tensor) -> Tensor:
+        """The positions of x's rows, (T,) or (B, 1, T), broadcastable against x (B, H, T, D)."""
+        B, T = x.size(0), x.size(-2)
+        if isinstance(positions, Tensor) and (positions.is_floating_point() or positions.is_complex()):
+            raise TypeError(f"positions must be an int or an integer Tensor, got dtype {positions.dtype}")
+        if positions is None or isinstance(positions, int) or (isinstance(positions, Tensor) and positions.dim() == 0):
+            return torch.arange(T, device=x.device) + (0 if positions is None else positions)  # (T,)
+        if not isinstance(positions, Tensor):
+            raise TypeError(f"positions must be an int or an integer Tensor, got {type(positions).__name__}")
+        if positions.shape not in ((T,), (B, T), (1, T)):
+            raise ValueError(f"positions must be (T={T},) or (B={B}, T={T}), got {tuple(positions.shape)}")
+        return positions[:, None, :] if positions.dim() == 2 else positions  # (B, T) -> (B, 1, T)
 
 
 class ALiBi(nn.Module):
@@ -145,14 +177,21 @@ class ALiBi(nn.Module):
         lower = 2 ** math.floor(math.log2(n))
         return power_of_two(lower) + power_of_two(2 * lower)[0::2][: n - lower]
 
-    def forward(self, q_len: int, k_len: int, *, q_positions: Tensor | None = None) -> Tensor:
-        """Bias (H, L, S): −m_h · |i' − j| with i' = i + S − L (the query's key position).
+    def forward(self, q_len: int, k_len: int, *, positions: Tensor | None = None,
+                q_positions: Tensor | None = None) -> Tensor:
+        """Bias (H, L, S): −m_h · |i' − j|, where key j sits at position j and query i at i'.
 
-        ``q_positions`` (L,) gives i' explicitly (a static KV cache, where S is the capacity).
+        ``positions`` (L,): the queries' positions i' on that key axis (a static KV cache, where
+        S is the capacity, passes its slots). None: bottom-right, i' = i + S − L.
+        ``q_positions`` is the deprecated name of ``positions``.
         """
-        if q_positions is None:
-            q_positions = torch.arange(q_len, device=self.slopes.device) + (k_len - q_len)
-        i = q_positions[:, None]  # (L, 1)
+        positions = _renamed("q_positions", q_positions, "positions", positions)
+        if positions is None:
+            positions = torch.arange(q_len, device=self.slopes.device) + (k_len - q_len)  # (L,)
+        elif not isinstance(positions, Tensor) or positions.shape != (q_len,) or positions.is_floating_point():
+            got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else positions
+            raise ValueError(f"positions must be an integer tensor (L={q_len},), got {got}")
+        i = positions[:, None]  # (L, 1)
         j = torch.arange(k_len, device=self.slopes.device)  # (S,)
         dist = (i - j).abs().float()  # (L, S)
         return -self.slopes[:, None, None] * dist  # (H, L, S)
