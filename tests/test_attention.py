@@ -179,6 +179,38 @@ def test_cross_attention_takes_keys_from_context():
     assert not torch.allclose(out, out2)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_attending_over_projected_context_kv_equals_attending_over_context(kv_heads):
+    torch.manual_seed(0)
+    mha = qkv.MultiHeadAttention(16, 2, num_kv_heads=kv_heads, bias=True, kv_dim=12).eval()
+    x, ctx = rand(2, 3, 16), rand(2, 5, 12)
+    k, v = mha.project_kv(ctx)
+    assert k.shape == v.shape == (2, kv_heads, 5, 8)  # (B, G, S, D): G heads stored, not H
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]  # (B, 1, 1, S)
+    for weights in (False, True):
+        want = mha(x, ctx, mask=mask, return_weights=weights)
+        got = mha(x, context_kv=(k, v), mask=mask, return_weights=weights)
+        for a, b in zip(got if weights else [got], want if weights else [want]):
+            assert torch.equal(a, b)
+
+
+def test_context_kv_bad_input():
+    mha, x, ctx = qkv.MultiHeadAttention(8, 2, num_kv_heads=1), rand(2, 3, 8), rand(2, 5, 8)
+    k, v = mha.project_kv(ctx)
+    with pytest.raises(ValueError, match="not both"):
+        mha(x, ctx, context_kv=(k, v))
+    with pytest.raises(ValueError, match=r"\(B, G, D\) = \(2, 1, 4\), got \[\(1, 1, 5, 4\), \(1, 1, 5, 4\)\]"):
+        mha(x, context_kv=(k[:1], v[:1]))
+    with pytest.raises(ValueError, match=r"\(k, v\).*got \[\(2, 1, 5, 4\)\]"):
+        mha(x, context_kv=(k,))
+    with pytest.raises(ValueError, match="self-attention"):
+        mha(x, context_kv=(k, v), kv_cache=qkv.KVCache(2, 1, 4, 4))
+    with pytest.raises(ValueError, match=r"\(B, S, 8\), got \(2, 5\)"):
+        mha.project_kv(ctx[..., 0])
+    with pytest.raises(ValueError, match="rope"):
+        qkv.MultiHeadAttention(8, 2, rope=qkv.RotaryEmbedding(4))(x, context_kv=(k, v))
+
+
 @pytest.mark.parametrize(
     "kwargs,words",
     [({"d_model": 10, "num_heads": 3}, "divisible"), ({"d_model": 16, "num_heads": 4, "num_kv_heads": 3}, "multiple"),

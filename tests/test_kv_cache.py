@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import qkv
+from qkv.kv_cache import reorder_kv
 
 ATOL = 1e-5
 
@@ -89,3 +90,24 @@ def test_compiled_decode_step_compiles_once_and_matches(monkeypatch):
     assert torch.equal(got, expected)
     with pytest.raises(ValueError, match="use_cache"):
         model.generate(ids, 2, compile=True, use_cache=False)
+
+
+def test_reorder_takes_rows_in_place_and_reorder_kv_selects_rows():
+    torch.manual_seed(0)
+    cache = qkv.KVCache(3, 2, 4, 8)
+    k, v = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2, 8)
+    cache.update(k, v)
+    ptr, idx = cache.k.data_ptr(), torch.tensor([2, 0, 0])
+    cache.reorder(idx)
+    assert cache.k.data_ptr() == ptr and cache.pos == 2  # same buffers, same fill level
+    assert torch.equal(cache.k[:, :, :2], k[idx]) and torch.equal(cache.v[:, :, :2], v[idx])
+    kk, vv = cache.update(k[:, :, :1], v[:, :, :1])  # decoding goes on from the chosen rows
+    assert torch.equal(kk, torch.cat([k[idx], k[:, :, :1]], dim=2)) and torch.equal(vv[:, :, :2], v[idx])
+    pairs = reorder_kv([(k, v), (v, k)], torch.tensor([1, 1, 0, 2]))  # B' = 4 ≠ B = 3: one row per beam
+    assert torch.equal(pairs[0][0], k[[1, 1, 0, 2]]) and torch.equal(pairs[1][0], v[[1, 1, 0, 2]])
+    with pytest.raises(ValueError, match="one row per cache row, B=3, got 2"):
+        cache.reorder(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"integer tensor \(B,\).*torch.float32"):
+        cache.reorder(torch.zeros(3))
+    with pytest.raises(ValueError, match="integer tensor"):
+        reorder_kv([(k, v)], [0, 1])

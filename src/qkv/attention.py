@@ -168,6 +168,7 @@ class MultiHeadAttention(nn.Module):
     num_heads / num_kv_heads query heads (1 = multi-query). Position enters through the
     optional ``rope`` (rotates q and k) or ``alibi`` (biases the scores) modules.
     ``kv_dim`` is the context's width when it differs from d_model (cross-attention).
+    Decoding against a fixed source: ``project_kv(context)`` once, then ``context_kv=`` per step.
     """
 
     def __init__(
@@ -213,64 +214,105 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = t.shape
         return t.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n·D) -> (B, n, T, D)
 
+    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """context (B, S, kv_dim) -> keys, values (B, G, S, D) each, not rotated.
+
+        Project a source once and attend over it at every decoding step with ``context_kv=``
+        (cross-attention; RoPE, which would rotate the keys, is refused there).
+        """
+        self._check_context(context)
+        k = self._heads(self.k_proj(context), self.num_kv_heads)  # (B, G, S, D)
+        v = self._heads(self.v_proj(context), self.num_kv_heads)  # (B, G, S, D)
+        return k, v
+
     def forward(
         self,
         x: Tensor,
         context: Tensor | None = None,
         *,
+        context_kv: tuple[Tensor, Tensor] | None = None,
         mask: Tensor | None = None,
         is_causal: bool = False,
         kv_cache=None,
         input_pos: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """x (B, L, C) [, context (B, S, C)] -> out (B, L, C) [, weights (B, H, L, S)].
+        """x (B, L, C) [, context (B, S, kv_dim)] -> out (B, L, C) [, weights (B, H, L, S)].
 
+        ``context_kv``: the context's keys and values from ``project_kv``, instead of ``context``.
         ``mask`` is bool, True = may attend, broadcastable to (B, H, L, S) where S counts
         cached keys too. ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
         values and supplies all keys so far; positions continue from ``kv_cache.pos``.
-        With ``input_pos`` (L,) the cache is static: x's tokens sit at those slots, keys are
-        the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
+        With ``input_pos`` (L,), the cache *slots* x's tokens go to, the cache is static: keys
+        are the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
         """
-        self._check(x, context, kv_cache, input_pos)
-        if context is None and self.kv_dim != self.d_model:
-            raise ValueError(f"this attention takes keys of width kv_dim={self.kv_dim}: pass a context")
-        src = x if context is None else context
+        self._check(x, context, context_kv, kv_cache, input_pos)
         q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
-        k = self._heads(self.k_proj(src), self.num_kv_heads)  # (B, G, S, D)
-        v = self._heads(self.v_proj(src), self.num_kv_heads)  # (B, G, S, D)
-        offset = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
+        if context_kv is None:
+            k, v = self.project_kv(x if context is None else context)  # (B, G, S, D) each
+        else:
+            k, v = context_kv  # (B, G, S, D) each, projected once by project_kv
+        # x's positions on the key axis: static slots, or continuing the cache (RoPE is relative)
+        positions = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
         if self.rope is not None:
-            q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+            q, k = self.rope(q, positions), self.rope(k, positions)
         if input_pos is not None:
             k, v = kv_cache.write(input_pos, k, v)  # (B, G, M, D): the whole static cache
         elif kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, G, offset + S, D)
-        if self.num_kv_heads != self.num_heads:
-            groups = self.num_heads // self.num_kv_heads
-            k = k.repeat_interleave(groups, dim=1)  # (B, G, S, D) -> (B, H, S, D)
-            v = v.repeat_interleave(groups, dim=1)
-        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2), q_positions=input_pos)  # (H, L, S)
-        dropout_p = self.dropout if self.training else 0.0
-        res = scaled_dot_product_attention(
-            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p, return_weights=return_weights
-        )
-        out, weights = res if return_weights else (res, None)
+            k, v = kv_cache.update(k, v)  # (B, G, pos + L, D)
+        out, weights = self._attend(q, k, v, mask=mask, is_causal=is_causal, positions=input_pos,
+                                    return_weights=return_weights)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)  # (B, H, L, D) -> (B, L, C)
         out = self.out_proj(out)
         return (out, weights) if return_weights else out
 
-    def _check(self, x: Tensor, context: Tensor | None, kv_cache, input_pos) -> None:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool,
+                positions: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """q (B, H, L, D) over k, v (B, G, S, D) -> out (B, H, L, D), weights (B, H, L, S) or None."""
+        if self.num_kv_heads != self.num_heads:
+            groups = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(groups, dim=1)  # (B, G, S, D) -> (B, H, S, D)
+            v = v.repeat_interleave(groups, dim=1)
+        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2), positions=positions)  # (H, L, S)
+        dropout_p = self.dropout if self.training else 0.0
+        res = scaled_dot_product_attention(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p, return_weights=return_weights
+        )
+        return res if return_weights else (res, None)
+
+    def _check_context(self, context: Tensor) -> None:
+        if not isinstance(context, Tensor) or context.dim() != 3 or context.size(-1) != self.kv_dim:
+            shape = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
+            raise ValueError(f"expected context of shape (B, S, {self.kv_dim}), got {shape}")
+
+    def _check(self, x: Tensor, context: Tensor | None, context_kv, kv_cache, input_pos) -> None:
         if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {shape}")
         if context is not None:
-            if not isinstance(context, Tensor) or context.dim() != 3 or context.size(-1) != self.kv_dim:
-                shape = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
-                raise ValueError(f"expected context of shape (B, S, {self.kv_dim}), got {shape}")
+            self._check_context(context)
             if context.size(0) != x.size(0):
                 raise ValueError(f"context batch {context.size(0)} differs from x batch {x.size(0)}")
-        if kv_cache is not None and context is not None:
+        elif context_kv is None and self.kv_dim != self.d_model:
+            raise ValueError(f"this attention takes keys of width kv_dim={self.kv_dim}: pass a context")
+        if context_kv is not None:
+            self._check_context_kv(context_kv, x, context)
+        if kv_cache is not None and (context is not None or context_kv is not None):
             raise ValueError("kv_cache is for self-attention; cross-attention keys come from context")
         if input_pos is not None and kv_cache is None:
             raise ValueError("input_pos places tokens in a static KV cache: pass kv_cache too")
+
+    def _check_context_kv(self, context_kv, x: Tensor, context: Tensor | None) -> None:
+        if context is not None:
+            raise ValueError("pass context or its projected context_kv, not both")
+        if self.rope is not None:
+            raise ValueError("context_kv holds unrotated keys: it cannot be used with rope")
+        pair = isinstance(context_kv, (tuple, list)) and len(context_kv) == 2
+        k, v = context_kv if pair else (None, None)
+        want = (x.size(0), self.num_kv_heads, self.head_dim)  # (B, G, D)
+        if not (isinstance(k, Tensor) and isinstance(v, Tensor) and k.dim() == 4 and k.shape == v.shape
+                and (k.size(0), k.size(1), k.size(3)) == want):
+            got = [tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__ for t in context_kv] \
+                if isinstance(context_kv, (tuple, list)) else type(context_kv).__name__
+            raise ValueError(f"context_kv must be (k, v) from project_kv, each (B, G, S, D) with (B, G, D) = {want}, "
+                             f"got {got}")

@@ -1,14 +1,37 @@
 """A preallocated key/value cache for one attention layer (after gpt-fast and torchtune).
 
-Shapes: B batch, G key/value heads, M capacity (max_len), D head width.
+Shapes: B batch, G key/value heads, M capacity (max_len), S source length, D head width.
 Position tracking: ``pos`` counts the tokens written so far; the next ``update`` writes
 rows pos … pos+T−1 and returns keys/values 0 … pos+T−1. Nothing is reallocated per token.
-``write`` is the static form (gpt-fast's): explicit slots in, the full buffers out.
+``write`` is the static form (gpt-fast's): explicit slots ``input_pos`` in, the full buffers
+out. Slots are places in the buffers, not token positions (left padding makes them differ).
+``reorder`` and ``reorder_kv`` follow beam search's choice of rows.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
+
+
+def _check_indices(indices: Tensor, batch: int | None = None) -> None:
+    integer = isinstance(indices, Tensor) and not indices.is_floating_point() and indices.dtype != torch.bool
+    if not integer or indices.dim() != 1:
+        got = f"{indices.dtype} {tuple(indices.shape)}" if isinstance(indices, Tensor) else type(indices).__name__
+        raise ValueError(f"indices must be an integer tensor (B,) of batch rows, got {got}")
+    if batch is not None and indices.numel() != batch:
+        raise ValueError(f"indices must hold one row per cache row, B={batch}, got {indices.numel()}")
+
+
+def reorder_kv(kv: Sequence[tuple[Tensor, Tensor]], indices: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Per layer (k, v), (B, G, S, D) each -> the same with batch rows ``indices`` (B',) taken, in that order.
+
+    For cross-attention keys and values (``Transformer.cross_kv``); B' may differ from B
+    (e.g. ``arange(B).repeat_interleave(beams)`` gives each source one row per beam).
+    """
+    _check_indices(indices)
+    return [(k.index_select(0, indices), v.index_select(0, indices)) for k, v in kv]
 
 
 class KVCache(nn.Module):
@@ -56,3 +79,9 @@ class KVCache(nn.Module):
         self.k.index_copy_(2, input_pos, k.to(self.k.dtype))  # autocast may hand in a lower precision
         self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
         return self.k, self.v
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""
+        _check_indices(indices, self.k.size(0))
+        self.k.copy_(self.k.index_select(0, indices))  # (B, G, M, D)
+        self.v.copy_(self.v.index_select(0, indices))
