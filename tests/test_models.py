@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import qkv
+from qkv.kv_cache import reorder_kv
 
 
 def tiny(**kw):
@@ -129,3 +130,175 @@ def test_config_round_trip_and_unknown_keys():
         qkv.ModelConfig.from_dict({**c.to_dict(), "norm_first": "yes"})
     with pytest.raises(ValueError, match="preset"):
         qkv.ModelConfig.preset("huge")
+
+
+# --- one trunk: weight names, parameter counts, loss, initialisation ---------------------
+
+ATTN = [f"{proj}.{p}" for proj in ("q_proj", "k_proj", "v_proj", "out_proj") for p in ("weight", "bias")]
+NORM = ["weight", "bias"]
+FF = [f"{proj}.{p}" for proj in ("up_proj", "down_proj") for p in ("weight", "bias")]
+
+
+def block_names(i, cross=False):
+    names = [f"attn.{n}" for n in ATTN] + [f"attn_norm.{n}" for n in NORM]
+    if cross:
+        names += [f"cross_attn.{n}" for n in ATTN] + [f"cross_norm.{n}" for n in NORM]
+    return [f"blocks.{i}.{n}" for n in names + [f"ff.{n}" for n in FF] + [f"ff_norm.{n}" for n in NORM]]
+
+
+TRUNK = ["embed.tok.weight", "embed.pos.weight", *block_names(0), "final_norm.weight", "final_norm.bias"]
+DECODER = ["embed.tok.weight", "embed.pos.weight", *block_names(0, cross=True), *block_names(1, cross=True),
+           "final_norm.weight", "final_norm.bias", "lm_head.weight"]
+
+
+def test_weight_names_are_the_checkpoint_names():
+    """Pinned from the models before the shared trunk (run directories and interop/hf.py rely on them)."""
+    c = tiny(num_layers=1)
+    assert list(qkv.GPT(c).state_dict()) == TRUNK + ["lm_head.weight"]
+    assert list(qkv.Encoder(c).state_dict()) == TRUNK
+    names = qkv.Transformer(tiny(num_layers=1, num_decoder_layers=2)).state_dict()
+    assert sorted(names) == sorted([f"encoder.{n}" for n in TRUNK] + DECODER)
+
+
+def test_num_parameters_of_every_model():
+    # tiny: V=64, C=32, max_len=64, 2 layers, d_ff=128. A block: attention 4(C²+C) = 4224, two norms 128,
+    # feed-forward (C·4C + 4C) + (4C·C + C) = 8352: 12704; cross-attention adds 4224 + 64.
+    # Token and position tables 64·32 each; final norm 64; tied heads and tables count once.
+    trunk = 2 * 12704 + 2 * 2048 + 64
+    assert qkv.GPT(tiny()).num_parameters() == trunk == qkv.Encoder(tiny()).num_parameters()
+    assert qkv.Transformer(tiny()).num_parameters() == trunk + 2 * (12704 + 4288) + 2048 + 64
+    assert qkv.GPT(tiny(tie_embeddings=False)).num_parameters() == trunk + 2048
+
+
+def test_every_model_checks_targets_and_label_smoothing_is_the_textbook_mixture():
+    torch.manual_seed(0)
+    gpt, model = qkv.GPT(tiny()), qkv.Transformer(tiny())
+    src, tgt = torch.randint(0, 64, (2, 7)), torch.randint(0, 64, (2, 5))
+    for run in (lambda t: gpt(tgt, targets=t), lambda t: model(src, tgt, targets=t)):
+        with pytest.raises(ValueError, match=r"targets must be an integer tensor with the shape of ids \(2, 5\)"):
+            run(tgt[:, :4])
+        with pytest.raises(ValueError, match="integer"):
+            run(tgt.float())
+    targets = tgt.clone()
+    targets[1, 3:] = -100  # ignored
+    eps = 0.1
+    out = model(src, tgt, targets=targets, label_smoothing=eps)
+    logp = out.logits.float().log_softmax(-1)[targets != -100]  # (N, V)
+    nll = -logp.gather(-1, targets[targets != -100][:, None]).squeeze(-1)
+    want = ((1 - eps) * nll - eps * logp.mean(-1)).mean()
+    torch.testing.assert_close(out.loss, want)
+    torch.testing.assert_close(model(src, tgt, targets=targets).loss, nll.mean())
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\), got 1.0"):
+        model(src, tgt, targets=targets, label_smoothing=1.0)
+
+
+def test_each_stack_is_initialised_by_its_own_depth():
+    torch.manual_seed(0)
+    model = qkv.Transformer(tiny(num_layers=1, num_decoder_layers=8))
+
+    def residual_std(blocks):  # residual projections: N(0, 0.02 / √(2·layers))
+        return torch.cat([p.flatten() for n, p in blocks.named_parameters()
+                          if n.endswith(("out_proj.weight", "down_proj.weight"))]).std().item()
+
+    assert residual_std(model.encoder.blocks) == pytest.approx(0.02 / 2 ** 0.5, rel=0.1)  # 1 encoder layer
+    assert residual_std(model.blocks) == pytest.approx(0.02 / 4, rel=0.1)  # 8 decoder layers
+    assert model.blocks[0].attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+# --- the encoder-decoder: encode, decode, cached steps --------------------------------
+
+def translation_batch(B=2, S=7, T=6):
+    """Sources right-padded (row 1 has 4 real tokens), targets of length T."""
+    src, tgt = torch.randint(1, 64, (B, S)), torch.randint(1, 64, (B, T))
+    src_mask = torch.ones(B, S, dtype=torch.bool)
+    src_mask[1, 4:] = False
+    return src, src_mask, tgt
+
+
+def test_forward_is_encode_then_decode_and_source_padding_changes_nothing():
+    torch.manual_seed(0)
+    model = qkv.Transformer(tiny(positional="sinusoidal", norm_first=False)).eval()
+    src, src_mask, tgt = translation_batch()
+    out = model(src, tgt, src_mask=src_mask, return_attention=True)
+    memory = model.encode(src, src_mask=src_mask)
+    assert memory.shape == (2, 7, 32)
+    dec = model.decode(tgt, memory, src_mask=src_mask, return_attention=True)
+    assert torch.equal(out.logits, dec.logits)
+    assert len(out.attentions) == len(out.cross_attentions) == 2
+    assert all(map(torch.equal, out.attentions + out.cross_attentions, dec.attentions + dec.cross_attentions))
+    alone = model(src[1:, :4], tgt[1:]).logits  # row 1 without its padding
+    torch.testing.assert_close(out.logits[1:], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
+@pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
+def test_cached_step_by_step_decoding_equals_full_decode(positional, static):
+    torch.manual_seed(0)
+    model = qkv.Transformer(tiny(positional=positional, num_kv_heads=2, num_decoder_layers=3)).eval()
+    src, src_mask, tgt = translation_batch()
+    memory = model.encode(src, src_mask=src_mask)
+    full = model.decode(tgt, memory, src_mask=src_mask).logits  # (B, T, V), no cache
+    cross_kv, caches = model.cross_kv(memory), model.new_kv_caches(2, 8 if static else 6)
+    kw = dict(src_mask=src_mask, kv_caches=caches, cross_kv=cross_kv)
+    if static:  # slots 6, 7 stay empty and masked
+        slots, steps = torch.zeros(2, 8, dtype=torch.bool), []
+        for t in range(6):
+            slots[:, t] = True
+            steps.append(model.decode(tgt[:, t:t + 1], None, tgt_mask=slots, input_pos=torch.tensor([t]), **kw).logits)
+    else:  # a two-token prefill, then one token at a time
+        steps = [model.decode(tgt[:, :2], None, **kw).logits]
+        steps += [model.decode(tgt[:, t:t + 1], None, **kw).logits for t in range(2, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_cross_kv_is_projected_once_and_gives_the_same_logits():
+    torch.manual_seed(0)
+    model = qkv.Transformer(tiny(num_kv_heads=1)).eval()
+    src, src_mask, tgt = translation_batch()
+    memory = model.encode(src, src_mask=src_mask)
+    cross_kv = model.cross_kv(memory)
+    assert len(cross_kv) == 2 and cross_kv[0][0].shape == (2, 1, 7, 8)  # per layer (B, G, S, D)
+    calls = []
+    hook = model.blocks[0].cross_attn.k_proj.register_forward_hook(lambda *a: calls.append(1))
+    reused = [model.decode(tgt[:, :t], None, src_mask=src_mask, cross_kv=cross_kv).logits for t in (2, 4, 6)]
+    assert calls == []  # no projection of the source per step
+    recomputed = model.decode(tgt, memory, src_mask=src_mask).logits
+    hook.remove()
+    assert len(calls) == 1
+    assert torch.equal(reused[-1], recomputed)
+
+
+def test_reordered_caches_continue_the_chosen_rows():
+    """Beam search's move: after reorder, row b goes on from old row idx[b]'s prefix and source."""
+    torch.manual_seed(0)
+    model = qkv.Transformer(tiny(num_kv_heads=2, positional="rope")).eval()
+    src, src_mask, tgt = translation_batch(B=3, T=4)
+    memory = model.encode(src, src_mask=src_mask)
+    cross_kv, caches = model.cross_kv(memory), model.new_kv_caches(3, 4)
+    model.decode(tgt[:, :3], None, src_mask=src_mask, kv_caches=caches, cross_kv=cross_kv)
+    idx = torch.tensor([2, 0, 0])
+    for cache in caches:
+        cache.reorder(idx)
+    cross_kv = reorder_kv(cross_kv, idx)
+    got = model.decode(tgt[:, 3:], None, src_mask=src_mask[idx], kv_caches=caches, cross_kv=cross_kv).logits
+    prefix = torch.cat([tgt[idx, :3], tgt[:, 3:]], dim=1)  # chosen rows' prefixes + this step's tokens
+    want = model(src[idx], prefix, src_mask=src_mask[idx]).logits[:, -1:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_encoder_decoder_bad_input():
+    model = qkv.Transformer(tiny())
+    src, src_mask, tgt = translation_batch()
+    memory = model.encode(src, src_mask=src_mask)
+    with pytest.raises(ValueError, match="memory .* or its cross_kv"):
+        model.decode(tgt, None)
+    with pytest.raises(ValueError, match="expected 2 cross_kv pairs .* got 1"):
+        model.decode(tgt, memory, cross_kv=model.cross_kv(memory)[:1])
+    with pytest.raises(ValueError, match="expected 2 kv_caches .* got 3"):
+        model.decode(tgt, memory, kv_caches=qkv.GPT(tiny(num_layers=3)).new_kv_caches(2, 6))
+    with pytest.raises(ValueError, match=r"tgt_ids must be an integer tensor \(B, T\), got torch.float32"):
+        model.decode(tgt.float(), memory)
+    with pytest.raises(ValueError, match="src_ids must be"):
+        model.encode(src[0])
+    with pytest.raises(ValueError, match=r"mask must be bool \(B=2, S=7\)"):
+        model.decode(tgt, memory, src_mask=src_mask[:, :5])

@@ -8,10 +8,20 @@ Shapes: B batch, T target length, S source length, C model width, H heads.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .layers import FeedForward, make_norm
+
+
+class BlockOutput(NamedTuple):
+    """What a block returns; the weights are None unless asked for (``return_weights=True``)."""
+
+    hidden: Tensor  # (B, T, C)
+    self_attention: Tensor | None  # (B, H, T, T'), T' = keys seen (cached ones too)
+    cross_attention: Tensor | None  # (B, H, T, S)
 
 
 class TransformerBlock(nn.Module):
@@ -41,7 +51,9 @@ class TransformerBlock(nn.Module):
         )
         self.attn_norm = make_norm(norm, d_model, norm_eps)
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout)
+            self.cross_attn = MultiHeadAttention(
+                d_model, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout
+            )
             self.cross_norm = make_norm(norm, d_model, norm_eps)
         else:
             self.cross_attn = self.cross_norm = None
@@ -50,47 +62,42 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
-        """One residual sublayer, pre- or post-norm; fn returns (out, weights-or-None)."""
-        if self.norm_first:
-            out, w = fn(norm(x))
-            return x + self.drop(out), w
-        out, w = fn(x)
-        return norm(x + self.drop(out)), w
+        """One residual sublayer, pre- or post-norm; fn returns out, or (out, weights)."""
+        r = fn(norm(x) if self.norm_first else x)
+        out, weights = r if isinstance(r, tuple) else (r, None)
+        x = x + self.drop(out)
+        return (x if self.norm_first else norm(x)), weights
 
     def forward(
         self,
         x: Tensor,
         context: Tensor | None = None,
         *,
+        context_kv: tuple[Tensor, Tensor] | None = None,
         mask: Tensor | None = None,
         is_causal: bool = False,
         context_mask: Tensor | None = None,
         kv_cache=None,
         input_pos: Tensor | None = None,
         return_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor, Tensor | None]:
-        """x (B, T, C) [, context (B, S, C)] -> (B, T, C) [, self weights (B, H, T, T'), cross weights].
+    ) -> BlockOutput:
+        """x (B, T, C) [, context (B, S, C) or its ``context_kv``] -> BlockOutput.
 
         ``mask`` / ``context_mask``: bool, True = may attend, for self- and cross-attention.
+        ``context_kv``: the context's keys and values, ``cross_attn.project_kv(context)``,
+        computed once per source for step-by-step decoding.
         """
-        if (context is not None) != (self.cross_attn is not None):
+        if (context is not None or context_kv is not None) != (self.cross_attn is not None):
             raise ValueError(
-                "context must be given exactly when the block has cross_attention "
-                f"(cross_attention={self.cross_attn is not None}, context given={context is not None})"
+                "context (or context_kv) must be given exactly when the block has cross_attention "
+                f"(cross_attention={self.cross_attn is not None}, context given={context is not None}, "
+                f"context_kv given={context_kv is not None})"
             )
-
-        def attn(h):
-            r = self.attn(h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
-                          return_weights=return_weights)
-            return r if return_weights else (r, None)
-
-        def cross(h):
-            r = self.cross_attn(h, context, mask=context_mask, return_weights=return_weights)
-            return r if return_weights else (r, None)
-
-        x, w_self = self._sublayer(x, self.attn_norm, attn)
+        x, w_self = self._sublayer(x, self.attn_norm, lambda h: self.attn(
+            h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos, return_weights=return_weights))
         w_cross = None
         if self.cross_attn is not None:
-            x, w_cross = self._sublayer(x, self.cross_norm, cross)
-        x, _ = self._sublayer(x, self.ff_norm, lambda h: (self.ff(h), None))
-        return (x, w_self, w_cross) if return_weights else x
+            x, w_cross = self._sublayer(x, self.cross_norm, lambda h: self.cross_attn(
+                h, context, context_kv=context_kv, mask=context_mask, return_weights=return_weights))
+        x, _ = self._sublayer(x, self.ff_norm, self.ff)
+        return BlockOutput(x, w_self, w_cross)

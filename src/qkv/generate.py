@@ -1,6 +1,7 @@
 """Sampling as small functions (logits → filtered logits → next token) and the decode loop.
 
-Shapes: B batch, T prompt length, V vocabulary.
+Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
+``input_pos`` are static-cache slots (places in the buffers), not token positions.
 """
 from __future__ import annotations
 
@@ -56,6 +57,41 @@ def _check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
         raise ValueError(f"mask must be bool with the shape of ids {tuple(ids.shape)}, got {mask.dtype} {tuple(mask.shape)}")
 
 
+class _StaticCache:
+    """Per-layer KV caches of fixed capacity M and ``slots`` (B, M), True where a real token sits.
+
+    gpt-fast's static cache: every call writes at explicit slots (``input_pos``) and attends over
+    all M slots under the ``slots`` mask, so a compiled step sees the same shapes every token.
+    """
+
+    def __init__(self, model, batch: int, capacity: int, *, device, compile: bool = False) -> None:
+        self.model = model
+        self.layers = model.new_kv_caches(batch, capacity, device=device)
+        self.slots = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, M)
+        self.step_fn = _compiled_step(model) if compile else model
+
+    def prefill(self, ids: Tensor, valid: Tensor) -> Tensor:
+        """Refill from slot 0 with ids (B, T), valid (B, T) True on real tokens -> last logits (B, V)."""
+        T = ids.size(1)
+        self.slots.zero_()
+        self.slots[:, :T] = valid
+        input_pos = torch.arange(T, device=ids.device)  # slots 0 … T−1
+        return self.model(ids, mask=self.slots, kv_caches=self.layers, input_pos=input_pos).logits[:, -1]
+
+    def step(self, tok: Tensor, slot: int) -> Tensor:
+        """One new token per row, tok (B,), into ``slot`` -> its logits (B, V)."""
+        self.slots[:, slot] = True
+        input_pos = torch.full((1,), slot, device=tok.device)
+        return self.step_fn(tok[:, None], mask=self.slots, kv_caches=self.layers, input_pos=input_pos).logits[:, -1]
+
+
+def _window_logits(model, ids: Tensor, valid: Tensor, cache: _StaticCache | None) -> Tensor:
+    """Last logits (B, V) after the window ids (B, T): a full forward, or a cache prefill."""
+    if cache is None:
+        return model(ids, mask=valid).logits[:, -1]
+    return cache.prefill(ids, valid)
+
+
 @torch.no_grad()
 def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
@@ -84,28 +120,14 @@ def generate(
         raise ValueError("compile=True compiles the cached decode step: it needs use_cache=True")
     was_training = model.training
     model.eval()
-    device = ids.device
-    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    B, limit = ids.size(0), model.config.max_len
-    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+    generator = None if seed is None else torch.Generator(device=ids.device).manual_seed(seed)
+    limit = model.config.max_len
     out, start = ids, max(0, ids.size(1) - limit)  # the model sees out[:, start:]
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    if use_cache:
-        capacity = min(limit, out.size(1) - start + max_new_tokens)
-        caches = model.new_kv_caches(B, capacity, device=device)
-        slots = torch.zeros(B, capacity, dtype=torch.bool, device=device)  # cache slots holding real tokens
-        step = _compiled_step(model) if compile else model
-
-    def prefill() -> Tensor:
-        n = out.size(1) - start
-        if not use_cache:
-            return model(out[:, start:], mask=valid[:, start:]).logits[:, -1]
-        slots.zero_()
-        slots[:, :n] = valid[:, start:]
-        pos = torch.arange(n, device=device)
-        return model(out[:, start:], mask=slots, kv_caches=caches, input_pos=pos).logits[:, -1]
-
-    logits = prefill()
+    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+    finished = torch.zeros(ids.size(0), dtype=torch.bool, device=ids.device)
+    cache = None if not use_cache else _StaticCache(
+        model, ids.size(0), min(limit, out.size(1) - start + max_new_tokens), device=ids.device, compile=compile)
+    logits = _window_logits(model, out[:, start:], valid[:, start:], cache)
     for i in range(max_new_tokens):
         tok = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
         if eos_id is not None:
@@ -117,14 +139,11 @@ def generate(
             break
         if out.size(1) - start > limit:  # window full: slide and re-prefill
             start = out.size(1) - limit // 2
-            logits = prefill()
-        elif use_cache:
-            slot = out.size(1) - 1 - start
-            slots[:, slot] = True
-            pos = torch.full((1,), slot, device=device)
-            logits = step(tok[:, None], mask=slots, kv_caches=caches, input_pos=pos).logits[:, -1]
+            logits = _window_logits(model, out[:, start:], valid[:, start:], cache)
+        elif cache is not None:
+            logits = cache.step(tok, out.size(1) - 1 - start)  # the new token's slot
         else:
-            logits = model(out[:, start:], mask=valid[:, start:]).logits[:, -1]
+            logits = _window_logits(model, out[:, start:], valid[:, start:], None)
     model.train(was_training)
     return out
 

@@ -3,7 +3,12 @@ paper's encoder-decoder Transformer.
 
     x = Embed(ids) [+ PE(positions)] [+ TypeEmbed(types)] → [Norm] → N × Block → [Norm] → head
 
-Shapes: B batch, T length, S source/key length, C model width, V vocabulary, H heads.
+Everything before the head is one ``Trunk`` that the three models share (the Transformer's
+decoder is one; its encoder is an ``Encoder``). ``positions`` are tokens' absolute positions;
+``input_pos`` are static-KV-cache slots.
+
+Shapes: B batch, T length, S source/key length, C model width, V vocabulary, H heads,
+G key/value heads, D head width, M static-cache capacity.
 """
 from __future__ import annotations
 
@@ -203,9 +208,15 @@ def _blocks(config: ModelConfig, n: int, *, cross_attention: bool = False) -> nn
     )
 
 
-def _init_weights(model: nn.Module, num_layers: int) -> None:
-    """GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled by 1/√(2·layers)."""
+def _init_weights(model: nn.Module, num_layers: int, *, skip: str | None = None) -> None:
+    """GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled by 1/√(2·layers).
+
+    ``num_layers`` is the depth of the residual stream the projections add to; parameters
+    whose names start with ``skip`` are left alone (a submodule initialised by its own depth).
+    """
     for name, p in model.named_parameters():
+        if skip is not None and name.startswith(skip):
+            continue
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.dim() >= 2:
@@ -223,10 +234,10 @@ def _key_mask(mask: Tensor | None, batch: int, keys: int) -> Tensor | None:
     return padding_mask(mask)
 
 
-def _positions(mask: Tensor | None, offset: int, T: int, device) -> Tensor:
-    """Absolute positions of the T new tokens: offset … offset+T−1, or counted over real tokens only."""
+def _positions_of_new_tokens(mask: Tensor | None, start: int, T: int, device) -> Tensor:
+    """Positions of the last T tokens: start … start+T−1, or, with a mask (B, S), counted over real tokens."""
     if mask is None:
-        return torch.arange(offset, offset + T, device=device)  # (T,)
+        return torch.arange(start, start + T, device=device)  # (T,)
     return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T): left padding does not shift positions
 
 
@@ -240,34 +251,114 @@ def _static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor
     return positions, slots[:, None, None, :] & causal  # (B, 1, T, M)
 
 
-def _check_ids(ids: Tensor) -> None:
+def _check_token_ids(ids: Tensor, name: str = "ids") -> None:
+    """ids must be an integer (B, T) tensor (the vocabulary range is checked by the embedding)."""
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point():
         got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
-        raise ValueError(f"ids must be an integer tensor (B, T), got {got}")
+        raise ValueError(f"{name} must be an integer tensor (B, T), got {got}")
 
 
-class GPT(nn.Module):
-    """A decoder-only language model (Radford et al. 2019; nanoGPT's shape), causal self-attention."""
+def token_cross_entropy(logits: Tensor, targets: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy in nats per token of logits (B, T, V) against targets (B, T); -100 = ignore.
 
-    def __init__(self, config: ModelConfig) -> None:
+    ``label_smoothing`` ε: the target distribution puts 1 − ε on the target and spreads ε over
+    the vocabulary (Szegedy et al. 2016; the paper trains with ε = 0.1, §5.4).
+    """
+    if not isinstance(targets, Tensor) or targets.shape != logits.shape[:-1] or targets.is_floating_point():
+        got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor) else type(targets).__name__
+        raise ValueError(f"targets must be an integer tensor with the shape of ids {tuple(logits.shape[:-1])}, "
+                         f"got {got}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                           label_smoothing=label_smoothing)  # (B·T, V) against (B·T,)
+
+
+class Trunk(nn.Module):
+    """Embeddings → N blocks → final norm: the body every model here shares.
+
+    The models subclass it (rather than hold it) so their weights keep the names
+    ``embed.*``, ``blocks.N.*`` and ``final_norm.*`` that checkpoints and the HF tables use.
+    """
+
+    def __init__(self, config: ModelConfig, num_layers: int, *, cross_attention: bool = False) -> None:
         super().__init__()
         self.config = config
         self.embed = Embeddings(config)
-        self.blocks = _blocks(config, config.num_layers)
+        self.blocks = _blocks(config, num_layers, cross_attention=cross_attention)
         self.final_norm = make_norm(config.norm, config.d_model, config.norm_eps) if config.has_final_norm else None
+
+    def run_trunk(
+        self, ids: Tensor, positions: Tensor, *, mask: Tensor | None, is_causal: bool = False,
+        cross_kv: list[tuple[Tensor, Tensor]] | None = None, cross_mask: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None, input_pos: Tensor | None = None,
+        token_type_ids: Tensor | None = None, return_attention: bool = False,
+    ) -> ModelOutput:
+        """ids (B, T) at ``positions`` -> last_hidden_state (B, T, C) [, attentions, cross_attentions].
+
+        ``cross_kv``: per block, the source's cross-attention keys and values (decoders of the
+        encoder-decoder). ``kv_caches`` / ``input_pos``: per block, as ``TransformerBlock``.
+        """
+        x = self.embed(ids, positions, token_type_ids)  # (B, T, C)
+        attentions, cross_attentions = [], []
+        for i, block in enumerate(self.blocks):
+            x, w_self, w_cross = block(
+                x, context_kv=None if cross_kv is None else cross_kv[i], mask=mask, is_causal=is_causal,
+                context_mask=cross_mask, kv_cache=None if kv_caches is None else kv_caches[i],
+                input_pos=input_pos, return_weights=return_attention,
+            )
+            attentions.append(w_self)
+            cross_attentions.append(w_cross)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if not return_attention:
+            return ModelOutput(last_hidden_state=x)
+        return ModelOutput(last_hidden_state=x, attentions=tuple(attentions),
+                           cross_attentions=tuple(cross_attentions) if cross_kv is not None else None)
+
+    def num_parameters(self) -> int:
+        """How many numbers the model holds; a tied matrix counts once."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class CausalTrunk(Trunk):
+    """A trunk that decodes left to right: causal self-attention, KV caches, left-padded batches."""
+
+    def new_kv_caches(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> list[KVCache]:
+        """One preallocated cache per block."""
+        c, weight = self.config, self.embed.tok.weight
+        kv_heads = c.num_kv_heads or c.num_heads
+        return [KVCache(batch_size, kv_heads, max_len, c.head_dim, dtype=dtype or weight.dtype,
+                        device=device or weight.device) for _ in self.blocks]
+
+    def causal_inputs(
+        self, ids: Tensor, mask: Tensor | None, kv_caches: list[KVCache] | None, input_pos: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The new tokens' positions (T,) or (B, T) and the self-attention mask, for ``run_trunk``.
+
+        ``mask`` (B, S): True on real tokens, S = cached + new; with ``input_pos`` (static cache
+        slots of the new tokens), (B, M): True on the slots holding real tokens.
+        """
+        B, T = ids.shape
+        if kv_caches is not None and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} kv_caches (one per layer), got {len(kv_caches)}")
+        if input_pos is None:
+            start = kv_caches[0].pos if kv_caches else 0
+            return _positions_of_new_tokens(mask, start, T, ids.device), _key_mask(mask, B, start + T)
+        if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
+            raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
+        return _static_positions_and_mask(mask, input_pos)
+
+
+class GPT(CausalTrunk):
+    """A decoder-only language model (Radford et al. 2019; nanoGPT's shape), causal self-attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, config.num_layers)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         _init_weights(self, config.num_layers)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.tok.weight
-
-    def new_kv_caches(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> list[KVCache]:
-        """One preallocated cache per layer."""
-        c = self.config
-        dtype = dtype or self.lm_head.weight.dtype
-        device = device or self.lm_head.weight.device
-        kv_heads = c.num_kv_heads or c.num_heads
-        return [KVCache(batch_size, kv_heads, max_len, c.head_dim, dtype=dtype, device=device)
-                for _ in range(c.num_layers)]
 
     def forward(
         self,
@@ -286,36 +377,13 @@ class GPT(nn.Module):
         ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
         the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
         """
-        _check_ids(ids)
-        B, T = ids.shape
-        if kv_caches is not None and len(kv_caches) != len(self.blocks):
-            raise ValueError(f"expected {len(self.blocks)} kv_caches (one per layer), got {len(kv_caches)}")
-        if input_pos is None:
-            offset = kv_caches[0].pos if kv_caches else 0
-            positions, attn_mask = _positions(mask, offset, T, ids.device), _key_mask(mask, B, offset + T)
-        else:
-            if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
-                raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
-            positions, attn_mask = _static_positions_and_mask(mask, input_pos)
-        x = self.embed(ids, positions)  # (B, T, C)
-        attentions = []
-        for i, block in enumerate(self.blocks):
-            cache = kv_caches[i] if kv_caches else None
-            r = block(x, mask=attn_mask, is_causal=input_pos is None, kv_cache=cache, input_pos=input_pos,
-                      return_weights=return_attention)
-            x = r[0] if return_attention else r
-            if return_attention:
-                attentions.append(r[1])
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        logits = self.lm_head(x)  # (B, T, V)
-        loss = None
-        if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-        return ModelOutput(logits=logits, loss=loss, last_hidden_state=x,
-                           attentions=tuple(attentions) if return_attention else None)
+        _check_token_ids(ids)
+        positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
+        out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
+                             input_pos=input_pos, return_attention=return_attention)
+        out.logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
+        return out
 
     def generate(self, ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """Autoregressive sampling; see ``qkv.generate.generate`` for the keyword arguments."""
@@ -323,19 +391,12 @@ class GPT(nn.Module):
 
         return generate(self, ids, max_new_tokens, **kwargs)
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
-
-class Encoder(nn.Module):
+class Encoder(Trunk):
     """A bidirectional encoder (BERT's shape): every token attends to every real token."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embed = Embeddings(config)
-        self.blocks = _blocks(config, config.num_layers)
-        self.final_norm = make_norm(config.norm, config.d_model, config.norm_eps) if config.has_final_norm else None
+        super().__init__(config, config.num_layers)
         _init_weights(self, config.num_layers)
 
     def forward(
@@ -343,62 +404,76 @@ class Encoder(nn.Module):
         return_attention: bool = False,
     ) -> ModelOutput:
         """ids (B, T), mask bool (B, T) True on real tokens -> last_hidden_state (B, T, C)."""
-        _check_ids(ids)
+        _check_token_ids(ids)
         B, T = ids.shape
-        x = self.embed(ids, torch.arange(T, device=ids.device), token_type_ids)  # (B, T, C)
-        attn_mask = _key_mask(mask, B, T)
-        attentions = []
-        for block in self.blocks:
-            r = block(x, mask=attn_mask, return_weights=return_attention)
-            x = r[0] if return_attention else r
-            if return_attention:
-                attentions.append(r[1])
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return ModelOutput(last_hidden_state=x, attentions=tuple(attentions) if return_attention else None)
+        return self.run_trunk(ids, torch.arange(T, device=ids.device), mask=_key_mask(mask, B, T),
+                              token_type_ids=token_type_ids, return_attention=return_attention)
 
 
-class Transformer(nn.Module):
-    """The paper's encoder-decoder: the decoder attends causally to itself and fully to the encoder."""
+class Transformer(CausalTrunk):
+    """The paper's encoder-decoder: the decoder attends causally to itself and fully to the encoder.
+
+    ``forward`` = ``decode(encode(src))``. Step-by-step decoding encodes once, projects the
+    cross-attention keys and values once (``cross_kv``) and caches the decoder's own
+    (``new_kv_caches``); beam search reorders both (``KVCache.reorder``, ``qkv.kv_cache.reorder_kv``).
+    """
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.encoder = Encoder(config)
-        self.embed = Embeddings(config)
-        self.blocks = _blocks(config, config.num_decoder_layers or config.num_layers, cross_attention=True)
-        self.final_norm = make_norm(config.norm, config.d_model, config.norm_eps) if config.has_final_norm else None
+        decoder_layers = config.num_decoder_layers or config.num_layers
+        super().__init__(config, decoder_layers, cross_attention=True)
+        self.encoder = Encoder(config)  # initialised by its own depth, num_layers
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        _init_weights(self, config.num_layers)
+        _init_weights(self, decoder_layers, skip="encoder.")
         if config.tie_embeddings:  # one shared vocabulary, as in the paper (§3.4)
             self.embed.tok.weight = self.encoder.embed.tok.weight
             self.lm_head.weight = self.encoder.embed.tok.weight
 
+    def encode(self, src_ids: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
+        """src_ids (B, S), src_mask bool (B, S) True on real tokens (right padding) -> memory (B, S, C)."""
+        _check_token_ids(src_ids, "src_ids")
+        return self.encoder(src_ids, mask=src_mask).last_hidden_state
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """memory (B, S, C) -> per decoder layer, its cross-attention keys and values, (B, G, S, D) each."""
+        return [block.cross_attn.project_kv(memory) for block in self.blocks]
+
+    def decode(
+        self, tgt_ids: Tensor, memory: Tensor | None, *, src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
+        cross_kv: list[tuple[Tensor, Tensor]] | None = None, input_pos: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> ModelOutput:
+        """tgt_ids (B, T) over memory (B, S, C) -> logits (B, T, V) [, attentions, cross_attentions].
+
+        ``cross_kv``: ``self.cross_kv(memory)``, computed once per source (memory may then be
+        None). ``kv_caches``, ``input_pos`` and ``tgt_mask`` cache the decoder's self-attention
+        as in ``GPT.forward``. Masks are bool, True on real tokens.
+        """
+        _check_token_ids(tgt_ids, "tgt_ids")
+        if cross_kv is None:
+            if memory is None:
+                raise ValueError("decode needs memory (B, S, C) from encode, or its cross_kv")
+            cross_kv = self.cross_kv(memory)
+        elif len(cross_kv) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} cross_kv pairs (one per decoder layer), got {len(cross_kv)}")
+        positions, self_mask = self.causal_inputs(tgt_ids, tgt_mask, kv_caches, input_pos)
+        cross_mask = _key_mask(src_mask, tgt_ids.size(0), cross_kv[0][0].size(2))
+        out = self.run_trunk(tgt_ids, positions, mask=self_mask, is_causal=input_pos is None, cross_kv=cross_kv,
+                             cross_mask=cross_mask, kv_caches=kv_caches, input_pos=input_pos,
+                             return_attention=return_attention)
+        out.logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        return out
+
     def forward(
         self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-        targets: Tensor | None = None, return_attention: bool = False,
+        targets: Tensor | None = None, label_smoothing: float = 0.0, return_attention: bool = False,
     ) -> ModelOutput:
-        """src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V); masks bool, True on real tokens."""
-        _check_ids(tgt_ids)
-        memory = self.encoder(src_ids, mask=src_mask).last_hidden_state  # (B, S, C)
-        B, T = tgt_ids.shape
-        x = self.embed(tgt_ids, _positions(tgt_mask, 0, T, tgt_ids.device))  # (B, T, C)
-        self_mask = _key_mask(tgt_mask, B, T)
-        cross_mask = _key_mask(src_mask, B, memory.size(1))
-        attentions, cross = [], []
-        for block in self.blocks:
-            r = block(x, memory, mask=self_mask, is_causal=True, context_mask=cross_mask,
-                      return_weights=return_attention)
-            x = r[0] if return_attention else r
-            if return_attention:
-                attentions.append(r[1])
-                cross.append(r[2])
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        logits = self.lm_head(x)  # (B, T, V)
-        loss = None
+        """src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V); masks bool, True on real tokens.
+
+        Loss when targets (B, T) are given (-100 = ignore), with optional ``label_smoothing``.
+        """
+        memory = self.encode(src_ids, src_mask=src_mask)  # (B, S, C)
+        out = self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, return_attention=return_attention)
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-        return ModelOutput(logits=logits, loss=loss, last_hidden_state=x,
-                           attentions=tuple(attentions) if return_attention else None,
-                           cross_attentions=tuple(cross) if return_attention else None)
+            out.loss = token_cross_entropy(out.logits, targets, label_smoothing=label_smoothing)
+        return out
