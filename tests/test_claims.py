@@ -1,4 +1,5 @@
-"""qkv.inspect.claims: every check holds on qkv's modules and fails on a module built to break it."""
+"""qkv.claims: every check holds on qkv's modules and fails on a module built to break it
+(one section per chapter module), and the registry runs and prints them in the spec's order."""
 import json
 import math
 
@@ -7,7 +8,8 @@ import torch
 from torch import nn
 
 import qkv
-from qkv.inspect import claims
+from qkv import claims
+from qkv.claims import corrections, faq, masks, multi_head, positional, self_attention
 
 
 def unscaled(q, k, v, **kw):
@@ -37,7 +39,7 @@ class SpecMHA(qkv.MultiHeadAttention):
     """A module that runs the spec's §2.1 forward (scores (n, h, h))."""
 
     def forward(self, x, *args, **kwargs):
-        return claims.spec_mha_scores(self, x[0])[1][None]
+        return corrections.spec_mha_scores(self, x[0])[1][None]
 
 
 class Residual(qkv.SelfAttention):
@@ -64,34 +66,34 @@ def test_checks_are_deterministic():
 
 
 def test_scaling_checks_fail_without_the_scaling():
-    r = claims.scaling_variance(unscaled)
+    r = self_attention.scaling_variance(unscaled)
     assert not r.holds and r.measured["scaled_var"][0] > 10  # ≈ d_k = 16
-    r = claims.scaling_saturation(unscaled)
+    r = self_attention.scaling_saturation(unscaled)
     assert not r.holds and r.measured["scaled"]["max_weight"][-1] > 0.8
 
 
 def test_softmax_rows_fails_for_unnormalised_weights():
-    r = claims.softmax_rows(sigmoid_attention)
+    r = self_attention.softmax_rows(sigmoid_attention)
     assert not r.holds and max(r.measured["max_row_sum_error"].values()) > 0.1
 
 
 def test_convex_combination_fails_when_the_output_is_not_w_v():
-    assert not claims.convex_combination(Residual(16)).holds
+    assert not self_attention.convex_combination(Residual(16)).holds
 
 
 def test_output_shape_fails_for_a_module_that_changes_width():
-    assert not claims.output_shape({"Linear": (nn.Linear(16, 8), [(2, 5, 16)])}).holds
+    assert not self_attention.output_shape({"Linear": (nn.Linear(16, 8), [(2, 5, 16)])}).holds
 
 
 def test_params_and_flops_fail_for_heads_as_full_width_copies():
-    r = claims.mha_params(HeadsAsCopies, d_model=32)
+    r = multi_head.mha_params(HeadsAsCopies, d_model=32)
     assert not r.holds and r.measured["parameters"][-1] == 16 * 3 * 32**2 + 16 * 32**2
-    r = claims.mha_flops(HeadsAsCopies, d_model=32, n=8)
+    r = multi_head.mha_flops(HeadsAsCopies, d_model=32, n=8)
     assert not r.holds and r.measured["max_over_min"] > 10
 
 
 def test_flops_match_the_formula():
-    r = claims.mha_flops()
+    r = multi_head.mha_flops()
     assert r.measured["flops_fused"] == r.measured["flops_reference"] == [r.measured["formula"]] * 5
 
 
@@ -104,30 +106,30 @@ def spec_mha(d_model, num_heads):
 @pytest.mark.parametrize("make", [spec_mha, lambda d, h: qkv.MultiHeadAttention(d - d % h, h)],
                          ids=["assert-without-numbers", "silently-rounds"])
 def test_heads_divisible_fails_for_an_unclear_or_missing_error(make):
-    assert not claims.heads_divisible(make).holds
+    assert not multi_head.heads_divisible(make).holds
 
 
 def test_equivariance_fails_when_a_pe_module_is_passed_as_no_pe_and_vice_versa():
-    without, with_pe = claims._position_variants()
-    r = claims.permutation_equivariance({"sin": with_pe["MHA+sinusoidal"]}, with_pe)
+    without, with_pe = positional.position_variants()
+    r = positional.permutation_equivariance({"sin": with_pe["MHA+sinusoidal"]}, with_pe)
     assert not r.holds and r.measured["without_pe"]["sin"] > 1e-2
-    r = claims.permutation_equivariance(without, {"plain MHA": without["MHA"]})
+    r = positional.permutation_equivariance(without, {"plain MHA": without["MHA"]})
     assert not r.holds
 
 
 def test_sinusoidal_checks_fail_for_wrong_encodings():
     sin = qkv.SinusoidalPositionalEncoding(128)
-    assert not claims.sinusoidal_range(lambda p: 2 * sin(p)).holds
-    assert not claims.sinusoidal_wavelengths(qkv.SinusoidalPositionalEncoding(128, base=100.0)).holds
-    r = claims.sinusoidal_rotation(qkv.LearnedPositionalEmbedding(600, 64))
+    assert not positional.sinusoidal_range(lambda p: 2 * sin(p)).holds
+    assert not positional.sinusoidal_wavelengths(qkv.SinusoidalPositionalEncoding(128, base=100.0)).holds
+    r = positional.sinusoidal_rotation(qkv.LearnedPositionalEmbedding(600, 64))
     assert not r.holds and min(r.measured["max_error"]) > 1e-3
     sin64 = qkv.SinusoidalPositionalEncoding(64)
-    assert not claims.sinusoidal_rotation(lambda p: sin64(p**2)).holds  # phase quadratic in position
+    assert not positional.sinusoidal_rotation(lambda p: sin64(p**2)).holds  # phase quadratic in position
 
 
 def test_rotation_matrix_is_built_from_pe_k_only():
     pe = qkv.SinusoidalPositionalEncoding(8)
-    R = claims.rotation_for_shift(pe(torch.tensor([3]))[0].double())
+    R = positional.rotation_for_shift(pe(torch.tensor([3]))[0].double())
     torch.testing.assert_close((pe(torch.tensor([5]))[0].double() @ R.T).float(), pe(torch.tensor([8]))[0],
                                atol=1e-5, rtol=0)
 
@@ -140,29 +142,29 @@ class Clamped(qkv.LearnedPositionalEmbedding):
 
 
 def test_learned_max_len_fails_for_silent_or_unclear_behaviour():
-    assert not claims.learned_max_len(Clamped(16, 8)).holds
+    assert not positional.learned_max_len(Clamped(16, 8)).holds
     table = nn.Embedding(16, 8)
-    r = claims.learned_max_len(lambda n: table(torch.arange(n)))  # IndexError, not a clear error
+    r = positional.learned_max_len(lambda n: table(torch.arange(n)))  # IndexError, not a clear error
     assert not r.holds and r.measured["learned_beyond"].startswith("unclear IndexError")
 
 
 def test_causal_check_fails_without_the_mask():
     mha = qkv.MultiHeadAttention(16, 4)
-    r = claims.causal_no_future({"no mask": (lambda x: mha(x), torch.randn(1, 6, 16))})
+    r = masks.causal_no_future({"no mask": (lambda x: mha(x), torch.randn(1, 6, 16))})
     assert not r.holds and r.measured["no mask"]["max_future_grad"] > 0
 
 
 def test_symmetry_check_fails_when_w_q_is_w_k():
     tied = qkv.SelfAttention(16)
     tied.k_proj = tied.q_proj
-    r = claims.scores_not_symmetric(tied)
+    r = faq.scores_not_symmetric(tied)
     assert not r.holds and r.measured["relative_asymmetry"] < 1e-6
 
 
 def test_self_attention_check_fails_when_the_diagonal_is_masked():
     x = torch.randn(1, 6, 8)
     no_self = ~torch.eye(6, dtype=torch.bool)
-    r = claims.attends_to_itself({"no self": lambda: qkv.scaled_dot_product_attention(
+    r = faq.attends_to_itself({"no self": lambda: qkv.scaled_dot_product_attention(
         x, x, x, mask=no_self, return_weights=True)[1]})
     assert not r.holds and r.measured["no self"]["min_self_weight"] == 0
 
@@ -180,9 +182,9 @@ def diverse_gpt():
 
 def test_head_diversity_holds_for_diverse_heads_and_fails_against_itself():
     model, ids = diverse_gpt(), torch.randint(0, 32, (2, 24))
-    r = claims.head_diversity(model, ids)
+    r = multi_head.head_diversity(model, ids)
     assert r.holds and r.measured["trained_mean"] > 2 * r.measured["init_mean"]
-    assert not claims.head_diversity(model, ids, initial=model).holds
+    assert not multi_head.head_diversity(model, ids, initial=model).holds
 
 
 def test_head_distance_is_zero_for_identical_heads():
@@ -190,16 +192,16 @@ def test_head_distance_is_zero_for_identical_heads():
     with torch.no_grad():  # head 1 = head 0
         for p in (model.blocks[0].attn.q_proj, model.blocks[0].attn.k_proj):
             p.weight[8:] = p.weight[:8]
-    assert claims.head_distances(model, torch.randint(0, 16, (1, 8))).item() == pytest.approx(0, abs=1e-6)
+    assert multi_head.head_distances(model, torch.randint(0, 16, (1, 8))).item() == pytest.approx(0, abs=1e-6)
 
 
 def test_spec_corrections_fail_for_the_wrong_module():
-    r = claims.spec_scores_shape(SpecMHA(32, 4))
+    r = corrections.spec_scores_shape(SpecMHA(32, 4))
     assert not r.holds and r.measured["spec_scores_shape"] == [6, 4, 4] and r.measured["correct_vs_module"] > 1e-2
     sa, pe = qkv.SelfAttention(16), qkv.SinusoidalPositionalEncoding(16)
     with_pe = lambda t: sa(t + pe(t.size(0)))  # noqa: E731
-    assert not claims.spec_pe_check_claim(with_pe, with_pe).holds
-    r = claims.spec_packed_projection(qkv.MultiHeadAttention(32, 4))
+    assert not corrections.spec_pe_check_claim(with_pe, with_pe).holds
+    r = corrections.spec_packed_projection(qkv.MultiHeadAttention(32, 4))
     assert not r.holds and r.measured["linear_submodules"] == ["q_proj", "k_proj", "v_proj", "out_proj"]
 
 
@@ -207,9 +209,55 @@ def test_spec_pe_check_is_blind_and_permutation_test_is_not():
     x = torch.randn(3, 16)
     sa, pe = qkv.SelfAttention(16), qkv.SinusoidalPositionalEncoding(16)
     with torch.no_grad():
-        assert claims.spec_pe_check(sa(x)) == claims.spec_pe_check(sa(x + pe(3))) == False  # noqa: E712
-        assert claims.permutation_check(sa, x, [2, 1, 0])
-        assert not claims.permutation_check(lambda t: sa(t + pe(3)), x, [2, 1, 0])
+        assert corrections.spec_pe_check(sa(x)) == corrections.spec_pe_check(sa(x + pe(3))) == False  # noqa: E712
+        assert corrections.permutation_check(sa, x, [2, 1, 0])
+        assert not corrections.permutation_check(lambda t: sa(t + pe(3)), x, [2, 1, 0])
+
+
+SPEC_ORDER = [  # what `qkv verify` prints, chapter by chapter
+    "scaling-variance", "scaling-saturation", "softmax-rows", "convex-combination", "output-shape",  # ch. 1
+    "mha-params", "mha-flops", "heads-divisible",  # ch. 2
+    "permutation-equivariance", "sinusoidal-range", "sinusoidal-wavelengths", "sinusoidal-rotation",
+    "learned-max-len",  # ch. 3
+    "causal-no-future", "scores-not-symmetric", "attends-to-itself",  # masks, FAQ
+    "spec-2.1-scores-shape", "spec-3.4-pe-check", "spec-q2-packed-projection",  # corrections
+]
+
+
+def test_registry_keeps_the_specs_order():
+    assert list(claims.CHECKS) == SPEC_ORDER and list(claims.RUN_CHECKS) == ["head-diversity"]
+    assert claims.claim_names() == SPEC_ORDER + ["head-diversity"]
+    assert [r.name for r in claims.run_claims(SPEC_ORDER[-3:][::-1])] == SPEC_ORDER[-3:]
+
+
+def test_a_new_check_is_one_decorated_function(monkeypatch):
+    from qkv.claims import registry
+
+    monkeypatch.setattr(registry, "CHECKS", dict(registry.CHECKS))  # registered here only for this test
+
+    @claims.check("draws-are-small", "Q0", "a draw from U(0, 1) is below `bound`")
+    def draws_are_small(bound: float = 1.0):
+        x = torch.rand(())
+        return {"draw": x}, x < bound, f"drew {float(x):.3g}"
+
+    assert registry.claim_names()[-2:] == ["draws-are-small", "head-diversity"]
+    (r,) = registry.run_claims(["draws-are-small"], seed=3)
+    assert r.holds and r.section == "Q0" and r.name == "draws-are-small"
+    assert r.measured == draws_are_small(seed=3).measured != draws_are_small(seed=4).measured
+    assert not draws_are_small(0.0).holds
+    for name in ("draws-are-small", "mha-params", "head-diversity"):
+        with pytest.raises(ValueError, match=f"claim '{name}' is registered twice"):
+            claims.check(name, "Q0", "again")
+
+
+def test_seeded_uses_one_thread_and_leaves_the_callers_rng_alone():
+    threads, state = torch.get_num_threads(), torch.random.get_rng_state()
+    with claims.seeded(5):
+        assert torch.get_num_threads() == 1
+        a = torch.rand(3)
+    with claims.seeded(5):
+        assert torch.equal(torch.rand(3), a)
+    assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)
 
 
 def test_names_and_bad_input():
@@ -221,20 +269,6 @@ def test_names_and_bad_input():
     with pytest.raises(ValueError, match="needs a trained model"):
         claims.run_claims(["head-diversity"])
     assert [r.name for r in claims.run_claims(["mha-params", "output-shape"])] == ["output-shape", "mha-params"]
-
-
-def test_encode_text_checks_vocabulary_and_length():
-    from qkv.data import CharTokenizer
-
-    tok = CharTokenizer("abc ")
-    ids, labels = claims.encode_text(tok, "ab c", max_len=8)
-    assert ids.tolist() == tok.encode("ab c") and labels == ["a", "b", " ", "c"]
-    with pytest.raises(ValueError, match="outside"):
-        claims.encode_text(tok, "abz", max_len=8)
-    with pytest.raises(ValueError, match="9 tokens but the model's max_len is 8"):
-        claims.encode_text(tok, "a" * 9, max_len=8)
-    with pytest.raises(ValueError, match="empty"):
-        claims.encode_text(tok, "", max_len=8)
 
 
 def test_tables_show_every_claim():

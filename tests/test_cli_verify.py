@@ -8,7 +8,8 @@ from torch import nn
 
 import qkv
 from qkv.cli import main
-from qkv.inspect import claims
+from qkv import claims
+from qkv.claims import multi_head
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_verify_json(capsys):
 
 def test_verify_exits_1_when_a_claim_fails(capsys, monkeypatch):
     def broken(seed=0):  # biases add 4·d parameters
-        return claims.mha_params(lambda d, h: qkv.MultiHeadAttention(d, h, bias=True), seed=seed)
+        return multi_head.mha_params(lambda d, h: qkv.MultiHeadAttention(d, h, bias=True), seed=seed)
 
     monkeypatch.setitem(claims.CHECKS, "mha-params", broken)
     assert main(["verify", "--only", "mha-params"]) == 1

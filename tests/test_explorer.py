@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import qkv
-from qkv.inspect import explorer
+from qkv.tokens import encode_text
+from qkv.viz import explorer
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -71,7 +72,7 @@ def _boot(html_text: str) -> dict:
 
 def test_attention_data_carries_the_models_weights(gpt):
     tok = CharTokenizer()
-    ids, labels = explorer.tokenize(tok, "the dog bit the man")
+    ids, labels = encode_text(tok, "the dog bit the man")
     d = explorer.attention_data(gpt, ids, labels)
     T = len(ids)
     assert (d["num_layers"], d["num_heads"], d["T"], d["tokens"], d["ids"]) == (3, 4, T, list("the dog bit the man"), ids)
@@ -123,14 +124,14 @@ def test_bad_input_is_refused(gpt):
     with pytest.raises(ValueError, match="max_len"):  # learned PE has 64 positions
         explorer.attention_data(gpt, [1] * 65, ["a"] * 65)
     with pytest.raises(ValueError, match="unknown characters"):
-        explorer.tokenize(CharTokenizer(), "naïve")
+        encode_text(CharTokenizer(), "naïve")
 
 
 # ---- the page: self-contained and safe --------------------------------------------------------
 
 def test_page_is_self_contained_and_escapes_user_text(gpt):
     tok = CharTokenizer()
-    ids, labels = explorer.tokenize(tok, XSS)
+    ids, labels = encode_text(tok, XSS)
     html_text = explorer.render_html(gpt, ids, labels, title="</title><script>alert(2)</script>")
     assert "alert(1)</script>" not in html_text and "<img" not in html_text and "alert(2)</script>" not in html_text
     assert len(re.findall(r"<script", html_text)) == 2  # the data block and the page's own code
@@ -267,7 +268,7 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
     from playwright.sync_api import expect
 
     text = "the dog bit the man"
-    ids, labels = explorer.tokenize(CharTokenizer(), text)
+    ids, labels = encode_text(CharTokenizer(), text)
     page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title="qkv test page"))
     assert page.title() == "qkv test page"
     assert page.locator("#tokens .tok").count() == len(text)
@@ -311,7 +312,7 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
 
 
 def test_page_in_browser_shows_hostile_text_as_text(browser, gpt, tmp_path):
-    ids, labels = explorer.tokenize(CharTokenizer(), XSS)
+    ids, labels = encode_text(CharTokenizer(), XSS)
     page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title=XSS))
     page.hover("#tokens .tok >> nth=5")
     page.select_option("#layer", "1")

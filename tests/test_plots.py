@@ -1,4 +1,4 @@
-"""qkv.inspect.plots: each figure renders a non-empty PNG of the expected size."""
+"""qkv.viz.plots: each figure renders a non-empty PNG of the expected size."""
 import struct
 
 import pytest
@@ -6,7 +6,9 @@ import torch
 from matplotlib.image import imread
 
 import qkv
-from qkv.inspect import claims, plots
+from qkv import claims
+from qkv.claims import multi_head
+from qkv.viz import plots
 
 
 def png_size(path):
@@ -64,14 +66,10 @@ def test_attention_needs_one_label_per_token(tmp_path):
         plots.plot_attention(tiny_gpt(), torch.arange(4), ["a"], tmp_path / "x.png")
 
 
-def test_attention_maps_shape():
-    assert plots.attention_maps(tiny_gpt(3, 2), torch.arange(5)).shape == (3, 2, 5, 5)
-
-
 def test_report_embeds_figures(tmp_path):
     results = claims.run_claims(["mha-params"])
     gpt = tiny_gpt()
-    results.append(claims.head_diversity(gpt, torch.randint(0, 16, (1, 8))))
+    results.append(multi_head.head_diversity(gpt, torch.randint(0, 16, (1, 8))))
     path = plots.write_report(results, tmp_path / "report.md", model=gpt, ids=torch.arange(6), labels=list("abcdef"))
     text = path.read_text(encoding="utf-8")
     for name in ("report-pe.png", "report-scaling.png", "report-heads.png", "report-attention.png"):

@@ -1,0 +1,148 @@
+"""Chapter 1, self-attention, as checks: the 1/√d_k scaling (§1.3), attention weights as
+probability distributions (§1.4 / Q17), outputs as convex combinations of V's rows (§1.4) and
+of the input's shape (Q18).
+
+Each check's core takes the function or module under test (qkv's by default), so a test can
+hand it a broken one and watch it fail.
+
+Shapes: B batch, T length, C model width, H heads, D head width, L/S query/key length.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
+from .measure import FLOAT_TOL, fmt
+from .registry import check
+
+
+# --- §1.3: scaling by 1/√d_k ---------------------------------------------------------------
+SCALING_D_K = (16, 64, 256)
+
+
+def unit_qk(d_k: int, *, batch: int = 16, n: int = 64) -> tuple[Tensor, Tensor]:
+    """q, k (batch, n, d_k) with independent N(0, 1) entries: the spec's assumption in §1.3."""
+    return torch.randn(batch, n, d_k), torch.randn(batch, n, d_k)
+
+
+def softmax_stats(attention: Callable, q: Tensor, k: Tensor, *, scale: float | None = None) -> dict:
+    """What the softmax inside ``attention`` sees and gives, measured through the function itself.
+
+    With V = I the output *is* the weight matrix, and a zero ``bias`` added to the scores has
+    ∂L/∂bias = ∂L/∂scores: the gradient that reaches the scores through the softmax.
+    Returns the softmax-input variance (per row, recovered as the variance of log-weights),
+    the mean max weight, mean entropy (nats), the fraction of rows with max weight > 0.9,
+    and the median per-row norm of ∂L/∂scores for a random upstream gradient.
+    """
+    B, L, S = q.size(0), q.size(1), k.size(1)
+    v = torch.eye(S).expand(B, S, S)  # (B, S, S): out = weights @ I = weights
+    bias = torch.zeros(B, L, S, requires_grad=True)
+    w = attention(q, k, v, bias=bias, scale=scale)  # (B, L, S)
+    (w * torch.randn(B, L, S)).sum().backward()
+    w = w.detach()
+    logw = w.log()  # = scores − logsumexp(row): same within-row variance as the scores
+    input_var = float(logw.var(-1).mean()) if torch.isfinite(logw).all() else math.inf  # a 0 weight: underflow
+    return {
+        "softmax_input_var": input_var,
+        "max_weight": float(w.max(-1).values.mean()),
+        "entropy": float(-(w * w.clamp_min(1e-30).log()).sum(-1).mean()),
+        "saturated_rows": float((w.max(-1).values > 0.9).float().mean()),
+        "grad_median": float(bias.grad.norm(dim=-1).median()),
+    }
+
+
+@check("scaling-variance", "§1.3",
+       "QKᵀ score variance grows in proportion to d_k; after dividing by √d_k it stays near 1")
+def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
+    """``attention``: a function with qkv.scaled_dot_product_attention's signature (needs ``bias=``, ``scale=``)."""
+    raw, scaled = [], []
+    for d_k in d_ks:
+        q, k = unit_qk(d_k)
+        raw.append(float((q @ k.transpose(-2, -1)).var()) / d_k)  # (B, n, n) raw scores, spec §1.2
+        scaled.append(softmax_stats(attention, q, k)["softmax_input_var"])
+    holds = all(abs(r - 1) < 0.1 for r in raw) and all(abs(s - 1) < 0.1 for s in scaled)
+    summary = f"var(QKᵀ)/d_k = {fmt(raw)}; softmax-input var = {fmt(scaled)} (d_k = {fmt(d_ks)})"
+    return {"d_k": d_ks, "raw_var_over_d_k": raw, "scaled_var": scaled}, holds, summary
+
+
+@check("scaling-saturation", "§1.3",
+       "without the √d_k scaling softmax saturates: near one-hot rows, vanishing gradient")
+def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
+    """Each statistic through ``attention`` with its default scale and with ``scale=1.0``, q, k ~ N(0, 1)."""
+    runs = {"scaled": [], "unscaled": []}
+    for d_k in d_ks:
+        q, k = unit_qk(d_k)
+        runs["scaled"].append(softmax_stats(attention, q, k))
+        runs["unscaled"].append(softmax_stats(attention, q, k, scale=1.0))
+    m = {way: {key: [s[key] for s in stats] for key in ("max_weight", "entropy", "saturated_rows", "grad_median")}
+         for way, stats in runs.items()}
+    s, u = m["scaled"], m["unscaled"]
+
+    def steady(xs):  # within ±15 % across d_k
+        return max(xs) <= 1.15 * min(xs)
+
+    holds = (
+        steady(s["max_weight"]) and steady(s["entropy"]) and steady(s["grad_median"])
+        and u["max_weight"] == sorted(u["max_weight"]) and u["max_weight"][-1] > 0.5
+        and u["grad_median"][-1] < 0.2 * s["grad_median"][-1]
+    )
+    summary = (f"d_k = {fmt(d_ks)}: mean max weight {fmt(s['max_weight'])} scaled vs {fmt(u['max_weight'])} "
+               f"unscaled; entropy {fmt(s['entropy'])} vs {fmt(u['entropy'])} nats; median |∂L/∂scores| "
+               f"{fmt(s['grad_median'])} vs {fmt(u['grad_median'])}")
+    return {"d_k": d_ks, **m}, holds, summary
+
+
+# --- §1.4 / Q17 / Q18: what attention computes ---------------------------------------------
+@check("softmax-rows", "§1.4 / Q17",
+       "each row of attention weights is a probability distribution (non-negative, sums to 1)")
+def softmax_rows(attention: Callable = scaled_dot_product_attention):
+    """``attention`` returns (out, weights) with ``return_weights=True``; plain, causal and padded cases."""
+    q, k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 5)  # (B, H, L|S, D)
+    valid = torch.arange(9) < torch.tensor([9, 4])[:, None]  # (B, S): the second sequence has 4 real keys
+    cases = {"plain": {}, "causal": {"is_causal": True}, "padding": {"mask": valid[:, None, None, :]}}
+    min_w, max_dev = {}, {}
+    for name, kw in cases.items():
+        _, w = attention(q, k, v, return_weights=True, **kw)  # (B, H, L, S)
+        min_w[name], max_dev[name] = float(w.min()), float((w.sum(-1) - 1).abs().max())
+    holds = min(min_w.values()) >= 0 and max(max_dev.values()) < FLOAT_TOL
+    summary = (f"min weight {min(min_w.values()):.3g}; max |row sum − 1| = {max(max_dev.values()):.2g} "
+               "(plain, causal, padding)")
+    return {"min_weight": min_w, "max_row_sum_error": max_dev}, holds, summary
+
+
+@check("convex-combination", "§1.4", "each output row is a convex combination of the rows of V")
+def convex_combination(module: nn.Module | None = None):
+    """``module``: SelfAttention-like, with ``v_proj`` and ``return_weights=True``."""
+    module = SelfAttention(16) if module is None else module
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        out, w = module(x, return_weights=True)  # (B, T, C), (B, T, T)
+        v = module.v_proj(x)  # (B, T, C)
+    recon = float((out - w @ v).abs().max())
+    row_dev = float((w.sum(-1) - 1).abs().max())
+    # A convex combination stays inside the per-coordinate range of the rows it mixes.
+    outside = float(torch.maximum(out - v.amax(-2, keepdim=True), v.amin(-2, keepdim=True) - out).clamp_min(0).max())
+    holds = float(w.min()) >= 0 and row_dev < FLOAT_TOL and recon < FLOAT_TOL and outside < FLOAT_TOL
+    summary = (f"max |out − W·V| = {recon:.2g}; min weight {float(w.min()):.3g}; "
+               f"max |row sum − 1| = {row_dev:.2g}; max excursion outside V's range {outside:.2g}")
+    return {"max_reconstruction_error": recon, "min_weight": float(w.min()), "max_row_sum_error": row_dev,
+            "max_outside_value_range": outside}, holds, summary
+
+
+@check("output-shape", "Q18", "the attention output has the input's shape")
+def output_shape(modules: dict | None = None):
+    """``modules``: name -> (module, input shapes)."""
+    if modules is None:
+        modules = {"SelfAttention": (SelfAttention(16), [(5, 16), (2, 5, 16), (2, 3, 5, 16)]),
+                   "MultiHeadAttention": (MultiHeadAttention(16, 4), [(1, 5, 16), (3, 7, 16)])}
+    pairs = {}
+    with torch.no_grad():
+        for name, (module, shapes) in modules.items():
+            pairs[name] = [[list(s), list(module(torch.randn(*s)).shape)] for s in shapes]
+    holds = all(i == o for ps in pairs.values() for i, o in ps)
+    summary = "; ".join(f"{n}: " + ", ".join(f"{tuple(i)}→{tuple(o)}" for i, o in ps) for n, ps in pairs.items())
+    return {"input_output_shapes": pairs}, holds, summary
