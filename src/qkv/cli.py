@@ -222,7 +222,7 @@ def _add_verify(sub) -> None:
 def _run_verify(args) -> int:
     import json
 
-    from .inspect import claims
+    from . import claims
 
     if args.list:
         print("\n".join(claims.claim_names()))
@@ -245,7 +245,7 @@ def _run_verify(args) -> int:
     else:
         print(claims.format_table(results))
     if args.markdown:
-        from .inspect import plots
+        from .viz import plots
 
         sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
         labels = None if sample is None else run.tokenizer.token_strings(sample.tolist())
@@ -273,7 +273,7 @@ def _add_plot(sub) -> None:
 def _run_plot(args) -> int:
     from pathlib import Path
 
-    from .inspect import plots
+    from .viz import plots
 
     out = Path(args.out)
     if args.figure == "pe":
@@ -370,7 +370,7 @@ def _add_explore(sub) -> None:
 
 
 def _run_explore(args) -> int:
-    from .inspect import explorer
+    from .viz import explorer
 
     if not args.serve and args.text is None:
         raise CommandError("explore: give --text TEXT (or --serve for a page with a text box)")
