@@ -55,7 +55,8 @@ def test_pe_study_writes_every_scheme_length_plot_and_sentences(tiny_study):
             assert row["bpc"] == "n/a"  # no embedding past max_len = L
         else:
             assert 0 < float(row["bpc"]) < 10
-    assert (out / "pe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (out / "pe.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[16:24] == (800).to_bytes(4, "big") + (304).to_bytes(4, "big")
     md = (out / "results.md").read_text()
     assert "| alibi |" in md and "non-overlapping" in md and "n/a" in md
     assert any("within 10 %" in s or "10 %" in s for s in r.sentences) and any("learned" in s for s in r.sentences)
@@ -120,6 +121,19 @@ def test_pe_bad_input(tmp_path, corpus):
         pe.run(pe.PEStudyConfig(**TINY), out=tmp_path / "file", corpus=corpus, progress=False)
     with pytest.raises(ValueError, match="chunk"):
         pe.chunk_starts(10, 64, 4)
+
+
+def test_output_folders_are_checked_before_any_training(tmp_path, corpus):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        order.run(order.OrderStudyConfig.quick(), out=tmp_path / "file", progress=False)
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "results.csv").write_text("x")
+    with pytest.raises(ValueError, match=r"already holds a study's results \(results.csv\)"):
+        pe.run(pe.PEStudyConfig(**TINY), out=tmp_path / "done", corpus=corpus, progress=False, overwrite=False)
+    with pytest.raises(ValueError, match=r"already holds a study's results \(results.csv\)"):
+        order.run(order.OrderStudyConfig.quick(), out=tmp_path / "done", progress=False, overwrite=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["done", "file", "results.csv"]
 
 
 def test_order_pe_beats_no_pe_and_no_pe_stays_order_blind(tmp_path):

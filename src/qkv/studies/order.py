@@ -27,13 +27,15 @@ from torch import Tensor, nn
 
 from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
+from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
 from ..train import TrainConfig, build_optimizer, lr_at
-from ..runtime import resolve_device
-from .pe import SCHEMES, machine, threads
+from .pe import SCHEMES
+from .progress import models_bar
 
 TASKS = ("reverse", "shift")
 TASK_TEXT = {"reverse": "output the token at the mirrored position T − 1 − i",
              "shift": "output the previous token"}
+OUTPUTS = ("results.csv", "results.md", "summary.json")
 
 
 @dataclass
@@ -166,42 +168,31 @@ class OrderStudyResult:
 
 
 def run(config: OrderStudyConfig | None = None, *, out: str | os.PathLike | None = None,
-        progress: bool = True) -> OrderStudyResult:
-    """Train one encoder per task and scheme; write results.csv, results.md, summary.json to ``out``."""
+        progress: bool = True, overwrite: bool = True) -> OrderStudyResult:
+    """Train one encoder per task and scheme; write results.csv, results.md, summary.json to ``out``
+    (checked before any training; ``overwrite=False`` refuses a directory that has them)."""
     cfg = config or OrderStudyConfig()
-    with threads(cfg.threads):
+    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
+    with fixed_threads(cfg.threads):
         return _run(cfg, out, progress)
 
 
-def _run(cfg: OrderStudyConfig, out, progress: bool) -> OrderStudyResult:
+def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool) -> OrderStudyResult:
     t0 = time.perf_counter()
     test = torch.randint(cfg.vocab_size, (cfg.test_size, cfg.seq_len),
                          generator=torch.Generator().manual_seed(cfg.seed + 1))  # (N, T), unseen in training
     rows = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(cfg.tasks) * len(cfg.schemes), unit="model", desc="qkv study order", dynamic_ncols=True)
-    try:
-        for task in cfg.tasks:
-            for scheme in cfg.schemes:
-                if bar is not None:
-                    bar.set_postfix_str(f"{task}, {scheme}")
-                acc, loss = train_one(cfg, task, scheme, test)
-                rows.append({"task": task, "scheme": scheme, "accuracy": acc, "train_loss": loss})
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    jobs = [(task, scheme) for task in cfg.tasks for scheme in cfg.schemes]
+    for task, scheme in models_bar(jobs, desc="qkv study order", enabled=progress, label=", ".join):
+        acc, loss = train_one(cfg, task, scheme, test)
+        rows.append({"task": task, "scheme": scheme, "accuracy": acc, "train_loss": loss})
     bags = {task: bag_baseline(test, task_targets(test, task)) for task in cfg.tasks}
     chance = 1 / cfg.vocab_size
     said = [s for task in cfg.tasks for s in sentences([r for r in rows if r["task"] == task], chance, bags[task], task)]
     result = OrderStudyResult(rows=rows, chance=chance, bag_baseline=bags, sentences=said, config=cfg,
                               seconds=time.perf_counter() - t0)
     if out is not None:
-        result.out = Path(out)
+        result.out = out
         _write(result)
     return result
 
@@ -238,9 +229,6 @@ def markdown_table(result: OrderStudyResult) -> str:
 
 def _write(result: OrderStudyResult) -> None:
     out, cfg = result.out, result.config
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["scheme", "task", "accuracy", "train_loss"])

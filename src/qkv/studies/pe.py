@@ -22,9 +22,7 @@ import csv
 import io
 import math
 import os
-import platform
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -32,10 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..fileio import atomic_json, atomic_via, atomic_write
 from ..data import load_corpus, train_tokenizer
+from ..fileio import atomic_json, atomic_write
 from ..models import POSITIONAL, ModelConfig
-from ..train import LN2, TrainConfig, cpu_threads, train
+from ..runtime import fixed_threads, machine, prepare_output_dir
+from ..train import LN2, TrainConfig, train
+from .progress import models_bar
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 FACTORS = (1, 2, 4, 8)  # evaluation lengths, in multiples of L
@@ -154,20 +154,9 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
         overwrite: replace the study's files in ``out``; False refuses a directory that has them.
     """
     cfg = config or PEStudyConfig()
-    out = _prepare_out(out, overwrite)
-    with threads(cfg.threads or cpu_threads()) as n:
+    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
+    with fixed_threads(cfg.threads) as n:  # None: the cores other processes leave free, for the whole study
         return _run(replace(cfg, threads=n), out, corpus, progress)
-
-
-@contextmanager
-def threads(n: int):
-    """Run on ``n`` intra-op CPU threads, restoring the caller's count afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool) -> PEStudyResult:
@@ -180,24 +169,16 @@ def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool) -> PEStud
     jobs = [(seed, s) for seed in range(cfg.seed, cfg.seed + cfg.seeds) for s in cfg.schemes]
     per_seed: dict[tuple[str, int], list[Tensor | None]] = {(s, T): [] for s in cfg.schemes for T in lengths}
     params: dict[str, int] = {}
-    bar = _bar(len(jobs), progress)
-    try:
-        for seed, scheme in jobs:
-            if bar is not None:
-                bar.set_postfix_str(f"{scheme}, seed {seed}")
-            tc = TrainConfig(model=cfg.model_config(scheme, tokenizer.vocab_size), context=L,
-                             max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
-                             warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8,
-                             final_eval=False, seed=seed, device=cfg.device, threads=cfg.threads, progress=False)
-            model = train(tc, corpus=corpus, tokenizer=tokenizer).model
-            params[scheme] = model.num_parameters()
-            for T in lengths:
-                per_seed[(scheme, T)].append(_score(model, val_ids, starts, lengths[-1], T))
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    for seed, scheme in models_bar(jobs, desc="qkv study pe", enabled=progress,
+                                   label=lambda job: f"{job[1]}, seed {job[0]}"):
+        tc = TrainConfig(model=cfg.model_config(scheme, tokenizer.vocab_size), context=L,
+                         max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
+                         warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8,
+                         final_eval=False, seed=seed, device=cfg.device, threads=cfg.threads, progress=False)
+        model = train(tc, corpus=corpus, tokenizer=tokenizer).model
+        params[scheme] = model.num_parameters()
+        for T in lengths:
+            per_seed[(scheme, T)].append(_score(model, val_ids, starts, lengths[-1], T))
     rows, positions = _summarise(per_seed, cfg, lengths)
     result = PEStudyResult(rows=rows, positions=positions, sentences=sentences(rows, L), table="",
                            config=cfg, seconds=time.perf_counter() - t0, parameters=params, out=out)
@@ -291,41 +272,6 @@ def markdown_table(rows: list[dict], L: int, seeds: int = 1) -> str:
 
 # --- output ----------------------------------------------------------------------------------
 
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="model", desc="qkv study pe", dynamic_ncols=True)
-
-
-def _prepare_out(out, overwrite: bool) -> Path | None:
-    if out is None:
-        return None
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    if not overwrite and any((out / name).exists() for name in OUTPUTS):
-        raise ValueError(f"{out} already holds a study's results; pass overwrite=True to replace them")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def machine() -> str:
-    """A one-line description of where the study ran."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    return (f"{dev}; {cpu}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads; "
-            f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
-
-
 def _csv(rows: list[dict], columns: list[str]) -> bytes:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -363,14 +309,14 @@ def _write(result: PEStudyResult, corpus, n_chunks: int) -> None:
 
 def plot(result: PEStudyResult, path: Path) -> Path:
     """Left: bpc against evaluation length, one line per scheme. Right: loss per position at 8L."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..viz.figures import save_png
 
     L = result.config.train_len
     lengths = sorted({r["eval_len"] for r in result.rows})
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8), layout="tight")
+    a, b = fig.subplots(1, 2)
     for s in dict.fromkeys(r["scheme"] for r in result.rows):
         ys = [result.bpc(s, T) for T in lengths]
         line, = a.plot(lengths, ys, marker="o", label=s)
@@ -385,9 +331,7 @@ def plot(result: PEStudyResult, path: Path) -> Path:
     a.legend(fontsize=8)
     b.axvline(L, color="gray", linestyle="--", linewidth=1)
     b.annotate(f" L = {L}", (L, 1), xycoords=("data", "axes fraction"), va="top", fontsize=8, color="gray")
-    b.set(xlabel="position in the window", ylabel="bits per character", title=f"loss per position, windows of {lengths[-1]}")
+    b.set(xlabel="position in the window", ylabel="bits per character",
+          title=f"loss per position, windows of {lengths[-1]}")
     b.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=80)
