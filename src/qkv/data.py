@@ -26,6 +26,7 @@ from .fileio import atomic_text, atomic_write
 VAL_FRACTION = 0.05
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # sequence-to-sequence tokenizers: ids 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -204,11 +205,12 @@ class BPETokenizer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def train(cls, texts: str | list[str], vocab_size: int = 1024, *, max_chars: int | None = 2_000_000
-              ) -> "BPETokenizer":
+    def train(cls, texts: str | list[str], vocab_size: int = 1024, *, max_chars: int | None = 2_000_000,
+              special_tokens: tuple[str, ...] = ()) -> "BPETokenizer":
         """Learn ``vocab_size`` − 256 merges on top of the 256 byte tokens, from at most ``max_chars``
         characters spread evenly over the text (2 M gave 2.62 characters per token on the validation
-        text, 4 M gave 2.70: merge statistics settle long before 11 M)."""
+        text, 4 M gave 2.70: merge statistics settle long before 11 M). ``special_tokens`` (e.g.
+        ``SPECIAL_TOKENS``) take ids 0, 1, … and are never split or merged."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if not isinstance(vocab_size, int) or not 257 <= vocab_size <= 1 << 20:
@@ -217,7 +219,7 @@ class BPETokenizer:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      special_tokens=[], show_progress=False)
+                                      special_tokens=list(special_tokens), show_progress=False)
         pieces = list(_chunks([texts] if isinstance(texts, str) else texts))
         total = sum(len(p) for p in pieces)
         if max_chars and total > max_chars:
@@ -229,6 +231,22 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def special_id(self, token: str) -> int | None:
+        """The id of a special token (``SPECIAL_TOKENS``), None if this tokenizer has none."""
+        return self.tokenizer.token_to_id(token)
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.special_id(SPECIAL_TOKENS[0])
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.special_id(SPECIAL_TOKENS[1])
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.special_id(SPECIAL_TOKENS[2])
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
 
@@ -238,6 +256,7 @@ class BPETokenizer:
         return torch.tensor([i for e in encs for i in e.ids], dtype=torch.int64)
 
     def decode(self, ids) -> str:
+        """ids -> text; special tokens (padding, start, end) are left out."""
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:

@@ -138,6 +138,9 @@ PRESETS: dict[str, ModelConfig] = {
     # The paper's base model (Vaswani et al. Table 3): d=512, h=8, N=6, d_ff=2048, post-LN.
     "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512,
                               positional="sinusoidal", norm_first=False, activation="relu", scale_embeddings=True),
+    # `qkv train --task translate`: the paper's encoder-decoder at CPU size (shared 8000-token BPE vocabulary).
+    "translate": ModelConfig(vocab_size=8000, d_model=256, num_heads=4, num_layers=3, d_ff=1024, max_len=96,
+                             positional="sinusoidal", norm_first=True, activation="relu", scale_embeddings=True),
     # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
     "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,
                         activation="gelu_tanh"),
@@ -463,6 +466,22 @@ class Transformer(CausalTrunk):
                              return_attention=return_attention)
         out.logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         return out
+
+    def generate(self, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_tokens: int = 64,
+                 num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool = False, use_cache: bool = True,
+                 special=None) -> Tensor:
+        """Target ids (B, 1 + n) for sources (B, S): greedy when ``num_beams`` is 1, beam search otherwise.
+
+        ``special``: a ``qkv.beam_search.Special`` (start, end, padding ids); see ``qkv.beam_search.decode``.
+        """
+        from .beam_search import decode
+
+        if special is None:
+            raise ValueError("generate needs special=qkv.beam_search.Special(start=..., eos=..., pad=...): "
+                             "the target vocabulary's start, end and padding ids")
+        return decode(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens, special=special,
+                      num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                      use_cache=use_cache)
 
     def forward(
         self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,

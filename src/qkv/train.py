@@ -37,12 +37,17 @@ from .tasks import make_task
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
-RESUME_FIXED = ("task", "preset", "model", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
+RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
                 "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
 # The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
 # lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
 # in 3 minutes 2048 tokens beat 1024 (README "Train and sample"). Every other preset: characters.
-PRESET_TOKENIZERS = {"demo": ("bpe", 2048)}
+PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
+# What each task trains by default (fields left None in a TrainConfig).
+TASK_DEFAULTS = {
+    "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50},
+    "translate": {"preset": "translate", "batch_size": 64, "lr": 2e-3, "warmup_steps": 100},
+}
 
 
 @dataclass
@@ -51,7 +56,7 @@ class TrainConfig:
     (the first reached ends the run; the cosine schedule follows whichever is furthest along)."""
 
     task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.tasks
-    preset: str = "demo"
+    preset: str | None = None  # None: the task's (TASK_DEFAULTS): demo for lm, translate for translate
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
     data: str | None = None  # None: the embedded standard-library corpus
     out: str | None = None  # run directory; None: write nothing
@@ -63,11 +68,11 @@ class TrainConfig:
     max_steps: int | None = None
     max_tokens: int | None = None
     max_minutes: float | None = None
-    batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
+    batch_size: int | None = None  # sequences (pairs) per optimizer step, over all ranks and micro-steps
     grad_accum: int = 1
-    lr: float = 6e-3
+    lr: float | None = None
     min_lr_ratio: float = 0.1  # the cosine ends at lr · min_lr_ratio
-    warmup_steps: int = 50
+    warmup_steps: int | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -80,6 +85,11 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
+    # translation only (task="translate"); ``data`` is then a pairs file or a directory of .po/.mo catalogs
+    target_lang: str = "zh_CN"
+    label_smoothing: float = 0.1  # the paper's ε (§5.4)
+    num_beams: int = 4  # beam search for the final BLEU / chrF (the paper: 4, α = 0.6)
+    length_penalty: float = 0.6
     progress: bool = True  # tqdm progress bar (rank 0)
 
     def __post_init__(self) -> None:
@@ -87,12 +97,19 @@ class TrainConfig:
 
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {sorted(TASKS)}")
+        for name, value in TASK_DEFAULTS[self.task].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         if self.model is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
+        if self.task == "translate" and self.tokenizer not in (None, "bpe"):
+            raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
+                             "is for language modelling")
         if self.tokenizer is None:
-            self.tokenizer, default_vocab = PRESET_TOKENIZERS.get(self.preset if self.model is None else "", ("char", None))
+            key = "translate" if self.task == "translate" else self.preset if self.model is None else ""
+            self.tokenizer, default_vocab = PRESET_TOKENIZERS.get(key, ("char", None))
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from .base import Task
 from .language_model import LanguageModelTask
+from .translation import TranslationTask
 
-TASKS: dict[str, type[Task]] = {"lm": LanguageModelTask}
+TASKS: dict[str, type[Task]] = {"lm": LanguageModelTask, "translate": TranslationTask}
 
 
 def register(name: str, cls: type[Task]) -> None:
@@ -24,4 +25,4 @@ def make_task(name: str, **inputs) -> Task:
     return TASKS[name](**inputs)
 
 
-__all__ = ["TASKS", "Task", "LanguageModelTask", "make_task", "register"]
+__all__ = ["TASKS", "Task", "LanguageModelTask", "TranslationTask", "make_task", "register"]

@@ -1,0 +1,86 @@
+"""The translation task in the training recipe: pairs → Transformer → beam search → BLEU / chrF."""
+import pytest
+import torch
+
+from qkv import checkpoint as ckpt
+from qkv.catalogs import load_pairs
+from qkv.models import GPT, ModelConfig, Transformer
+from qkv.tasks.translation import translate_texts
+from qkv.train import TrainConfig, train
+
+WORDS = ["file", "open", "save", "close", "error", "print", "copy", "delete", "network", "user"]
+ZH = ["文件", "打开", "保存", "关闭", "错误", "打印", "复制", "删除", "网络", "用户"]
+TINY = ModelConfig(d_model=32, num_heads=2, num_layers=2, max_len=32, positional="sinusoidal", d_ff=64,
+                   activation="relu", dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    lines = [f"{a} {b} %s\t{za}{zb} %s" for a, za in zip(WORDS, ZH) for b, zb in zip(WORDS, ZH) if a != b]
+    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def cfg(pairs, **kw) -> TrainConfig:
+    base = dict(task="translate", data=str(pairs), model=TINY, vocab_size=300, max_steps=4, batch_size=8,
+                eval_interval=2, progress=False, final_eval=False, threads=1, num_beams=2)
+    return TrainConfig(**(base | kw))
+
+
+def test_translation_run_writes_a_transformer_run_and_scores_it(pairs_file, tmp_path):
+    out = tmp_path / "run"
+    r = train(cfg(pairs_file, out=str(out), final_eval=True))
+    s = r.summary
+    for key in ("bleu", "chrf", "greedy_chrf", "copy_bleu", "copy_chrf", "memory_bleu", "memory_chrf", "val_loss"):
+        assert isinstance(s[key], float) and s[key] >= 0, key
+    assert s["task"] == "translate" and s["train_pairs"] + s["val_pairs"] == 90 and s["target_lang"] == "zh_CN"
+    assert s["memory_chrf"] > s["copy_chrf"]  # neighbours share words: the memory is informative here
+    assert {r["step"] for r in r.metrics} == {2, 4} and all("val_loss" in m for m in r.metrics)
+    run = ckpt.load_run(out)
+    assert isinstance(run.model, Transformer)
+    (text,) = translate_texts(run.model, run.tokenizer, ["open file %s"], num_beams=2)
+    assert isinstance(text, str)
+
+
+def test_translation_resume_is_exact(pairs_file, tmp_path):
+    full = train(cfg(pairs_file, out=str(tmp_path / "a")))
+    train(cfg(pairs_file, out=str(tmp_path / "b")), stop_at=2)
+    resumed = train(TrainConfig.for_resume(tmp_path / "b", progress=False))
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_the_loss_is_label_smoothed_cross_entropy(pairs_file):
+    from qkv.runtime import Dist
+    from qkv.train import Recipe
+
+    recipe = Recipe(cfg(pairs_file, label_smoothing=0.3), Dist())
+    recipe.setup()
+    (micro,) = recipe.task.draw(torch.Generator().manual_seed(0), recipe.cfg, recipe.dist)
+    src, src_mask, tgt_in, targets = micro
+    assert (targets == -100).any() and (src_mask == 0).any()  # a padded batch
+    logits = recipe.model(src, tgt_in, src_mask=src_mask).logits
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                             label_smoothing=0.3)
+    assert torch.allclose(recipe.task.loss(recipe.model, micro), want)
+
+
+def test_a_language_model_cannot_translate():
+    from qkv.data import BPETokenizer, SPECIAL_TOKENS
+
+    tok = BPETokenizer.train(["hello world"] * 10, 300, special_tokens=SPECIAL_TOKENS)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        translate_texts(GPT(ModelConfig(vocab_size=300)), tok, ["hi"])
+
+
+def test_bad_translation_settings(pairs_file, tmp_path):
+    with pytest.raises(ValueError, match="shared byte-level BPE"):
+        cfg(pairs_file, tokenizer="char")
+    with pytest.raises(ValueError, match="need at least batch_size"):
+        train(cfg(pairs_file, batch_size=4096, out=str(tmp_path / "x")))
+    assert not (tmp_path / "x").exists()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("one\ttwo\nthree without a tab\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2"):
+        load_pairs(str(bad))
