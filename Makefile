@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install bench clean browser
+.PHONY: demo test install bench clean browser fonts
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/qkv train --preset demo --out runs/demo --overwrite --sample-tokens 0
 	$(VENV)/bin/qkv sample --run runs/demo --prompt "def " --max-new-tokens 300 --temperature 0.8 --seed 0
 
-test: $(STAMP) browser
+test: $(STAMP) browser fonts
 	$(PY) -m pytest -q
 
 # The explorer's tests drive Debian's chromium through Playwright (never `playwright install`).
@@ -32,6 +32,16 @@ browser:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  || echo "make: could not install chromium; the browser tests will skip"; fi
+
+# Figures draw Chinese labels with an installed CJK font (qkv.viz.figures); where fontconfig
+# knows none, Debian's small fonts-wqy-microhei is installed. Otherwise the CJK figure test skips.
+fonts:
+	@if ! fc-list :lang=zh 2>/dev/null | grep -q .; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+	    $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei \
+	    || echo "make: could not install fonts-wqy-microhei; the CJK figure test will skip"; \
+	  else echo "make: no CJK font and no apt-get; install one (e.g. Noto Sans CJK) or the CJK figure test will skip"; fi; fi
 
 bench: $(STAMP)
 	$(PY) -m benchmarks --quick
