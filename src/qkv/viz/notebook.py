@@ -1,0 +1,97 @@
+"""The attention explorer inside Jupyter: ``show(source, text)`` returns an object a notebook
+displays inline — the page ``qkv explore --html`` writes, in a sandboxed iframe.
+
+    source → (model, tokenizer) → tokens.encode_text → explorer.render_html → <iframe srcdoc=…>
+
+The page travels HTML-escaped in ``srcdoc``, so no character of it can end the attribute, and
+``sandbox="allow-scripts"`` gives it an opaque origin: its scripts run, but cannot reach the
+notebook, its kernel or its cookies. Nothing is fetched: scripts, styles and data are inline and
+the page's Content-Security-Policy forbids network loads.
+
+Shapes: T tokens.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..checkpoint import Run, load_run
+from ..tokens import encode_text
+from .explorer import render_html, write_html
+
+HEIGHT = 760  # pixels: the heatmap, the head grid and the entropy table without scrolling on a laptop
+
+
+class ExplorerView:
+    """An explorer page that Jupyter shows inline (``_repr_html_``); ``.html`` is the page itself."""
+
+    def __init__(self, page: str, *, height: int = HEIGHT) -> None:
+        if not isinstance(height, int) or isinstance(height, bool) or not 100 <= height <= 10_000:
+            raise ValueError(f"height must be an int in 100 … 10000 (pixels), got {height!r}")
+        self.html, self.height = page, height
+
+    def _repr_html_(self) -> str:
+        return (f'<iframe sandbox="allow-scripts" referrerpolicy="no-referrer" title="qkv attention explorer" '
+                f'style="width: 100%; height: {self.height}px; border: 1px solid #ddd" '
+                f'srcdoc="{html.escape(self.html, quote=True)}"></iframe>')
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the page as a standalone HTML file (atomically)."""
+        return write_html(path, self.html)
+
+    def __repr__(self) -> str:
+        return f"ExplorerView({len(self.html):,} characters of HTML; display it in Jupyter or .save(path))"
+
+
+def show(source: Any, text: str, *, tokenizer: Any = None, title: str = "qkv explorer",
+         height: int = HEIGHT) -> ExplorerView:
+    """The attention explorer on ``text``, shown inline when a notebook cell ends with it.
+
+    ``source``: a qkv model (with ``tokenizer=``), a ``Run``, a run directory or a Hugging Face
+    directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels.
+    """
+    model, tokenizer = load_source(source, tokenizer=tokenizer)
+    max_len = getattr(getattr(model, "config", None), "max_len", None)
+    ids, labels = encode_text(tokenizer, text, max_len=max_len)
+    return ExplorerView(render_html(model, ids, labels, title=title), height=height)
+
+
+def load_source(source: Any, *, tokenizer: Any = None) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) from a model (+ ``tokenizer``), a Run, a run directory or a Hugging Face directory."""
+    if isinstance(source, nn.Module):
+        model, own = source, None
+    elif isinstance(source, Run):
+        model, own = source.model, source.tokenizer
+    elif isinstance(source, (str, os.PathLike)):
+        model, own = _load_directory(Path(source))
+    else:
+        raise TypeError("source must be a qkv model, a Run, or the path of a run or Hugging Face directory, "
+                        f"got {type(source).__name__}")
+    tokenizer = own if tokenizer is None else tokenizer
+    if tokenizer is None:
+        raise ValueError("expected a tokenizer to read the text, got none: pass show(model, text, tokenizer=…)")
+    return model, tokenizer
+
+
+def _load_directory(path: Path) -> tuple[nn.Module, Any]:
+    """A run directory, or a Hugging Face one (its config.json names a ``model_type``)."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"expected a qkv run directory or a Hugging Face model directory, got {path}: "
+                         + ("no config.json in it" if path.is_dir() else "no such directory"))
+    try:
+        is_hf = "model_type" in json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, TypeError):
+        is_hf = False  # load_run says what is wrong with it
+    if is_hf:
+        from ..interop.hf import load_pretrained
+
+        model, tokenizer = load_pretrained(path)
+        return model.eval(), tokenizer
+    run = load_run(path)
+    return run.model, run.tokenizer
