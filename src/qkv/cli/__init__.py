@@ -1,0 +1,70 @@
+"""The `qkv` command: parse, call the library, print.
+
+Each command is a pair in COMMANDS: ``add_X(sub)`` declares its arguments and returns its parser,
+``run_X(args)`` calls the library and returns the exit status. A new command is one pair in a
+module of this package and one line in COMMANDS; a new figure or study, one line in
+verify.FIGURES or study.STUDIES. Errors: see errors.py (user error 2, bug in qkv 1, Ctrl-C 130).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .bench import add_bench, run_bench
+from .errors import CommandError, Parser, debugging, report
+from .explore import add_explore, run_explore
+from .sources import add_model_source, load_model_source
+from .study import add_study, run_study
+from .train import add_info, add_sample, add_train, run_info, run_sample, run_train
+from .verify import add_plot, add_verify, run_plot, run_verify
+
+__all__ = ["COMMANDS", "CommandError", "add_model_source", "build_parser", "load_model_source", "main"]
+
+COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `qkv --help` order
+    "train": (add_train, run_train),
+    "sample": (add_sample, run_sample),
+    "info": (add_info, run_info),
+    "verify": (add_verify, run_verify),
+    "plot": (add_plot, run_plot),
+    "study": (add_study, run_study),
+    "explore": (add_explore, run_explore),
+    "bench": (add_bench, run_bench),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `qkv` parser: one subcommand per entry of COMMANDS, each knowing its run function."""
+    from .. import __version__
+
+    parser = Parser(prog="qkv", description="Attention, multi-head attention and positional encodings: "
+                    "train, sample, check and look inside Transformer models.")
+    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for add, run in COMMANDS.values():
+        add(sub).set_defaults(handler=run)  # not "run": --run DIR is a flag
+    return parser
+
+
+def dispatch(argv: list[str] | None) -> int:
+    """Parse ``argv`` and run its command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        raise CommandError("choose a command (listed above)")
+    return int(args.handler(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console entry point: the command's exit status (0 done, 1 a check failed or a bug, 2 user error)."""
+    try:
+        return dispatch(argv)
+    except KeyboardInterrupt as e:  # Ctrl-C; training saves a checkpoint first and says where
+        print(f"qkv: {e or 'interrupted'}", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except Exception as e:  # noqa: BLE001 - the policy in errors.py: one line, never a traceback
+        if debugging():
+            raise
+        return report(e)

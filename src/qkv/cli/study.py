@@ -1,0 +1,90 @@
+"""`qkv study STUDY`: experiments on positional encodings, run on this machine."""
+from __future__ import annotations
+
+import argparse
+
+from .errors import Parser
+
+
+def add_study_pe(studies) -> argparse.ArgumentParser:
+    """Declare `qkv study pe`."""
+    p = studies.add_parser("pe", help="train GPTs differing only in PE at L, score bpc at L, 2L, 4L, 8L",
+                           description="Train identical small GPTs that differ only in positional scheme (none, "
+                           "sinusoidal, learned, rope, alibi) at length L with one token budget and seed, and score "
+                           "validation bits per character at L, 2L, 4L, 8L on non-overlapping windows. Writes "
+                           "results.csv, results.md, positions.csv (loss per position), pe.png and summary.json. "
+                           "Default: about 20 minutes on 2 free CPU cores; --quick: about a minute.")
+    p.add_argument("--quick", action="store_true", help="a smaller model and budget (about a minute)")
+    p.add_argument("--seeds", type=int, default=1, help="models per scheme; > 1 adds std columns (default 1)")
+    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
+    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
+    p.add_argument("--train-len", type=int, default=64, help="training length L (default 64)")
+    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", default="runs/study-pe", metavar="DIR", help="output directory (default runs/study-pe)")
+    return p
+
+
+def study_pe(args: argparse.Namespace):
+    """Run the length-extrapolation study and print its table and findings."""
+    from ..studies import pe
+
+    overrides = {"seeds": args.seeds, "seed": args.seed, "data": args.data, "train_len": args.train_len,
+                 "device": args.device}
+    if args.max_tokens is not None:
+        overrides["max_tokens"] = args.max_tokens
+    cfg = pe.PEStudyConfig.quick(**overrides) if args.quick else pe.PEStudyConfig(**overrides)
+    result = pe.run(cfg, out=args.out, progress=not args.quiet)
+    print(result.table, "", *result.sentences, "", sep="\n")
+    return result
+
+
+def add_study_order(studies) -> argparse.ArgumentParser:
+    """Declare `qkv study order`."""
+    p = studies.add_parser("order", help="an Encoder on a task that needs order, with no PE and each PE",
+                           description="Train a bidirectional Encoder with a linear head on random sequences "
+                           "(reverse: output the token at the mirrored position; shift: the previous token) "
+                           "with no PE and with each PE; writes results.csv (scheme, task, accuracy), "
+                           "results.md and summary.json.")
+    p.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    p.add_argument("--task", action="append", choices=("reverse", "shift"),
+                   help="reverse or shift (repeatable; default both)")
+    p.add_argument("--seed", type=int, default=1337, help="seed (default 1337)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", default="runs/study-order", metavar="DIR", help="default runs/study-order")
+    return p
+
+
+def study_order(args: argparse.Namespace):
+    """Run the order study and print its table and findings."""
+    from ..studies import order
+
+    overrides = {"seed": args.seed, "device": args.device} | ({"tasks": args.task} if args.task else {})
+    cfg = order.OrderStudyConfig.quick(**overrides) if args.quick else order.OrderStudyConfig(**overrides)
+    result = order.run(cfg, out=args.out, progress=not args.quiet)
+    print(order.markdown_table(result), "", *result.sentences, "", sep="\n")
+    return result
+
+
+STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds)
+    "pe": (add_study_pe, study_pe),
+    "order": (add_study_order, study_order),
+}
+
+
+def add_study(sub) -> argparse.ArgumentParser:
+    """Declare `qkv study` and one subcommand per entry of STUDIES."""
+    p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order",
+                       description="Experiments on positional encodings, run on this machine.")
+    studies = p.add_subparsers(dest="study", metavar="STUDY", required=True, parser_class=Parser)
+    for add, _ in STUDIES.values():
+        add(studies).add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def run_study(args: argparse.Namespace) -> int:
+    """Run the study and say where its files are."""
+    result = STUDIES[args.study][1](args)
+    print(f"wrote {args.out}/ (results.csv, results.md{', pe.png' if args.study == 'pe' else ''}) "
+          f"in {result.seconds / 60:.1f} min")
+    return 0

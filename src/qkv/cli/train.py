@@ -1,0 +1,174 @@
+"""`qkv train`, `qkv sample`, `qkv info`: train a GPT, continue a prompt, describe a run."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .errors import CommandError
+from .sources import add_model_source, load_model_source
+
+TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig flag is one line here
+    "--preset": ("preset", str, "model preset (default: demo)"),
+    "--data": ("data", str, "a UTF-8 text file or a directory of them (default: the Python standard library)"),
+    "--max-steps": ("max_steps", int, "optimizer steps"),
+    "--max-minutes": ("max_minutes", float, "wall-clock training budget (default 3 when no budget is given)"),
+    "--max-tokens": ("max_tokens", int, "training tokens"),
+    "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1337)"),
+    "--tokenizer": ("tokenizer", str, "char or bpe (byte-level BPE, Hugging Face tokenizers); default: "
+                    "the demo preset's bpe, char for every other preset"),
+    "--vocab-size": ("vocab_size", int, "BPE vocabulary size (default: the preset's, else 1024)"),
+    "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
+    "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
+    "--lr": ("lr", float, "peak learning rate"),
+    "--context": ("context", int, "training context length (default: the preset's max_len)"),
+    "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
+    "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
+    "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
+}
+CHOICES = {"--tokenizer": ("char", "bpe")}
+
+
+def add_train(sub) -> argparse.ArgumentParser:
+    """Declare `qkv train`."""
+    p = sub.add_parser("train", help="train a GPT on the embedded corpus or your text",
+                       description="Train a decoder-only Transformer; writes runs/NAME (checkpoint, metrics, "
+                                   "loss curve, summary) and ends with validation bits per character beside "
+                                   "gzip's and xz's, and a sample. Under torchrun it trains with DDP.")
+    for flag, (_, typ, text) in TRAIN_FLAGS.items():
+        p.add_argument(flag, type=typ, default=None, help=text, choices=CHOICES.get(flag))
+    p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def fresh_run_dir(preset: str) -> str:
+    """runs/PRESET, or runs/PRESET-2, -3 … : the first that is missing or empty."""
+    base, n = Path("runs") / preset, 2
+    out = base
+    while out.exists() and any(out.iterdir()):
+        out, n = base.with_name(f"{preset}-{n}"), n + 1
+    return str(out)
+
+
+def train_config(args: argparse.Namespace):
+    """The TrainConfig the flags ask for: a resumed run's own, or a new one with a 3-minute default."""
+    from ..train import TrainConfig
+
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in TRAIN_FLAGS.items()}
+    given |= {"bf16": args.bf16, "compile": args.compile}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.resume:
+        if not args.out:
+            raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
+        return TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
+    if not any(k in given for k in ("max_steps", "max_minutes", "max_tokens")):
+        given["max_minutes"] = 3.0
+    cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
+    cfg.out = args.out or fresh_run_dir(cfg.preset)
+    return cfg
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train, print the summary and a sample."""
+    from ..train import train
+
+    cfg = train_config(args)
+    result = train(cfg)
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    s = result.summary
+    print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters, {s['tokenizer']} tokenizer, "
+          f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
+    print(f"validation bits per character: model {s['val_bpc']:.3f} | gzip -9 {s['gzip_bpc']:.3f} | "
+          f"xz -9e {s['xz_bpc']:.3f}   ({s['val_chars']} characters held out)")
+    if args.sample_tokens > 0:
+        print_sample(result, cfg, args.sample_tokens)
+    return 0
+
+
+def print_sample(result, cfg, tokens: int) -> None:
+    """A sample from a just-trained model, at temperature 0.8, from the first prompt it can encode."""
+    import torch
+
+    from ..checkpoint import Run
+    from ..runtime import cpu_threads
+
+    if result.model.lm_head.weight.device.type == "cpu":
+        torch.set_num_threads(cfg.threads or cpu_threads())  # one token at a time: busy cores hurt most
+    run = Run(model=result.model, tokenizer=result.tokenizer, config=result.config, path=result.path)
+    prompt = next((p for p in ("def ", "\n", " ") if encodable(run.tokenizer, p)), run.tokenizer.decode([0]))
+    print(f"sample (temperature 0.8, seed {cfg.seed}):")
+    print(run.sample(prompt, tokens, temperature=0.8, seed=cfg.seed))
+
+
+def encodable(tokenizer, text: str) -> bool:
+    """Whether ``tokenizer`` turns ``text`` into at least one token."""
+    try:
+        return bool(tokenizer.encode(text))
+    except ValueError:
+        return False
+
+
+def add_sample(sub) -> argparse.ArgumentParser:
+    """Declare `qkv sample`."""
+    p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
+                       description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA "
+                                   "directory with its tokenizer (KV-cached decoding).")
+    add_model_source(p)
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step (compiles once)")
+    return p
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """Continue the prompt and print prompt + continuation."""
+    import contextlib
+
+    import torch
+
+    from ..generate import generate_text
+    from ..models import GPT
+    from ..runtime import cpu_threads, resolve_device
+
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads())  # decoding one token at a time suffers most on busy cores
+    model, tokenizer = load_model_source(args, device=args.device)
+    if not isinstance(model, GPT):
+        raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    with autocast:
+        text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile)
+    print(text)
+    return 0
+
+
+def add_info(sub) -> argparse.ArgumentParser:
+    """Declare `qkv info`."""
+    p = sub.add_parser("info", help="describe a trained run", description="Model, tokenizer, training and results "
+                                                                          "of a run directory.")
+    p.add_argument("--run", required=True, help="run directory written by qkv train")
+    return p
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print qkv.train.run_info, one key per line."""
+    from ..train import run_info as describe
+
+    for key, value in describe(args.run).items():
+        print(f"{key + ':':<14} {value}")
+    return 0

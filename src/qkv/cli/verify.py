@@ -1,0 +1,144 @@
+"""`qkv verify` (the spec's claims, measured) and `qkv plot FIGURE` (PNG figures)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .errors import CommandError, Parser
+from .sources import add_model_source, load_model_source
+
+
+def add_verify(sub) -> argparse.ArgumentParser:
+    """Declare `qkv verify`."""
+    p = sub.add_parser("verify", help="measure every claim of the spec on qkv's own modules",
+                       description="Check the spec's claims (§1.3 scaling, §1.4 weights, §2.2 parameters, §2.3 "
+                       "FLOPs, §3 permutation equivariance, the PE properties, FAQ Q5/Q12/Q16, and three corrections "
+                       "of the spec's code) by measuring qkv's modules. Exit status 1 if any claim fails.")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="run only these claims (repeat, or comma-separate; --list shows the names)")
+    p.add_argument("--list", action="store_true", help="print the claim names and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of {name, claim, section, measured, holds, summary}")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write a Markdown report with figures (PNG files next to FILE)")
+    p.add_argument("--run", metavar="DIR", help="a run written by `qkv train`: adds the Q3 head-diversity claim")
+    p.add_argument("--text", help="with --run: the text for head diversity (default: the run's validation text)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
+    return p
+
+
+def trained_model(args: argparse.Namespace, names: list[str] | None):
+    """(run, model, ids) for --run's head-diversity claim and report figures; Nones without --run."""
+    from .. import claims
+
+    if not args.run:
+        if args.text is not None:
+            raise CommandError("--text is for --run (the text the trained heads are compared on)")
+        return None, None, None
+    if not os.path.isdir(args.run):
+        raise CommandError(f"--run {args.run}: no such run directory")
+    from ..checkpoint import load_run
+
+    run = load_run(args.run, device="cpu")
+    if names is None or "head-diversity" in names or args.markdown:
+        return run, run.model, claims.run_text_ids(run, args.text)
+    return run, None, None
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Measure the claims, print a table (or JSON); exit status 1 if any fails."""
+    import json
+
+    from .. import claims
+
+    if args.list:
+        print("\n".join(claims.claim_names()))
+        return 0
+    names = claims.resolve_names(args.only)
+    run, model, ids = trained_model(args, names)
+    results = claims.run_claims(names, model=model, ids=ids, seed=args.seed)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+    else:
+        print(claims.format_table(results))
+    if args.markdown:
+        from ..viz import plots
+
+        sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
+        labels = None if sample is None else run.tokenizer.token_strings(sample.tolist())
+        path = plots.write_report(results, args.markdown, model=model, ids=sample, labels=labels)
+        print(f"wrote {path} (figures next to it)", file=sys.stderr if args.json else sys.stdout)
+    return 0 if all(r.holds for r in results) else 1
+
+
+# --- qkv plot FIGURE: one add_/plot_ pair per figure, listed in FIGURES ---
+
+def add_plot_pe(figures) -> argparse.ArgumentParser:
+    """Declare `qkv plot pe`."""
+    p = figures.add_parser("pe", help="the sinusoidal PE matrix as a heatmap, and a few dimensions against position")
+    p.add_argument("--d-model", type=int, default=128, help="model width (even; default 128)")
+    p.add_argument("--length", type=int, default=256, help="positions to draw (default 256)")
+    return p
+
+
+def plot_pe(args: argparse.Namespace) -> Path:
+    """Draw pe.png."""
+    from ..viz import plots
+
+    return plots.plot_pe(Path(args.out) / "pe.png", d_model=args.d_model, length=args.length)
+
+
+def add_plot_scaling(figures) -> argparse.ArgumentParser:
+    """Declare `qkv plot scaling`."""
+    return figures.add_parser("scaling", help="softmax saturation against d_k, with and without 1/√d_k")
+
+
+def plot_scaling(args: argparse.Namespace) -> Path:
+    """Draw scaling.png."""
+    from ..viz import plots
+
+    return plots.plot_scaling(Path(args.out) / "scaling.png")
+
+
+def add_plot_attention(figures) -> argparse.ArgumentParser:
+    """Declare `qkv plot attention`."""
+    p = figures.add_parser("attention", help="a trained model's attention: one heatmap per layer and head")
+    add_model_source(p)
+    p.add_argument("--text", required=True, help="the text to look at (at most the model's max_len tokens)")
+    return p
+
+
+def plot_attention(args: argparse.Namespace) -> Path:
+    """Draw attention.png for --text."""
+    from ..tokens import encode_text
+    from ..viz import plots
+
+    model, tokenizer = load_model_source(args)
+    ids, labels = encode_text(tokenizer, args.text, max_len=model.config.max_len)
+    return plots.plot_attention(model, ids, labels, Path(args.out) / "attention.png")
+
+
+FIGURES = {  # figure -> (add_plot_X(figures), plot_X(args) -> path of the PNG)
+    "pe": (add_plot_pe, plot_pe),
+    "scaling": (add_plot_scaling, plot_scaling),
+    "attention": (add_plot_attention, plot_attention),
+}
+
+
+def add_plot(sub) -> argparse.ArgumentParser:
+    """Declare `qkv plot` and one subcommand per entry of FIGURES."""
+    p = sub.add_parser("plot", help="draw figures (PNG): " + ", ".join(FIGURES),
+                       description="Draw a figure as a PNG file in --out DIR and print its path.")
+    figures = p.add_subparsers(dest="figure", metavar="FIGURE", required=True, parser_class=Parser)
+    for add, _ in FIGURES.values():
+        add(figures).add_argument("--out", default="plots", metavar="DIR",
+                                  help="directory for the PNG (default ./plots)")
+    return p
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    """Draw the figure and print its path."""
+    print(FIGURES[args.figure][1](args))
+    return 0
