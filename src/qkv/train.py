@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import RunDir
-from .fileio import DiskFullError, atomic_via
+from .fileio import DiskFullError
 from .models import PRESETS, ModelConfig
 from .runtime import Dist, cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .tasks import make_task
@@ -265,26 +265,28 @@ def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], 
 
 
 def plot_losses(path: Path, records: list[dict], summary: dict | None = None) -> None:
-    """Loss curves (nats per token) and the validation metric beside its baselines, as a PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    """Loss curves (nats per token) and, for language modelling, validation bpc beside gzip's and xz's."""
     from matplotlib.figure import Figure
 
-    steps = [r["step"] for r in records]
-    fig = Figure(figsize=(10, 4))
-    FigureCanvasAgg(fig)
-    a, b = fig.subplots(1, 2)
+    from .viz.figures import save_png
+
+    steps, bpc = [r["step"] for r in records], "val_bpc" in records[-1]
+    fig = Figure(figsize=(10 if bpc else 5, 4), layout="tight")
+    axes = fig.subplots(1, 2 if bpc else 1)
+    a = axes[0] if bpc else axes
     a.plot(steps, [r["train_loss"] for r in records], label="train")
     a.plot(steps, [r["val_loss"] for r in records], label="validation")
     a.set(xlabel="step", ylabel="loss (nats / token)", title="cross-entropy")
     a.legend()
-    b.plot(steps, [r["val_bpc"] for r in records], label="model (validation)")
-    for key, label, style in (("gzip_bpc", "gzip -9", "--"), ("xz_bpc", "xz -9e", ":")):
-        if summary and key in summary:
-            b.axhline(summary[key], color="gray", linestyle=style, label=f"{label} ({summary[key]:.2f})")
-    b.set(xlabel="step", ylabel="bits per character", title="validation bits per character")
-    b.legend()
-    fig.tight_layout()
-    atomic_via(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    if bpc:
+        b = axes[1]
+        b.plot(steps, [r["val_bpc"] for r in records], label="model (validation)")
+        for key, label, style in (("gzip_bpc", "gzip -9", "--"), ("xz_bpc", "xz -9e", ":")):
+            if summary and key in summary:
+                b.axhline(summary[key], color="gray", linestyle=style, label=f"{label} ({summary[key]:.2f})")
+        b.set(xlabel="step", ylabel="bits per character", title="validation bits per character")
+        b.legend()
+    save_png(fig, path, dpi=100)
 
 
 class Diverged(ValueError):
@@ -533,7 +535,7 @@ class Recipe:
                                           "device": str(self.device), "world_size": self.dist.world}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
-            if self.records and "val_bpc" in self.records[-1]:
+            if self.records:
                 plot_losses(self.run / self.run.LOSS_PLOT, self.records, summary)
         return summary
 
