@@ -16,6 +16,7 @@ from .explore import add_explore, run_explore
 from .sources import add_model_source, load_model_source
 from .study import add_study, run_study
 from .train import add_info, add_sample, add_train, run_info, run_sample, run_train
+from .translate import add_translate, run_translate
 from .verify import add_plot, add_verify, run_plot, run_verify
 
 __all__ = ["COMMANDS", "CommandError", "add_model_source", "build_parser", "load_model_source", "main"]
@@ -24,6 +25,7 @@ COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `
     "train": (add_train, run_train),
     "sample": (add_sample, run_sample),
     "info": (add_info, run_info),
+    "translate": (add_translate, run_translate),
     "verify": (add_verify, run_verify),
     "plot": (add_plot, run_plot),
     "study": (add_study, run_study),

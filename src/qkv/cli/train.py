@@ -9,8 +9,17 @@ from .errors import CommandError
 from .sources import add_model_source, load_model_source
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig flag is one line here
-    "--preset": ("preset", str, "model preset (default: demo)"),
-    "--data": ("data", str, "a UTF-8 text file or a directory of them (default: the Python standard library)"),
+    "--task": ("task", str, "lm (a GPT learns the next token; default) or translate (the paper's encoder-decoder "
+               "learns English -> --target-lang from sentence pairs)"),
+    "--preset": ("preset", str, "model preset (default: demo for lm, translate for translate)"),
+    "--data": ("data", str, "lm: a UTF-8 text file or a directory of them (default: the Python standard library); "
+               "translate: tab-separated 'source<TAB>target' lines or a directory of .po/.mo catalogs "
+               "(default: the system's gettext catalogs)"),
+    "--pairs": ("data", str, "translate: the same as --data"),
+    "--target-lang": ("target_lang", str, "translate: the catalogs' target language (default zh_CN; any locale "
+                      "under /usr/share/locale)"),
+    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's)"),
+    "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
     "--max-steps": ("max_steps", int, "optimizer steps"),
     "--max-minutes": ("max_minutes", float, "wall-clock training budget (default 3 when no budget is given)"),
     "--max-tokens": ("max_tokens", int, "training tokens"),
@@ -26,15 +35,17 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
     "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
 }
-CHOICES = {"--tokenizer": ("char", "bpe")}
+CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
 
 
 def add_train(sub) -> argparse.ArgumentParser:
     """Declare `qkv train`."""
-    p = sub.add_parser("train", help="train a GPT on the embedded corpus or your text",
-                       description="Train a decoder-only Transformer; writes runs/NAME (checkpoint, metrics, "
-                                   "loss curve, summary) and ends with validation bits per character beside "
-                                   "gzip's and xz's, and a sample. Under torchrun it trains with DDP.")
+    p = sub.add_parser("train", help="train a GPT on text, or the encoder-decoder to translate",
+                       description="Train a decoder-only Transformer (--task lm) and end with validation bits per "
+                                   "character beside gzip's and xz's and a sample, or the paper's encoder-decoder "
+                                   "(--task translate) and end with BLEU and chrF of the held-out pairs beside "
+                                   "copying the source and a translation memory. Writes runs/NAME (checkpoint, "
+                                   "metrics, loss curve, summary). Under torchrun it trains with DDP.")
     for flag, (_, typ, text) in TRAIN_FLAGS.items():
         p.add_argument(flag, type=typ, default=None, help=text, choices=CHOICES.get(flag))
     p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
@@ -60,9 +71,14 @@ def train_config(args: argparse.Namespace):
     """The TrainConfig the flags ask for: a resumed run's own, or a new one with a 3-minute default."""
     from ..train import TrainConfig
 
-    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in TRAIN_FLAGS.items()}
-    given |= {"bf16": args.bf16, "compile": args.compile}
-    given = {k: v for k, v in given.items() if v is not None}
+    given: dict = {}
+    for flag, (field, _, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and given.get(field, value) != value:
+            raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
+        if value is not None:
+            given[field] = value
+    given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile)) if v is not None}
     if args.resume:
         if not args.out:
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
@@ -82,12 +98,16 @@ def run_train(args: argparse.Namespace) -> int:
     result = train(cfg)
     if os.environ.get("RANK", "0") != "0":
         return 0
+    from ..tasks import make_task
+
     s = result.summary
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters, {s['tokenizer']} tokenizer, "
           f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
-    print(f"validation bits per character: model {s['val_bpc']:.3f} | gzip -9 {s['gzip_bpc']:.3f} | "
-          f"xz -9e {s['xz_bpc']:.3f}   ({s['val_chars']} characters held out)")
-    if args.sample_tokens > 0:
+    print("\n".join(make_task(cfg.task).result_lines(s)))
+    if cfg.task == "translate":
+        for e in s.get("examples", [])[:3]:
+            print(f"  {e['source'].strip()!r} -> {e['translation'].strip()!r}  (reference {e['reference'].strip()!r})")
+    elif args.sample_tokens > 0:
         print_sample(result, cfg, args.sample_tokens)
     return 0
 

@@ -1,0 +1,42 @@
+"""`qkv translate`: translate text with a trained encoder-decoder run (or a Hugging Face Marian directory)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import CommandError
+from .sources import add_model_source, load_model_source
+
+
+def add_translate(sub) -> argparse.ArgumentParser:
+    """Declare `qkv translate`."""
+    p = sub.add_parser("translate", help="translate text with a trained encoder-decoder (qkv train --task translate)",
+                       description="Translate each TEXT, or each line of standard input when none is given, with "
+                                   "beam search (greedy with --num-beams 1); one output line per input line.")
+    add_model_source(p)
+    p.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: lines of stdin)")
+    p.add_argument("--num-beams", type=int, default=4, help="beam width (default 4; 1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="α of score = log p / length^α (default 0.6)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="longest translation (default: 2 × source + 10)")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences decoded together (default 32)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    return p
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    """Print one translation per input line."""
+    from ..models import Transformer
+    from ..runtime import resolve_device
+    from ..tasks.translation import translate_texts
+
+    resolve_device(args.device)
+    model, tokenizer = load_model_source(args, device=args.device)
+    if not isinstance(model, Transformer):
+        raise CommandError(f"{args.run or args.hf} holds a {type(model).__name__}, not an encoder-decoder: "
+                           "use `qkv sample` to continue text with it")
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    lines = [t.replace("\\n", "\n") for t in texts]  # a literal \n in an argument is a line break of the string
+    for out in translate_texts(model, tokenizer, lines, num_beams=args.num_beams, length_penalty=args.length_penalty,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
+        print(out.replace("\n", "\\n"))
+    return 0
