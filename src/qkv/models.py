@@ -23,7 +23,9 @@ from .block import TransformerBlock
 from .kv_cache import KVCache
 from .layers import ACTIVATIONS, GATED, NORMS, make_norm
 from .masks import padding_mask
-from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positional import (
+    SINUSOIDAL_LAYOUTS, ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
+)
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
@@ -55,6 +57,8 @@ class ModelConfig:
     scale_embeddings: bool = False  # token embeddings × √d_model before PE is added (Vaswani et al. §3.4)
     final_norm: bool | None = None  # None: same as norm_first
     num_decoder_layers: int | None = None  # encoder-decoder only; None: num_layers
+    sinusoidal_layout: str = "interleaved"  # interleaved (the paper) | split (sines, then cosines: Marian)
+    logits_bias: bool = False  # encoder-decoder only: a bias on the LM head (Marian's final_logits_bias)
 
     def __post_init__(self) -> None:
         ints = ("vocab_size", "d_model", "num_heads", "num_layers", "max_len")
@@ -82,6 +86,8 @@ class ModelConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.positional == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got d_model/num_heads = {self.head_dim}")
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"sinusoidal_layout must be one of {SINUSOIDAL_LAYOUTS}, got {self.sinusoidal_layout!r}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
 
@@ -165,7 +171,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
         if config.positional == "sinusoidal":
-            self.pos = SinusoidalPositionalEncoding(config.d_model)
+            self.pos = SinusoidalPositionalEncoding(config.d_model, layout=config.sinusoidal_layout)
         elif config.positional == "learned":
             self.pos = LearnedPositionalEmbedding(config.max_len, config.d_model)
         else:
@@ -425,7 +431,7 @@ class Transformer(CausalTrunk):
         decoder_layers = config.num_decoder_layers or config.num_layers
         super().__init__(config, decoder_layers, cross_attention=True)
         self.encoder = Encoder(config)  # initialised by its own depth, num_layers
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.logits_bias)  # bias starts at 0
         _init_weights(self, decoder_layers, skip="encoder.")
         if config.tie_embeddings:  # one shared vocabulary, as in the paper (§3.4)
             self.embed.tok.weight = self.encoder.embed.tok.weight

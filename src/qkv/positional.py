@@ -16,6 +16,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
+
 
 def _range_if_length(positions: Tensor | int, device=None) -> Tensor:
     """An int T means positions 0 … T−1; an integer tensor passes through."""
@@ -43,15 +45,19 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     Fixed, defined for every position. ``forward(positions)`` takes integer positions of any
     shape (…), or an int length T meaning 0 … T−1, and returns (…, C) to add to embeddings.
+    ``layout``: "interleaved" (the paper: sin on even dims, cos on odd) or "split" (all sines,
+    then all cosines: Marian, fairseq, Hugging Face's MarianSinusoidalPositionalEmbedding).
     """
 
-    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, base: float = 10000.0, *, layout: str = "interleaved") -> None:
         super().__init__()
         if not isinstance(d_model, int) or d_model <= 0 or d_model % 2:
             raise ValueError(f"d_model must be a positive even int (sin/cos pairs), got {d_model!r}")
         if base <= 1:
             raise ValueError(f"base must be > 1, got {base}")
-        self.d_model, self.base = d_model, base
+        if layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
+        self.d_model, self.base, self.layout = d_model, base, layout
         # 1 / base^(2i/C), i = 0 … C/2 − 1: wavelengths 2π … base·2π
         inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(base) / d_model))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (C/2,)
@@ -59,6 +65,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, positions: Tensor | int) -> Tensor:
         pos = _range_if_length(positions, self.inv_freq.device).float()
         angles = pos.unsqueeze(-1) * self.inv_freq  # (…, C/2)
+        if self.layout == "split":
+            return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (…, C): sines in [0, C/2), cosines after
         pe = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (…, C/2, 2): sin on even dims, cos on odd
         return pe.flatten(-2)  # (…, C)
 
