@@ -32,13 +32,17 @@ NEG = -1.0e9  # "impossible", finite so that sums and comparisons stay defined
 @dataclass
 class Special:
     """The target side's special tokens: the decoder starts from ``start``, stops at ``eos`` and pads
-    finished rows with ``pad``; ``suppress`` are never generated (e.g. Marian's pad)."""
+    finished rows with ``pad``; ``suppress`` are never generated (e.g. Marian's pad). ``renormalize``:
+    log-probabilities are renormalised over the tokens still allowed (Hugging Face's
+    ``renormalize_logits``, which Marian's generation configs set: beams then compare as if the
+    suppressed tokens had never been in the vocabulary)."""
 
     start: int
     eos: int
     pad: int
     suppress: tuple[int, ...] = ()
     force_eos_at_end: bool = False  # the last allowed step must emit EOS (Hugging Face's forced_eos_token_id)
+    renormalize: bool = False
 
 
 class Decoder:
@@ -74,13 +78,14 @@ class Decoder:
 
 
 def constrain(log_probs: Tensor, special: Special, *, last_step: bool) -> Tensor:
-    """Suppressed tokens get -inf; at the last step only EOS stays possible when forced."""
+    """Suppressed tokens get -inf; at the last step only EOS stays possible when forced; then,
+    if asked, log_softmax again so that each row sums to one over what is left."""
     if special.suppress:
         log_probs[:, list(special.suppress)] = float("-inf")
     if special.force_eos_at_end and last_step:
         log_probs.fill_(float("-inf"))
         log_probs[:, special.eos] = 0.0
-    return log_probs
+    return log_probs.log_softmax(-1) if special.renormalize else log_probs
 
 
 @torch.no_grad()
