@@ -97,3 +97,15 @@ def test_tokenizer_that_does_not_match_the_checkpoint(run_dir, capsys):
     assert "tokenizer" in one_line_exit_2(["info", "--run", str(run_dir)], capsys)
     (run_dir / "tokenizer.json").write_text('{"qkv_tokenizer": "char", "chars": 5}')
     one_line_exit_2(["info", "--run", str(run_dir)], capsys)
+
+
+def test_pickled_marian_checkpoint_is_refused_without_running(tmp_path, capsys):
+    marker, hf = tmp_path / "pwned", tmp_path / "opus-mt"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "marian", "d_model": 16, "vocab_size": 32,
+                                                "encoder_layers": 1, "decoder_layers": 1}))
+    (hf / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(ValueError, match="pickle files, which qkv never unpickles"):
+        qkv.interop.from_hf(hf)
+    one_line_exit_2(["sample", "--hf", str(hf), "--prompt", "def"], capsys)
+    assert not marker.exists()

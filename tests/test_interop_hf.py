@@ -277,7 +277,7 @@ def test_directory_without_config_json(tmp_path):
 
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
-    with pytest.raises(ValueError, match=r"model_type 't5' is not supported \(qkv loads bert, gpt2, llama\)"):
+    with pytest.raises(ValueError, match=r"model_type 't5' is not supported \(qkv loads bert, gpt2, llama, marian\)"):
         from_hf(tmp_path)
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2, LLaMA and BERT checkpoints as qkv models, and qkv models as Hugging Face ones.
+"""Hugging Face GPT-2, LLaMA, BERT and Marian checkpoints as qkv models, and qkv models as Hugging Face ones.
 
 A checkpoint becomes two things in qkv's terms: a ``ModelConfig`` (what the HF config
 means — widths, norm, activation, positional scheme) and a table of weight ``Rule``s,
@@ -10,6 +10,8 @@ Nothing model-specific runs inside qkv's attention:
     LLaMA  RoPE half-split (rope_theta) · RMSNorm · SwiGLU · grouped K/V heads · no biases
            (Touvron et al. 2023)
     BERT   learned PE + token types + embedding LayerNorm · post-LN · gelu (Devlin et al. 2019)
+    Marian the paper's encoder-decoder: split-layout sinusoids · post-LN · swish · shared embeddings ·
+           a logits bias (Junczys-Dowmunt et al. 2018; opus-mt, Tiedemann & Thottingal 2020)
 
 Weights are read with safetensors, never unpickled. Every problem found — unsupported
 settings, missing or unexpected keys, shape mismatches — is reported together in one
@@ -31,9 +33,12 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..models import GPT, Encoder, ModelConfig
+from ..beam_search import Special
+from ..models import GPT, Encoder, ModelConfig, Transformer
 
-HEAD = "lm_head.weight"  # the one weight outside the base model (GPT2LMHeadModel, LlamaForCausalLM)
+HEAD = "lm_head.weight"  # weights outside the base model (GPT2LMHeadModel.transformer, MarianMTModel.model, …)
+LOGITS_BIAS = "final_logits_bias"  # MarianMTModel's (1, V) buffer added to the logits
+TOP_LEVEL = (HEAD, LOGITS_BIAS)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -41,7 +46,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 class Rule:
     """One HF tensor <-> one or more qkv tensors; ``to_hf`` is the exact inverse of ``to_qkv``."""
 
-    hf: str  # relative to the base model ("h.0.ln_1.weight"), except HEAD
+    hf: str  # relative to the base model ("h.0.ln_1.weight"), except TOP_LEVEL keys
     qkv: tuple[str, ...]
     to_qkv: Callable[[Tensor], tuple[Tensor, ...]]
     to_hf: Callable[[tuple[Tensor, ...]], Tensor]
@@ -49,6 +54,16 @@ class Rule:
 
 def _same(hf: str, qkv: str) -> Rule:
     return Rule(hf, (qkv,), lambda t: (t,), lambda ts: ts[0])
+
+
+def _shared(hf: str, qkv: tuple[str, ...]) -> Rule:
+    """One HF matrix that several tied qkv names hold (a tied embedding and LM head)."""
+    return Rule(hf, qkv, lambda t: (t,) * len(qkv), lambda ts: ts[0])
+
+
+def _full(key: str, prefix: str) -> str:
+    """A rule's key as it appears in the task model's state dict."""
+    return key if key in TOP_LEVEL else prefix + key
 
 
 def _conv1d(hf: str, qkv: str) -> Rule:
@@ -86,8 +101,15 @@ def _rope_rows(hf: str, qkv: str, heads: int) -> Rule:
                 lambda ts: interleaved_to_half_split(ts[0], heads))
 
 
-def _head(c: ModelConfig) -> list[Rule]:
-    return [] if c.tie_embeddings else [_same(HEAD, HEAD)]
+def _embedding_and_head(c: ModelConfig, hf: str) -> list[Rule]:
+    """A decoder-only model's token embedding and LM head: one tied matrix, or two."""
+    if c.tie_embeddings:
+        return [_shared(hf, ("embed.tok.weight", HEAD))]
+    return [_same(hf, "embed.tok.weight"), _same(HEAD, HEAD)]
+
+
+def _tied_head(hf: str) -> Callable[[ModelConfig], dict[str, str]]:
+    return lambda c: {HEAD: hf} if c.tie_embeddings else {}
 
 
 # --- the three families: HF config -> ModelConfig fields, and weight rules ------------------------
@@ -125,8 +147,9 @@ def _gpt2_config(hf: dict, problems: list[str]) -> dict:
 
 
 def _gpt2_rules(c: ModelConfig) -> list[Rule]:
-    rules = [_same("wte.weight", "embed.tok.weight"), _same("wpe.weight", "embed.pos.weight"),
-             _same("ln_f.weight", "final_norm.weight"), _same("ln_f.bias", "final_norm.bias")]
+    rules = _embedding_and_head(c, "wte.weight") + [
+        _same("wpe.weight", "embed.pos.weight"), _same("ln_f.weight", "final_norm.weight"),
+        _same("ln_f.bias", "final_norm.bias")]
     for i in range(c.num_layers):
         h, b = f"h.{i}.", f"blocks.{i}."
         rules += [_packed_qkv(f"{h}attn.c_attn.{p}", tuple(f"{b}attn.{n}_proj.{p}" for n in "qkv"))
@@ -138,7 +161,7 @@ def _gpt2_rules(c: ModelConfig) -> list[Rule]:
             ("ln_1.weight", "attn_norm.weight"), ("ln_1.bias", "attn_norm.bias"), ("attn.c_proj.bias", "attn.out_proj.bias"),
             ("ln_2.weight", "ff_norm.weight"), ("ln_2.bias", "ff_norm.bias"),
             ("mlp.c_fc.bias", "ff.up_proj.bias"), ("mlp.c_proj.bias", "ff.down_proj.bias"))]
-    return rules + _head(c)
+    return rules
 
 
 def _llama_config(hf: dict, problems: list[str]) -> dict:
@@ -173,7 +196,7 @@ def _llama_config(hf: dict, problems: list[str]) -> dict:
 
 
 def _llama_rules(c: ModelConfig) -> list[Rule]:
-    rules = [_same("embed_tokens.weight", "embed.tok.weight"), _same("norm.weight", "final_norm.weight")]
+    rules = _embedding_and_head(c, "embed_tokens.weight") + [_same("norm.weight", "final_norm.weight")]
     rope_heads = {"attn.q_proj": c.num_heads, "attn.k_proj": c.num_kv_heads or c.num_heads}
     for i in range(c.num_layers):
         l, b = f"layers.{i}.", f"blocks.{i}."
@@ -186,7 +209,7 @@ def _llama_rules(c: ModelConfig) -> list[Rule]:
                 permute = c.rope_interleaved and q in rope_heads
                 rules.append(_rope_rows(f"{l}{hf}.{p}", f"{b}{q}.{p}", rope_heads[q]) if permute
                              else _same(f"{l}{hf}.{p}", f"{b}{q}.{p}"))
-    return rules + _head(c)
+    return rules
 
 
 def _bert_config(hf: dict, problems: list[str]) -> dict:
@@ -218,24 +241,97 @@ def _bert_rules(c: ModelConfig) -> list[Rule]:
     return rules
 
 
+MARIAN_LEGACY = dict(normalize_before=False, normalize_embedding=False, layernorm_embedding=False,
+                     add_final_layer_norm=False, add_bias_logits=False, static_position_embeddings=True,
+                     is_decoder=False)  # BART-era keys old opus-mt config.json files still carry
+
+
+def _marian_config(hf: dict, problems: list[str]) -> dict:
+    _require(hf, problems, **MARIAN_LEGACY)
+    for enc, dec, default in (("encoder_attention_heads", "decoder_attention_heads", 16),
+                              ("encoder_ffn_dim", "decoder_ffn_dim", 4096)):
+        if hf.get(enc, default) != hf.get(dec, default):
+            problems.append(f"{enc}={hf.get(enc, default)!r} differs from {dec}={hf.get(dec, default)!r} "
+                            "(qkv's encoder and decoder blocks have one shape)")
+    vocab = hf.get("vocab_size", 58101)
+    if hf.get("decoder_vocab_size") not in (None, vocab):
+        problems.append(f"decoder_vocab_size={hf['decoder_vocab_size']!r} differs from vocab_size={vocab!r} "
+                        "(qkv's encoder and decoder share one vocabulary)")
+    share, tie = hf.get("share_encoder_decoder_embeddings", True), hf.get("tie_word_embeddings", True)
+    if share != tie:
+        problems.append(f"share_encoder_decoder_embeddings={share!r} with tie_word_embeddings={tie!r} is not "
+                        "supported (qkv ties the encoder, decoder and output embeddings all together, or none)")
+    return dict(
+        vocab_size=vocab, d_model=hf.get("d_model", 1024), num_heads=hf.get("encoder_attention_heads", 16),
+        num_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
+        d_ff=hf.get("encoder_ffn_dim", 4096), max_len=hf.get("max_position_embeddings", 1024),
+        positional="sinusoidal", sinusoidal_layout="split", norm_first=False, norm="layernorm",
+        norm_eps=1e-5,  # MarianMTModel's nn.LayerNorm default; its config has no epsilon
+        activation=_activation(hf, "activation_function", "gelu", ACTIVATIONS, problems), bias=True,
+        tie_embeddings=share is True and tie is True, scale_embeddings=hf.get("scale_embedding", False),
+        logits_bias=True,
+    )
+
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
+_MARIAN_LAYER = tuple((f"self_attn.{p}", f"attn.{p}") for p in _ATTENTION) + (
+    ("self_attn_layer_norm", "attn_norm"), ("fc1", "ff.up_proj"), ("fc2", "ff.down_proj"),
+    ("final_layer_norm", "ff_norm"))
+_MARIAN_CROSS = tuple((f"encoder_attn.{p}", f"cross_attn.{p}") for p in _ATTENTION) + (
+    ("encoder_attn_layer_norm", "cross_norm"),)
+
+
+def _logits_bias(c: ModelConfig) -> Rule:
+    """final_logits_bias (1, V) <-> lm_head.bias (V,). A qkv model without it is Marian with zeros there."""
+    if c.logits_bias:
+        return Rule(LOGITS_BIAS, ("lm_head.bias",), lambda t: (t.reshape(-1),), lambda ts: ts[0][None])
+    return Rule(LOGITS_BIAS, (), lambda t: (), lambda ts: torch.zeros(1, c.vocab_size))
+
+
+def _marian_rules(c: ModelConfig) -> list[Rule]:
+    if c.tie_embeddings:  # one matrix: source and target embeddings and the output projection (§3.4)
+        rules = [_shared("shared.weight", ("encoder.embed.tok.weight", "embed.tok.weight", HEAD))]
+    else:
+        rules = [_same("encoder.embed_tokens.weight", "encoder.embed.tok.weight"),
+                 _same("decoder.embed_tokens.weight", "embed.tok.weight"), _same(HEAD, HEAD)]
+    rules.append(_logits_bias(c))
+    for side, qkv, n, table in (("encoder", "encoder.blocks", c.num_layers, _MARIAN_LAYER),
+                                ("decoder", "blocks", c.num_decoder_layers or c.num_layers,
+                                 _MARIAN_LAYER + _MARIAN_CROSS)):
+        rules += [_same(f"{side}.layers.{i}.{hf}.{p}", f"{qkv}.{i}.{q}.{p}")
+                  for i in range(n) for hf, q in table for p in ("weight", "bias")]
+    return rules
+
+
+def _marian_copies(c: ModelConfig) -> dict[str, str]:
+    """The names HF's state dict also gives the shared embedding (save_pretrained keeps only one)."""
+    names = (HEAD, "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    return dict.fromkeys(names, "shared.weight") if c.tie_embeddings else {}
+
+
 @dataclass(frozen=True)
 class Family:
     """How one HF model_type maps onto qkv."""
 
     base: str  # the base model's attribute in the task models (GPT2LMHeadModel.transformer, …)
-    model: type  # qkv.GPT or qkv.Encoder
+    model: type  # qkv.GPT, qkv.Encoder or qkv.Transformer
     config: Callable[[dict, list[str]], dict]  # HF config -> ModelConfig fields, appending problems
     rules: Callable[[ModelConfig], list[Rule]]
     ignored: re.Pattern  # keys that are no weights of qkv's model: buffers, heads qkv does not model
+    copies: Callable[[ModelConfig], dict[str, str]] = lambda c: {}  # tied key -> the rule key it must equal
 
 
 FAMILIES = {
     "gpt2": Family("transformer", GPT, _gpt2_config, _gpt2_rules,
-                   re.compile(r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias")),  # old causal-mask buffers
+                   re.compile(r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"),  # old causal-mask buffers
+                   _tied_head("wte.weight")),
     "llama": Family("model", GPT, _llama_config, _llama_rules,
-                    re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")),
+                    re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq"),
+                    _tied_head("embed_tokens.weight")),
     "bert": Family("bert", Encoder, _bert_config, _bert_rules,  # the pooler and MLM/NSP heads are not loaded
                    re.compile(r"(bert\.)?(embeddings\.position_ids|pooler\..+)|cls\..+")),
+    "marian": Family("model", Transformer, _marian_config, _marian_rules,  # HF recomputes its sinusoid tables
+                     re.compile(r"(model\.)?(encoder|decoder)\.embed_positions\.weight"), _marian_copies),
 }
 
 
@@ -260,16 +356,22 @@ def _modern_name(key: str) -> str:
     return key if m is None else f"{m[1]}.{'weight' if m[2] == 'gamma' else 'bias'}"
 
 
+def _differing_copies(tensors: dict[str, Tensor], copies: dict[str, str]) -> list[str]:
+    """Tied keys present in the checkpoint must hold exactly the tensor they are tied to."""
+    return [f"{key} differs from the token embedding {src} although the checkpoint ties them"
+            for key, src in copies.items() if key in tensors and src in tensors
+            and (tensors[key].shape != tensors[src].shape or not torch.equal(tensors[key], tensors[src]))]
+
+
 def _convert(tensors: dict[str, Tensor], family: Family, config: ModelConfig, own: dict[str, Tensor],
              problems: list[str]) -> dict[str, Tensor]:
     """HF tensors -> qkv state dict; every missing/unexpected key and shape mismatch goes to problems."""
     tensors = {_modern_name(k): t for k, t in tensors.items()}
     prefix = family.base + "." if any(k.startswith(family.base + ".") for k in tensors) else ""
-    rules = {(r.hf if r.hf == HEAD else prefix + r.hf): r for r in family.rules(config)}
-    tied_head = family.model is GPT and config.tie_embeddings
+    rules = {_full(r.hf, prefix): r for r in family.rules(config)}
+    copies = {_full(k, prefix): _full(src, prefix) for k, src in family.copies(config).items()}
     missing = [k for k in rules if k not in tensors]
-    unexpected = [k for k in tensors if k not in rules and not (tied_head and k == HEAD)
-                  and not family.ignored.fullmatch(k)]
+    unexpected = [k for k in tensors if k not in rules and k not in copies and not family.ignored.fullmatch(k)]
     wrong, out = [], {}
     for key, rule in rules.items():
         if key not in tensors:
@@ -280,19 +382,15 @@ def _convert(tensors: dict[str, Tensor], family: Family, config: ModelConfig, ow
             wrong.append(f"{key} {t.dtype} {tuple(t.shape)} (expected floating {want})")
             continue
         out.update(zip(rule.qkv, rule.to_qkv(t)))
-    if tied_head and HEAD in tensors and "embed.tok.weight" in out:
-        if tensors[HEAD].shape != out["embed.tok.weight"].shape or not torch.equal(tensors[HEAD], out["embed.tok.weight"]):
-            wrong.append(f"{HEAD} differs from the token embedding although tie_word_embeddings is true")
     for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", wrong)):
         if items:
             problems.append(_listing(label, items))
-    if tied_head:
-        out[HEAD] = out.get("embed.tok.weight")
+    problems += _differing_copies(tensors, copies)
     return out
 
 
 def _build(hf_config: dict, load: Callable[[], dict[str, Tensor]], name: str, *,
-           dtype: torch.dtype, dropout: float) -> GPT | Encoder:
+           dtype: torch.dtype, dropout: float) -> GPT | Encoder | Transformer:
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(f"cannot load {name}: model_type {model_type!r} is not supported "
@@ -345,12 +443,7 @@ def _read_safetensors(d: Path) -> dict[str, Tensor]:
     return tensors
 
 
-def _read_config(d: Path) -> dict:
-    if not d.is_dir():
-        raise ValueError(f"{d} is not a directory (expected one written by save_pretrained)")
-    path = d / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{d} has no config.json (expected a directory written by save_pretrained)")
+def _read_json_object(path: Path) -> dict:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -360,9 +453,18 @@ def _read_config(d: Path) -> dict:
     return config
 
 
+def _read_config(d: Path) -> dict:
+    if not d.is_dir():
+        raise ValueError(f"{d} is not a directory (expected one written by save_pretrained)")
+    path = d / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{d} has no config.json (expected a directory written by save_pretrained)")
+    return _read_json_object(path)
+
+
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
-            dropout: float = 0.0) -> GPT | Encoder:
-    """A qkv model with the weights of a Hugging Face GPT-2, LLaMA or BERT checkpoint.
+            dropout: float = 0.0) -> GPT | Encoder | Transformer:
+    """A qkv model with the weights of a Hugging Face GPT-2, LLaMA, BERT or Marian checkpoint.
 
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,
@@ -370,7 +472,8 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         dtype: the returned model's dtype.
         dropout: qkv's one dropout rate (HF's several rates are training settings, not loaded).
     Returns:
-        ``qkv.GPT`` (gpt2, llama) or ``qkv.Encoder`` (bert, without pooler or MLM head), in eval mode.
+        ``qkv.GPT`` (gpt2, llama), ``qkv.Encoder`` (bert, without pooler or MLM head) or
+        ``qkv.Transformer`` (marian: MarianMTModel), in eval mode.
     Raises:
         ValueError listing every problem at once: no config.json, unsupported model_type or
         setting, missing or unexpected keys, shape mismatches.
@@ -416,29 +519,122 @@ def _hf_config(c: ModelConfig) -> tuple[str, dict]:
                          attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.dropout)
 
 
-def to_hf(model: GPT, **config_kwargs) -> nn.Module:
-    """A ``transformers`` GPT2LMHeadModel or LlamaForCausalLM holding exact copies of ``model``'s weights.
+MARIAN_ACT_NAME = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "swish"}  # qkv -> HF
+
+
+def _marian_hf_config(c: ModelConfig) -> tuple[str, dict]:
+    """MarianConfig fields for a qkv Transformer; ValueError listing whatever has no Marian counterpart."""
+    problems = [f"{k}={getattr(c, k)!r} (needs {want!r})" for k, want in (
+        ("positional", "sinusoidal"), ("sinusoidal_layout", "split"), ("norm_first", False), ("norm", "layernorm"),
+        ("norm_eps", 1e-5), ("bias", True), ("type_vocab_size", 0), ("embedding_norm", False))
+        if getattr(c, k) != want]
+    problems += ["final_norm=True (Marian has none)"] if c.has_final_norm else []
+    problems += [] if c.num_kv_heads in (None, c.num_heads) else [f"num_kv_heads={c.num_kv_heads} (Marian has none)"]
+    problems += [] if c.activation in MARIAN_ACT_NAME else [
+        f"activation={c.activation!r} (needs one of {sorted(MARIAN_ACT_NAME)})"]
+    if problems:
+        raise ValueError("no Hugging Face Marian counterpart for this model: " + "; ".join(problems))
+    return "marian", dict(
+        vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model, max_position_embeddings=c.max_len,
+        encoder_layers=c.num_layers, decoder_layers=c.num_decoder_layers or c.num_layers,
+        encoder_attention_heads=c.num_heads, decoder_attention_heads=c.num_heads, encoder_ffn_dim=c.ff_width,
+        decoder_ffn_dim=c.ff_width, activation_function=MARIAN_ACT_NAME[c.activation], scale_embedding=c.scale_embeddings,
+        share_encoder_decoder_embeddings=c.tie_embeddings, tie_word_embeddings=c.tie_embeddings,
+        dropout=c.dropout, attention_dropout=c.dropout, activation_dropout=c.dropout,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, forced_eos_token_id=None,
+        decoder_start_token_id=0,  # MarianConfig insists on an int: pass the real one (Marian's is its pad id)
+    )
+
+
+HF_TASK_MODELS = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                  "marian": ("MarianConfig", "MarianMTModel")}
+
+
+def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
+    """A ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel holding exact copies of ``model``'s weights.
 
     learned PE + LayerNorm → GPT-2; RoPE + RMSNorm + swiglu/geglu → LLaMA (interleaved RoPE is
-    stored half-split, q/k rows permuted). ``config_kwargs`` go to the HF config (e.g.
+    stored half-split, q/k rows permuted); a post-LN Transformer with split sinusoids → Marian
+    (no logits bias: a zero final_logits_bias). ``config_kwargs`` go to the HF config (e.g.
     ``eos_token_id=…``, ``attn_implementation="eager"``); special-token ids default to None.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"to_hf converts a qkv.GPT (to GPT-2 or LLaMA), got {type(model).__name__}")
+    if not isinstance(model, (GPT, Transformer)):
+        raise TypeError(f"to_hf converts a qkv.GPT (to GPT-2 or LLaMA) or a qkv.Transformer (to Marian), "
+                        f"got {type(model).__name__}")
     import transformers
 
-    model_type, fields = _hf_config(model.config)
-    family = FAMILIES[model_type]
-    config_cls, model_cls = {"gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel),
-                             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[model_type]
-    own = model.state_dict()
-    state = {(r.hf if r.hf == HEAD else f"{family.base}.{r.hf}"): r.to_hf(tuple(own[q] for q in r.qkv)).contiguous()
-             for r in family.rules(model.config)}
-    if model.config.tie_embeddings:  # HF's state dict lists the tied head too
-        state[HEAD] = own["embed.tok.weight"]
-    hf = model_cls(config_cls(**{**fields, **config_kwargs}))
+    c = model.config
+    model_type, fields = _marian_hf_config(c) if isinstance(model, Transformer) else _hf_config(c)
+    family, (config_name, model_name) = FAMILIES[model_type], HF_TASK_MODELS[model_type]
+    hf = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**fields, **config_kwargs}))
+    own, prefix = model.state_dict(), family.base + "."
+    state = {_full(r.hf, prefix): r.to_hf(tuple(own[q] for q in r.qkv)).contiguous() for r in family.rules(c)}
+    state |= {_full(k, prefix): state[_full(src, prefix)] for k, src in family.copies(c).items()}  # tied names
+    state |= {k: v for k, v in hf.state_dict().items() if family.ignored.fullmatch(k)}  # tables HF computes itself
     hf.load_state_dict(state, strict=True)
     return hf.to(device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype).eval()
+
+
+# --- how Hugging Face decodes a Marian checkpoint ---------------------------------------------------
+
+UNSUPPORTED_SEARCH = dict(min_length=0, min_new_tokens=None, no_repeat_ngram_size=0, repetition_penalty=1.0,
+                          num_beam_groups=1, do_sample=False)  # generate settings a Special cannot express
+
+
+def _token_id(hf: dict, key: str, vocab: int, problems: list[str], *, optional: bool = False) -> int | None:
+    value = hf.get(key)
+    one = value[0] if isinstance(value, list) and len(value) == 1 else value
+    if one is None and optional:
+        return None
+    if not isinstance(one, int) or isinstance(one, bool) or not 0 <= one < vocab:
+        problems.append(f"{key}={value!r} (expected one token id in [0, {vocab}))")
+        return None
+    return one
+
+
+def _suppressed(hf: dict, vocab: int, problems: list[str]) -> tuple[int, ...]:
+    """Single-token bad_words_ids and suppress_tokens: the ids generate never emits."""
+    bad, extra = hf.get("bad_words_ids") or [], hf.get("suppress_tokens") or []
+    if not isinstance(bad, list) or not all(isinstance(w, list) and len(w) == 1 for w in bad):
+        problems.append(f"bad_words_ids={bad!r:.80} (qkv suppresses single tokens: expected [[id], …])")
+        bad = []
+    ids = [w[0] for w in bad] + (extra if isinstance(extra, list) else [extra])
+    wrong = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab]
+    if wrong:
+        problems.append(f"suppressed ids {wrong!r:.80} (expected token ids in [0, {vocab}))")
+    return tuple(dict.fromkeys(i for i in ids if i not in wrong))
+
+
+def _generation_settings(d: Path) -> dict:
+    """config.json, overridden by generation_config.json where the directory has one."""
+    path = d / "generation_config.json"
+    return {**_read_config(d), **(_read_json_object(path) if path.is_file() else {})}
+
+
+def marian_special(source: str | os.PathLike | dict) -> Special:
+    """The tokens Hugging Face's ``generate`` decodes a Marian checkpoint with, as a ``Special``.
+
+    start = decoder_start_token_id (Marian's pad), eos = eos_token_id, pad = pad_token_id,
+    suppress = single-token bad_words_ids (Marian's pad) and suppress_tokens, force_eos_at_end =
+    forced_eos_token_id is set, renormalize = renormalize_logits. ``source``: a checkpoint
+    directory (generation_config.json over config.json) or those settings as one dict.
+    Raises ValueError listing every missing id and every setting a Special cannot express.
+    """
+    hf = source if isinstance(source, dict) else _generation_settings(Path(source))
+    hf, problems = {k: v for k, v in hf.items() if v is not None}, []  # None: unset (GenerationConfig.to_dict)
+    _require(hf, problems, **UNSUPPORTED_SEARCH)
+    vocab = hf.get("decoder_vocab_size") or hf.get("vocab_size", 58101)
+    vocab = vocab if isinstance(vocab, int) else 0
+    start, eos, pad = (_token_id(hf, k, vocab, problems) for k in ("decoder_start_token_id", "eos_token_id",
+                                                                     "pad_token_id"))
+    forced = _token_id(hf, "forced_eos_token_id", vocab, problems, optional=True)
+    if forced is not None and eos is not None and forced != eos:
+        problems.append(f"forced_eos_token_id={forced} differs from eos_token_id={eos} (qkv forces its EOS)")
+    suppress = _suppressed(hf, vocab, problems)
+    if problems:
+        raise ValueError("cannot decode as Hugging Face's generate does: " + "; ".join(problems))
+    return Special(start=start, eos=eos, pad=pad, suppress=suppress, force_eos_at_end=forced is not None,
+                   renormalize=hf.get("renormalize_logits") is True)
 
 
 # --- a checkpoint directory with its tokenizer ------------------------------------------------------
@@ -449,10 +645,14 @@ class Tokenizer:
     Wraps a ``transformers`` tokenizer or a ``tokenizers.Tokenizer``. ``encode`` adds the
     special tokens the tokenizer is configured to add (LLaMA's <s>, BERT's [CLS] … [SEP]);
     ``decode`` keeps special tokens, so ids and text correspond one to one.
+
+    An encoder-decoder's tokenizer carries ``special`` (a ``qkv.beam_search.Special``: where
+    decoding starts, stops and pads). Then ``encode`` gives the text's ids alone and ``decode``
+    drops special tokens: the search places start and EOS itself (``translate_texts``).
     """
 
-    def __init__(self, backend, *, eos_id: int | None = None) -> None:
-        self.backend = backend
+    def __init__(self, backend, *, eos_id: int | None = None, special: Special | None = None) -> None:
+        self.backend, self.special = backend, special
         self._hf = hasattr(backend, "convert_ids_to_tokens")  # transformers; else tokenizers
         own_eos = getattr(backend, "eos_token_id", None) if self._hf else None
         self.eos_id: int | None = own_eos if own_eos is not None else eos_id
@@ -465,11 +665,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        return list(self.backend.encode(text)) if self._hf else self.backend.encode(text).ids
+        ids = self.backend.encode(text, add_special_tokens=self.special is None)
+        return list(ids) if self._hf else ids.ids
 
     def decode(self, ids) -> str:
         ids = self._check(ids)
-        return self.backend.decode(ids, skip_special_tokens=False)
+        return self.backend.decode(ids, skip_special_tokens=self.special is not None)
 
     def token_strings(self, ids) -> list[str]:
         """One readable string per id (for plot labels): its decoded text, or the raw token when
@@ -497,11 +698,11 @@ class Tokenizer:
         return f"Tokenizer({type(self.backend).__name__}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer | None:
+def load_tokenizer(path: str | os.PathLike, *, special: Special | None = None) -> Tokenizer | None:
     """The tokenizer saved in a checkpoint directory (offline), or None when it has none.
 
     Read with ``transformers.AutoTokenizer`` (honouring tokenizer_config.json) when installed,
-    else from tokenizer.json with ``tokenizers``.
+    else from tokenizer.json with ``tokenizers``. ``special``: an encoder-decoder's decoding tokens.
     """
     d = Path(path)
     if not any((d / f).is_file() for f in TOKENIZER_FILES):
@@ -516,18 +717,24 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer | None:
             raise ValueError(f"the tokenizer in {d} needs transformers: pip install 'qkv[hf]'") from None
         from tokenizers import Tokenizer as Fast
 
-        return Tokenizer(Fast.from_file(str(d / "tokenizer.json")), eos_id=eos)
+        return Tokenizer(Fast.from_file(str(d / "tokenizer.json")), eos_id=eos, special=special)
     try:
         backend = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    except ImportError as e:  # MarianTokenizer needs sentencepiece
+        raise ValueError(f"cannot load the tokenizer in {d}: {e}; pip install 'qkv[hf]'") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"cannot load the tokenizer in {d}: {e}") from None
-    return Tokenizer(backend, eos_id=eos)
+    return Tokenizer(backend, eos_id=eos, special=special)
 
 
-def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> tuple[GPT | Encoder, Tokenizer | None]:
-    """``from_hf(path)`` and the tokenizer saved beside it (None when the directory has none)."""
+def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
+                    ) -> tuple[GPT | Encoder | Transformer, Tokenizer | None]:
+    """``from_hf(path)`` and the tokenizer saved beside it (None when the directory has none).
+
+    For a Marian checkpoint the tokenizer carries ``special = marian_special(path)``.
+    """
     model = from_hf(path, dtype=dtype)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, special=marian_special(path) if isinstance(model, Transformer) else None)
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer in {path} has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.config.vocab_size} embeddings")

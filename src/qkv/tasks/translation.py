@@ -30,7 +30,13 @@ DECODE_COST = 12  # a beam-searched pair costs about this many loss-evaluated pa
 
 
 def special_tokens(tokenizer) -> Special:
-    """Start, end and padding of a sequence-to-sequence tokenizer; ValueError if it lacks them."""
+    """Start, end and padding of a sequence-to-sequence tokenizer; ValueError if it lacks them.
+
+    A checkpoint's tokenizer that carries its own (``qkv.interop.hf.load_pretrained``'s, for
+    Marian) gives those; qkv's BPE gives BOS, EOS and PAD, BOS and PAD never generated.
+    """
+    if getattr(tokenizer, "special", None) is not None:
+        return tokenizer.special
     ids = [getattr(tokenizer, name, None) for name in ("bos_id", "eos_id", "pad_id")]
     if any(i is None for i in ids):
         raise ValueError(f"a translation tokenizer needs the special tokens {SPECIAL_TOKENS}; this one has none")
@@ -46,11 +52,17 @@ def pad_batch(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
 
 
 def translate_texts(model: nn.Module, tokenizer, texts: list[str], *, num_beams: int = 4, length_penalty: float = 0.6,
-                    max_new_tokens: int | None = None, batch_size: int = 32) -> list[str]:
-    """Translate each text with a trained ``qkv.Transformer`` (batched, sorted by length)."""
+                    max_new_tokens: int | None = None, batch_size: int = 32, special: Special | None = None) -> list[str]:
+    """Translate each text with a ``qkv.Transformer`` (batched, sorted by length).
+
+    ``tokenizer.encode(text)`` gives the text's ids without EOS (appended here) and
+    ``tokenizer.decode`` reads the ids between start and EOS. ``special``: the decoding tokens,
+    by default ``special_tokens(tokenizer)``. Hugging Face's Marian decodes with
+    ``length_penalty=1.0`` and its generation_config's ``num_beams``.
+    """
     if not isinstance(model, Transformer):
         raise ValueError(f"translation needs an encoder-decoder qkv.Transformer, got {type(model).__name__}")
-    special, limit = special_tokens(tokenizer), model.config.max_len
+    special, limit = special or special_tokens(tokenizer), model.config.max_len
     device = next(model.parameters()).device
     encoded = [tokenizer.encode(t)[: limit - 1] + [special.eos] for t in texts]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
