@@ -2,8 +2,13 @@
 every head of a qkv model does on a piece of text.
 
     text → tokens.encode_text → ids → maps.attention_maps (L, H, T, T) → JSON → page (canvas + DOM)
+    text → maps.translation_attention → encoder (L, H, S, S), decoder (L, H, T, T), cross (L, H, T, S)
+         → JSON with three views → the same page, with a view selector
 
-Shapes: L layers, H heads, T tokens, C model width.
+A GPT or Encoder page has one view (its data keeps the original flat fields); an encoder-decoder
+page has ``views``, each with its own query (row) and key (column) tokens, layers and heads.
+
+Shapes: L layers, H heads, T tokens (target), S source tokens, C model width.
 
 Safety: every user string (text, token labels, title) travels as JSON inside a
 ``<script type="application/json">`` block with ``<``, ``>``, ``&`` escaped as ``\\u003c`` …,
@@ -28,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from ..fileio import atomic_text
+from ..models import Transformer
 from ..tokens import encode_text
-from .maps import attention_maps, model_device
+from .maps import TranslationAttention, attention_maps, model_device, pair_attention, translation_attention
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 MAX_TOKENS = 512  # the page draws T×T matrices; beyond this they are unreadable anyway
@@ -107,14 +113,19 @@ def _one_sequence(ids: Tensor | Sequence[int], labels: Sequence[str]) -> Tensor:
 
 @torch.no_grad()
 def attention_data(
-    model: nn.Module, ids: Tensor | Sequence[int], token_labels: Sequence[str], *, title: str = "qkv explorer"
+    model: nn.Module, ids: Tensor | Sequence[int], token_labels: Sequence[str], *, title: str = "qkv explorer",
+    target_ids: Tensor | Sequence[int] | None = None, target_labels: Sequence[str] | None = None,
+    translation: str = "",
 ) -> dict[str, Any]:
     """Run ``model`` on one sequence and gather what the page shows, as a JSON-ready dict.
 
     Args:
         model: a qkv ``GPT`` or ``Encoder`` (anything whose forward takes ``return_attention=True``
-            and returns ``.attentions``, one (1, H, T, T) tensor per layer). Run in eval mode.
-        ids: (T,) or (1, T) token ids. token_labels: T strings, shown as the tokens.
+            and returns ``.attentions``, one (1, H, T, T) tensor per layer), or a ``Transformer``
+            given ``target_ids`` (see ``translation_data``). Run in eval mode.
+        ids: (T,) or (1, T) token ids (a Transformer's source, EOS included). token_labels: T strings.
+        target_ids, target_labels: a Transformer's decoder input (START + target), one label each;
+            ``translation``: the target text for the header.
     Returns:
         dict with tokens, ids, attention (base64 float32, (L, H, T, T)), entropy (L × H bits),
         positional (the additive PE matrix when the model has one) and model facts.
@@ -122,31 +133,114 @@ def attention_data(
     if not isinstance(title, str):
         raise TypeError(f"title must be a str, got {type(title).__name__}")
     x = _one_sequence(ids, token_labels)  # (1, T)
+    if target_ids is not None or target_labels is not None:
+        return _pair_data(model, x, token_labels, target_ids, target_labels, title=title, translation=translation)
     T = x.size(1)
     att = attention_maps(model, x)  # (L, H, T, T); TypeError for anything but a qkv GPT / Encoder
     L, H = att.shape[:2]
-    if att.numel() > MAX_VALUES:
-        raise ValueError(f"{L} layers × {H} heads × {T}² tokens is {att.numel():,} weights, more than the "
-                         f"page holds ({MAX_VALUES:,}); use a shorter text")
+    _check_size(att.numel(), f"{L} layers × {H} heads × {T}² tokens")
     ent, ent_max = entropy_bits(att)  # (L, H) each
-    config = getattr(model, "config", None)
     return {
         "title": title,
         "tokens": list(token_labels),
         "ids": [int(i) for i in x[0].tolist()],
         "num_layers": L, "num_heads": H, "T": T,
         "attention": _b64_float32(att),
-        "entropy": [[round(float(v), 4) for v in row] for row in ent],
-        "entropy_max": [[round(float(v), 4) for v in row] for row in ent_max],
-        "model": {
-            "kind": type(model).__name__,
-            "causal": bool(torch.all(att.triu(1) == 0)) and T > 1,
-            "d_model": getattr(config, "d_model", None),
-            "positional": getattr(config, "positional", None),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
+        "entropy": _rounded(ent), "entropy_max": _rounded(ent_max),
+        "model": _model_facts(model, causal=_is_causal(att)),
         "positional": _positional(model, T, model_device(model)),
     }
+
+
+def _pair_data(model: nn.Module, x: Tensor, source: Sequence[str], target_ids: Any, target: Any, *,
+               title: str, translation: str) -> dict[str, Any]:
+    """attention_data for an encoder-decoder: source x (1, S), target ids and labels, checked."""
+    y = _one_sequence([] if target_ids is None else target_ids, target or [])  # (1, T)
+    if not isinstance(model, Transformer):
+        raise TypeError(f"target_ids are for a qkv.Transformer (encoder-decoder), got {type(model).__name__}")
+    att = pair_attention(model, x[0].tolist(), source, y[0].tolist(), target, translation=translation)
+    return translation_data(model, att, title=title)
+
+
+def _check_size(values: int, what: str) -> None:
+    if values > MAX_VALUES:
+        raise ValueError(f"{what} is {values:,} weights, more than the page holds ({MAX_VALUES:,}); "
+                         "use a shorter text")
+
+
+def _rounded(bits: Tensor) -> list[list[float]]:
+    """(L, H) -> nested lists of floats to 4 decimals (the page's JSON)."""
+    return [[round(float(v), 4) for v in row] for row in bits]
+
+
+def _is_causal(att: Tensor) -> bool:
+    """Square maps (..., T, T) with no weight above the diagonal, T > 1."""
+    return att.size(-1) == att.size(-2) > 1 and bool(torch.all(att.triu(1) == 0))
+
+
+def _model_facts(model: nn.Module, *, causal: bool) -> dict[str, Any]:
+    config = getattr(model, "config", None)
+    return {"kind": type(model).__name__, "causal": causal, "d_model": getattr(config, "d_model", None),
+            "positional": getattr(config, "positional", None),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+# the encoder-decoder's views: title, caption, and which side's tokens are the rows (queries) and columns (keys)
+VIEWS = {
+    "encoder": ("encoder self-attention", "source × source: each source token (row) attends to every source "
+                                          "token (column)", "source", "source"),
+    "decoder": ("decoder self-attention", "target × target, causal: each decoder input (row) attends to itself "
+                                          "and the tokens before it (column)", "target", "target"),
+    "cross": ("cross-attention", "target × source: each decoder input (row; it predicts the next target token) "
+                                 "attends to the encoded source tokens (column) — the paper's alignment figure",
+              "target", "source"),
+}
+
+
+def _view(name: str, maps: Tensor, queries: Sequence[str], keys: Sequence[str], query_ids: Sequence[int],
+          key_ids: Sequence[int]) -> dict[str, Any]:
+    """One view of the page: maps (L, H, T, S) with its row (query) and column (key) tokens."""
+    L, H, T, S = maps.shape
+    ent, ent_max = entropy_bits(maps)  # (L, H) each
+    title, caption, query_side, key_side = VIEWS[name]
+    return {"name": name, "title": title, "caption": caption, "same": query_side == key_side,
+            "query_side": query_side, "key_side": key_side,
+            "queries": list(queries), "keys": list(keys), "query_ids": list(query_ids), "key_ids": list(key_ids),
+            "num_layers": L, "num_heads": H, "rows": T, "cols": S, "attention": _b64_float32(maps),
+            "entropy": _rounded(ent), "entropy_max": _rounded(ent_max), "causal": _is_causal(maps)}
+
+
+def translation_data(model: Transformer, att: TranslationAttention, *, title: str = "qkv explorer") -> dict[str, Any]:
+    """The page's data for an encoder-decoder: three views (encoder, decoder, cross), the text and its
+    translation. ``att``: from ``maps.translation_attention`` (a text) or ``maps.pair_attention`` (ids)."""
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__}")
+    S, T = len(att.source), len(att.target)
+    if not (1 <= S <= MAX_TOKENS and 1 <= T <= MAX_TOKENS):
+        raise ValueError(f"the explorer shows 1 … {MAX_TOKENS} tokens per side, got {S} source and {T} target")
+    maps = att.views()
+    _check_size(sum(m.numel() for m, _, _ in maps.values()), f"source {S} × target {T} tokens over all layers")
+    ids = {"encoder": (att.source_ids, att.source_ids), "decoder": (att.target_ids, att.target_ids),
+           "cross": (att.target_ids, att.source_ids)}
+    views = [_view(name, m, q, k, *ids[name]) for name, (m, q, k) in maps.items()]
+    facts = _model_facts(model, causal=False) | {"layers": [v["num_layers"] for v in views[:2]]}
+    return {"title": title, "kind": "translation", "text": att.text, "translation": att.translation,
+            "views": views, "view": "cross", "model": facts,
+            "positional": _positional(model.encoder, S, model_device(model))}
+
+
+def text_data(model: nn.Module, tokenizer: Any, text: str, *, title: str = "qkv explorer",
+              target: str | None = None, num_beams: int = 4) -> dict[str, Any]:
+    """The page's data for ``text``: a ``Transformer`` translates it (``num_beams``; 1: greedy), or reads
+    ``target``, and shows its three kinds of attention; a ``GPT`` or ``Encoder`` shows its self-attention."""
+    if isinstance(model, Transformer):
+        att = translation_attention(model, tokenizer, text, target=target, num_beams=num_beams)
+        return translation_data(model, att, title=title)
+    if target is not None:
+        raise ValueError(f"a target translation is for an encoder-decoder qkv.Transformer, got {type(model).__name__}")
+    max_len = getattr(getattr(model, "config", None), "max_len", None)
+    ids, labels = encode_text(tokenizer, text, max_len=max_len)
+    return attention_data(model, ids, labels, title=title)
 
 
 def _script_json(data: Any) -> str:
@@ -172,11 +266,15 @@ def page(data: dict[str, Any] | None, *, title: str = "qkv explorer", server: di
 
 
 def render_html(
-    model: nn.Module, ids: Tensor | Sequence[int], token_labels: Sequence[str], *, title: str = "qkv explorer"
+    model: nn.Module, ids: Tensor | Sequence[int], token_labels: Sequence[str], *, title: str = "qkv explorer",
+    target_ids: Tensor | Sequence[int] | None = None, target_labels: Sequence[str] | None = None,
+    translation: str = "",
 ) -> str:
     """One self-contained HTML page (no network: scripts, styles and data inline) exploring the
     attention of ``model`` on ``ids``. See ``attention_data`` for the arguments."""
-    return page(attention_data(model, ids, token_labels, title=title), title=title)
+    data = attention_data(model, ids, token_labels, title=title, target_ids=target_ids,
+                          target_labels=target_labels, translation=translation)
+    return page(data, title=title)
 
 
 def write_html(path: str | os.PathLike, html_text: str) -> Path:
@@ -208,8 +306,7 @@ class _Explorer(ThreadingHTTPServer):
             raise _TooLarge(f"the text has {len(text):,} characters; this server accepts at most "
                             f"{self.max_chars:,} (restart it with --max-chars to change that)")
         with self.lock:
-            ids, labels = encode_text(self.tokenizer, text)
-            return attention_data(self.model, ids, labels, title=self.title)
+            return text_data(self.model, self.tokenizer, text, title=self.title)
 
     @property
     def url(self) -> str:

@@ -1,14 +1,17 @@
 """The attention explorer inside Jupyter: ``show(source, text)`` returns an object a notebook
 displays inline — the page ``qkv explore --html`` writes, in a sandboxed iframe.
 
-    source → (model, tokenizer) → tokens.encode_text → explorer.render_html → <iframe srcdoc=…>
+    source → (model, tokenizer) → explorer.text_data → explorer.page → <iframe srcdoc=…>
+
+A translation run (a ``qkv.Transformer``) translates the text first and the page has three views:
+the encoder's self-attention, the decoder's (causal) and the cross-attention (target × source).
 
 The page travels HTML-escaped in ``srcdoc``, so no character of it can end the attribute, and
 ``sandbox="allow-scripts"`` gives it an opaque origin: its scripts run, but cannot reach the
 notebook, its kernel or its cookies. Nothing is fetched: scripts, styles and data are inline and
 the page's Content-Security-Policy forbids network loads.
 
-Shapes: T tokens.
+Shapes: T tokens (target), S source tokens.
 """
 from __future__ import annotations
 
@@ -21,8 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..checkpoint import Run, load_run
-from ..tokens import encode_text
-from .explorer import render_html, write_html
+from .explorer import page, text_data, write_html
 
 HEIGHT = 760  # pixels: the heatmap, the head grid and the entropy table without scrolling on a laptop
 
@@ -48,17 +50,17 @@ class ExplorerView:
         return f"ExplorerView({len(self.html):,} characters of HTML; display it in Jupyter or .save(path))"
 
 
-def show(source: Any, text: str, *, tokenizer: Any = None, title: str = "qkv explorer",
-         height: int = HEIGHT) -> ExplorerView:
+def show(source: Any, text: str, *, tokenizer: Any = None, title: str = "qkv explorer", height: int = HEIGHT,
+         target: str | None = None, num_beams: int = 4) -> ExplorerView:
     """The attention explorer on ``text``, shown inline when a notebook cell ends with it.
 
     ``source``: a qkv model (with ``tokenizer=``), a ``Run``, a run directory or a Hugging Face
-    directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels.
+    directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels. An encoder-decoder
+    translates ``text`` (``num_beams``; 1: greedy), or reads the given ``target`` translation.
     """
     model, tokenizer = load_source(source, tokenizer=tokenizer)
-    max_len = getattr(getattr(model, "config", None), "max_len", None)
-    ids, labels = encode_text(tokenizer, text, max_len=max_len)
-    return ExplorerView(render_html(model, ids, labels, title=title), height=height)
+    data = text_data(model, tokenizer, text, title=title, target=target, num_beams=num_beams)
+    return ExplorerView(page(data, title=title), height=height)
 
 
 def load_source(source: Any, *, tokenizer: Any = None) -> tuple[nn.Module, Any]:

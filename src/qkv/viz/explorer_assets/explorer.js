@@ -1,5 +1,7 @@
 // The qkv attention explorer. Reads the JSON block #qkv-data; writes user strings with
-// textContent only (never innerHTML). Attention is (L, H, T, T) float32, C order.
+// textContent only (never innerHTML). A view is (L, H, rows, cols) float32, C order: rows are the
+// queries (attend from), columns the keys (attend to). A GPT or Encoder page has one square view
+// (flat fields in its data); an encoder-decoder page has three: encoder, decoder, cross (target × source).
 (function () {
   "use strict";
   const boot = JSON.parse(document.getElementById("qkv-data").textContent);
@@ -11,7 +13,8 @@
     if (text !== undefined) e.textContent = text;
     return e;
   };
-  const st = { data: null, A: null, layer: 0, head: 0, hover: null, cell: 1, mx: 0, my: 0 };
+  // hover: null or {q, k} (a query row and/or a key column; in a square view of one token list, q === k)
+  const st = { data: null, views: [], v: null, layer: 0, head: 0, hover: null, cell: 1, mx: 0, my: 0 };
 
   // ---- data ------------------------------------------------------------------------------
   function f32(b64) {  // base64 of little-endian float32 -> Float32Array
@@ -22,7 +25,13 @@
     for (let k = 0; k < out.length; k++) out[k] = view.getFloat32(4 * k, true);
     return out;
   }
-  const w = (l, h, i, j) => { const T = st.data.T; return st.A[((l * st.data.num_heads + h) * T + i) * T + j]; };
+  function viewsOf(d) {  // a GPT / Encoder page: its flat fields as the one view
+    if (d.views) return d.views;
+    return [{ name: "self", title: "self-attention", caption: "", same: true, queries: d.tokens, keys: d.tokens,
+      query_ids: d.ids, key_ids: d.ids, num_layers: d.num_layers, num_heads: d.num_heads, rows: d.T, cols: d.T,
+      attention: d.attention, entropy: d.entropy, entropy_max: d.entropy_max, causal: d.model.causal }];
+  }
+  const w = (l, h, i, j) => { const v = st.v; return v.A[((l * v.num_heads + h) * v.rows + i) * v.cols + j]; };
   const cur = (i, j) => w(st.layer, st.head, i, j);
   function show(s) {  // make whitespace visible; still plain text
     if (s === "") return "∅";
@@ -65,52 +74,85 @@
 
   // ---- header, tokens, selectors ----------------------------------------------------------
   function header() {
-    const d = st.data, m = d.model;
+    const d = st.data, m = d.model, v0 = st.views[0];
     document.title = d.title;
     $("title").textContent = d.title;
-    const parts = [m.kind, `${d.num_layers} layers × ${d.num_heads} heads`];
+    const seq2seq = st.views.length > 1;
+    const parts = [m.kind, seq2seq ? `encoder ${m.layers[0]} + decoder ${m.layers[1]} layers × ${v0.num_heads} heads`
+      : `${d.num_layers} layers × ${d.num_heads} heads`];
     if (m.d_model) parts.push(`d_model ${m.d_model}`);
     if (m.positional) parts.push(`positional: ${m.positional}`);
-    parts.push(`${d.T} tokens`, m.causal ? "causal (a query sees only earlier keys)" : "bidirectional");
+    if (seq2seq) parts.push(`${v0.rows} source tokens → ${st.views[1].rows} target tokens (START first)`);
+    else parts.push(`${d.T} tokens`, m.causal ? "causal (a query sees only earlier keys)" : "bidirectional");
     $("summary").textContent = parts.join(" · ");
+    const box = $("translation"); box.replaceChildren();
+    for (const [what, text] of [["source", d.text], ["translation", d.translation]]) {
+      if (text) box.append(el("span", "what", what), el("span", "text", text));
+    }
+    box.hidden = box.children.length === 0;
   }
-  function tokens() {
-    const box = $("tokens"); box.replaceChildren();
-    st.data.tokens.forEach((s, i) => {
+  function chips(box, labels, ids) {
+    box.replaceChildren();
+    labels.forEach((s, i) => {
       const t = el("span", "tok", show(s));
-      t.title = `#${i}  id ${st.data.ids[i]}  ${JSON.stringify(s)}`;
+      t.title = `#${i}  id ${ids[i]}  ${JSON.stringify(s)}`;
       t.dataset.index = i;
       box.appendChild(t);
     });
+  }
+  function tokens() {
+    const v = st.v, named = Boolean(v.query_side);
+    chips($("tokens"), v.queries, v.query_ids);
+    $("tokens-label").hidden = !named;
+    $("tokens-label").textContent = named ? `${v.query_side} tokens${v.same ? "" : " — queries, the rows"}` : "";
+    $("keys-block").hidden = v.same;
+    if (!v.same) {
+      chips($("key-tokens"), v.keys, v.key_ids);
+      $("key-tokens-label").textContent = `${v.key_side} tokens — keys, the columns`;
+    }
+    $("tokens-hint").textContent = v.same ? "hover one: what it attends to (blue) and what attends to it (orange)"
+      : `hover a ${v.query_side} token: the ${v.key_side} tokens it attends to (blue); ` +
+        `hover a ${v.key_side} token: the ${v.query_side} tokens attending to it (orange)`;
   }
   function options(select, n, word) {
     select.replaceChildren();
     for (let k = 0; k < n; k++) { const o = el("option", null, `${word} ${k}`); o.value = k; select.appendChild(o); }
   }
+  function viewOptions() {
+    const select = $("view"); select.replaceChildren();
+    st.views.forEach((v, k) => {
+      const o = el("option", null, `${v.title} (${v.rows} × ${v.cols})`); o.value = k; select.appendChild(o);
+    });
+    $("view-pick").hidden = st.views.length < 2;
+  }
 
   // ---- the heatmap ---------------------------------------------------------------------------
-  function heatmap() {
-    const d = st.data, T = d.T, canvas = $("heatmap");
-    const cs = Math.max(2, Math.min(28, Math.floor(520 / T)));
-    const labels = cs >= 9;
+  function labelMargin(ctx, labels, show) {
     let margin = 24;
+    if (show) for (const s of labels) margin = Math.max(margin, ctx.measureText(short(s, 10)).width + 8);
+    return margin;
+  }
+  function heatmap() {
+    const v = st.v, R = v.rows, C = v.cols, canvas = $("heatmap");
+    const cs = Math.max(2, Math.min(28, Math.floor(520 / Math.max(R, C))));
+    const labels = cs >= 9;
     const probe = canvas.getContext("2d");
     probe.font = "11px ui-monospace, monospace";
-    if (labels) for (const s of d.tokens) margin = Math.max(margin, probe.measureText(short(s, 10)).width + 8);
-    const side = T * cs, ctx = sized(canvas, margin + side + 2, margin + side + 2);
-    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, margin + side + 2, margin + side + 2);
-    ctx.drawImage(bitmap(T, T, cur, seq), margin, margin, side, side);
-    ctx.strokeStyle = "#d0d5dd"; ctx.strokeRect(margin - 0.5, margin - 0.5, side + 1, side + 1);
+    const mx = labelMargin(probe, v.queries, labels), my = labelMargin(probe, v.keys, labels);
+    const W = mx + C * cs + 2, H = my + R * cs + 2, ctx = sized(canvas, W, H);
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+    ctx.drawImage(bitmap(R, C, cur, seq), mx, my, C * cs, R * cs);
+    ctx.strokeStyle = "#d0d5dd"; ctx.strokeRect(mx - 0.5, my - 0.5, C * cs + 1, R * cs + 1);
     ctx.fillStyle = "#344054"; ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "middle";
-    const every = labels ? 1 : Math.ceil(T / 8);
-    for (let i = 0; i < T; i += every) {
-      const text = labels ? short(d.tokens[i], 10) : String(i), c = margin + i * cs + cs / 2;
-      ctx.textAlign = "right"; ctx.fillText(text, margin - 4, c);
-      ctx.save(); ctx.translate(c, margin - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
-      ctx.fillText(text, 0, 0); ctx.restore();
+    const text = (list, i) => labels ? short(list[i], 10) : String(i);
+    ctx.textAlign = "right";
+    for (let i = 0; i < R; i += labels ? 1 : Math.ceil(R / 8)) ctx.fillText(text(v.queries, i), mx - 4, my + i * cs + cs / 2);
+    for (let j = 0; j < C; j += labels ? 1 : Math.ceil(C / 8)) {
+      ctx.save(); ctx.translate(mx + j * cs + cs / 2, my - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
+      ctx.fillText(text(v.keys, j), 0, 0); ctx.restore();
     }
-    Object.assign(st, { cell: cs, mx: margin, my: margin });
-    canvas.dataset.layer = st.layer; canvas.dataset.head = st.head;
+    Object.assign(st, { cell: cs, mx, my });
+    Object.assign(canvas.dataset, { layer: st.layer, head: st.head, view: v.name, rows: R, cols: C });
     legend();
   }
   function legend() {
@@ -119,22 +161,21 @@
     ctx.drawImage(bitmap(1, 120, (i, j) => j / 119, seq), 0, 0, 120, 10);
     box.append(el("span", null, "0"), c, el("span", null, "1 (weight)"));
   }
-  function place(box, i, horizontal) {
-    const T = st.data.T, cs = st.cell;
+  function place(box, i, horizontal) {  // outline row i (horizontal) or column i of the heatmap
+    const v = st.v, cs = st.cell;
     Object.assign(box.style, horizontal
-      ? { left: st.mx - 2 + "px", top: st.my + i * cs - 2 + "px", width: T * cs + 4 + "px", height: cs + 4 + "px" }
-      : { left: st.mx + i * cs - 2 + "px", top: st.my - 2 + "px", width: cs + 4 + "px", height: T * cs + 4 + "px" });
+      ? { left: st.mx - 2 + "px", top: st.my + i * cs - 2 + "px", width: v.cols * cs + 4 + "px", height: cs + 4 + "px" }
+      : { left: st.mx + i * cs - 2 + "px", top: st.my - 2 + "px", width: cs + 4 + "px", height: v.rows * cs + 4 + "px" });
     box.hidden = false;
   }
   function onHeatmapMove(ev) {
-    const r = $("heatmap").getBoundingClientRect(), T = st.data.T;
+    const r = $("heatmap").getBoundingClientRect(), v = st.v;
     const j = Math.floor((ev.clientX - r.left - st.mx) / st.cell), i = Math.floor((ev.clientY - r.top - st.my) / st.cell);
     const tip = $("tip");
-    if (i < 0 || j < 0 || i >= T || j >= T) { tip.hidden = true; setHover(null); return; }
+    if (i < 0 || j < 0 || i >= v.rows || j >= v.cols) { tip.hidden = true; setHover(null); return; }
     place($("hm-row"), i, true); place($("hm-col"), j, false);
     $("hm-row").dataset.row = i; $("hm-col").dataset.col = j;
-    const d = st.data;
-    tip.textContent = `query #${i} ${short(d.tokens[i], 16)}\n → key #${j} ${short(d.tokens[j], 16)}\nweight ${cur(i, j).toFixed(4)}`;
+    tip.textContent = `query #${i} ${short(v.queries[i], 16)}\n → key #${j} ${short(v.keys[j], 16)}\nweight ${cur(i, j).toFixed(4)}`;
     tip.style.left = ev.clientX - r.left + 14 + "px"; tip.style.top = ev.clientY - r.top + 14 + "px";
     tip.hidden = false;
   }
@@ -142,17 +183,18 @@
   // ---- the lines view ------------------------------------------------------------------------
   const ROW = 18, LINES_W = 170;
   function linesColumns() {
-    for (const side of ["left", "right"]) {
+    for (const [side, labels] of [["left", st.v.queries], ["right", st.v.keys]]) {
       const col = $("lines-" + side); col.replaceChildren();
-      st.data.tokens.forEach((s, i) => {
+      labels.forEach((s, i) => {
         const t = el("div", "ltok", short(s, 12));
         t.dataset.index = i; t.title = `#${i} ${JSON.stringify(s)}`;
         col.appendChild(t);
       });
     }
   }
-  function lines() {  // one path per colour and alpha step: T² strokes in ~40 draw calls
-    const T = st.data.T, hv = st.hover, ctx = sized($("lines-canvas"), LINES_W, T * ROW);
+  function lines() {  // one path per colour and alpha step: R·C strokes in ~40 draw calls
+    const v = st.v, R = v.rows, C = v.cols, hv = st.hover;
+    const ctx = sized($("lines-canvas"), LINES_W, Math.max(R, C) * ROW);
     const STEPS = 20, paths = new Map();
     const add = (i, j, colour, alpha) => {
       const k = Math.round(Math.min(1, alpha) * STEPS);
@@ -162,86 +204,97 @@
       const p = paths.get(key).path;
       p.moveTo(2, i * ROW + ROW / 2); p.lineTo(LINES_W - 2, j * ROW + ROW / 2);
     };
-    for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) add(i, j, "#1f5fbf", cur(i, j) * (hv === null ? 0.9 : 0.08));
-    if (hv !== null) for (let k = 0; k < T; k++) { add(hv, k, "#1f5fbf", cur(hv, k)); add(k, hv, "#d9730d", cur(k, hv)); }
+    for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) add(i, j, "#1f5fbf", cur(i, j) * (hv === null ? 0.9 : 0.08));
+    if (hv !== null && hv.q !== null) for (let j = 0; j < C; j++) add(hv.q, j, "#1f5fbf", cur(hv.q, j));
+    if (hv !== null && hv.k !== null) for (let i = 0; i < R; i++) add(i, hv.k, "#d9730d", cur(i, hv.k));
     ctx.lineWidth = 2;
     for (const { colour, alpha, path } of paths.values()) { ctx.strokeStyle = colour; ctx.globalAlpha = alpha; ctx.stroke(path); }
     ctx.globalAlpha = 1;
   }
 
-  // ---- hover: a token's row (what it attends to) and column (what attends to it) --------------
-  function setHover(i) {
-    st.hover = i;
-    const chips = $("tokens").children;
-    for (let j = 0; j < chips.length; j++) {
-      const c = chips[j];
-      c.classList.toggle("active", j === i);
-      c.style.backgroundColor = i === null ? "" : `rgba(31,95,191,${(0.75 * cur(i, j)).toFixed(3)})`;
-      c.style.borderBottom = i === null ? "" : `3px solid rgba(217,115,13,${Math.min(1, cur(j, i)).toFixed(3)})`;
+  // ---- hover: a query's row (what it attends to) and a key's column (what attends to it) ------
+  function setHover(h) {
+    st.hover = h;
+    const v = st.v, q = h ? h.q : null, k = h ? h.k : null;
+    const qs = $("tokens").children, ks = v.same ? qs : $("key-tokens").children;
+    for (let i = 0; i < qs.length; i++) {  // a query's underline: how much it attends to the hovered key
+      qs[i].classList.toggle("active", i === q);
+      qs[i].style.borderBottom = k === null ? "" : `3px solid rgba(217,115,13,${Math.min(1, cur(i, k)).toFixed(3)})`;
     }
-    for (const side of ["left", "right"]) {
+    for (let j = 0; j < ks.length; j++) {  // a key's background: how much the hovered query attends to it
+      if (!v.same) ks[j].classList.toggle("active", j === k);
+      ks[j].style.backgroundColor = q === null ? "" : `rgba(31,95,191,${(0.75 * cur(q, j)).toFixed(3)})`;
+    }
+    for (const [side, n] of [["left", q], ["right", k]]) {
       const col = $("lines-" + side).children;
-      for (let j = 0; j < col.length; j++) col[j].classList.toggle("active", j === i);
+      for (let j = 0; j < col.length; j++) col[j].classList.toggle("active", j === n);
     }
-    if (i === null) { $("hm-row").hidden = true; $("hm-col").hidden = true; delete $("hm-row").dataset.row; }
-    else { place($("hm-row"), i, true); place($("hm-col"), i, false); $("hm-row").dataset.row = i; $("hm-col").dataset.col = i; }
+    const row = $("hm-row"), column = $("hm-col");
+    if (q === null) { row.hidden = true; delete row.dataset.row; } else { place(row, q, true); row.dataset.row = q; }
+    if (k === null) { column.hidden = true; delete column.dataset.col; } else { place(column, k, false); column.dataset.col = k; }
     lines();
   }
-  let pending, follow = false;  // hover updates wait for the next frame: a fast mouse crosses many tokens
-  function hoverSoon(i, scroll) {
-    if (pending === undefined) requestAnimationFrame(() => {
-      const k = pending; pending = undefined;
-      if (k === st.hover) return;
-      setHover(k);
-      if (k !== null && follow) {  // bring the token's line into the lines view
-        const box = $("lines"), y = k * ROW;
+  const sameHover = (a, b) => a === b || (a !== null && b !== null && a.q === b.q && a.k === b.k);
+  let pending = null, queued = false, follow = false;  // hover updates wait for the next frame: a fast mouse crosses many tokens
+  function hoverSoon(h, scroll) {
+    if (!queued) requestAnimationFrame(() => {
+      queued = false;
+      const n = pending;
+      if (sameHover(n, st.hover)) return;
+      setHover(n);
+      if (n !== null && follow) {  // bring the token's line into the lines view
+        const box = $("lines"), y = (n.q !== null ? n.q : n.k) * ROW;
         if (y < box.scrollTop || y + ROW > box.scrollTop + box.clientHeight) box.scrollTop = y - box.clientHeight / 2;
       }
     });
-    pending = i; follow = scroll;
+    queued = true; pending = h; follow = scroll;
   }
-  function hoverable(box, scroll) {
+  function hoverable(box, side, scroll) {  // side: the box holds queries ("q") or keys ("k")
     box.addEventListener("mouseover", (ev) => {
       const t = ev.target.closest("[data-index]");
-      if (t && box.contains(t)) hoverSoon(Number(t.dataset.index), scroll);
+      if (!t || !box.contains(t)) return;
+      const i = Number(t.dataset.index);
+      hoverSoon(st.v.same ? { q: i, k: i } : side === "q" ? { q: i, k: null } : { q: null, k: i }, scroll);
     });
     box.addEventListener("mouseleave", () => hoverSoon(null, false));
   }
 
   // ---- thumbnails and entropy ------------------------------------------------------------------
   function thumbs() {
-    const d = st.data, box = $("thumbs"); box.replaceChildren();
+    const v = st.v, box = $("thumbs"); box.replaceChildren();
     $("thumbs-layer").textContent = st.layer;
-    for (let h = 0; h < d.num_heads; h++) {
+    const px = 96 / Math.max(v.rows, v.cols);
+    for (let h = 0; h < v.num_heads; h++) {
       const b = el("button", "thumb" + (h === st.head ? " selected" : ""));
       b.type = "button"; b.dataset.head = h;
-      const c = el("canvas"); c.width = d.T; c.height = d.T;
-      c.getContext("2d").drawImage(bitmap(d.T, d.T, (i, j) => w(st.layer, h, i, j), seq), 0, 0);
-      b.append(c, el("div", null, `head ${h} · H=${d.entropy[st.layer][h].toFixed(2)}`));
+      const c = el("canvas"); c.width = v.cols; c.height = v.rows;
+      c.style.width = v.cols * px + "px"; c.style.height = v.rows * px + "px";
+      c.getContext("2d").drawImage(bitmap(v.rows, v.cols, (i, j) => w(st.layer, h, i, j), seq), 0, 0);
+      b.append(c, el("div", null, `head ${h} · H=${v.entropy[st.layer][h].toFixed(2)}`));
       b.addEventListener("click", () => select(st.layer, h));
       box.appendChild(b);
     }
   }
   function entropy() {
-    const d = st.data, table = $("entropy"); table.replaceChildren();
-    const all = d.entropy.flat(), lo = Math.min(...all), hi = Math.max(...all);
+    const v = st.v, table = $("entropy"); table.replaceChildren();
+    const all = v.entropy.flat(), lo = Math.min(...all), hi = Math.max(...all);
     const head = el("tr"); head.appendChild(el("th"));
-    for (let h = 0; h < d.num_heads; h++) head.appendChild(el("th", null, `h${h}`));
+    for (let h = 0; h < v.num_heads; h++) head.appendChild(el("th", null, `h${h}`));
     table.appendChild(head);
-    for (let l = 0; l < d.num_layers; l++) {
+    for (let l = 0; l < v.num_layers; l++) {
       const tr = el("tr"); tr.appendChild(el("th", null, `layer ${l}`));
-      for (let h = 0; h < d.num_heads; h++) {
-        const v = d.entropy[l][h], x = hi > lo ? (v - lo) / (hi - lo) : 0.5;
-        const td = el("td", l === st.layer && h === st.head ? "selected" : "", v.toFixed(2));
+      for (let h = 0; h < v.num_heads; h++) {
+        const e = v.entropy[l][h], x = hi > lo ? (e - lo) / (hi - lo) : 0.5;
+        const td = el("td", l === st.layer && h === st.head ? "selected" : "", e.toFixed(2));
         td.style.backgroundColor = rgb(seq(0.1 + 0.75 * x)); td.style.color = x > 0.55 ? "#fff" : "#1d2330";
-        td.title = `layer ${l} head ${h}: ${v.toFixed(3)} bits; uniform over the allowed keys: ${d.entropy_max[l][h].toFixed(3)} bits`;
+        td.title = `layer ${l} head ${h}: ${e.toFixed(3)} bits; uniform over the allowed keys: ${v.entropy_max[l][h].toFixed(3)} bits`;
         td.dataset.layer = l; td.dataset.head = h;
         td.addEventListener("click", () => select(l, h));
         tr.appendChild(td);
       }
       table.appendChild(tr);
     }
-    const top = d.entropy_max[0][0];
+    const top = v.entropy_max[0][0];
     $("entropy-note").textContent = `For comparison: attending uniformly to every allowed key would give ${top.toFixed(2)} bits ` +
       `(mean over queries); a head that always picks one key gives 0.`;
   }
@@ -267,18 +320,27 @@
   function select(l, h) {
     st.layer = l; st.head = h;
     $("layer").value = l; $("head").value = h;
-    const d = st.data;
-    $("headinfo").textContent = `entropy ${d.entropy[l][h].toFixed(3)} bits (uniform: ${d.entropy_max[l][h].toFixed(3)})`;
+    const v = st.v;
+    $("headinfo").textContent = `entropy ${v.entropy[l][h].toFixed(3)} bits (uniform: ${v.entropy_max[l][h].toFixed(3)})`;
     heatmap(); thumbs(); entropy();
     setHover(st.hover);
   }
+  function setView(k) {
+    const v = st.views[k];
+    if (!v.A) v.A = f32(v.attention);  // decoded once, when first shown
+    st.v = v; st.hover = null;
+    $("view").value = k;
+    $("view-note").textContent = v.caption || ""; $("view-note").hidden = !v.caption;
+    tokens(); linesColumns();
+    options($("layer"), v.num_layers, "layer"); options($("head"), v.num_heads, "head");
+    select(Math.min(st.layer, v.num_layers - 1), Math.min(st.head, v.num_heads - 1));
+  }
   function render(data) {
-    st.data = data; st.A = f32(data.attention); st.hover = null;
+    st.data = data; st.views = viewsOf(data);
     $("main").hidden = false; $("empty").hidden = true;
-    header(); tokens(); linesColumns();
-    options($("layer"), data.num_layers, "layer"); options($("head"), data.num_heads, "head");
-    positional();
-    select(Math.min(st.layer, data.num_layers - 1), Math.min(st.head, data.num_heads - 1));
+    header(); viewOptions(); positional();
+    const start = st.views.findIndex((v) => v.name === data.view);
+    setView(Math.max(0, start));
   }
 
   // ---- the text box (served page only) --------------------------------------------------------
@@ -306,12 +368,14 @@
     }
   }
 
+  $("view").addEventListener("change", (e) => setView(Number(e.target.value)));
   $("layer").addEventListener("change", (e) => select(Number(e.target.value), st.head));
   $("head").addEventListener("change", (e) => select(st.layer, Number(e.target.value)));
   const hm = $("heatmap");
   hm.addEventListener("mousemove", onHeatmapMove);
   hm.addEventListener("mouseleave", () => { $("tip").hidden = true; setHover(null); });
-  hoverable($("tokens"), true); hoverable($("lines-left"), false); hoverable($("lines-right"), false);
+  hoverable($("tokens"), "q", true); hoverable($("key-tokens"), "k", true);
+  hoverable($("lines-left"), "q", false); hoverable($("lines-right"), "k", false);
   if (server) {
     $("input").hidden = false;
     $("text").value = server.text || "";
