@@ -1,5 +1,6 @@
 """The small measuring tools every check uses: a float tolerance, a relative error, numbers in
-one line, an error as a string, and measured values as JSON-ready numbers.
+one line, an error as a string, measured values as JSON-ready numbers, and the cost of a call
+(FLOPs per module, the largest tensor it creates, a fitted log-log exponent).
 
 Shapes: none of its own; tensors of any shape.
 """
@@ -10,6 +11,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 FLOAT_TOL = 1e-5  # "exact up to float error" in fp32 at these sizes
 
@@ -20,8 +22,8 @@ def rel_err(a: Tensor, b: Tensor) -> float:
 
 
 def fmt(xs: Iterable[float]) -> str:
-    """Numbers to 3 significant digits, comma-separated."""
-    return ", ".join(f"{x:.3g}" for x in xs)
+    """Numbers to 3 significant digits (ints in full), comma-separated."""
+    return ", ".join(str(x) if isinstance(x, int) else f"{x:.3g}" for x in xs)
 
 
 def error_of(fn: Callable[[], object]) -> str:
@@ -47,3 +49,45 @@ def plain(x):
         return x
     x = float(x)
     return float(f"{x:.6g}") if math.isfinite(x) else str(x)
+
+
+class LargestTensor(TorchFunctionMode):
+    """Records the bytes of the largest tensor any torch function returns inside it: what a path
+    must hold at once, at least (a kernel's internal buffers are not seen). Works on meta tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, Tensor):
+                self.bytes = max(self.bytes, t.numel() * t.element_size())
+        return out
+
+
+def cost(fn: Callable[[], object]) -> tuple[dict[str, int], int]:
+    """({module name: FLOPs}, bytes of the largest tensor) of ``fn()``, by FlopCounterMode ("Global" = all).
+
+    On meta tensors nothing is computed: the counts come from shapes alone.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter, LargestTensor() as largest:
+        fn()
+    flops = {"Global": 0} | {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    return flops, largest.bytes
+
+
+def fit_exponent(ns: Iterable[float], ys: Iterable[float | None]) -> float:
+    """Least-squares slope of log y against log n (y ≈ c·n^slope): 2 for quadratic cost, 1 for linear.
+
+    Points with y None or ≤ 0 (skipped measurements) are left out; NaN with fewer than two.
+    """
+    pts = [(n, y) for n, y in zip(ns, ys) if y is not None and y > 0]
+    if len(pts) < 2:
+        return math.nan
+    logs = torch.tensor(pts, dtype=torch.float64).log()  # (P, 2): log n, log y
+    x, y = (logs - logs.mean(0)).T  # centred
+    return float((x * y).sum() / (x * x).sum())

@@ -1,10 +1,13 @@
 """The claims' registry: the ``Claim`` record, the ``check`` decorator that seeds a check and
-registers it, and running checks by name.
+registers it, the rows for what cannot be measured, and running checks by name.
 
 A new check is a function in the module of its chapter, decorated with ``@check(name, section,
-claim)``, returning (measured, holds, summary). The registry keeps the order in which checks are
-defined; ``qkv.claims`` imports the chapter modules in the spec's order, which is what
-``qkv verify`` prints.
+claim, claim_zh=...)``, returning (measured, holds, summary). Four kinds, run in this order:
+fast checks (``CHECKS``, every ``qkv verify``), heavy ones (``FULL_CHECKS``, ``full=True``:
+``qkv verify --full``), checks on a trained model (``RUN_CHECKS``, ``--run DIR``) and claims
+that cannot be measured here (``NOT_MEASURABLE``, ``holds`` None, the reason as summary).
+Within a kind the registry keeps the order of definition; ``qkv.claims`` imports the chapter
+modules in the spec's order.
 
 Shapes: ids (B, T) for the checks that need a trained model.
 """
@@ -30,15 +33,19 @@ class Claim:
     claim: str
     section: str  # the spec's section or FAQ number
     measured: dict
-    holds: bool
-    summary: str  # the measured numbers in one line
+    holds: bool | None  # None: not measurable here; the summary says why
+    summary: str  # the measured numbers in one line (or the reason)
+    claim_zh: str = ""  # the spec's own sentence, quoted from the seed file (`--lang zh`)
+    summary_zh: str = ""  # a Chinese summary where it is prose (a reason); numbers stay in ``summary``
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(), in the spec's order
+FULL_CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(): minutes of timing, only with full=True
 RUN_CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(model, ids): needs a trained model (--run DIR)
+NOT_MEASURABLE: dict[str, Claim] = {}  # name -> a row with holds None and the reason
 
 
 @contextlib.contextmanager
@@ -53,30 +60,45 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
-def check(name: str, section: str, claim: str, *, needs_run: bool = False):
+def _registered(name: str) -> None:
+    if any(name in kind for kind in (CHECKS, FULL_CHECKS, RUN_CHECKS, NOT_MEASURABLE)):
+        raise ValueError(f"claim {name!r} is registered twice; choose another name")
+
+
+def check(name: str, section: str, claim: str, *, claim_zh: str = "", needs_run: bool = False, full: bool = False):
     """Register a check. The function returns (measured, holds, summary); this seeds it and builds the record.
 
     ``needs_run``: the check takes (trained model, ids (B, T)) and runs only when they are given.
+    ``full``: a heavy measurement (timing over long sequences), run only with ``run_claims(full=True)``
+    or by name. ``claim_zh``: the spec's sentence, in its own words.
     """
-    if name in CHECKS or name in RUN_CHECKS:
-        raise ValueError(f"claim {name!r} is registered twice; choose another name")
+    _registered(name)
 
     def register(fn):
         @functools.wraps(fn)
         def run(*args, seed: int = 0, **kwargs) -> Claim:
             with seeded(seed):
                 measured, holds, summary = fn(*args, **kwargs)
-            return Claim(name, claim, section, plain(measured), bool(holds), summary)
+            return Claim(name, claim, section, plain(measured), bool(holds), summary, claim_zh)
 
-        run.claim_name = name
-        (RUN_CHECKS if needs_run else CHECKS)[name] = run
+        run.claim_name, run.section, run.claim, run.claim_zh = name, section, claim, claim_zh
+        (RUN_CHECKS if needs_run else FULL_CHECKS if full else CHECKS)[name] = run
         return run
 
     return register
 
 
+def not_measurable(name: str, section: str, claim: str, reason: str, *, claim_zh: str = "",
+                   reason_zh: str = "") -> Claim:
+    """Register a claim that ``qkv verify`` cannot measure, with the reason; its row has ``holds`` None."""
+    _registered(name)
+    row = Claim(name, claim, section, {"reason": reason}, None, reason, claim_zh, reason_zh)
+    NOT_MEASURABLE[name] = row
+    return row
+
+
 def claim_names() -> list[str]:
-    return list(CHECKS) + list(RUN_CHECKS)
+    return list(CHECKS) + list(FULL_CHECKS) + list(RUN_CHECKS) + list(NOT_MEASURABLE)
 
 
 def resolve_names(only: list[str] | None) -> list[str] | None:
@@ -91,15 +113,26 @@ def resolve_names(only: list[str] | None) -> list[str] | None:
     return names
 
 
-def run_claims(names: list[str] | None = None, *, model: nn.Module | None = None, ids: Tensor | None = None,
-               seed: int = 0) -> list[Claim]:
-    """Run the named checks (all by default), in the spec's order; those in RUN_CHECKS (head-diversity)
-    when a trained ``model`` and its ``ids`` (B, T) are given."""
-    wanted = claim_names() if names is None else names
+def run_claims(names: list[str] | None = None, *, full: bool = False, unmeasurable: bool = False,
+               model: nn.Module | None = None, ids: Tensor | None = None, seed: int = 0) -> list[Claim]:
+    """Run the named checks, or by default every fast check; in the order fast, full, run, not measurable.
+
+    ``full``: add the heavy checks (FULL_CHECKS). ``unmeasurable``: add the rows of claims that
+    cannot be measured (holds None). ``model`` and its ``ids`` (B, T): add the checks on a
+    trained model (RUN_CHECKS). A named check runs whatever the flags say.
+    """
     needing = [n for n in names or [] if n in RUN_CHECKS]
     if model is None and needing:
         raise ValueError(f"claim {needing[0]!r} needs a trained model: pass --run DIR")
-    results = [fn(seed=seed) for n, fn in CHECKS.items() if n in wanted]
+    if names is None:
+        names = list(CHECKS) + (list(FULL_CHECKS) if full else []) + (list(RUN_CHECKS) if model is not None else [])
+        names += list(NOT_MEASURABLE) if unmeasurable else []
+    results = [fn(seed=seed) for n, fn in {**CHECKS, **FULL_CHECKS}.items() if n in names]
     if model is not None:
-        results += [fn(model, ids, seed=seed) for n, fn in RUN_CHECKS.items() if n in wanted]
-    return results
+        results += [fn(model, ids, seed=seed) for n, fn in RUN_CHECKS.items() if n in names]
+    return results + [row for n, row in NOT_MEASURABLE.items() if n in names]
+
+
+def all_hold(results: list[Claim]) -> bool:
+    """True when every measured claim holds; rows that could not be measured (holds None) do not count."""
+    return all(r.holds is not False for r in results)
