@@ -215,18 +215,25 @@ def test_spec_pe_check_is_blind_and_permutation_test_is_not():
 
 
 SPEC_ORDER = [  # what `qkv verify` prints, chapter by chapter
-    "scaling-variance", "scaling-saturation", "softmax-rows", "convex-combination", "output-shape",  # ch. 1
-    "mha-params", "mha-flops", "heads-divisible",  # ch. 2
+    "scaling-variance", "scaling-saturation", "sdpa-default-scale", "qkv-projections", "softmax-rows",
+    "convex-combination", "output-shape", "path-length-one", "no-sequential-dependency",  # ch. 1, Q15
+    "mha-formula", "mha-params", "mha-flops", "heads-divisible", "head-counts",  # ch. 2, Q11
     "permutation-equivariance", "sinusoidal-range", "sinusoidal-wavelengths", "sinusoidal-rotation",
-    "learned-max-len",  # ch. 3
-    "causal-no-future", "scores-not-symmetric", "attends-to-itself",  # masks, FAQ
+    "learned-max-len", "pe-before-attention", "rope-alibi-relative", "embedding-plus-pe",  # ch. 3, Q6, Q7, Q10
+    "block-order", "causal-no-future",  # ch. 4
+    "separate-qk", "scores-not-symmetric", "attends-to-itself", "cross-attention", "length-stable",  # FAQ
+    "softmax-vs-relu", "window-is-convolution", "additive-vs-dot",  # Q1, Q14, Q19
+    "attention-quadratic", "attention-quadratic-answers",  # Q4
+    "spec-1.5-self-attention", "spec-3.2-sinusoidal", "spec-q12-triu-mask",  # the spec's code, right
     "spec-2.1-scores-shape", "spec-3.4-pe-check", "spec-q2-packed-projection",  # corrections
 ]
+FULL_ORDER = ["parallel-speed", "additive-vs-dot-measured", "attention-quadratic-measured"]
 
 
 def test_registry_keeps_the_specs_order():
     assert list(claims.CHECKS) == SPEC_ORDER and list(claims.RUN_CHECKS) == ["head-diversity"]
-    assert claims.claim_names() == SPEC_ORDER + ["head-diversity"]
+    assert list(claims.FULL_CHECKS) == FULL_ORDER
+    assert claims.claim_names() == SPEC_ORDER + FULL_ORDER + ["head-diversity"] + list(claims.NOT_MEASURABLE)
     assert [r.name for r in claims.run_claims(SPEC_ORDER[-3:][::-1])] == SPEC_ORDER[-3:]
 
 
@@ -240,12 +247,12 @@ def test_a_new_check_is_one_decorated_function(monkeypatch):
         x = torch.rand(())
         return {"draw": x}, x < bound, f"drew {float(x):.3g}"
 
-    assert registry.claim_names()[-2:] == ["draws-are-small", "head-diversity"]
+    assert registry.claim_names()[len(SPEC_ORDER)] == "draws-are-small"
     (r,) = registry.run_claims(["draws-are-small"], seed=3)
     assert r.holds and r.section == "Q0" and r.name == "draws-are-small"
     assert r.measured == draws_are_small(seed=3).measured != draws_are_small(seed=4).measured
     assert not draws_are_small(0.0).holds
-    for name in ("draws-are-small", "mha-params", "head-diversity"):
+    for name in ("draws-are-small", "mha-params", "head-diversity", "parallel-speed", "roadmap"):
         with pytest.raises(ValueError, match=f"claim '{name}' is registered twice"):
             claims.check(name, "Q0", "again")
 

@@ -45,7 +45,9 @@ def correct_mha_scores(mha: MultiHeadAttention, X: Tensor) -> tuple[Tensor, Tens
 
 
 @check("spec-2.1-scores-shape", "§2.1 (correction)",
-       "the spec's §2.1 snippet gives (n, h, h) scores, not (h, n, n); the heads must be moved first")
+       "the spec's §2.1 snippet gives (n, h, h) scores, not (h, n, n); the heads must be moved first",
+       claim_zh="原文「scores = (Q @ K.transpose(-2, -1)) / math.sqrt(self.d_k) # (n, h, n)」；"
+                "更正：Q、K 的形状是 (n, h, d_k)，这样得到的是 (n, h, h)，须先转置成 (h, n, d_k)")
 def spec_scores_shape(mha: nn.Module | None = None, *, n: int = 6, d_model: int = 32, h: int = 4):
     """``mha``: a MultiHeadAttention-like module; its output must match the corrected §2.1 logic."""
     mha = MultiHeadAttention(d_model, h) if mha is None else mha
@@ -77,7 +79,9 @@ def permutation_check(f: Callable[[Tensor], Tensor], x: Tensor, perm: list[int])
 
 @check("spec-3.4-pe-check", "§3.4 (correction)",
        "the spec's §3.4 check compares rows of one output and cannot detect position information; "
-       "permuting the input can")
+       "permuting the input can",
+       claim_zh="原文「print(torch.allclose(attn_no_pe[[0, 1]], attn_no_pe[[1, 0]])) # True」；"
+                "更正：它比较的是同一个输出的两行，看不出位置信息；应当置换输入再比较")
 def spec_pe_check_claim(without_pe: Callable | None = None, with_pe: Callable | None = None):
     """``without_pe`` / ``with_pe``: f(x (n, C)) -> (n, C), self-attention without and with PE."""
     d = 16
@@ -99,7 +103,9 @@ def spec_pe_check_claim(without_pe: Callable | None = None, with_pe: Callable | 
 
 
 @check("spec-q2-packed-projection", "Q2 (correction)",
-       "nn.MultiheadAttention holds one packed in_proj_weight (3d × d) plus out_proj, not four separate nn.Linear")
+       "nn.MultiheadAttention holds one packed in_proj_weight (3d × d) plus out_proj, not four separate nn.Linear",
+       claim_zh="原文「PyTorch 的 nn.MultiheadAttention 内部就是用 4 个独立的 nn.Linear（Q / K / V / O 各一个）分别投影」；"
+                "更正：它只有一个打包的 in_proj_weight (3d × d) 加 out_proj")
 def spec_packed_projection(module: nn.Module | None = None, *, d_model: int = 32, h: int = 4):
     """``module``: expected to be ``nn.MultiheadAttention(d_model, h)``."""
     module = nn.MultiheadAttention(d_model, h, batch_first=True) if module is None else module

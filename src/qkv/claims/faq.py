@@ -1,22 +1,49 @@
-"""FAQ entries that are not a chapter's, as checks: attention scores are not symmetric (Q5);
-a token attends to itself (Q16).
+"""FAQ entries that are not a chapter's, as checks: Q and K must be computed separately (Q2);
+attention scores are not symmetric (Q5); cross-attention takes Q from the decoder and K, V from
+the encoder (Q13); a token attends to itself (Q16); weights summing to one keep the output's
+scale whatever the length (Q17).
 
-Shapes: B batch, T length, C model width, N layers, H heads.
+Shapes: B batch, T length (S the source's), C model width, N layers, H heads.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from ..attention import SelfAttention
-from ..models import GPT, ModelConfig
+from ..attention import SelfAttention, scaled_dot_product_attention
+from ..models import GPT, ModelConfig, Transformer
 from ..viz.maps import attention_weights
-from .measure import FLOAT_TOL
+from .measure import FLOAT_TOL, fmt, rel_err
 from .registry import check
 
-@check("scores-not-symmetric", "Q5", "attention scores QKᵀ are not symmetric (W_Q and W_K are learned separately)")
+
+def self_argmax_fraction(module: nn.Module, x: Tensor) -> float:
+    """The fraction of rows of QKᵀ whose largest score is the token's own: x (B, T, C)."""
+    scores = module.q_proj(x) @ module.k_proj(x).transpose(-2, -1)  # (B, T, T)
+    return float((scores.argmax(-1) == torch.arange(x.size(1))).float().mean())
+
+
+@check("separate-qk", "Q2",
+       "Q, K, V must be computed separately: with W_K = W_Q the scores become each token's similarity with "
+       "itself, and nearly every token attends most to itself",
+       claim_zh="「但语义上 Q、K、V 必须分别计算，否则点积退化为\"被查询向量与自身的相似度\"」")
+def separate_qk(module: nn.Module | None = None, *, d: int = 64, T: int = 32):
+    """``module``: SelfAttention-like with separate ``q_proj`` and ``k_proj``; compared with itself tied."""
+    module = SelfAttention(d) if module is None else module
+    tied = SelfAttention(d)
+    tied.q_proj = tied.k_proj = module.q_proj
+    x = torch.randn(4, T, d)
+    with torch.no_grad():
+        frac = {"separate": self_argmax_fraction(module, x), "W_K = W_Q": self_argmax_fraction(tied, x)}
+    holds = frac["separate"] < 0.3 and frac["W_K = W_Q"] > 0.9
+    summary = (f"d={d}, T={T}: rows whose top score is the token itself: separate W_Q, W_K {frac['separate']:.3g} "
+               f"(uniform chance {1 / T:.3g}); W_K = W_Q {frac['W_K = W_Q']:.3g}")
+    return frac, holds, summary
+
+@check("scores-not-symmetric", "Q5", "attention scores QKᵀ are not symmetric (W_Q and W_K are learned separately)",
+       claim_zh="「W_Q 和 W_K 是两个独立学习的参数矩阵，一般并不相等，所以 Q·K^T 不对称」")
 def scores_not_symmetric(module: nn.Module | None = None):
     """``module``: SelfAttention-like, with ``q_proj``, ``k_proj`` and ``return_weights=True``."""
     module = SelfAttention(16) if module is None else module
@@ -31,7 +58,8 @@ def scores_not_symmetric(module: nn.Module | None = None):
     return {"relative_asymmetry": asym, "weights_match": match}, holds, summary
 
 
-@check("attends-to-itself", "Q16", "a token attends to itself with non-zero weight")
+@check("attends-to-itself", "Q16", "a token attends to itself with non-zero weight",
+       claim_zh="「可以，且默认会」「softmax 之后这个位置也会得到一个合法权重」")
 def attends_to_itself(weights: dict | None = None):
     """``weights``: name -> a function returning (…, T, T) attention weights."""
     if weights is None:
@@ -51,3 +79,69 @@ def attends_to_itself(weights: dict | None = None):
     summary = "; ".join(f"{n}: min self-weight {v['min_self_weight']:.3g}, mean {v['self_over_uniform']:.3g}× "
                         "a uniform row's" for n, v in diag.items())
     return diag, holds, summary
+
+
+def hidden_by_source(model: Transformer, src: Tensor, tgt: Tensor, *, cut: bool = False) -> dict:
+    """What the decoder computes for ``tgt`` (B, T) over ``src`` (B, S): logits, the inputs of layer 0's
+    cross-attention projections, its weights; ``cut`` zeroes every cross-attention output."""
+    seen, hooks = {}, []
+    cross = model.blocks[0].cross_attn
+    hooks.append(cross.q_proj.register_forward_hook(lambda m, args, out: seen.setdefault("q_input", args[0])))
+    hooks.append(cross.k_proj.register_forward_hook(lambda m, args, out: seen.setdefault("k_input", args[0])))
+    if cut:
+        hooks += [b.cross_attn.register_forward_hook(lambda m, args, out: (torch.zeros_like(out[0]), out[1])
+                                                     if isinstance(out, tuple) else torch.zeros_like(out))
+                  for b in model.blocks]
+    try:
+        out = model(src, tgt, return_attention=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {"logits": out.logits, "memory": model.encode(src), "cross": out.cross_attentions[0], **seen}
+
+
+@check("cross-attention", "Q13",
+       "cross-attention takes Q from the decoder and K, V from the encoder; the source reaches the decoder only "
+       "through it",
+       claim_zh="「Cross-Attention 中 Q = W_QX_decoder、K = W_KX_encoder、V = W_VX_encoder」")
+def cross_attention(model: nn.Module | None = None, *, S: int = 9, T: int = 5):
+    """``model``: a qkv Transformer (encoder-decoder). Two sources, one target; then the same with every
+    cross-attention output zeroed: the sources must then give identical logits."""
+    if model is None:
+        model = Transformer(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16))
+    V = model.config.vocab_size
+    src_a, src_b, tgt = torch.randint(0, V, (1, S)), torch.randint(0, V, (1, S)), torch.randint(0, V, (1, T))
+    with torch.no_grad():
+        a, b = hidden_by_source(model.eval(), src_a, tgt), hidden_by_source(model, src_b, tgt)
+        cut_a, cut_b = hidden_by_source(model, src_a, tgt, cut=True), hidden_by_source(model, src_b, tgt, cut=True)
+    m = {"cross_weights_shape": list(a["cross"].shape), "k_input_is_memory": rel_err(a["k_input"], a["memory"]),
+         "q_input_change_with_source": rel_err(b["q_input"], a["q_input"]),
+         "logits_change_with_source": rel_err(b["logits"], a["logits"]),
+         "logits_change_with_cross_attention_cut": rel_err(cut_b["logits"], cut_a["logits"])}
+    holds = (m["cross_weights_shape"][-2:] == [T, S] and m["k_input_is_memory"] == 0
+             and m["q_input_change_with_source"] == 0 and m["logits_change_with_source"] > 1e-3
+             and m["logits_change_with_cross_attention_cut"] == 0)
+    summary = (f"weights {tuple(m['cross_weights_shape'])} = (B, H, T={T}, S={S}); K's input = the encoder output "
+               f"(diff {m['k_input_is_memory']:.2g}); another source changes Q's input by "
+               f"{m['q_input_change_with_source']:.2g}, the logits by {m['logits_change_with_source']:.3g}, and with "
+               f"cross-attention cut by {m['logits_change_with_cross_attention_cut']:.2g}")
+    return m, holds, summary
+
+
+@check("length-stable", "Q17",
+       "weights summing to one make the output a weighted average: it stays within V's range at any length, "
+       "where a plain sum grows with n",
+       claim_zh="「这意味着 Self-Attention 的输出是\"当前 Query 对所有 Key 的加权平均\"，不会因为序列长度变化而数值漂移」")
+def length_stable(attention=scaled_dot_product_attention, *, lengths=(16, 256, 4096), d: int = 16):
+    """``attention`` returns (out, weights) with ``return_weights=True``."""
+    bound, spread, plain_sum = [], [], []
+    for n in lengths:
+        q, k, v = torch.randn(8, d), torch.randn(n, d), torch.randn(n, d)  # (L, D), (S, D), (S, D)
+        out, w = attention(q, k, v, return_weights=True)  # (L, D), (L, S)
+        bound.append(float(out.abs().max() / v.abs().max()))
+        spread.append(float(out.std()))
+        plain_sum.append(float(v.sum(0).abs().mean()))  # Σ_j v_j: summing without weights
+    holds = max(bound) <= 1 + FLOAT_TOL and plain_sum[-1] > 4 * plain_sum[0]
+    summary = (f"n = {fmt(lengths)}: max |out| / max |V| = {fmt(bound)} (≤ 1); out's std {fmt(spread)} (it narrows as "
+               f"weights spread over more keys); mean |Σ_j v_j| = {fmt(plain_sum)}")
+    return {"lengths": lengths, "max_out_over_max_v": bound, "out_std": spread, "plain_sum": plain_sum}, holds, summary

@@ -45,7 +45,8 @@ def _gpt_on_embeddings(model: GPT, ids: Tensor) -> tuple[Callable[[Tensor], Tens
     return f, seen[0]
 
 
-@check("causal-no-future", "Q12", "a causal mask lets no information flow from the future (zero gradient)")
+@check("causal-no-future", "Q12", "a causal mask lets no information flow from the future (zero gradient)",
+       claim_zh="「Decoder 用 Causal Self-Attention（因果自注意力），保证预测时不偷看未来」")
 def causal_no_future(causal: dict | None = None):
     """``causal``: name -> (f, x) with x (1, T, C); output t must not depend on inputs after t."""
     if causal is None:

@@ -44,7 +44,8 @@ def position_variants(d: int = 32, h: int = 4, T: int = 10) -> tuple[dict, dict]
 
 @check("permutation-equivariance", "§3",
        "without PE self-attention is permutation-equivariant (exactly, up to float error); sinusoidal, learned, "
-       "RoPE and ALiBi break it")
+       "RoPE and ALiBi break it",
+       claim_zh="「Self-Attention 在数学上是 permutation equivariant（置换等变）的」「后续工作如 RoPE、ALiBi 等则是改造注意力机制本身」")
 def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | None = None, *, broken: float = 1e-4):
     """Dicts name -> (f, x): f maps x (B, T, …) to (B, T, C); every x has the same T."""
     if without_pe is None or with_pe is None:
@@ -62,7 +63,8 @@ def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | Non
     return measured, holds, summary
 
 
-@check("sinusoidal-range", "§3.1 / Q10", "sinusoidal PE values lie in [-1, 1]")
+@check("sinusoidal-range", "§3.1 / Q10", "sinusoidal PE values lie in [-1, 1]",
+       claim_zh="「sin / cos 的取值范围本身就是 [-1, 1]」")
 def sinusoidal_range(pe: Callable | None = None, *, length: int = 4096):
     """``pe(T)`` -> (T, C)."""
     pe = SinusoidalPositionalEncoding(128) if pe is None else pe
@@ -82,7 +84,8 @@ def pe_frequencies(pe: Callable) -> Tensor:
 
 
 @check("sinusoidal-wavelengths", "§3.1 / Q8",
-       "sinusoidal wavelengths run from 2π (i = 0) to about 10000·2π (i = d/2 − 1)")
+       "sinusoidal wavelengths run from 2π (i = 0) to about 10000·2π (i = d/2 − 1)",
+       claim_zh="「能让最高频（i=0）的波长是 2π、最低频（i=d/2-1）的波长大约是 10000 × 2π」")
 def sinusoidal_wavelengths(pe: Callable | None = None, *, d_model: int = 128, base: float = 10000.0):
     """``pe(positions)`` -> (…, C) with (sin, cos) pairs on (even, odd) dimensions."""
     pe = SinusoidalPositionalEncoding(d_model) if pe is None else pe
@@ -111,7 +114,8 @@ def rotation_for_shift(pe_k: Tensor) -> Tensor:
 
 
 @check("sinusoidal-rotation", "§3.1",
-       "PE(pos + k) = R_k·PE(pos) for a fixed block rotation R_k that depends only on k")
+       "PE(pos + k) = R_k·PE(pos) for a fixed block rotation R_k that depends only on k",
+       claim_zh="「为什么论文里选 Sinusoidal 的设计动机」（论文 3.5 节：PE(pos+k) 可以表示为 PE(pos) 的线性函数）")
 def sinusoidal_rotation(pe: Callable | None = None, *, shifts=(1, 7, 50), length: int = 512):
     """``pe(positions)`` -> (…, C); R_k is built from PE(k) alone and applied to every position."""
     pe = SinusoidalPositionalEncoding(64) if pe is None else pe
@@ -129,7 +133,8 @@ def sinusoidal_rotation(pe: Callable | None = None, *, shifts=(1, 7, 50), length
 
 
 @check("learned-max-len", "§3.3 / Q9",
-       "learned PE has no vector beyond max_len (a clear error); sinusoidal runs at any length")
+       "learned PE has no vector beyond max_len (a clear error); sinusoidal runs at any length",
+       claim_zh="「超出训练时设置的最大长度（例如 512）时该位置的 embedding 没有训练值」「Sinusoidal 没有这个限制」")
 def learned_max_len(learned: Callable | None = None, sinusoidal: Callable | None = None, *, max_len: int = 16):
     """``learned(T)`` must raise a ValueError naming max_len past it; ``sinusoidal(T)`` must run far beyond."""
     learned = LearnedPositionalEmbedding(max_len, 8) if learned is None else learned

@@ -1,6 +1,7 @@
-"""Chapter 1, self-attention, as checks: the 1/√d_k scaling (§1.3), attention weights as
-probability distributions (§1.4 / Q17), outputs as convex combinations of V's rows (§1.4) and
-of the input's shape (Q18).
+"""Chapter 1, self-attention, as checks: Q, K, V from three learned projections and an (n, n)
+score matrix (§1.1, §1.2); the 1/√d_k scaling (§1.3), which PyTorch's fused attention applies
+by default (§1.3 tip); attention weights as probability distributions (§1.4 / Q17), outputs as
+convex combinations of V's rows (§1.4) and of the input's shape (Q18).
 
 Each check's core takes the function or module under test (qkv's by default), so a test can
 hand it a broken one and watch it fail.
@@ -13,10 +14,11 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
-from .measure import FLOAT_TOL, fmt
+from .measure import FLOAT_TOL, fmt, rel_err
 from .registry import check
 
 
@@ -56,7 +58,9 @@ def softmax_stats(attention: Callable, q: Tensor, k: Tensor, *, scale: float | N
 
 
 @check("scaling-variance", "§1.3",
-       "QKᵀ score variance grows in proportion to d_k; after dividing by √d_k it stays near 1")
+       "QKᵀ score variance grows in proportion to d_k; after dividing by √d_k it stays near 1",
+       claim_zh="「假设 Q、K 的每个分量都是均值 0、方差 1 的独立随机变量，那么 Q·K 的方差就是 d_k」"
+                "「论文作者通过 √d_k 这一缩放，让 softmax 的输入方差稳定在 1 附近」")
 def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
     """``attention``: a function with qkv.scaled_dot_product_attention's signature (needs ``bias=``, ``scale=``)."""
     raw, scaled = [], []
@@ -70,7 +74,8 @@ def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks
 
 
 @check("scaling-saturation", "§1.3",
-       "without the √d_k scaling softmax saturates: near one-hot rows, vanishing gradient")
+       "without the √d_k scaling softmax saturates: near one-hot rows, vanishing gradient",
+       claim_zh="「softmax 的输出会极度趋近于 one-hot 分布——也就是\"只把注意力压在一个位置上\"，梯度极小」")
 def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_ks=SCALING_D_K):
     """Each statistic through ``attention`` with its default scale and with ``scale=1.0``, q, k ~ N(0, 1)."""
     runs = {"scaled": [], "unscaled": []}
@@ -96,9 +101,48 @@ def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_
     return {"d_k": d_ks, **m}, holds, summary
 
 
+@check("sdpa-default-scale", "§1.3 tip",
+       "PyTorch's F.scaled_dot_product_attention divides by √d_k by default",
+       claim_zh="「PyTorch 的 torch.nn.functional.scaled_dot_product_attention 内部默认就包含这一缩放」")
+def sdpa_default_scale(sdpa: Callable = F.scaled_dot_product_attention, *, d_k: int = 64):
+    """``sdpa(q, k, v)`` with its defaults, against softmax(QKᵀ/√d_k)V and softmax(QKᵀ)V written out."""
+    q, k, v = torch.randn(2, 10, d_k), torch.randn(2, 10, d_k), torch.randn(2, 10, d_k)  # (B, T, D)
+    out = sdpa(q, k, v)
+    scaled = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), -1) @ v
+    unscaled = torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+    err = {"scaled": rel_err(out, scaled), "unscaled": rel_err(out, unscaled)}
+    holds = err["scaled"] < FLOAT_TOL and err["unscaled"] > 1e-2
+    summary = (f"d_k={d_k}: F.scaled_dot_product_attention vs softmax(QKᵀ/√d_k)V rel. error {err['scaled']:.2g}; "
+               f"vs softmax(QKᵀ)V {err['unscaled']:.3g}")
+    return err, holds, summary
+
+
+# --- §1.1 / §1.2: Q, K, V and the score matrix ---------------------------------------------
+@check("qkv-projections", "§1.1 / §1.2",
+       "Q, K, V come from X through three learned d_model × d_model matrices; QKᵀ is an (n, n) score matrix",
+       claim_zh="「Q / K / V 三个矩阵都由 X 乘以三个可学习的权重矩阵得到」「得到的 scores 矩阵（n×n）就是\"注意力分数矩阵\"」")
+def qkv_projections(module: nn.Module | None = None, *, n: int = 4, d_model: int = 8):
+    """``module``: SelfAttention-like with ``q_proj``, ``k_proj``, ``v_proj`` and ``return_weights=True``."""
+    module = SelfAttention(d_model) if module is None else module
+    projections = [module.q_proj, module.k_proj, module.v_proj]
+    X = torch.randn(n, d_model)  # (n, d_model): the spec's 4 tokens of 8 dimensions
+    out, w = module(X, return_weights=True)  # (n, d_model), (n, n)
+    weights = [p.weight for p in projections]
+    grads = torch.autograd.grad(out.square().sum(), [p for p in weights if p.requires_grad], allow_unused=True)
+    learned = [g is not None and bool(g.abs().sum() > 0) for g in grads] + [False] * (3 - len(grads))
+    shapes = [list(p.shape) for p in weights]
+    biases = [p.bias is not None for p in projections]
+    holds = (shapes == [[d_model, d_model]] * 3 and all(learned) and not any(biases)
+             and list(w.shape) == [n, n])
+    summary = (f"n={n}, d_model={d_model}: W_Q, W_K, W_V {', '.join(map(str, map(tuple, shapes)))}, bias "
+               f"{any(biases)}, receive gradients {all(learned)}; weights {tuple(w.shape)}")
+    return {"weight_shapes": shapes, "learned": learned, "bias": biases, "weights_shape": list(w.shape)}, holds, summary
+
+
 # --- §1.4 / Q17 / Q18: what attention computes ---------------------------------------------
 @check("softmax-rows", "§1.4 / Q17",
-       "each row of attention weights is a probability distribution (non-negative, sums to 1)")
+       "each row of attention weights is a probability distribution (non-negative, sums to 1)",
+       claim_zh="「把分数做 softmax 归一化（让每行变成 0~1 的概率分布）」「是，每行（即每个 Query）的权重和为 1」")
 def softmax_rows(attention: Callable = scaled_dot_product_attention):
     """``attention`` returns (out, weights) with ``return_weights=True``; plain, causal and padded cases."""
     q, k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 5)  # (B, H, L|S, D)
@@ -114,7 +158,8 @@ def softmax_rows(attention: Callable = scaled_dot_product_attention):
     return {"min_weight": min_w, "max_row_sum_error": max_dev}, holds, summary
 
 
-@check("convex-combination", "§1.4", "each output row is a convex combination of the rows of V")
+@check("convex-combination", "§1.4", "each output row is a convex combination of the rows of V",
+       claim_zh="「再用相关程度当权重对 V 做加权平均」")
 def convex_combination(module: nn.Module | None = None):
     """``module``: SelfAttention-like, with ``v_proj`` and ``return_weights=True``."""
     module = SelfAttention(16) if module is None else module
@@ -133,7 +178,8 @@ def convex_combination(module: nn.Module | None = None):
             "max_outside_value_range": outside}, holds, summary
 
 
-@check("output-shape", "Q18", "the attention output has the input's shape")
+@check("output-shape", "Q18", "the attention output has the input's shape",
+       claim_zh="「和输入维度一致，都是 (n, d_model)」")
 def output_shape(modules: dict | None = None):
     """``modules``: name -> (module, input shapes)."""
     if modules is None:
