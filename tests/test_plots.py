@@ -76,3 +76,13 @@ def test_report_embeds_figures(tmp_path):
         assert f"]({name})" in text and (tmp_path / name).stat().st_size > 10_000
     assert_drawn(tmp_path / "report-heads.png", (800, 450))
     assert "| claim | section | measured | holds |" in text and "(`mha-params`)" in text
+
+
+def test_complexity_figure(tmp_path):
+    rows = [{"n": n, "path": p, "seconds": 1e-6 * n**t, "peak_mb": None if (p == "reference" and n > 512) else n**m}
+            for n in (128, 256, 512, 1024) for p, t, m in (("reference", 2, 2), ("flash", 2, 1), ("linear", 1, 1))]
+    assert_drawn(plots.plot_complexity(rows, tmp_path / "c.png"), (1300, 500))  # figsize (13, 5) × DPI 100
+    with pytest.raises(ValueError, match="expected rows of dicts with keys"):
+        plots.plot_complexity([{"n": 1}], tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="expected rows"):
+        plots.plot_complexity([], tmp_path / "bad.png")

@@ -1,5 +1,6 @@
 """Figures a reader would rather look at than read: the sinusoidal PE, softmax saturation
-against d_k, and a model's attention, layer by layer and head by head.
+against d_k, a model's attention, layer by layer and head by head, and attention's time and
+memory against sequence length (FAQ Q4).
 
 Each function draws on its own matplotlib ``Figure`` (no pyplot), writes one PNG of a fixed
 size (figsize × DPI) through ``figures.save_png``, and returns its path.
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
 from ..claims import Claim, format_markdown, seeded
+from ..claims.measure import fit_exponent
 from ..claims.self_attention import softmax_stats, unit_qk
 from ..fileio import atomic_text
 from ..positional import SinusoidalPositionalEncoding
@@ -100,6 +102,38 @@ def plot_scaling(path: str | os.PathLike, *, d_ks: Sequence[int] = (4, 8, 16, 32
     fig.suptitle(f"Softmax saturation against d_k, with and without the 1/√d_k scaling (§1.3): q, k ~ N(0, 1), "
                  f"{n} keys per query", fontsize=11)
     fig.subplots_adjust(left=0.05, right=0.98, bottom=0.13, top=0.85, wspace=0.22)
+    return save_png(fig, path)
+
+
+def plot_complexity(rows: Sequence[dict], path: str | os.PathLike) -> Path:
+    """Time and peak memory against n on log-log axes, one line per path, its fitted exponent in the legend.
+
+    ``rows``: {n, path, seconds, peak_mb} per (n, path), None where skipped — as
+    ``qkv.claims.measure_complexity`` (or ``benchmarks.complexity.run``) returns them.
+    """
+    need = {"n", "path", "seconds", "peak_mb"}
+    if not rows or not all(isinstance(r, dict) and need <= set(r) for r in rows):
+        got = sorted(rows[0]) if rows and isinstance(rows[0], dict) else rows
+        raise ValueError(f"expected rows of dicts with keys {sorted(need)}, got {got!r:.200}")
+    lengths = sorted({r["n"] for r in rows})
+    fig = Figure(figsize=(13, 5))
+    axes = fig.subplots(1, 2)
+    panels = [("seconds", 1e3, "time per call (ms)"), ("peak_mb", 1.0, "peak memory (MB)")]
+    for ax, (key, scale, label) in zip(axes, panels):
+        for name in dict.fromkeys(r["path"] for r in rows):
+            mine = [(r["n"], r[key]) for r in rows if r["path"] == name and r[key] is not None and r[key] > 0]
+            if mine:
+                ns, ys = zip(*mine)
+                ax.plot(ns, [y * scale for y in ys], marker="o", label=f"{name}: ∝ n^{fit_exponent(ns, ys):.2f}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths], minor=False)
+        ax.set_yscale("log")
+        ax.set(xlabel="sequence length n", ylabel=label, title=f"{label} against n (log-log)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=9)
+    fig.suptitle("FAQ Q4: attention's cost against sequence length, with the fitted exponent of each path "
+                 "(2 = quadratic, 1 = linear)", fontsize=11)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.86, wspace=0.2)
     return save_png(fig, path)
 
 
