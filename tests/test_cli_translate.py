@@ -81,3 +81,15 @@ def test_a_pairs_line_without_a_tab_names_the_line(tmp_path, capsys):
     assert main(["train", *ARGS, "--pairs", str(bad), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "line 2" in err and not (tmp_path / "r").exists()
+
+
+def test_explore_and_plot_show_a_translation_runs_three_attentions(run, tmp_path, capsys):
+    page = tmp_path / "page.html"
+    assert main(["explore", "--run", str(run), "--text", "open file", "--num-beams", "1", "--out", str(page)]) == 0
+    assert "translation:" in capsys.readouterr().out
+    html = page.read_text(encoding="utf-8")
+    assert all(v in html for v in ('"encoder"', '"decoder"', '"cross"'))
+    for kind in ("cross", "encoder"):
+        assert main(["plot", "attention", "--run", str(run), "--text", "open file", "--kind", kind,
+                     "--num-beams", "1", "--out", str(tmp_path / kind)]) == 0
+        assert (tmp_path / kind / "attention.png").stat().st_size > 1000

@@ -22,13 +22,15 @@ def add_explore(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port; default 8765)")
     p.add_argument("--max-chars", type=int, default=1000, help="longest text --serve accepts (default 1000)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+    p.add_argument("--target", help="an encoder-decoder: show this translation instead of the model's own")
+    p.add_argument("--num-beams", type=int, default=4, help="an encoder-decoder: beam width of its translation "
+                   "(default 4; 1 = greedy)")
     return p
 
 
 def run_explore(args: argparse.Namespace) -> int:
     """Write the page (or serve it until Ctrl-C)."""
     from .. import cli  # load_model_source through the package: tests/test_explorer.py replaces it there
-    from ..tokens import encode_text
     from ..viz import explorer
 
     if not args.serve and args.text is None:
@@ -43,7 +45,8 @@ def run_explore(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("qkv explore: stopped", file=sys.stderr)
         return 0
-    ids, labels = encode_text(tokenizer, args.text)
-    path = explorer.write_html(args.out, explorer.render_html(model, ids, labels, title=title))
-    print(f"wrote {path} ({len(ids)} tokens); open it in a browser")
+    data = explorer.text_data(model, tokenizer, args.text, title=title, target=args.target, num_beams=args.num_beams)
+    path = explorer.write_html(args.out, explorer.page(data, title=title))
+    shown = f"translation: {data['translation']!r}" if "views" in data else f"{len(data['tokens'])} tokens"
+    print(f"wrote {path} ({shown}); open it in a browser")
     return 0

@@ -107,15 +107,24 @@ def add_plot_attention(figures) -> argparse.ArgumentParser:
     p = figures.add_parser("attention", help="a trained model's attention: one heatmap per layer and head")
     add_model_source(p)
     p.add_argument("--text", required=True, help="the text to look at (at most the model's max_len tokens)")
+    p.add_argument("--kind", choices=("cross", "encoder", "decoder"), default="cross",
+                   help="an encoder-decoder: which attention to draw (default cross: target rows × source columns)")
+    p.add_argument("--num-beams", type=int, default=4, help="an encoder-decoder: beam width of its translation")
     return p
 
 
 def plot_attention(args: argparse.Namespace) -> Path:
-    """Draw attention.png for --text."""
+    """Draw attention.png for --text; an encoder-decoder translates it and draws the cross-attention."""
+    from ..models import Transformer
     from ..tokens import encode_text
-    from ..viz import plots
+    from ..viz import plots, seq2seq
 
     model, tokenizer = load_model_source(args)
+    if isinstance(model, Transformer):
+        return seq2seq.plot_translation_attention(model, tokenizer, args.text, Path(args.out) / "attention.png",
+                                                  kind=args.kind, num_beams=args.num_beams)
+    if args.kind != "cross":
+        raise CommandError("--kind is for an encoder-decoder's three kinds of attention")
     ids, labels = encode_text(tokenizer, args.text, max_len=model.config.max_len)
     return plots.plot_attention(model, ids, labels, Path(args.out) / "attention.png")
 
