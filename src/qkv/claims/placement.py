@@ -36,7 +36,7 @@ def two_layers(d: int = 32, h: int = 4) -> Callable[..., tuple[Tensor, Tensor]]:
     return stack
 
 
-@check("pe-before-attention", "§4 pitfall / Q6 / Q7",
+@check("pe-before-attention", "§4 / Q6 / Q7",
        "PE must enter before attention: added after the first layer's attention, that layer has already "
        "aggregated without order (it stays permutation-equivariant)",
        claim_zh="「不要先做 Self-Attention 再加 PE：位置信息必须在注意力之前进入，否则模型已经做完\"无序聚合\"了」"
