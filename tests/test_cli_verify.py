@@ -139,3 +139,25 @@ def test_run_whose_training_text_is_gone(run_dir, tmp_path, capsys):
     (moved / "train_config.json").write_text(json.dumps({"data": str(tmp_path / "gone.txt")}), encoding="utf-8")
     one_line_error(capsys, ["verify", "--run", str(moved), "--only", "head-diversity"], "pass --text")
     assert main(["verify", "--run", str(moved), "--only", "head-diversity", "--text", "def f(a, b):"]) == 0
+
+
+def test_verify_lang_zh_and_not_measurable_rows(capsys):
+    from qkv.cli import main
+
+    assert main(["verify", "--lang", "zh", "--only", "scaling-variance"]) == 0
+    out = capsys.readouterr().out
+    assert "成立" in out and "§1.3" in out
+    assert main(["verify", "--json"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert any(r["holds"] is None for r in rows) and all(r["holds"] in (True, None) for r in rows)
+
+
+def test_plot_complexity_quick(tmp_path, monkeypatch):
+    from qkv import claims
+    from qkv.cli import main
+
+    rows = [{"n": n, "path": p, "seconds": 1e-9 * n ** (2 if p == "reference" else 1), "peak_mb": n / 100}
+            for n in (256, 512, 1024) for p in ("reference", "flash")]
+    monkeypatch.setattr(claims, "measure_complexity", lambda lengths, **kw: [r for r in rows if r["n"] in lengths])
+    assert main(["plot", "complexity", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "complexity.png").stat().st_size > 1000
