@@ -21,7 +21,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's)"),
     "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
     "--max-steps": ("max_steps", int, "optimizer steps"),
-    "--max-minutes": ("max_minutes", float, "wall-clock training budget (default 3 when no budget is given)"),
+    "--max-minutes": ("max_minutes", float, "wall-clock training budget (default when no budget is given: 3 for lm, "
+                      "10 for translate)"),
     "--max-tokens": ("max_tokens", int, "training tokens"),
     "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1337)"),
     "--tokenizer": ("tokenizer", str, "char or bpe (byte-level BPE, Hugging Face tokenizers); default: "
@@ -36,6 +37,7 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
 }
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
+DEFAULT_MINUTES = {"lm": 3.0, "translate": 10.0}  # the budget when none is given (see README for what each reaches)
 
 
 def add_train(sub) -> argparse.ArgumentParser:
@@ -84,7 +86,7 @@ def train_config(args: argparse.Namespace):
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
         return TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
     if not any(k in given for k in ("max_steps", "max_minutes", "max_tokens")):
-        given["max_minutes"] = 3.0
+        given["max_minutes"] = DEFAULT_MINUTES.get(given.get("task", "lm"), 3.0)
     cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
     cfg.out = args.out or fresh_run_dir(cfg.preset)
     return cfg
