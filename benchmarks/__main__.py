@@ -5,6 +5,7 @@ memory     (b) peak memory of one attention forward, fused vs reference path
 generation (c) greedy tokens/s with / without the KV cache vs Hugging Face generate
 training   (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
 complexity (e) time and memory against n, fitted exponents: reference, fused, flash, linear attention
+marian     (f) beam-search translation (32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import argparse
 import importlib
 import time
 
-SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity"]
+SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian"]
 
 
 def main(argv=None) -> int:

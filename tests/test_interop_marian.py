@@ -168,6 +168,25 @@ def test_greedy_and_beam_search_give_hf_generates_tokens(tokenizer_dir, shape, s
             assert got.tolist() == want.tolist(), (num_beams, n)
 
 
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("last_step", [True, False])
+def test_next_token_scores_are_hf_logits_processors(renormalize, last_step):
+    """log p = allowed − log_z equals log_softmax → bad words → forced EOS [→ log_softmax] (HF's beam search)."""
+    from transformers.generation import (ForcedEOSTokenLogitsProcessor, LogitNormalization, LogitsProcessorList,
+                                         NoBadWordsLogitsProcessor)
+    from qkv.beam_search import next_token_scores
+
+    V, pad, n = 30, 29, 5
+    logits = 3 * torch.randn(4, V, generator=torch.Generator().manual_seed(0))
+    hf = LogitsProcessorList([NoBadWordsLogitsProcessor([[pad]], eos_token_id=EOS),
+                              ForcedEOSTokenLogitsProcessor(n, EOS)] + ([LogitNormalization()] if renormalize else []))
+    length = n - 1 if last_step else 2  # HF forces EOS when the sequence is one short of max_length
+    want = hf(torch.zeros(4, length, dtype=torch.long), logits.log_softmax(-1))
+    special = Special(start=pad, eos=EOS, pad=pad, suppress=(pad,), force_eos_at_end=True, renormalize=renormalize)
+    allowed, log_z = next_token_scores(logits.clone(), special, last_step=last_step)
+    torch.testing.assert_close(allowed - log_z, want, atol=1e-6, rtol=0)
+
+
 def test_the_search_is_exercised_and_renormalising_matters(tokenizer_dir):
     """Some hypotheses end early, beam search beats greedy somewhere, and Marian's renormalize_logits
     changes some beam-search result: qkv without ``Special.renormalize`` would differ from HF there."""

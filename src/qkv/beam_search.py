@@ -12,6 +12,8 @@ that end in EOS (ranked among the first K) to the finished list scored by
 and continues with the K best unfinished ones. It stops when no running beam can beat the
 worst finished one (``early_stopping=False``: judged at the current length, as Hugging Face
 does), or when K hypotheses have finished (``early_stopping=True``), or at ``max_new_tokens``.
+Only each beam's 2K most likely tokens can be among the 2K best continuations, so only those
+K·2K are scored; the softmax's normaliser is one reduction per beam (``next_token_scores``).
 The paper uses K = 4, α = 0.6 (§6.1); its penalty is GNMT's ((5 + |y|) / 6)^α — we follow
 Hugging Face's |y|^α so that Marian checkpoints decode token for token as they do there.
 
@@ -57,15 +59,15 @@ class Decoder:
         self.src_mask = None if src_mask is None else src_mask.repeat_interleave(copies, 0)  # (B·K, S)
         self.caches = model.new_kv_caches(src_ids.size(0) * copies, capacity) if use_cache else None
 
-    def log_probs(self, seqs: Tensor) -> Tensor:
-        """seqs (N, T) -> log p(next token) (N, V), float32."""
+    def logits(self, seqs: Tensor) -> Tensor:
+        """seqs (N, T) -> the next token's logits (N, V), float32."""
         if self.use_cache:
             new = seqs[:, self.caches[0].pos:]  # (N, T - cached): the prompt once, then one token per step
             logits = self.model.decode(new, None, src_mask=self.src_mask, kv_caches=self.caches,
                                        cross_kv=self.cross).logits[:, -1]
         else:
             logits = self.model.decode(seqs, None, src_mask=self.src_mask, cross_kv=self.cross).logits[:, -1]
-        return logits.float().log_softmax(-1)  # (N, V)
+        return logits.float()  # (N, V)
 
     def reorder(self, rows: Tensor) -> None:
         """Row n of the self-attention caches becomes old row ``rows[n]`` (N,): beam search's survivors.
@@ -77,15 +79,22 @@ class Decoder:
                 cache.reorder(rows)
 
 
-def constrain(log_probs: Tensor, special: Special, *, last_step: bool) -> Tensor:
-    """Suppressed tokens get -inf; at the last step only EOS stays possible when forced; then,
-    if asked, log_softmax again so that each row sums to one over what is left."""
-    if special.suppress:
-        log_probs[:, list(special.suppress)] = float("-inf")
+def next_token_scores(logits: Tensor, special: Special, *, last_step: bool) -> tuple[Tensor, Tensor]:
+    """logits (N, V) -> (allowed (N, V), log_z (N, 1)) with log p(token) = allowed − log_z.
+
+    Suppressed tokens are −inf in ``allowed``; at a forced last step only EOS is left, with log p = 0.
+    log_z = log Σ exp(logits) over the vocabulary, or over the allowed tokens with ``special.renormalize``
+    (what log_softmax, suppression and log_softmax again give). The searches subtract log_z only from
+    the few candidates they keep instead of writing a (N, V) log_softmax.
+    """
     if special.force_eos_at_end and last_step:
-        log_probs.fill_(float("-inf"))
-        log_probs[:, special.eos] = 0.0
-    return log_probs.log_softmax(-1) if special.renormalize else log_probs
+        allowed = torch.full_like(logits, float("-inf"))
+        allowed[:, special.eos] = 0.0
+        return allowed, logits.new_zeros(logits.size(0), 1)
+    log_z = None if special.renormalize else logits.logsumexp(-1, keepdim=True)  # (N, 1)
+    if special.suppress:
+        logits[:, list(special.suppress)] = float("-inf")
+    return logits, logits.logsumexp(-1, keepdim=True) if log_z is None else log_z
 
 
 @torch.no_grad()
@@ -98,8 +107,8 @@ def greedy(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_to
     seqs = torch.full((B, 1), special.start, dtype=torch.long, device=src_ids.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
     for t in range(max_new_tokens):
-        lp = constrain(dec.log_probs(seqs), special, last_step=t == max_new_tokens - 1)
-        tok = torch.where(finished, special.pad, lp.argmax(-1))  # (B,)
+        allowed, _ = next_token_scores(dec.logits(seqs), special, last_step=t == max_new_tokens - 1)
+        tok = torch.where(finished, special.pad, allowed.argmax(-1))  # (B,): log_z shifts a row, not its argmax
         seqs = torch.cat([seqs, tok[:, None]], 1)  # (B, T + 1)
         finished |= tok == special.eos
         if bool(finished.all()):
@@ -121,6 +130,21 @@ class Beams:
 def _gather(t: Tensor, idx: Tensor) -> Tensor:
     """t (B, N, …), idx (B, M) -> t[b, idx[b]] (B, M, …)."""
     return t.gather(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(*idx.shape, *t.shape[2:]))
+
+
+def _top_candidates(allowed: Tensor, log_z: Tensor, running_scores: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best one-token continuations of K beams each of B sources, scored
+    log p(y) + log p(token | y) = running + allowed − log_z: scores, parents and tokens, (B, n) each.
+
+    allowed (B·K, V), log_z (B·K, 1), running_scores (B, K). The n best of a source's K·V continuations
+    are among each beam's n best tokens (a beam adds one constant to all of its tokens), so only K·n
+    candidates are scored.
+    """
+    B, K = running_scores.shape
+    top, tokens = allowed.topk(min(n, allowed.size(-1)), dim=-1)  # (B·K, n'): each beam's best tokens
+    total = (top - log_z + running_scores.reshape(-1, 1)).view(B, -1)  # (B, K·n')
+    scores, flat = total.topk(n, dim=1)  # (B, n)
+    return scores, flat // top.size(-1), tokens.view(B, -1).gather(1, flat)
 
 
 def _select(beams: Beams, cand: Tensor, cand_scores: Tensor, hits_eos: Tensor, t: int, *, K: int,
@@ -159,10 +183,9 @@ def beam_search(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_n
     beams = Beams(ids, start_scores, ids.clone(), torch.full((B, K), NEG, device=dev),
                   torch.ones(B, 1, dtype=torch.bool, device=dev))
     for t in range(1, L):
-        lp = constrain(dec.log_probs(beams.running[:, :, :t].reshape(B * K, t)), special, last_step=t == L - 1)
-        total = (lp.view(B, K, -1) + beams.running_scores[:, :, None]).view(B, -1)  # (B, K·V)
-        cand_scores, flat = total.topk(2 * K, dim=1)  # (B, 2K)
-        parent, token = flat // lp.size(-1), flat % lp.size(-1)  # (B, 2K) each
+        allowed, log_z = next_token_scores(dec.logits(beams.running[:, :, :t].reshape(B * K, t)), special,
+                                           last_step=t == L - 1)
+        cand_scores, parent, token = _top_candidates(allowed, log_z, beams.running_scores, 2 * K)  # (B, 2K) each
         cand = _gather(beams.running, parent)  # (B, 2K, L)
         cand[:, :, t] = token
         hits = (token == special.eos) | (t == L - 1)  # EOS, or the length limit reached
