@@ -145,7 +145,9 @@ PRESETS: dict[str, ModelConfig] = {
     "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512,
                               positional="sinusoidal", norm_first=False, activation="relu", scale_embeddings=True),
     # `qkv train --task translate`: the paper's encoder-decoder at CPU size (shared 8000-token BPE vocabulary).
-    "translate": ModelConfig(vocab_size=8000, d_model=256, num_heads=4, num_layers=3, d_ff=1024, max_len=96,
+    # Side by side over 400 steps of 64 pairs, d_model 256 / 3 + 3 layers reached the validation loss of
+    # d_model 128 / 2 + 2 (3.30 nats) at half the speed, so the smaller one goes further in minutes.
+    "translate": ModelConfig(vocab_size=8000, d_model=128, num_heads=4, num_layers=2, d_ff=512, max_len=96,
                              positional="sinusoidal", norm_first=True, activation="relu", scale_embeddings=True),
     # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
     "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,

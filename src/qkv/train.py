@@ -46,7 +46,7 @@ PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
 # What each task trains by default (fields left None in a TrainConfig).
 TASK_DEFAULTS = {
     "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50},
-    "translate": {"preset": "translate", "batch_size": 64, "lr": 2e-3, "warmup_steps": 100},
+    "translate": {"preset": "translate", "batch_size": 64, "lr": 5e-3, "warmup_steps": 40},
 }
 
 
