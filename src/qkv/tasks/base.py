@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from ..data import load_tokenizer, tokenizer_from_json
 from ..models import ModelConfig
 
 
@@ -19,7 +20,19 @@ class Task:
 
     name: str = ""
     model_class: type[nn.Module]
-    tokenizer: Any = None
+
+    def __init__(self, *, corpus: Any = None, tokenizer: Any = None) -> None:
+        """``corpus``, ``tokenizer``: ready data the task would otherwise read or fit."""
+        self.corpus, self.tokenizer = corpus, tokenizer
+
+    def ready_tokenizer(self, cfg, run, dist, fit: Callable[[], Any]) -> Any:
+        """The tokenizer given; on --resume the run's own (absent when it stopped before a checkpoint);
+        else ``fit()`` — on rank 0, shared with the other ranks."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if cfg.resume and run is not None and run.has(run.TOKENIZER):
+            return load_tokenizer(run.path)
+        return fit() if dist.world == 1 else tokenizer_from_json(dist.share(lambda: fit().to_json()))
 
     def prepare(self, cfg, run, dist) -> None:
         """Read the data and fit (or, on resume, reload from ``run``) the tokenizer."""

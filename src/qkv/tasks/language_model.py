@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import Corpus, encode_corpus, fit_tokenizer, load_corpus, load_tokenizer, tokenizer_from_json
+from ..data import Corpus, encode_corpus, fit_tokenizer, load_corpus
 from ..models import GPT, PRESETS, ModelConfig
 from .base import Task
 
@@ -81,19 +81,11 @@ class LanguageModelTask(Task):
     name = "lm"
     model_class = GPT
 
-    def __init__(self, *, corpus: Corpus | None = None, tokenizer=None) -> None:
-        self.corpus, self.tokenizer = corpus, tokenizer
-
     def prepare(self, cfg, run, dist) -> None:
         self.corpus = self.corpus if self.corpus is not None else load_corpus(cfg.data)
-        if self.tokenizer is not None:
-            pass
-        elif cfg.resume and run is not None and run.has(run.TOKENIZER):  # absent when stopped before a checkpoint
-            self.tokenizer = load_tokenizer(run.path)
-        else:
-            text = self.corpus.train + self.corpus.val if cfg.tokenizer == "char" else self.corpus.train
-            fit = lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size)  # noqa: E731
-            self.tokenizer = fit() if dist.world == 1 else tokenizer_from_json(dist.share(lambda: fit().to_json()))
+        text = self.corpus.train + self.corpus.val if cfg.tokenizer == "char" else self.corpus.train
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist,
+                                              lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size))
         self.train_ids = encode_corpus(self.tokenizer, self.corpus.train)  # (N,)
         self.val_ids = encode_corpus(self.tokenizer, self.corpus.val)  # (N_val,)
         self.compressors = compressor_bpc(self.corpus.val)

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from ..beam_search import Special, decode
-from ..catalogs import PairCorpus, load_pairs
-from ..data import SPECIAL_TOKENS, BPETokenizer, load_tokenizer, tokenizer_from_json
+from ..catalogs import load_pairs
+from ..data import SPECIAL_TOKENS, BPETokenizer
 from ..models import PRESETS, ModelConfig, Transformer
 from .base import Task
 
@@ -84,19 +84,13 @@ class TranslationTask(Task):
     name = "translate"
     model_class = Transformer
 
-    def __init__(self, *, corpus: PairCorpus | None = None, tokenizer=None) -> None:
-        self.corpus, self.tokenizer = corpus, tokenizer
-
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
         if self.corpus is None:
             self.corpus = load_pairs(cfg.data, target_lang=cfg.target_lang)  # data: a pairs file or catalogs
-        if self.tokenizer is None and cfg.resume and run is not None and run.has(run.TOKENIZER):
-            self.tokenizer = load_tokenizer(run.path)
-        elif self.tokenizer is None:
-            texts = [s for pair in self.corpus.train for s in pair]  # one vocabulary for both languages
-            fit = lambda: BPETokenizer.train(texts, cfg.vocab_size, special_tokens=SPECIAL_TOKENS)  # noqa: E731
-            self.tokenizer = fit() if dist.world == 1 else tokenizer_from_json(dist.share(lambda: fit().to_json()))
+        texts = [s for pair in self.corpus.train for s in pair]  # one vocabulary for both languages
+        self.tokenizer = self.ready_tokenizer(
+            cfg, run, dist, lambda: BPETokenizer.train(texts, cfg.vocab_size, special_tokens=SPECIAL_TOKENS))
         self.special = special_tokens(self.tokenizer)
         self.train_pairs = self.encode(self.corpus.train)
         self.val_pairs = self.encode(self.corpus.val)
