@@ -283,6 +283,10 @@ def test_tied_copies_are_accepted_only_when_equal(saved, tmp_path):
     copy_checkpoint(saved["opus"], tmp_path, edit_tensors=lambda t: t.update(full))
     a, b = from_hf(tmp_path).state_dict(), from_hf(saved["opus"]).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    only_head = {k: v for k, v in full.items() if k != "model.shared.weight"}  # any one tied name will do
+    copy_checkpoint(saved["opus"], tmp_path, edit_tensors=lambda t: (t.clear(), t.update(only_head)))
+    a = from_hf(tmp_path).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
     bad = full["lm_head.weight"].clone()
     bad[3, 0] += 1
     copy_checkpoint(saved["opus"], tmp_path, edit_tensors=lambda t: t.update(full, **{"lm_head.weight": bad}))

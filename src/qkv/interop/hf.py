@@ -370,6 +370,9 @@ def _convert(tensors: dict[str, Tensor], family: Family, config: ModelConfig, ow
     prefix = family.base + "." if any(k.startswith(family.base + ".") for k in tensors) else ""
     rules = {_full(r.hf, prefix): r for r in family.rules(config)}
     copies = {_full(k, prefix): _full(src, prefix) for k, src in family.copies(config).items()}
+    for key, src in copies.items():  # a file may keep any one of the tied names
+        if src not in tensors and key in tensors:
+            tensors[src] = tensors[key]
     missing = [k for k in rules if k not in tensors]
     unexpected = [k for k in tensors if k not in rules and k not in copies and not family.ignored.fullmatch(k)]
     wrong, out = [], {}
