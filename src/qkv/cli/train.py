@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .errors import CommandError
+from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .sources import add_model_source, load_model_source
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig flag is one line here
@@ -50,6 +51,7 @@ def add_train(sub) -> argparse.ArgumentParser:
                                    "metrics, loss curve, summary). Under torchrun it trains with DDP.")
     for flag, (_, typ, text) in TRAIN_FLAGS.items():
         p.add_argument(flag, type=typ, default=None, help=text, choices=CHOICES.get(flag))
+    add_model_flags(p)
     p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
@@ -81,15 +83,35 @@ def train_config(args: argparse.Namespace):
         if value is not None:
             given[field] = value
     given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile)) if v is not None}
+    overrides = model_overrides(args)
     if args.resume:
         if not args.out:
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
+        if overrides:
+            given["model"] = shaped(TrainConfig.for_resume(args.out, **given), overrides)
         return TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
     if not any(k in given for k in ("max_steps", "max_minutes", "max_tokens")):
         given["max_minutes"] = DEFAULT_MINUTES.get(given.get("task", "lm"), 3.0)
+    if overrides:
+        given |= {"model": shaped(TrainConfig(**given), overrides)} | preset_tokenizer(TrainConfig(**given), given)
     cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
     cfg.out = args.out or fresh_run_dir(cfg.preset)
     return cfg
+
+
+def shaped(cfg, overrides: dict):
+    """The model of ``cfg`` (its own, or its preset's) with the shape flags applied."""
+    from ..models import PRESETS
+
+    return apply_overrides(cfg.model or PRESETS[cfg.preset], overrides)
+
+
+def preset_tokenizer(cfg, given: dict) -> dict:
+    """The preset's tokenizer, kept when the shape flags change its model (a TrainConfig given a model
+    would otherwise fall back to characters)."""
+    if cfg.model is not None or "tokenizer" in given:
+        return {}
+    return {"tokenizer": cfg.tokenizer, "vocab_size": cfg.vocab_size}
 
 
 def run_train(args: argparse.Namespace) -> int:

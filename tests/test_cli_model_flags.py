@@ -1,0 +1,68 @@
+"""`qkv train --positional/--d-model/--layers/--heads/--kv-heads/--model KEY=VALUE`: the model's shape
+from the command line, over the preset, validated as config.json is."""
+import json
+
+import pytest
+from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+
+from qkv.cli import build_parser, main
+from qkv.cli.train import train_config
+from qkv.models import PRESETS
+
+FAST = ["--preset", "tiny", "--context", "16", "--batch-size", "4", "--eval-interval", "2", "--quiet",
+        "--device", "cpu", "--sample-tokens", "0"]
+
+
+def config(*argv):
+    return train_config(build_parser().parse_args(["train", *argv]))
+
+
+def test_flags_override_the_preset_field_by_field():
+    cfg = config("--preset", "tiny", "--positional", "alibi", "--d-model", "48", "--layers", "3", "--heads", "6",
+                 "--kv-heads", "2", "--model", "d_ff=64", "--model", "bias=false", "--model", "final_norm=none",
+                 "--model", "rope_base=500", "--model", "norm=rmsnorm", "--max-steps", "1")
+    m, tiny = cfg.model, PRESETS["tiny"]
+    assert (m.positional, m.d_model, m.num_layers, m.num_heads, m.num_kv_heads) == ("alibi", 48, 3, 6, 2)
+    assert (m.d_ff, m.bias, m.final_norm, m.rope_base, m.norm) == (64, False, None, 500.0, "rmsnorm")
+    assert (m.max_len, m.activation, m.tie_embeddings) == (tiny.max_len, tiny.activation, tiny.tie_embeddings)
+    assert config("--preset", "tiny", "--max-steps", "1").model is None  # no flag: the preset itself
+
+
+def test_the_preset_keeps_its_tokenizer():
+    cfg = config("--layers", "2", "--max-steps", "1")  # demo: byte-level BPE, 2048 tokens
+    assert (cfg.tokenizer, cfg.vocab_size, cfg.model.num_layers, cfg.model.positional) == ("bpe", 2048, 2, "rope")
+    assert config("--layers", "2", "--tokenizer", "char", "--max-steps", "1").tokenizer == "char"
+
+
+def test_a_run_trains_the_shape_asked_for_and_resumes_only_with_it(data, tmp_path, capsys):
+    out = tmp_path / "r"
+    shape = ["--positional", "rope", "--d-model", "24", "--heads", "4", "--kv-heads", "2", "--model", "d_ff=40"]
+    assert main(["train", *FAST, *shape, "--data", str(data), "--max-steps", "2", "--out", str(out)]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["positional"], saved["d_model"], saved["num_kv_heads"], saved["d_ff"]) == ("rope", 24, 2, 40)
+    assert main(["train", "--resume", "--out", str(out), *shape, "--max-steps", "4", "--quiet",
+                 "--sample-tokens", "0"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    fails(capsys, ["train", "--resume", "--out", str(out), "--d-model", "32", "--max-steps", "6"],
+          r"changed config \(model: .*'d_model': 24.*'d_model': 32")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "depth=3"], r"unknown ModelConfig field 'depth'"),
+    (["--model", "d_model=wide"], r"d_model=wide: expected an int"),
+    (["--model", "d_ff=x"], r"d_ff=x: expected an int or none"),
+    (["--model", "bias=yes"], r"bias=yes: expected true or false"),
+    (["--model", "rope_base=fast"], r"expected a float"),
+    (["--model", "vocab_size=99"], r"comes from the tokenizer"),
+    (["--model", "d_ff"], r"expects KEY=VALUE"),
+    (["--model", "positional=spiral"], r"positional must be one of"),
+    (["--d-model", "30", "--heads", "4"], r"divisible by num_heads"),
+    (["--heads", "4", "--kv-heads", "3"], r"multiple of num_kv_heads"),
+    (["--layers", "0"], r"num_layers must be a positive int"),
+    (["--d-model", "64", "--model", "d_model=32"], r"disagree \(64 vs 32\)"),
+    (["--d-model", "abc"], r"invalid int value"),
+])
+def test_bad_shapes_are_one_line_and_write_nothing(data, tmp_path, capsys, flags, message):
+    out = tmp_path / "r"
+    fails(capsys, ["train", *FAST, *flags, "--data", str(data), "--max-steps", "1", "--out", str(out)], message)
+    assert not out.exists()
