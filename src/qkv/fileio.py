@@ -11,8 +11,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -89,3 +90,45 @@ def atomic_via(path: str | os.PathLike, write: Callable[[Path], object]) -> None
     """``write(tmp)`` writes the file under a temporary name; then it is renamed to ``path``."""
     with atomic_path(path) as tmp:
         write(tmp)
+
+
+def check_free_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """``path`` as a Path, if it may become a new directory: missing, empty, or ``overwrite``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"{path} already exists and is not empty; pass --overwrite to replace it")
+    return path
+
+
+def atomic_dir(path: str | os.PathLike, write: Callable[[Path], object], *, overwrite: bool = False) -> Path:
+    """``write(tmp)`` fills a temporary sibling directory, which then takes ``path``'s place (a non-empty
+    ``path`` only with ``overwrite``): a failure at any point leaves ``path`` as it was."""
+    path = check_free_dir(path, overwrite=overwrite)
+    made = [p for p in path.absolute().parents if not p.exists()]  # the folders created here, innermost first
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    old = tmp.with_suffix(".old")
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o777 & ~current_umask())
+        if path.exists():
+            path.rename(old)  # then the rename below cannot meet a non-empty directory
+        try:
+            tmp.rename(path)
+        except BaseException:
+            if old.exists():
+                old.rename(path)
+            raise
+    except BaseException as e:
+        full = isinstance(e, Exception) and not isinstance(e, DiskFullError) and _is_disk_full(e, path.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:
+            with suppress(OSError):
+                folder.rmdir()
+        if full:
+            raise DiskFullError(path) from None
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return path

@@ -13,6 +13,7 @@ import sys
 from .bench import add_bench, run_bench
 from .errors import CommandError, Parser, debugging, report
 from .explore import add_explore, run_explore
+from .export import add_export, run_export
 from .sources import add_model_source, load_model_source
 from .study import add_study, run_study
 from .train import add_info, add_sample, add_train, run_info, run_sample, run_train
@@ -25,6 +26,7 @@ COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `
     "train": (add_train, run_train),
     "sample": (add_sample, run_sample),
     "info": (add_info, run_info),
+    "export": (add_export, run_export),
     "translate": (add_translate, run_translate),
     "verify": (add_verify, run_verify),
     "plot": (add_plot, run_plot),
