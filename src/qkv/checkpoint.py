@@ -169,7 +169,7 @@ class RunDir:
         self.check()
         config = self.read_config()
         tokenizer = load_tokenizer(self.path)
-        if tokenizer.vocab_size != config.vocab_size:
+        if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: a checkpoint may pad its embeddings
             raise ValueError(f"{self.path}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
                              f"vocab_size={config.vocab_size}")
         cls = self.architecture()

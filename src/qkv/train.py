@@ -37,7 +37,7 @@ from .tasks import make_task
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
-RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
+RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "init_sha256", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
                 "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
 # The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
 # lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
@@ -58,6 +58,8 @@ class TrainConfig:
     task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.tasks
     preset: str | None = None  # None: the task's (TASK_DEFAULTS): demo for lm, translate for translate
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
+    init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
+    init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
     data: str | None = None  # None: the embedded standard-library corpus
     out: str | None = None  # run directory; None: write nothing
     resume: bool = False
@@ -104,6 +106,8 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
+        if self.init_from_hf is not None:
+            self.check_base()
         if self.task == "translate" and self.tokenizer not in (None, "bpe"):
             raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
                              "is for language modelling")
@@ -131,6 +135,16 @@ class TrainConfig:
             raise ValueError("--resume and --overwrite contradict each other; pass one")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out (the run directory to continue)")
+
+    def check_base(self) -> None:
+        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE."""
+        if self.task != "lm":
+            raise ValueError(f"--init-from-hf fine-tunes a decoder (task lm), not task {self.task!r}")
+        if self.model is not None:
+            raise ValueError("--init-from-hf takes the model's shape from the checkpoint; drop the shape flags")
+        if self.tokenizer not in (None, "bpe") or self.vocab_size is not None:
+            raise ValueError("--init-from-hf keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
+        self.tokenizer = "bpe"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -379,7 +393,7 @@ class Recipe:
             by_tokens = math.ceil(cfg.max_tokens / self.task.tokens_per_step)
             self.max_steps = min(self.max_steps, by_tokens) if self.max_steps else by_tokens
         torch.manual_seed(cfg.seed)
-        self.model = self.task.model_class(self.mconf).to(self.device)
+        self.model = self.task.build_model(self.mconf).to(self.device)
         self.opt = build_optimizer(self.model, cfg, self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
@@ -478,8 +492,9 @@ class Recipe:
     def header(self) -> str:
         c, n = self.cfg, sum(p.numel() for p in self.model.parameters())
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
+        source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
         return (f"qkv: training a {n / 1e6:.2f} M-parameter {type(self.model).__name__} "
-                f"({c.preset if c.model is None else 'custom'}, {self.task.describe()}; prepared in "
+                f"({source}, {self.task.describe()}; prepared in "
                 f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
                 f" -> {self.run or '(not saved)'}")
 

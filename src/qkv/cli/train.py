@@ -32,6 +32,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
+    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face GPT-2 or LLaMA-family directory "
+                       "(save_pretrained: config.json, model.safetensors, its tokenizer, kept unchanged)"),
     "--context": ("context", int, "training context length (default: the preset's max_len)"),
     "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
     "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
@@ -95,7 +97,7 @@ def train_config(args: argparse.Namespace):
     if overrides:
         given |= {"model": shaped(TrainConfig(**given), overrides)} | preset_tokenizer(TrainConfig(**given), given)
     cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
-    cfg.out = args.out or fresh_run_dir(cfg.preset)
+    cfg.out = args.out or fresh_run_dir(Path(cfg.init_from_hf).resolve().name if cfg.init_from_hf else cfg.preset)
     return cfg
 
 

@@ -1,6 +1,6 @@
 """The interface between the training recipe and a task.
 
-The recipe calls, in order: ``prepare`` (data, tokenizer), ``model_config`` and ``model_class``
+The recipe calls, in order: ``prepare`` (data, tokenizer), ``model_config`` and ``build_model``
 (the model), then per step ``draw`` + ``loss``, every ``eval_interval`` steps ``evaluate``, at the
 end ``final_metrics``; ``describe``/``summary`` feed the progress header and summary.json.
 """
@@ -41,6 +41,10 @@ class Task:
     def model_config(self, cfg) -> ModelConfig:
         """The model's shape: the preset or ``cfg.model``, with this task's vocabulary."""
         raise NotImplementedError
+
+    def build_model(self, mconf: ModelConfig) -> nn.Module:
+        """The model training starts from: a new ``model_class(mconf)``, or a checkpoint's."""
+        return self.model_class(mconf)
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         """Refuse, before training, settings the data cannot serve (a window longer than the text …)."""

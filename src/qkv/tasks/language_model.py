@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import Corpus, encode_corpus, fit_tokenizer, load_corpus
+from ..finetune import Base, load_base
 from ..models import GPT, PRESETS, ModelConfig
 from .base import Task
 
@@ -81,11 +82,17 @@ class LanguageModelTask(Task):
     name = "lm"
     model_class = GPT
 
+    base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
+
     def prepare(self, cfg, run, dist) -> None:
         self.corpus = self.corpus if self.corpus is not None else load_corpus(cfg.data)
         text = self.corpus.train + self.corpus.val if cfg.tokenizer == "char" else self.corpus.train
-        self.tokenizer = self.ready_tokenizer(cfg, run, dist,
-                                              lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size))
+        if cfg.init_from_hf:  # its weights, shape and tokenizer; on --resume it must be the same checkpoint
+            self.base = load_base(cfg.init_from_hf, expect_sha256=cfg.init_sha256)
+            cfg.init_sha256 = self.base.sha256
+        fit = (lambda: self.base.tokenizer) if self.base else \
+            (lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size))
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)
         self.train_ids = encode_corpus(self.tokenizer, self.corpus.train)  # (N,)
         self.val_ids = encode_corpus(self.tokenizer, self.corpus.val)  # (N_val,)
         self.compressors = compressor_bpc(self.corpus.val)
@@ -93,8 +100,13 @@ class LanguageModelTask(Task):
         self.chars_per_token = self.val_chars / max(1, len(self.val_ids) - 1)
 
     def model_config(self, cfg) -> ModelConfig:
+        if self.base is not None:
+            return self.base.model.config  # vocab_size: the checkpoint's embeddings (its tokenizer may use fewer)
         base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
         return replace(base, vocab_size=self.tokenizer.vocab_size)
+
+    def build_model(self, mconf: ModelConfig) -> nn.Module:
+        return self.base.model if self.base is not None else super().build_model(mconf)
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         T = self.T = cfg.context or mconf.max_len
