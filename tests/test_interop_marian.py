@@ -355,3 +355,21 @@ def test_load_pretrained_translates_like_hf(saved):
     want = hf_tok.batch_decode(hf.generate(**batch, max_new_tokens=10, num_beams=4), skip_special_tokens=True)
     got = translate_texts(model, tok, texts, num_beams=4, length_penalty=1.0, max_new_tokens=10, batch_size=4)
     assert got == want
+
+
+def test_cli_translate_explore_and_plot_a_marian_directory(saved, tmp_path, capsys):
+    """`qkv translate --hf DIR` gives HF generate's translations with the checkpoint's own decoding settings;
+    `qkv explore --hf` and `qkv plot attention --hf` show a real translation model's three attentions."""
+    from qkv.cli import main
+
+    d, texts = saved["opus"], SENTENCES[:3]
+    hf, hf_tok = hf_eager(d), load_pretrained(d)[1].backend
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    want = hf_tok.batch_decode(hf.generate(**batch, max_new_tokens=10), skip_special_tokens=True)
+    assert main(["translate", "--hf", str(d), "--max-new-tokens", "10", *texts]) == 0
+    assert capsys.readouterr().out.splitlines() == [w.replace("\n", "\\n") for w in want]
+    page = tmp_path / "page.html"
+    assert main(["explore", "--hf", str(d), "--text", texts[0], "--out", str(page)]) == 0
+    assert '"cross"' in page.read_text(encoding="utf-8")
+    assert main(["plot", "attention", "--hf", str(d), "--text", texts[0], "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "attention.png").is_file()

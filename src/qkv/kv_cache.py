@@ -83,5 +83,6 @@ class KVCache(nn.Module):
     def reorder(self, indices: Tensor) -> None:
         """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""
         _check_indices(indices, self.k.size(0))
-        self.k.copy_(self.k.index_select(0, indices))  # (B, G, M, D)
-        self.v.copy_(self.v.index_select(0, indices))
+        n = self.pos or self.k.size(2)  # a growing cache moves its filled slots only; a static one, all of them
+        self.k[:, :, :n] = self.k[:, :, :n].index_select(0, indices)  # (B, G, n, D)
+        self.v[:, :, :n] = self.v[:, :, :n].index_select(0, indices)

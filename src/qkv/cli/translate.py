@@ -15,8 +15,10 @@ def add_translate(sub) -> argparse.ArgumentParser:
                                    "beam search (greedy with --num-beams 1); one output line per input line.")
     add_model_source(p)
     p.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: lines of stdin)")
-    p.add_argument("--num-beams", type=int, default=4, help="beam width (default 4; 1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="α of score = log p / length^α (default 0.6)")
+    p.add_argument("--num-beams", type=int, default=None, help="beam width (default: 4 for a run, the checkpoint's "
+                   "generation config for --hf; 1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=None, help="α of score = log p / length^α (default: 0.6, "
+                   "the paper's, for a run; the checkpoint's generation config, else 1.0, for --hf)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest translation (default: 2 × source + 10)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences decoded together (default 32)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -34,9 +36,24 @@ def run_translate(args: argparse.Namespace) -> int:
     if not isinstance(model, Transformer):
         raise CommandError(f"{args.run or args.hf} holds a {type(model).__name__}, not an encoder-decoder: "
                            "use `qkv sample` to continue text with it")
+    beams, alpha = decoding_defaults(args)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
     lines = [t.replace("\\n", "\n") for t in texts]  # a literal \n in an argument is a line break of the string
-    for out in translate_texts(model, tokenizer, lines, num_beams=args.num_beams, length_penalty=args.length_penalty,
+    for out in translate_texts(model, tokenizer, lines, num_beams=beams, length_penalty=alpha,
                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
         print(out.replace("\n", "\\n"))
     return 0
+
+
+def decoding_defaults(args: argparse.Namespace) -> tuple[int, float]:
+    """(num_beams, length_penalty): the flags, else a run's paper defaults (4, 0.6), else a Hugging Face
+    checkpoint's generation_config.json (as ``generate`` would use them; 4 and 1.0 when absent)."""
+    import json
+    from pathlib import Path
+
+    if args.run:
+        return args.num_beams or 4, 0.6 if args.length_penalty is None else args.length_penalty
+    gen = Path(args.hf) / "generation_config.json"
+    saved = json.loads(gen.read_text(encoding="utf-8")) if gen.is_file() else {}
+    alpha = saved.get("length_penalty", 1.0) if args.length_penalty is None else args.length_penalty
+    return args.num_beams or int(saved.get("num_beams", 4)), float(alpha)
