@@ -62,7 +62,7 @@ def test_atomic_write_replaces_whole_file_or_nothing(tmp_path, monkeypatch):
     ("garbage:model.safetensors", "corrupt or truncated"),
     ("garbage:config.json", "not valid JSON"),
     ("badkey:config.json", "unknown ModelConfig keys"),
-    ("wrongvocab:config.json", "does not match config.json"),  # a tokenizer may use fewer ids than the embeddings hold
+    ("wrongvocab:config.json", "vocab_size"),
     ("garbage:tokenizer.json", "not valid JSON"),
 ])
 def test_load_run_rejects_damaged_runs(saved, damage, message):

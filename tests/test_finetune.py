@@ -111,6 +111,10 @@ def bad_bases(with_tokenizer, tmp_path_factory):
     transformers.AutoTokenizer.from_pretrained(with_tokenizer).save_pretrained(small)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=200, n_positions=32, n_embd=16, n_layer=1,
                                                           n_head=2)).save_pretrained(small)
+    padded = root / "padded"  # 300-token tokenizer, 320 embeddings (vocabularies padded for speed)
+    transformers.AutoTokenizer.from_pretrained(with_tokenizer).save_pretrained(padded)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=320, n_positions=32, n_embd=16, n_layer=1,
+                                                          n_head=2)).save_pretrained(padded)
     bert = root / "bert"
     transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                                    num_attention_heads=2, intermediate_size=32)).save_pretrained(bert)
@@ -119,7 +123,7 @@ def bad_bases(with_tokenizer, tmp_path_factory):
 
 
 @pytest.mark.parametrize("base, flags, message", [
-    ("nope", [], r"no such directory"),
+    ("nope", [], r"the base .*nope: no such directory"),
     ("empty", [], r"has no config.json"),
     ("bert", [], r"is not a decoder \(it loads as qkv.Encoder\)"),
     ("no_tokenizer", [], r"has no tokenizer files"),
@@ -136,3 +140,11 @@ def test_bad_bases_are_one_line_and_write_nothing(bad_bases, with_tokenizer, tex
     fails(capsys, ["train", "--init-from-hf", str(path), "--data", str(text), "--quiet", "--max-steps", "1",
                    "--out", str(out), *flags], message)
     assert not out.exists()
+
+
+def test_a_padded_vocabulary_is_kept(bad_bases, text, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", "--init-from-hf", str(bad_bases / "padded"), "--data", str(text), *FAST,
+                 "--max-steps", "1", "--out", str(out)]) == 0
+    run = load_run(out)
+    assert (run.config.vocab_size, run.tokenizer.vocab_size) == (320, 300)

@@ -5,6 +5,8 @@ A run directory holds::
     config.json         the ModelConfig
     model.safetensors   the weights (safetensors: no code runs when it is read); its metadata
                         names the architecture (GPT, Encoder, Transformer), the step and a SHA-256
+    adapters.safetensors  instead of model.safetensors in a LoRA run: the adapters alone, the same
+                        metadata; the base they apply to is named in train_config.json (qkv.finetune)
     tokenizer.json      the tokenizer (qkv.data)
     train_config.json   how it was trained            (training only)
     train_state.pt      optimizer + RNG state, step  (training only; read with weights_only=True)
@@ -45,6 +47,7 @@ class RunDir:
 
     CONFIG = "config.json"
     WEIGHTS = "model.safetensors"
+    ADAPTERS = "adapters.safetensors"  # a LoRA run's weights: adapters over a base (qkv.finetune)
     TOKENIZER = "tokenizer.json"
     TRAIN_CONFIG = "train_config.json"
     STATE = "train_state.pt"
@@ -53,7 +56,7 @@ class RunDir:
     LOSS_PLOT = "loss.png"
     LOCK = ".lock"
     MODEL_FILES = (CONFIG, WEIGHTS, TOKENIZER)  # what inference needs
-    OUTPUTS = (*MODEL_FILES, TRAIN_CONFIG, STATE, METRICS, SUMMARY, LOSS_PLOT)  # what training writes
+    OUTPUTS = (*MODEL_FILES, ADAPTERS, TRAIN_CONFIG, STATE, METRICS, SUMMARY, LOSS_PLOT)  # what training writes
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -76,7 +79,8 @@ class RunDir:
         """Self, if it holds a model; ValueError naming what is missing otherwise."""
         if not self.path.is_dir():
             raise ValueError(f"{self.path} is not a qkv run: no such directory")
-        missing = [f for f in self.MODEL_FILES if not self.has(f)]
+        weights = self.ADAPTERS if self.has(self.ADAPTERS) else self.WEIGHTS  # a LoRA run: adapters instead
+        missing = [f for f in (self.CONFIG, weights, self.TOKENIZER) if not self.has(f)]
         if missing:
             raise ValueError(f"{self.path} is not a qkv run: missing {', '.join(missing)}")
         return self
@@ -126,24 +130,32 @@ class RunDir:
 
     # --- model -------------------------------------------------------------------------------
     def save_model(self, model: nn.Module, tokenizer, *, step: int = 0) -> None:
-        """config.json, model.safetensors and tokenizer.json, each atomically."""
-        from safetensors.torch import save_model as st_save
+        """config.json, model.safetensors (adapters.safetensors for a LoRA model) and tokenizer.json, each atomically."""
+        from safetensors.torch import save_file, save_model as st_save
+
+        from .finetune import has_lora, model_weights
 
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_json(self / self.CONFIG, model.config.to_dict())
-        meta = {"format": "pt", "step": str(step), "sha256": state_digest(model),
-                "architecture": type(model).__name__}
-        atomic_via(self / self.WEIGHTS, lambda tmp: st_save(model, str(tmp), metadata=meta))  # ties stored once
+        meta = {"format": "pt", "step": str(step), "architecture": type(model).__name__}
+        if has_lora(model):
+            adapters = {k: v.contiguous() for k, v in model_weights(model).items()}
+            meta["sha256"] = tensors_digest(adapters)
+            atomic_via(self / self.ADAPTERS, lambda tmp: save_file(adapters, str(tmp), metadata=meta))
+        else:
+            meta["sha256"] = state_digest(model)
+            atomic_via(self / self.WEIGHTS, lambda tmp: st_save(model, str(tmp), metadata=meta))  # ties stored once
         tokenizer.save(self.path)
 
     def weights_metadata(self) -> dict:
         from safetensors import safe_open
 
+        path = self / (self.ADAPTERS if self.has(self.ADAPTERS) else self.WEIGHTS)
         try:
-            with safe_open(str(self / self.WEIGHTS), framework="pt") as f:
+            with safe_open(str(path), framework="pt") as f:
                 return f.metadata() or {}
         except Exception as e:  # noqa: BLE001 - SafetensorError for a damaged header, OSError
-            raise ValueError(f"{self / self.WEIGHTS} is corrupt or truncated "
+            raise ValueError(f"{path} is corrupt or truncated "
                              f"({str(e).strip()[:200] or type(e).__name__})") from None
 
     def architecture(self) -> type[nn.Module]:
@@ -169,14 +181,25 @@ class RunDir:
         self.check()
         config = self.read_config()
         tokenizer = load_tokenizer(self.path)
-        if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: a checkpoint may pad its embeddings
+        if tokenizer.vocab_size != config.vocab_size and not self.padded_vocabulary(tokenizer, config):
             raise ValueError(f"{self.path}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
                              f"vocab_size={config.vocab_size}")
         cls = self.architecture()
+        if self.has(self.ADAPTERS):
+            from .finetune import load_adapted
+
+            return Run(model=load_adapted(self, config, device=device), tokenizer=tokenizer, config=config,
+                       path=self.path)
         check_shapes(self / self.WEIGHTS, config, cls)  # before allocating: config.json may ask for absurd sizes
         model = cls(config).to(device)
         load_weights(model, self.path, device=device)
         return Run(model=model.eval(), tokenizer=tokenizer, config=config, path=self.path)
+
+    def padded_vocabulary(self, tokenizer, config: ModelConfig) -> bool:
+        """A run fine-tuned from a checkpoint may hold more embeddings than its tokenizer uses (padded
+        vocabularies); every other run's tokenizer and embeddings match one to one."""
+        fine_tuned = (self.read_json(self.TRAIN_CONFIG) or {}).get("init_from_hf") is not None
+        return fine_tuned and tokenizer.vocab_size < config.vocab_size
 
     # --- training --------------------------------------------------------------------------
     def save_state(self, state: dict) -> None:
@@ -223,8 +246,13 @@ class RunDir:
 def state_digest(model: nn.Module) -> str:
     """SHA-256 of every state_dict tensor's bytes, by name: safetensors has no checksum of its own,
     so a bit flip in the weights would otherwise load silently."""
+    return tensors_digest(model.state_dict())
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the tensors' bytes, by name."""
     h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
+    for name, t in sorted(tensors.items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -259,9 +287,13 @@ def check_shapes(path: Path, model_config: ModelConfig, cls: type[nn.Module] = G
 
 
 def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu") -> None:
-    """Fill ``model`` from model.safetensors; ValueError for a corrupt file or mismatched shapes."""
+    """Fill ``model`` from model.safetensors (a LoRA model: its adapters from adapters.safetensors);
+    ValueError for a corrupt file or mismatched shapes."""
     from safetensors.torch import load_model as st_load
 
+    if RunDir(directory).has(RunDir.ADAPTERS):
+        load_adapters(model, directory, device=device)
+        return
     path = Path(directory) / RunDir.WEIGHTS
     try:
         missing, unexpected = st_load(model, str(path), strict=False, device=str(device))
@@ -274,6 +306,23 @@ def load_weights(model: nn.Module, directory: str | os.PathLike, *, device="cpu"
     digest = RunDir(directory).weights_metadata().get("sha256")
     if digest is not None and digest != state_digest(model):
         raise ValueError(f"{path} is corrupt: its weights do not match the checksum saved with them")
+
+
+def load_adapters(model: nn.Module, directory: str | os.PathLike, *, device="cpu") -> None:
+    """Fill a LoRA ``model``'s adapters from adapters.safetensors, checked against their saved SHA-256."""
+    from safetensors.torch import load_file
+
+    from .finetune import set_model_weights
+
+    path = Path(directory) / RunDir.ADAPTERS
+    digest = RunDir(directory).weights_metadata().get("sha256")  # ValueError for a damaged header
+    try:
+        adapters = load_file(str(path), device=str(device))
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError
+        raise ValueError(f"{path} is corrupt or truncated ({str(e).strip()[:200] or type(e).__name__})") from None
+    if digest != tensors_digest(adapters):
+        raise ValueError(f"{path} is corrupt: its adapters do not match the checksum saved with them")
+    set_model_weights(model, adapters, where=str(path))
 
 
 @dataclass

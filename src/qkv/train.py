@@ -31,13 +31,14 @@ from torch import Tensor, nn
 
 from .checkpoint import RunDir
 from .fileio import DiskFullError
+from .finetune import add_lora, model_weights, set_model_weights
 from .models import PRESETS, ModelConfig
 from .runtime import Dist, cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .tasks import make_task
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
-RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "init_sha256", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
+RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
                 "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
 # The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
 # lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
@@ -60,6 +61,9 @@ class TrainConfig:
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
     init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
     init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
+    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from_hf)
+    lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
+    lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
     data: str | None = None  # None: the embedded standard-library corpus
     out: str | None = None  # run directory; None: write nothing
     resume: bool = False
@@ -108,6 +112,7 @@ class TrainConfig:
             self.model = ModelConfig.from_dict(self.model)
         if self.init_from_hf is not None:
             self.check_base()
+        self.check_lora()
         if self.task == "translate" and self.tokenizer not in (None, "bpe"):
             raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
                              "is for language modelling")
@@ -145,6 +150,24 @@ class TrainConfig:
         if self.tokenizer not in (None, "bpe") or self.vocab_size is not None:
             raise ValueError("--init-from-hf keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
         self.tokenizer = "bpe"
+        self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
+
+    def check_lora(self) -> None:
+        """--lora R [--lora-alpha A] [--lora-targets NAMES] adapts a checkpoint; defaults α = 2r, attention."""
+        from .finetune import DEFAULT_LORA_TARGETS
+
+        if self.lora is None:
+            if self.lora_alpha is not None or self.lora_targets is not None:
+                raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
+            return
+        if not isinstance(self.lora, int) or isinstance(self.lora, bool) or self.lora <= 0:
+            raise ValueError(f"lora (the adapters' rank) must be a positive int, got {self.lora!r}")
+        if self.init_from_hf is None:
+            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR too")
+        self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        self.lora_targets = self.lora_targets or DEFAULT_LORA_TARGETS
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -241,6 +264,11 @@ class TrainState:
 
 
 # --- pieces ----------------------------------------------------------------------------
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, those that train): fewer train when LoRA freezes the base."""
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
+
 
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     """Linear warmup over ``warmup_steps``, then cosine from lr to lr · min_lr_ratio over the budget."""
@@ -393,7 +421,10 @@ class Recipe:
             by_tokens = math.ceil(cfg.max_tokens / self.task.tokens_per_step)
             self.max_steps = min(self.max_steps, by_tokens) if self.max_steps else by_tokens
         torch.manual_seed(cfg.seed)
-        self.model = self.task.build_model(self.mconf).to(self.device)
+        self.model = self.task.build_model(self.mconf)
+        if cfg.lora:
+            add_lora(self.model, r=cfg.lora, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
+        self.model.to(self.device)
         self.opt = build_optimizer(self.model, cfg, self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
@@ -411,7 +442,7 @@ class Recipe:
     # --- the one pair that saves and restores ----------------------------------------------------
     def capture_state(self) -> TrainState:
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return replace(self.state, model=self.model.state_dict(), optimizer=self.opt.state_dict(),
+        return replace(self.state, model=model_weights(self.model), optimizer=self.opt.state_dict(),
                        batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
 
     def restore(self, saved: TrainState) -> None:
@@ -420,7 +451,7 @@ class Recipe:
 
         load_weights(self.model, self.run.path, device=self.device)  # refuses a damaged model.safetensors
         try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
-            self.model.load_state_dict(saved.model)
+            set_model_weights(self.model, saved.model, where=str(self.run / self.run.STATE))
             self.opt.load_state_dict(saved.optimizer)
         except (ValueError, KeyError, RuntimeError) as e:
             raise ValueError(f"{self.run / self.run.STATE} does not match the model: {e}") from None
@@ -490,10 +521,11 @@ class Recipe:
             self.run.write_metrics(self.records)
 
     def header(self) -> str:
-        c, n = self.cfg, sum(p.numel() for p in self.model.parameters())
+        c, (n, k) = self.cfg, parameter_counts(self.model)
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
         source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
-        return (f"qkv: training a {n / 1e6:.2f} M-parameter {type(self.model).__name__} "
+        trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
+        return (f"qkv: training a {n / 1e6:.2f} M-parameter {type(self.model).__name__}{trains} "
                 f"({source}, {self.task.describe()}; prepared in "
                 f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
                 f" -> {self.run or '(not saved)'}")
@@ -546,7 +578,8 @@ class Recipe:
                                                progress=cfg.progress and self.dist.is_main)
         elif self.records:
             summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
-        summary |= self.task.summary() | {"parameters": sum(p.numel() for p in self.model.parameters()),
+        n, k = parameter_counts(self.model)
+        summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
                                           "device": str(self.device), "world_size": self.dist.world}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
@@ -645,6 +678,11 @@ def run_info(path: str | os.PathLike) -> dict:
         info["training"] = (f"task={t.get('task', 'lm')}, batch_size={t.get('batch_size')}, lr={t.get('lr')}, "
                             f"seed={t.get('seed')}, budget: steps={t.get('max_steps')}, "
                             f"minutes={t.get('max_minutes')}, tokens={t.get('max_tokens')}")
+        if t.get("init_from_hf"):
+            info["base"] = f"{t['init_from_hf']} (weights SHA-256 {str(t.get('init_sha256'))[:16]}…)"
+        if t.get("lora"):
+            info["lora"] = (f"rank {t['lora']}, alpha {t['lora_alpha']:g}, on {t['lora_targets']} "
+                            f"({run.ADAPTERS} over the base, merged on loading)")
     s = run.read_json(run.SUMMARY)
     if isinstance(s, dict):
         for key, value in make_task(s.get("task", "lm")).info(s).items():

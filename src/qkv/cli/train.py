@@ -34,6 +34,10 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--lr": ("lr", float, "peak learning rate"),
     "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face GPT-2 or LLaMA-family directory "
                        "(save_pretrained: config.json, model.safetensors, its tokenizer, kept unchanged)"),
+    "--lora": ("lora", int, "with --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
+    "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
+    "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default q_proj,k_proj,v_proj,out_proj; "
+                       "also up_proj, down_proj, gate_proj)"),
     "--context": ("context", int, "training context length (default: the preset's max_len)"),
     "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
     "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
@@ -127,7 +131,9 @@ def run_train(args: argparse.Namespace) -> int:
     from ..tasks import make_task
 
     s = result.summary
-    print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters, {s['tokenizer']} tokenizer, "
+    k = s["trainable_parameters"]
+    trained = f" ({k:,} trained: {100 * k / s['parameters']:.2f} %)" if k < s["parameters"] else ""
+    print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters{trained}, {s['tokenizer']} tokenizer, "
           f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
     print("\n".join(make_task(cfg.task).result_lines(s)))
     if cfg.task == "translate":
