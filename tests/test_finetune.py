@@ -115,6 +115,10 @@ def bad_bases(with_tokenizer, tmp_path_factory):
     transformers.AutoTokenizer.from_pretrained(with_tokenizer).save_pretrained(padded)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=320, n_positions=32, n_embd=16, n_layer=1,
                                                           n_head=2)).save_pretrained(padded)
+    wordpiece = root / "wordpiece"  # GPT-2 weights beside a BERT (WordPiece) tokenizer
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog"]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(wordpiece)
+    transformers.GPT2LMHeadModel.from_pretrained(with_tokenizer).save_pretrained(wordpiece)
     bert = root / "bert"
     transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                                    num_attention_heads=2, intermediate_size=32)).save_pretrained(bert)
@@ -127,6 +131,7 @@ def bad_bases(with_tokenizer, tmp_path_factory):
     ("empty", [], r"has no config.json"),
     ("bert", [], r"is not a decoder \(it loads as qkv.Encoder\)"),
     ("no_tokenizer", [], r"has no tokenizer files"),
+    ("wordpiece", [], r"tokenizer in .* is WordPiece; a run keeps BPE tokenizers"),
     ("small_model", [], r"tokenizer .* has \d+ tokens but the model only 200 embeddings"),
     ("gpt2", ["--d-model", "32"], r"takes the model's shape from the checkpoint"),
     ("gpt2", ["--tokenizer", "char"], r"keeps the checkpoint's own tokenizer"),

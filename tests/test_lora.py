@@ -123,3 +123,20 @@ def test_lora_needs_a_checkpoint(data, tmp_path, capsys):
     fails(capsys, ["train", "--preset", "tiny", "--data", str(data), "--lora", "4", "--max-steps", "1",
                    "--out", str(tmp_path / "r")], r"--lora adapts a checkpoint: give --init-from-hf DIR")
     assert not (tmp_path / "r").exists()
+
+
+def test_damaged_adapters_or_a_missing_base_are_one_line(lora_run, with_tokenizer, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(lora_run, run)
+    f = run / "adapters.safetensors"
+    raw = bytearray(f.read_bytes())
+    raw[-3] ^= 0x40  # one bit of one adapter weight
+    f.write_bytes(bytes(raw))
+    fails(capsys, ["sample", "--run", str(run), "--prompt", "the"], "adapters do not match the checksum")
+    f.write_bytes(bytes(raw[: len(raw) // 2]))
+    fails(capsys, ["info", "--run", str(run)], "corrupt or truncated")
+    shutil.copyfile(lora_run / "adapters.safetensors", f)
+    saved = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps(saved | {"init_from_hf": str(tmp_path / "gone")}))
+    fails(capsys, ["export", "--run", str(run), "--hf", str(tmp_path / "hf")], "the base .*gone: no such directory")
+    assert not (tmp_path / "hf").exists()
