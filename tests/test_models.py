@@ -302,3 +302,18 @@ def test_encoder_decoder_bad_input():
         model.encode(src[0])
     with pytest.raises(ValueError, match=r"mask must be bool \(B=2, S=7\)"):
         model.decode(tgt, memory, src_mask=src_mask[:, :5])
+
+
+def test_embed_init_std_sets_the_token_embeddings_scale_only():
+    from qkv import ModelConfig, Transformer
+
+    base = dict(vocab_size=500, d_model=64, num_heads=4, num_layers=1, positional="sinusoidal")
+    default = Transformer(ModelConfig(**base))
+    paper = Transformer(ModelConfig(**base, embed_init_std=64 ** -0.5))
+    assert abs(float(default.encoder.embed.tok.weight.std()) - 0.02) < 0.002
+    assert abs(float(paper.encoder.embed.tok.weight.std()) - 0.125) < 0.01
+    assert paper.embed.tok.weight is paper.encoder.embed.tok.weight  # still one shared matrix
+    assert abs(float(paper.blocks[0].attn.q_proj.weight.std()) - 0.02) < 0.003  # the rest keeps GPT-2's init
+    for bad in (0, -1.0, "0.1", True):
+        with pytest.raises(ValueError, match="embed_init_std"):
+            ModelConfig(**base, embed_init_std=bad)
