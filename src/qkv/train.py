@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from .checkpoint import RunDir
 from .fileio import DiskFullError
-from .finetune import add_lora, model_weights, set_model_weights
+from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_weights
 from .models import PRESETS, ModelConfig
 from .runtime import Dist, cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .tasks import make_task
@@ -110,9 +110,7 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
-        if self.init_from_hf is not None:
-            self.check_base()
-        self.check_lora()
+        self.check_base()
         if self.task == "translate" and self.tokenizer not in (None, "bpe"):
             raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
                              "is for language modelling")
@@ -142,7 +140,10 @@ class TrainConfig:
             raise ValueError("--resume needs --out (the run directory to continue)")
 
     def check_base(self) -> None:
-        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE."""
+        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE; --lora adapts it."""
+        self.check_lora()
+        if self.init_from_hf is None:
+            return
         if self.task != "lm":
             raise ValueError(f"--init-from-hf fine-tunes a decoder (task lm), not task {self.task!r}")
         if self.model is not None:
@@ -154,8 +155,6 @@ class TrainConfig:
 
     def check_lora(self) -> None:
         """--lora R [--lora-alpha A] [--lora-targets NAMES] adapts a checkpoint; defaults α = 2r, attention."""
-        from .finetune import DEFAULT_LORA_TARGETS
-
         if self.lora is None:
             if self.lora_alpha is not None or self.lora_targets is not None:
                 raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
