@@ -84,3 +84,14 @@ def test_bad_translation_settings(pairs_file, tmp_path):
     bad.write_text("one\ttwo\nthree without a tab\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2"):
         load_pairs(str(bad))
+
+
+def test_the_shared_vocabulary_learns_both_languages(pairs_file):
+    """Regression: interleaved (source, target) pieces once let the BPE sampler keep English only,
+    so every Chinese character cost three byte tokens (the sampler thins texts over max_chars)."""
+    from qkv.tasks.translation import shared_vocabulary
+
+    pairs = load_pairs(str(pairs_file)).train
+    tok = shared_vocabulary(pairs, 300, max_chars=sum(len(s) + len(t) for s, t in pairs) // 2)
+    assert len(tok.encode("打开文件")) < len("打开文件".encode()) / 2  # merges of Chinese bytes were learned
+    assert len(tok.encode("open file")) < len("open file")

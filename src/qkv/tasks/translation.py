@@ -78,6 +78,16 @@ def translate_texts(model: nn.Module, tokenizer, texts: list[str], *, num_beams:
     return out
 
 
+def shared_vocabulary(pairs: list[tuple[str, str]], vocab_size: int, *, max_chars: int = 2_000_000) -> BPETokenizer:
+    """One byte-level BPE for both languages (the paper's shared vocabulary, §3.4), with SPECIAL_TOKENS.
+
+    Sources first, then targets: the trainer keeps every k-th piece of a long list, and on
+    interleaved (source, target) pieces k = 2 once kept English only.
+    """
+    texts = [s for s, _ in pairs] + [t for _, t in pairs]
+    return BPETokenizer.train(texts, vocab_size, max_chars=max_chars, special_tokens=SPECIAL_TOKENS)
+
+
 class TranslationTask(Task):
     """Sentence pairs (default: the system's gettext catalogs, English → Simplified Chinese) with a Transformer."""
 
@@ -88,9 +98,8 @@ class TranslationTask(Task):
     def prepare(self, cfg, run, dist) -> None:
         if self.corpus is None:
             self.corpus = load_pairs(cfg.data, target_lang=cfg.target_lang)  # data: a pairs file or catalogs
-        texts = [s for pair in self.corpus.train for s in pair]  # one vocabulary for both languages
-        self.tokenizer = self.ready_tokenizer(
-            cfg, run, dist, lambda: BPETokenizer.train(texts, cfg.vocab_size, special_tokens=SPECIAL_TOKENS))
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist, lambda: shared_vocabulary(self.corpus.train,
+                                                                                       cfg.vocab_size))
         self.special = special_tokens(self.tokenizer)
         self.train_pairs = self.encode(self.corpus.train)
         self.val_pairs = self.encode(self.corpus.val)
