@@ -185,11 +185,12 @@ class RunDir:
             raise ValueError(f"{self.path}: tokenizer has {tokenizer.vocab_size} tokens but config.json says "
                              f"vocab_size={config.vocab_size}")
         cls = self.architecture()
-        if self.has(self.ADAPTERS):
-            from .finetune import load_adapted
+        if self.has(self.ADAPTERS):  # LoRA: the base, the run's adapters, merged into plain nn.Linear layers
+            from .finetune import adapted_base, merge_lora
 
-            return Run(model=load_adapted(self, config, device=device), tokenizer=tokenizer, config=config,
-                       path=self.path)
+            model = adapted_base(self, config)
+            load_weights(model, self.path)
+            return Run(model=merge_lora(model).to(device).eval(), tokenizer=tokenizer, config=config, path=self.path)
         check_shapes(self / self.WEIGHTS, config, cls)  # before allocating: config.json may ask for absurd sizes
         model = cls(config).to(device)
         load_weights(model, self.path, device=device)

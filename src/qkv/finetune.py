@@ -150,17 +150,13 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
-def load_adapted(run, config, *, device="cpu") -> GPT:
-    """A LoRA run's model: its base (found by train_config.json, checked by SHA-256), the run's
-    adapters applied and merged."""
-    from .checkpoint import load_weights
-
+def adapted_base(run, config) -> GPT:
+    """A LoRA run's base (found by train_config.json, checked by SHA-256) with empty adapters, ready for
+    the run's adapters (``checkpoint.load_weights``) and then ``merge_lora``."""
     t = run.read_json(run.TRAIN_CONFIG) or {}
     if not (t.get("init_from_hf") and t.get("init_sha256") and t.get("lora")):
         raise ValueError(f"{run} holds LoRA adapters, but its {run.TRAIN_CONFIG} does not name their base")
     base = load_base(t["init_from_hf"], expect_sha256=t["init_sha256"])
     if base.model.config != config:
         raise ValueError(f"{run}'s config.json does not describe its base {base.path}")
-    model = add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])
-    load_weights(model, run.path)
-    return merge_lora(model).to(device).eval()
+    return add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])
