@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import qkv
 from qkv.interop import from_hf, to_hf
-from qkv.interop.hf import Tokenizer, interleaved_to_half_split, load_pretrained, load_tokenizer
+from qkv.interop.hf import Tokenizer, find_tokenizer, interleaved_to_half_split, load_pretrained
 
 transformers = pytest.importorskip("transformers")  # the `hf` extra
 from transformers import (  # noqa: E402
@@ -378,7 +378,7 @@ def test_tokenizers_backend_agrees_with_transformers(with_tokenizer):
     from tokenizers import Tokenizer as Fast
 
     slow_path = Tokenizer(Fast.from_file(str(with_tokenizer / "tokenizer.json")))
-    auto = load_tokenizer(with_tokenizer)
+    auto = find_tokenizer(with_tokenizer)
     text = "attention is all the dog needs"
     assert slow_path.encode(text) == auto.encode(text)
     ids = auto.encode(text)
@@ -389,7 +389,7 @@ def test_tokenizers_backend_agrees_with_transformers(with_tokenizer):
 
 def test_tokenizer_edge_cases(saved, with_tokenizer, tmp_path):
     assert load_pretrained(saved["gpt2"])[1] is None  # no tokenizer files: None, not an error
-    tok = load_tokenizer(with_tokenizer)
+    tok = find_tokenizer(with_tokenizer)
     with pytest.raises(ValueError, match=r"token ids must be ints in \[0, 300\)"):
         tok.decode([1, 300])
     with pytest.raises(TypeError, match="token ids must be a sequence of ints"):
@@ -428,3 +428,10 @@ def test_sharded_checkpoint(saved, tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match=r"names shards that are not files in .*\['../elsewhere.safetensors'\]"):
         from_hf(tmp_path)
+
+
+def test_the_old_name_of_find_tokenizer_still_works_with_a_warning(with_tokenizer):
+    from qkv.interop import hf
+
+    with pytest.warns(DeprecationWarning, match="find_tokenizer"):
+        assert hf.load_tokenizer(with_tokenizer).vocab_size == find_tokenizer(with_tokenizer).vocab_size

@@ -701,7 +701,7 @@ class Tokenizer:
         return f"Tokenizer({type(self.backend).__name__}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
 
-def load_tokenizer(path: str | os.PathLike, *, special: Special | None = None) -> Tokenizer | None:
+def find_tokenizer(path: str | os.PathLike, *, special: Special | None = None) -> Tokenizer | None:
     """The tokenizer saved in a checkpoint directory (offline), or None when it has none.
 
     Read with ``transformers.AutoTokenizer`` (honouring tokenizer_config.json) when installed,
@@ -730,6 +730,15 @@ def load_tokenizer(path: str | os.PathLike, *, special: Special | None = None) -
     return Tokenizer(backend, eos_id=eos, special=special)
 
 
+
+def load_tokenizer(path: str | os.PathLike, *, special: Special | None = None) -> Tokenizer | None:
+    """Deprecated name of ``find_tokenizer`` (None when the directory has no tokenizer), kept for one
+    release: ``qkv.data.load_tokenizer`` is the loader that raises when a run has none."""
+    import warnings
+
+    warnings.warn("qkv.interop.hf.load_tokenizer is now find_tokenizer", DeprecationWarning, stacklevel=2)
+    return find_tokenizer(path, special=special)
+
 def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
                     ) -> tuple[GPT | Encoder | Transformer, Tokenizer | None]:
     """``from_hf(path)`` and the tokenizer saved beside it (None when the directory has none).
@@ -737,7 +746,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float
     For a Marian checkpoint the tokenizer carries ``special = marian_special(path)``.
     """
     model = from_hf(path, dtype=dtype)
-    tokenizer = load_tokenizer(path, special=marian_special(path) if isinstance(model, Transformer) else None)
+    tokenizer = find_tokenizer(path, special=marian_special(path) if isinstance(model, Transformer) else None)
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer in {path} has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.config.vocab_size} embeddings")
