@@ -42,3 +42,30 @@ def with_tokenizer(tmp_path_factory):
         vocab_size=tok.get_vocab_size(), n_positions=32, n_embd=16, n_layer=1, n_head=2,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)).save_pretrained(d)
     return d
+
+
+@pytest.fixture
+def ddp_matches_one_process(tmp_path):
+    """Runs ``python -m qkv ARGS`` in one process and under torchrun in two (gloo on CPU), asserts the same
+    steps and losses (within 1e-5), and returns both summaries."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def check(args: list[str]) -> tuple[dict, dict]:
+        env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+        launchers = {"one": [], "two": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]}
+        for name, launcher in launchers.items():
+            done = subprocess.run([sys.executable, *launcher, "-m", "qkv", *args, "--out", str(tmp_path / name)],
+                                  env=env, capture_output=True, text=True, timeout=200)
+            assert done.returncode == 0, done.stderr[-2000:]
+        read = lambda d: [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+        a, b = read("one"), read("two")
+        assert [m["step"] for m in a] == [m["step"] for m in b] and a
+        for x, y in zip(a, b):
+            assert abs(x["train_loss"] - y["train_loss"]) <= 1e-5 and abs(x["val_loss"] - y["val_loss"]) <= 1e-5
+        return tuple(json.loads((tmp_path / d / "summary.json").read_text()) for d in launchers)
+
+    return check

@@ -7,16 +7,20 @@ import torch
 
 from qkv.beam_search import Special, decode
 from qkv.models import ModelConfig, Transformer
+from qkv.pointer import PointerTransformer
 
 V, START, EOS = 6, 0, 1  # a tiny vocabulary: 0 = start/pad, 1 = EOS, 2..5 words
 SPECIAL = Special(start=START, eos=EOS, pad=START, suppress=(START,))
 
 
-def model(seed: int = 0, **kw) -> Transformer:
+ARCHITECTURES = [Transformer, PointerTransformer]  # the plain decoder and the copying one (qkv.pointer)
+
+
+def model(seed: int = 0, arch: type[Transformer] = Transformer, **kw) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=V, d_model=16, num_heads=2, num_layers=2, max_len=16, positional="sinusoidal",
                       norm_first=False, activation="relu", dropout=0.0, **kw)
-    m = Transformer(cfg).eval()
+    m = arch(cfg).eval()
     with torch.no_grad():  # sharper distributions than N(0, 0.02) gives, so that searches differ
         m.lm_head.weight.mul_(40)
     return m
@@ -53,9 +57,10 @@ def strip(row: torch.Tensor) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_wide_beam_finds_the_brute_force_optimum(seed):
-    m, src = model(seed), torch.tensor([[2, 3, 4, 5]])
+def test_a_wide_beam_finds_the_brute_force_optimum(seed, arch):
+    m, src = model(seed, arch), torch.tensor([[2, 3, 4, 5]])
     got = decode(m, src, max_new_tokens=3, special=SPECIAL, num_beams=40, length_penalty=0.0)
     assert strip(got[0]) == brute_force(m, src, 3)
 
@@ -73,17 +78,19 @@ def test_beam_search_can_beat_greedy():
     assert wins >= 1
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_cached_equals_uncached(num_beams):
-    m, src = model(3), torch.randint(2, V, (3, 5))
+def test_cached_equals_uncached(num_beams, arch):
+    m, src = model(3, arch), torch.randint(2, V, (3, 5))
     a = decode(m, src, max_new_tokens=6, special=SPECIAL, num_beams=num_beams, use_cache=True)
     b = decode(m, src, max_new_tokens=6, special=SPECIAL, num_beams=num_beams, use_cache=False)
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_padded_batch_equals_one_source_at_a_time(num_beams):
-    m = model(4)
+def test_padded_batch_equals_one_source_at_a_time(num_beams, arch):
+    m = model(4, arch)
     sources = [[2, 3], [4, 5, 2, 3, 4], [5, 5, 2]]
     S = max(map(len, sources))
     src = torch.tensor([s + [START] * (S - len(s)) for s in sources])  # right padding

@@ -1,9 +1,5 @@
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -162,25 +158,13 @@ def test_bad_budgets_and_batches():
         train(cfg(), corpus=Corpus(train="abc", val="abc", source="t"))
 
 
-def test_ddp_two_processes_match_one_process(tmp_path):
+def test_ddp_two_processes_match_one_process(tmp_path, ddp_matches_one_process):
     """torchrun --nproc_per_node 2 (gloo on CPU) reaches the losses of one process, same global batch."""
     (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
-    args = ["-m", "qkv", "train", "--preset", "tiny", "--data", str(tmp_path / "data.txt"), "--max-steps", "3",
-            "--eval-interval", "1", "--batch-size", "4", "--context", "32", "--quiet", "--sample-tokens", "0",
-            "--device", "cpu"]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=200)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=200)
-    assert two.returncode == 0, two.stderr[-2000:]
-    read = lambda d: [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    a, b = read("one"), read("two")
-    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
-    for x, y in zip(a, b):
-        assert abs(x["train_loss"] - y["train_loss"]) <= 1e-5 and abs(x["val_loss"] - y["val_loss"]) <= 1e-5
-    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+    _, two = ddp_matches_one_process(["train", "--preset", "tiny", "--data", str(tmp_path / "data.txt"),
+                                      "--max-steps", "3", "--eval-interval", "1", "--batch-size", "4", "--context",
+                                      "32", "--quiet", "--sample-tokens", "0", "--device", "cpu"])
+    assert two["world_size"] == 2 and two["steps"] == 3
 
 
 def test_bf16_autocast_trains_and_device_is_checked():

@@ -58,7 +58,8 @@ def test_the_loss_is_label_smoothed_cross_entropy(pairs_file):
     recipe = Recipe(cfg(pairs_file, label_smoothing=0.3), Dist())
     recipe.setup()
     (micro,) = recipe.task.draw(torch.Generator().manual_seed(0), recipe.cfg, recipe.dist)
-    src, src_mask, tgt_in, targets = micro
+    src, src_mask, tgt_in, targets, weight = micro
+    assert weight == 1.0  # one process, one micro-batch
     assert (targets == -100).any() and (src_mask == 0).any()  # a padded batch
     logits = recipe.model(src, tgt_in, src_mask=src_mask).logits
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
@@ -95,3 +96,37 @@ def test_the_shared_vocabulary_learns_both_languages(pairs_file):
     tok = shared_vocabulary(pairs, 300, max_chars=sum(len(s) + len(t) for s, t in pairs) // 2)
     assert len(tok.encode("打开文件")) < len("打开文件".encode()) / 2  # merges of Chinese bytes were learned
     assert len(tok.encode("open file")) < len("open file")
+
+
+def test_the_copy_mechanism_is_the_default_and_can_be_switched_off(pairs_file, tmp_path):
+    from qkv.pointer import PointerTransformer
+
+    train(cfg(pairs_file, out=str(tmp_path / "on"), max_steps=1))
+    train(cfg(pairs_file, out=str(tmp_path / "off"), max_steps=1, copy=False))
+    assert type(ckpt.load_run(tmp_path / "on").model) is PointerTransformer
+    assert type(ckpt.load_run(tmp_path / "off").model) is Transformer
+    with pytest.raises(ValueError, match="copy"):
+        TrainConfig(task="lm", copy=True, max_steps=1)
+    with pytest.raises(ValueError, match="copy"):  # a run keeps its architecture
+        TrainConfig.for_resume(tmp_path / "off", copy=True)
+
+
+def test_a_run_saved_before_the_copy_mechanism_resumes_without_it(pairs_file, tmp_path):
+    import json
+
+    train(cfg(pairs_file, out=str(tmp_path / "old"), copy=False), stop_at=2)
+    path = tmp_path / "old" / "train_config.json"
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in saved.items() if k != "copy"}))
+    assert TrainConfig.for_resume(tmp_path / "old").copy is False
+    assert type(train(TrainConfig.for_resume(tmp_path / "old", progress=False)).model) is Transformer
+
+
+def test_ddp_two_processes_match_one_process(pairs_file, ddp_matches_one_process):
+    """torchrun --nproc_per_node 2 (gloo on CPU) trains the pointer-generator to the losses of one process:
+    each micro-batch's loss is weighted by its share of the step's target tokens."""
+    one, two = ddp_matches_one_process(
+        ["train", "--task", "translate", "--pairs", str(pairs_file), "--max-steps", "3", "--eval-interval", "1",
+         "--batch-size", "8", "--vocab-size", "300", "--d-model", "32", "--layers", "2", "--heads", "2", "--model",
+         "d_ff=64", "--model", "max_len=32", "--num-beams", "2", "--quiet", "--device", "cpu"])
+    assert two["world_size"] == 2 and two["architecture"] == one["architecture"] == "PointerTransformer"

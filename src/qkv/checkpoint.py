@@ -34,8 +34,10 @@ from torch import nn
 
 from .fileio import atomic_json, atomic_via, atomic_write  # noqa: F401  (atomic_write: re-exported)
 from .models import GPT, Encoder, ModelConfig, Transformer
+from .pointer import PointerTransformer
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {"GPT": GPT, "Encoder": Encoder, "Transformer": Transformer}
+ARCHITECTURES: dict[str, type[nn.Module]] = {"GPT": GPT, "Encoder": Encoder, "Transformer": Transformer,
+                                             "PointerTransformer": PointerTransformer}
 
 
 class RunLocked(ValueError):

@@ -38,16 +38,17 @@ from .tasks import make_task
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
-RESUME_FIXED = ("task", "target_lang", "label_smoothing", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
+RESUME_FIXED = ("task", "target_lang", "label_smoothing", "copy", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
                 "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
 # The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
 # lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
 # in 3 minutes 2048 tokens beat 1024 (README "Train and sample"). Every other preset: characters.
 PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
-# What each task trains by default (fields left None in a TrainConfig).
+# What each task trains by default (fields left None in a TrainConfig). translate copies (qkv.pointer):
+# side by side over 500 steps of 64 pairs, validation loss 5.07 nats where the plain decoder reached 6.20.
 TASK_DEFAULTS = {
-    "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50},
-    "translate": {"preset": "translate", "batch_size": 64, "lr": 5e-3, "warmup_steps": 40},
+    "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50, "copy": False},
+    "translate": {"preset": "translate", "batch_size": 64, "lr": 5e-3, "warmup_steps": 40, "copy": True},
 }
 
 
@@ -94,6 +95,7 @@ class TrainConfig:
     # translation only (task="translate"); ``data`` is then a pairs file or a directory of .po/.mo catalogs
     target_lang: str = "zh_CN"
     label_smoothing: float = 0.1  # the paper's ε (§5.4)
+    copy: bool | None = None  # the pointer-generator's copy mechanism (qkv.pointer); None: the task's default
     num_beams: int = 4  # beam search for the final BLEU / chrF (the paper: 4, α = 0.6)
     length_penalty: float = 0.6
     progress: bool = True  # tqdm progress bar (rank 0)
@@ -111,6 +113,8 @@ class TrainConfig:
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
         self.check_base()
+        if self.copy and self.task != "translate":
+            raise ValueError(f"copy (the pointer-generator) is for --task translate, not {self.task!r}")
         if self.task == "translate" and self.tokenizer not in (None, "bpe"):
             raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
                              "is for language modelling")
@@ -179,7 +183,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig keys: {unknown}")
-        return cls(**d)
+        return cls(**({"copy": False} | d))  # runs saved before the copy mechanism had none
 
     @classmethod
     def for_resume(cls, out: str | os.PathLike, **overrides) -> "TrainConfig":

@@ -61,6 +61,8 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--copy", action=argparse.BooleanOptionalAction, default=None,
+                   help="translate: the pointer-generator's copy mechanism (default: on)")
     p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
@@ -88,7 +90,7 @@ def train_config(args: argparse.Namespace):
             raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
         if value is not None:
             given[field] = value
-    given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile)) if v is not None}
+    given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile), ("copy", args.copy)) if v is not None}
     overrides = model_overrides(args)
     if args.resume:
         if not args.out:

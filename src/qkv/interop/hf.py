@@ -564,6 +564,9 @@ def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"to_hf converts a qkv.GPT (to GPT-2 or LLaMA) or a qkv.Transformer (to Marian), "
                         f"got {type(model).__name__}")
+    if getattr(model, "copies_source", False):
+        raise TypeError(f"{type(model).__name__}'s copy mechanism has no Hugging Face counterpart; "
+                        "to_hf converts a plain qkv.Transformer (train with --no-copy)")
     import transformers
 
     c = model.config

@@ -23,6 +23,7 @@ from ..beam_search import Special, decode
 from ..catalogs import load_pairs
 from ..data import SPECIAL_TOKENS, BPETokenizer
 from ..models import PRESETS, ModelConfig, Transformer
+from ..pointer import PointerTransformer
 from .base import Task
 
 EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
@@ -101,6 +102,7 @@ class TranslationTask(Task):
         self.tokenizer = self.ready_tokenizer(cfg, run, dist, lambda: shared_vocabulary(self.corpus.train,
                                                                                        cfg.vocab_size))
         self.special = special_tokens(self.tokenizer)
+        self.model_class = PointerTransformer if cfg.copy else Transformer
         self.train_pairs = self.encode(self.corpus.train)
         self.val_pairs = self.encode(self.corpus.val)
 
@@ -143,12 +145,19 @@ class TranslationTask(Task):
         n = len(self.train_pairs)
         start = int(torch.randint(n - cfg.batch_size + 1, (1,), generator=generator))  # neighbours in length
         idx = torch.arange(start, start + cfg.batch_size)[torch.randperm(cfg.batch_size, generator=generator)]
-        mine = idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B): this rank's slices
-        return [self.batch([self.train_pairs[i] for i in row.tolist()]) for row in mine]
+        slices = idx.view(cfg.grad_accum, dist.world, self.micro)  # (accum, world, B)
+        tokens = torch.tensor([len(t) - 1 for _, t in self.train_pairs[start:start + cfg.batch_size]])
+        counts = tokens[slices - start].sum(-1)  # (accum, world): target tokens of each micro-batch
+        weights = (counts * counts.numel() / counts.sum())[:, dist.rank]  # (accum,): see ``loss``
+        return [self.batch([self.train_pairs[i] for i in row.tolist()]) + (float(w),)
+                for row, w in zip(slices[:, dist.rank], weights)]
 
     def loss(self, model: nn.Module, micro) -> Tensor:
-        src, src_mask, tgt_in, targets = micro
-        return model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.label_smoothing).loss
+        """The micro-batch's mean token loss × its weight: the recipe's mean over micro-batches and
+        processes is then the mean over every target token of the step, as in one process."""
+        src, src_mask, tgt_in, targets, weight = micro
+        out = model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.label_smoothing)
+        return out.loss * weight
 
     # --- validation --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -197,7 +206,8 @@ class TranslationTask(Task):
         return {"corpus": c.source, "target_lang": c.target_lang, "catalogs": c.catalogs,
                 "skipped_catalogs": c.skipped_catalogs, "train_pairs": len(c.train), "val_pairs": len(c.val),
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size,
-                "num_beams": self.cfg.num_beams, "length_penalty": self.cfg.length_penalty}
+                "num_beams": self.cfg.num_beams, "length_penalty": self.cfg.length_penalty,
+                "architecture": self.model_class.__name__}
 
     def info(self, s: dict) -> dict[str, str]:
         return {"scores": f"BLEU {s['bleu']:.1f}, chrF {s['chrf']:.1f} (beam {s['num_beams']}); greedy chrF "
