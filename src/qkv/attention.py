@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .masks import causal_mask
+from .masks import PreparedMask, causal_mask
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
@@ -30,19 +30,24 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"q and k must share their last dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if k.size(-2) != v.size(-2):
         raise ValueError(f"k and v must have the same length, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if not (q.dim() == k.dim() == v.dim() and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if not (q.dim() == k.dim() == v.dim() and k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             f"q, k, v must share their leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
+    if enable_gqa and q.dim() >= 3 and q.shape[:-3] == k.shape[:-3] and q.size(-3) % k.size(-3) == 0:
+        return  # (..., H, L, D) queries over (..., G, S, D) keys, G dividing H
+    if q.shape[:-2] != k.shape[:-2]:
+        grouped = " (with enable_gqa, k's heads must divide q's)" if enable_gqa else ""
+        raise ValueError(f"q, k, v must share their leading dims{grouped}, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
 def _check_broadcast(name: str, t: Tensor, target: tuple[int, ...]) -> None:
-    try:
-        torch.broadcast_shapes(t.shape, target)
-    except RuntimeError:
-        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the scores' shape {target}") from None
-    if len(t.shape) > len(target):
+    # By hand: torch.broadcast_shapes runs Python reference code, a cost paid per layer per token.
+    if t.dim() > len(target):
         raise ValueError(f"{name} has {t.dim()} dims but the scores have {len(target)}: {tuple(t.shape)} vs {target}")
+    if any(a != 1 and a != b for a, b in zip(reversed(t.shape), reversed(target))):
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the scores' shape {target}")
 
 
 def _allowed(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor | None:
@@ -54,10 +59,30 @@ def _allowed(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tens
     return allowed
 
 
+SDPA_GQA = torch.__version__ >= "2.5"  # F.scaled_dot_product_attention(..., enable_gqa=) exists
+
+
+def repeat_kv(q: Tensor, t: Tensor) -> Tensor:
+    """Keys or values (..., G, S, D) -> (..., H, S, D): each of G heads serves H / G query heads (q: (..., H, L, D))."""
+    if q.dim() < 3 or t.dim() < 3 or q.size(-3) == t.size(-3):
+        return t
+    return t.repeat_interleave(q.size(-3) // t.size(-3), dim=-3)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention`` with grouped heads: native ``enable_gqa`` (torch ≥ 2.5) or repeated K/V."""
+    if q.dim() < 3 or k.size(-3) == q.size(-3):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    return F.scaled_dot_product_attention(q, repeat_kv(q, k), repeat_kv(q, v), **kwargs)
+
+
 def reference_attention(
     q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float, dropout_p: float
 ) -> tuple[Tensor, Tensor]:
     """The spec's formula line by line: softmax(Q Kᵀ · scale + bias, masked) V. Returns (out, weights)."""
+    k, v = repeat_kv(q, k), repeat_kv(q, v)  # grouped heads: (..., G, S, D) -> (..., H, S, D)
     scores = q @ k.transpose(-2, -1) * scale  # (..., L, S)
     if bias is not None:
         scores = scores + bias
@@ -77,14 +102,14 @@ def fused_attention(
 ) -> Tensor:
     """The same answer through ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels)."""
     if allowed is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+        return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     # Kernels disagree on rows with no allowed key (NaN or garbage): open such rows to every
     # key, then zero their output. The multiplication keeps their gradient exactly zero.
     row_ok = allowed.any(dim=-1, keepdim=True)  # (..., L, 1)
     attn_mask = allowed | ~row_ok
     if bias is not None:
         attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out * row_ok
 
 
@@ -99,6 +124,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     return_weights: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(Q Kᵀ · scale + bias, masked) · V, with scale = 1/√d_k by default.
 
@@ -110,11 +136,21 @@ def scaled_dot_product_attention(
         scale: score multiplier; 1/√D when None.
         dropout_p: dropout on the weights (pass 0.0 at evaluation).
         return_weights: also return the (..., L, S) weights; this takes the reference path.
+        enable_gqa: k and v may have G heads where q has H (G divides H; grouped-query attention),
+            (..., H, L, D) over (..., G, S, D), without copying K and V per query head.
     Returns:
         out (..., L, Dv) [, weights (..., L, S)]. A query with no allowed key gets zeros.
     """
-    _check_qkv(q, k, v)
-    scores_shape = (*q.shape[:-1], k.size(-2))
+    _check_qkv(q, k, v, enable_gqa)
+    check_mask(mask, bias, (*q.shape[:-1], k.size(-2)))
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                  return_weights=return_weights)
+
+
+def check_mask(mask: Tensor | None, bias: Tensor | None, scores_shape: tuple[int, ...]) -> None:
+    """mask must be bool and bias floating point, each broadcastable to the scores' shape (..., L, S)."""
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
             got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
@@ -125,16 +161,37 @@ def scaled_dot_product_attention(
             got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
             raise TypeError(f"bias must be a floating-point Tensor, got {got}")
         _check_broadcast("bias", bias, scores_shape)
-        bias = bias.to(q.dtype)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def attend_prepared(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Tensor | None, scale: float,
+                    dropout_p: float) -> Tensor:
+    """The fused path under a mask prepared once for all layers (``qkv.masks.prepare_mask``)."""
+    attn_mask = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)  # autocast: q may be bf16
+    out = sdpa(q, k, v, attn_mask=attn_mask if bias is None else attn_mask + bias, dropout_p=dropout_p, scale=scale)
+    return out if mask.live is None else out * mask.live
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None,
+    is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0, return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``scaled_dot_product_attention`` without its argument checks, for callers that built q, k, v
+    themselves (``MultiHeadAttention``: checks cost more than the work when decoding one token).
+    ``mask`` may also be a ``PreparedMask`` (not combined with ``is_causal``)."""
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    bias = None if bias is None else bias.to(q.dtype)
+    if isinstance(mask, PreparedMask):
+        if is_causal:
+            raise ValueError("a PreparedMask already holds the causal mask: pass is_causal=False")
+        if not return_weights:
+            return attend_prepared(q, k, v, mask, bias, scale, dropout_p)
+        mask = mask.allowed
     allowed = _allowed(q, k, mask, is_causal)
     if return_weights:
         return reference_attention(q, k, v, allowed, bias, scale, dropout_p)
     if is_causal and mask is None and bias is None and q.size(-2) == k.size(-2):
         # Square causal: top-left == bottom-right, so the kernel's own is_causal (flash) is exact.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
+        return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
     return fused_attention(q, k, v, allowed, bias, scale, dropout_p)
 
 
@@ -241,17 +298,13 @@ class MultiHeadAttention(nn.Module):
 
         ``context_kv``: the context's keys and values from ``project_kv``, instead of ``context``.
         ``mask`` is bool, True = may attend, broadcastable to (B, H, L, S) where S counts
-        cached keys too. ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
+        cached keys too; or a ``qkv.masks.PreparedMask`` (the models prepare one per forward). ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
         values and supplies all keys so far; positions continue from ``kv_cache.pos``.
         With ``input_pos`` (L,), the cache *slots* x's tokens go to, the cache is static: keys
         are the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
         """
         self._check(x, context, context_kv, kv_cache, input_pos)
-        q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
-        if context_kv is None:
-            k, v = self.project_kv(x if context is None else context)  # (B, G, S, D) each
-        else:
-            k, v = context_kv  # (B, G, S, D) each, projected once by project_kv
+        q, k, v = self._project(x, context, context_kv)  # (B, H, L, D), (B, G, S, D), (B, G, S, D)
         # x's positions on the key axis: static slots, or continuing the cache (RoPE is relative)
         positions = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
         if self.rope is not None:
@@ -266,18 +319,21 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(out)
         return (out, weights) if return_weights else out
 
+    def _project(self, x: Tensor, context: Tensor | None, context_kv) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, L, D) from x; keys and values (B, G, S, D) from context, context_kv or x."""
+        q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
+        k, v = self.project_kv(x if context is None else context) if context_kv is None else context_kv
+        return q, k, v
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool,
                 positions: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
         """q (B, H, L, D) over k, v (B, G, S, D) -> out (B, H, L, D), weights (B, H, L, S) or None."""
-        if self.num_kv_heads != self.num_heads:
-            groups = self.num_heads // self.num_kv_heads
-            k = k.repeat_interleave(groups, dim=1)  # (B, G, S, D) -> (B, H, S, D)
-            v = v.repeat_interleave(groups, dim=1)
         bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2), positions=positions)  # (H, L, S)
         dropout_p = self.dropout if self.training else 0.0
-        res = scaled_dot_product_attention(
-            q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p, return_weights=return_weights
-        )
+        if not isinstance(mask, PreparedMask):  # q, k, v are ours; the mask is the caller's
+            check_mask(mask, None, (*q.shape[:-1], k.size(-2)))
+        res = attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p,
+                     return_weights=return_weights)  # G < H: each K/V head serves H / G query heads, uncopied
         return res if return_weights else (res, None)
 
     def _check_context(self, context: Tensor) -> None:

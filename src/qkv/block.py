@@ -65,7 +65,7 @@ class TransformerBlock(nn.Module):
         """One residual sublayer, pre- or post-norm; fn returns out, or (out, weights)."""
         r = fn(norm(x) if self.norm_first else x)
         out, weights = r if isinstance(r, tuple) else (r, None)
-        x = x + self.drop(out)
+        x = x + (self.drop(out) if self.training else out)  # skip the call: decoding pays per module call
         return (x if self.norm_first else norm(x)), weights
 
     def forward(

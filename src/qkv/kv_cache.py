@@ -76,8 +76,10 @@ class KVCache(nn.Module):
         Returns the whole buffers (B, G, M, D): shapes never change, so a compiled step never
         recompiles. The caller tracks positions and masks the slots not yet written.
         """
-        self.k.index_copy_(2, input_pos, k.to(self.k.dtype))  # autocast may hand in a lower precision
-        self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
+        if k.dtype != self.k.dtype:  # autocast may hand in a lower precision
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
         return self.k, self.v
 
     def reorder(self, indices: Tensor) -> None:

@@ -43,7 +43,7 @@ class FeedForward(nn.Module):
             h = self.act(self.up_proj(x))  # (B, T, F)
         else:
             h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)
-        return self.down_proj(self.dropout(h))
+        return self.down_proj(self.dropout(h) if self.training else h)
 
 
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:

@@ -9,6 +9,8 @@ Shapes: B batch, H heads, L query length, S key length.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -59,3 +61,27 @@ def padding_mask(lengths_or_valid: Tensor, max_len: int | None = None) -> Tensor
         raise ValueError(f"max_len={S} is shorter than the longest length {longest}")
     valid = torch.arange(S, device=x.device) < x[:, None]  # (B, S)
     return valid[:, None, None, :]  # (B, 1, 1, S)
+
+
+class PreparedMask(NamedTuple):
+    """A bool mask converted once into the additive form the fused kernels take, for every layer of a forward.
+
+    Per layer, the conversion (and finding rows with no key) costs more than the attention of one
+    decoded token; a model prepares its masks once and hands the same one to each block.
+    """
+
+    allowed: Tensor  # bool (..., L, S), True where a query may attend (the reference path reads this)
+    bias: Tensor  # float (..., L, S): 0 where allowed, -inf elsewhere; a row with no key is left all 0
+    live: Tensor | None  # bool (..., L, 1): False on rows with no key (their output is zeroed); None: none such
+
+
+def prepare_mask(allowed: Tensor, dtype: torch.dtype = torch.float32) -> PreparedMask:
+    """Bool mask (..., L, S), True = may attend -> ``PreparedMask`` with its bias in ``dtype``."""
+    if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool or allowed.dim() < 2:
+        got = f"{allowed.dtype} {tuple(allowed.shape)}" if isinstance(allowed, Tensor) else type(allowed).__name__
+        raise TypeError(f"prepare_mask expects a bool mask (..., L, S), True = may attend, got {got}")
+    live = allowed.any(dim=-1, keepdim=True)  # (..., L, 1)
+    everywhere = not torch.compiler.is_compiling() and bool(live.all())  # compiled: no data-dependent branch
+    opened = allowed if everywhere else allowed | ~live  # kernels disagree on rows with no key: open them
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~opened, float("-inf"))
+    return PreparedMask(allowed, bias, None if everywhere else live)

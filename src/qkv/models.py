@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .block import TransformerBlock
 from .kv_cache import KVCache
 from .layers import ACTIVATIONS, GATED, NORMS, make_norm
-from .masks import padding_mask
+from .masks import causal_mask, padding_mask, prepare_mask
 from .positional import (
     SINUSOIDAL_LAYOUTS, ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
 )
@@ -200,14 +200,14 @@ class Embeddings(nn.Module):
             low, high = (int(v) for v in torch.aminmax(ids))  # one reduction, one sync
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range [{low}, {high}]")
-        x = self.tok(ids) * self.scale  # (B, T, C)
+        x = self.tok(ids) if self.scale == 1.0 else self.tok(ids) * self.scale  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(positions)
         if self.token_type is not None:
             x = x + self.token_type(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.drop(x)
+        return self.drop(x) if self.training else x
 
 
 def _blocks(config: ModelConfig, n: int, *, cross_attention: bool = False) -> nn.ModuleList:
@@ -322,6 +322,11 @@ class Trunk(nn.Module):
         encoder-decoder). ``kv_caches`` / ``input_pos``: per block, as ``TransformerBlock``.
         """
         x = self.embed(ids, positions, token_type_ids)  # (B, T, C)
+        if mask is not None:  # once for every block, not once per block
+            mask = prepare_mask(mask & causal_mask(ids.size(1), mask.size(-1), device=ids.device) if is_causal
+                                else mask, x.dtype)
+            is_causal = False
+        cross_mask = None if cross_mask is None else prepare_mask(cross_mask, x.dtype)
         attentions, cross_attentions = [], []
         for i, block in enumerate(self.blocks):
             x, w_self, w_cross = block(

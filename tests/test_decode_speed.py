@@ -1,0 +1,110 @@
+"""The decode fast paths give the reference path's numbers: grouped heads without copied K/V, masks
+prepared once per forward, and every generation path's greedy tokens."""
+import importlib
+
+import pytest
+import torch
+import torch._dynamo
+
+import qkv
+from qkv.attention import attend, repeat_kv, scaled_dot_product_attention
+from qkv.masks import PreparedMask, causal_mask, prepare_mask
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_enable_gqa_equals_repeated_kv_heads(return_weights):
+    q, k, v = rand(2, 6, 5, 8), rand(2, 2, 7, 8, seed=1), rand(2, 2, 7, 8, seed=2)  # H 6 over G 2
+    mask = rand(2, 1, 5, 7, seed=3) > -0.5
+    got = scaled_dot_product_attention(q, k, v, mask=mask, enable_gqa=True, return_weights=return_weights)
+    want = scaled_dot_product_attention(q, repeat_kv(q, k), repeat_kv(q, v), mask=mask, return_weights=return_weights)
+    for g, w in zip(got if return_weights else [got], want if return_weights else [want]):
+        torch.testing.assert_close(g, w)
+
+
+def test_grouped_heads_need_enable_gqa_and_a_divisor():
+    q, k = rand(1, 6, 3, 4), rand(1, 4, 3, 4)
+    with pytest.raises(ValueError, match="leading dims"):
+        scaled_dot_product_attention(q, rand(1, 2, 3, 4), rand(1, 2, 3, 4))  # G 2 without enable_gqa
+    with pytest.raises(ValueError, match="must divide"):
+        scaled_dot_product_attention(q, k, k, enable_gqa=True)  # 4 does not divide 6
+
+
+def test_gqa_module_does_not_copy_kv_per_head(monkeypatch):
+    """MultiHeadAttention with G < H asks the kernel for grouped heads instead of repeat_interleave."""
+    mha = qkv.MultiHeadAttention(16, 4, num_kv_heads=2).eval()
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: calls.append(a) or None)
+    if not qkv.attention.SDPA_GQA:
+        pytest.skip("torch < 2.5: F.scaled_dot_product_attention has no enable_gqa, K/V are repeated")
+    mha(rand(2, 5, 16))
+    assert calls == []
+
+
+@pytest.mark.parametrize("rows_empty", [False, True])
+def test_prepared_mask_equals_the_bool_mask(rows_empty):
+    q, k, v = rand(2, 3, 5, 8), rand(2, 3, 6, 8, seed=1), rand(2, 3, 6, 8, seed=2)
+    allowed = rand(2, 1, 5, 6, seed=3) > 0
+    allowed[..., 0] = True
+    if rows_empty:
+        allowed[0, 0, 1] = False  # this query keeps no key at all
+    prepared = prepare_mask(allowed)
+    assert isinstance(prepared, PreparedMask) and (prepared.live is None) == (not rows_empty)
+    want = scaled_dot_product_attention(q, k, v, mask=allowed)
+    torch.testing.assert_close(attend(q, k, v, mask=prepared), want)
+    out, weights = attend(q, k, v, mask=prepared, return_weights=True)  # the reference path reads .allowed
+    torch.testing.assert_close(out, want)
+    assert torch.equal(weights.sum(-1) == 0, ~allowed.any(-1).expand(2, 3, 5))  # empty rows: zero weights
+
+
+def test_prepared_mask_keeps_dead_rows_out_of_the_gradient():
+    q = rand(1, 1, 3, 4).requires_grad_()
+    allowed = torch.tensor([[True, False], [False, False], [True, True]])
+    attend(q, rand(1, 1, 2, 4, seed=1), rand(1, 1, 2, 4, seed=2), mask=prepare_mask(allowed)).sum().backward()
+    assert torch.all(q.grad[0, 0, 1] == 0) and torch.isfinite(q.grad).all()
+
+
+def test_prepared_mask_bad_input():
+    with pytest.raises(TypeError, match="bool mask"):
+        prepare_mask(torch.ones(2, 2))
+    with pytest.raises(ValueError, match="is_causal=False"):
+        attend(rand(1, 2, 4), rand(1, 2, 4), rand(1, 2, 4), mask=prepare_mask(causal_mask(2)), is_causal=True)
+
+
+def test_model_prepares_masks_once_per_forward(monkeypatch):
+    calls = []
+    real = qkv.models.prepare_mask
+    monkeypatch.setattr(qkv.models, "prepare_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_layers=3)).eval()
+    model(torch.randint(0, 64, (2, 5)), mask=torch.ones(2, 5, dtype=torch.bool))
+    assert len(calls) == 1  # not one per layer
+
+
+@pytest.mark.parametrize("preset", [dict(), dict(num_kv_heads=2, positional="rope", norm="rmsnorm", bias=False,
+                                                  activation="swiglu")])
+def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
+    """Greedy tokens: full forward per token (no cache) = static cache = compiled step (graph capture)."""
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")  # dynamo's capture, without code generation
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", **preset)).eval()
+    ids = torch.randint(0, 64, (3, 6))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, :2] = False  # a left-padded row
+    reference = model.generate(ids, 10, temperature=0, use_cache=False, mask=mask)
+    assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask), reference)
+    assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask, compile=True), reference)
+
+
+def test_inductor_compiled_step_gives_the_reference_tokens():
+    """The real backend (inductor with its C++ wrapper), once, on a tiny model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 64, (1, 4))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = model.generate(ids, 6, temperature=0, compile=True)
+    assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
