@@ -2,10 +2,10 @@
 
 attention  (a) MHA forward and forward+backward vs nn.MultiheadAttention and a naive module
 memory     (b) peak memory of one attention forward, fused vs reference path
-generation (c) greedy tokens/s with / without the KV cache vs Hugging Face generate
+generation (c) greedy tokens/s, eager and compiled, vs Hugging Face generate and the memory roofline
 training   (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
 complexity (e) time and memory against n, fitted exponents: reference, fused, flash, linear attention
-marian     (f) beam-search translation (32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
+marian     (f) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
 """
 from __future__ import annotations
 

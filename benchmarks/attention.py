@@ -1,6 +1,6 @@
 """Multi-head attention: qkv vs torch.nn.MultiheadAttention vs a spec-style naive module.
 
-    python -m benchmarks.attention [--quick]
+    python -m benchmarks.attention [--quick] [--breakdown]
 
 Same weights, same input, calls interleaved, medians; forward and forward+backward; achieved
 GFLOP/s as a fraction of this machine's fp32 matmul peak measured in the same run.
@@ -11,9 +11,11 @@ import argparse
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import qkv
+import qkv.flash
 from qkv.interop.torch_nn import mha_to_torch
 
 from .common import machine_info, matmul_peak_gflops, table, time_interleaved
@@ -78,6 +80,37 @@ def run(B: int, n: int, d: int, h: int, repeats: int, peak: float) -> list[list]
     return rows
 
 
+def breakdown(B: int, n: int, d: int, h: int, repeats: int, peak: float) -> list[list]:
+    """Where qkv's forward goes (non-causal, fp32): its four projections, PyTorch's fused attention kernel,
+    and inside that kernel's work, QKᵀ as one batched matmul (inner dimension d/h, scores written to memory)
+    and the exponentials of the n²·h scores, computed tile by tile in cache as the kernel does;
+    beside it a hand-tiled attention (``qkv.flash``, tiles of 256) and the math path (scores materialised)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mha, x = qkv.MultiHeadAttention(d, h).to(device), torch.randn(B, n, d, device=device)
+    heads = lambda t: t.view(B, n, h, d // h).transpose(1, 2).contiguous()  # noqa: E731
+    with torch.inference_mode():
+        q, k, v = (heads(p(x)) for p in (mha.q_proj, mha.k_proj, mha.v_proj))  # (B, h, n, d/h)
+        tile = torch.randn(256, 256, device=device)  # 256 KB: stays in cache, as the kernel's tiles do
+        tiles = B * h * n * n // tile.numel()  # exp of every score once, one tile at a time
+        torch.testing.assert_close(qkv.flash.flash_attention(q, k, v, block_size=256),
+                                   F.scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4)
+        parts = {
+            "projections (4 Linear)": (lambda: [p(x) for p in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)],
+                                       8 * B * n * d * d),
+            "fused attention kernel": (lambda: F.scaled_dot_product_attention(q, k, v), 4 * B * n * n * d),
+            "  QKᵀ alone (bmm)": (lambda: torch.matmul(q, k.transpose(-2, -1)), 2 * B * n * n * d),
+            "  exp of the n² scores, in cache": (lambda: [torch.exp(tile) for _ in range(tiles)], None),
+            "hand-tiled (qkv.flash, 256)": (lambda: qkv.flash.flash_attention(q, k, v, block_size=256),
+                                            4 * B * n * n * d),
+            "math path (softmax(QKᵀ)V)": (lambda: torch.softmax(q @ k.transpose(-2, -1) * (d // h) ** -0.5, -1) @ v,
+                                          4 * B * n * n * d),
+        }
+        t = time_interleaved({name: fn for name, (fn, _) in parts.items()}, repeats=repeats)
+    shape = f"({B}, {n}, {d}, {h})"
+    return [[shape, name, f"{t[name] * 1e3:.1f}", f"{flops / t[name] / 1e9:.0f}" if flops else "-",
+             f"{flops / t[name] / 1e9 / peak:.2f}" if flops else "-"] for name, (_, flops) in parts.items()]
+
+
 HEADER = ["(B, n, d, h)", "pass", "qkv ms", "nn.MHA ms", "naive ms", "nn.MHA / qkv", "naive / qkv",
           "qkv GFLOP/s", "of matmul peak"]
 
@@ -85,6 +118,7 @@ HEADER = ["(B, n, d, h)", "pass", "qkv ms", "nn.MHA ms", "naive ms", "nn.MHA / q
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two shapes, fewer repeats")
+    p.add_argument("--breakdown", action="store_true", help="also time the parts of the forward at n >= 1024")
     args = p.parse_args(argv)
     print(machine_info())
     peak = matmul_peak_gflops()
@@ -95,6 +129,11 @@ def main(argv=None) -> str:
     out = table(rows, HEADER)
     print(out)
     print("ratios > 1: qkv is faster; medians of interleaved calls, fp32")
+    if args.breakdown:
+        parts = [row for shape in (QUICK_SHAPES if args.quick else SHAPES)[1:]
+                 for row in breakdown(*shape, repeats=3 if args.quick else 7, peak=peak)]
+        out += "\n\n" + table(parts, ["(B, n, d, h)", "forward part", "ms", "GFLOP/s", "of matmul peak"])
+        print(table(parts, ["(B, n, d, h)", "forward part", "ms", "GFLOP/s", "of matmul peak"]))
     return out
 
 

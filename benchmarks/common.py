@@ -52,3 +52,25 @@ def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5) -> float:
         t = time_interleaved({"mm": lambda: torch.mm(a, b)}, repeats=repeats)["mm"]
         best = max(best, 2 * n**3 / t / 1e9)
     return best
+
+
+def matvec_bandwidth(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> float:
+    """Memory bandwidth in GB/s: the best of ``repeats`` matrix-vector products over a ``megabytes`` matrix.
+
+    At batch 1 a decoder's step is such products; the matrix is large so that it streams from
+    memory (a smaller one partly stays in cache and looks faster). Best, not median, as STREAM
+    reports: on a shared machine the other jobs only ever slow a run down.
+    """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cols = 4096
+    rows = megabytes * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size())
+    w, x = torch.randn(rows, cols, device=device).to(dtype), torch.randn(cols, device=device).to(dtype)
+    torch.mv(w, x)
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        torch.mv(w, x)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return w.numel() * w.element_size() / best / 1e9

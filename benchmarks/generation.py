@@ -1,76 +1,156 @@
-"""Greedy generation tokens/s: qkv GPT with its static KV cache, without a cache, and Hugging Face
-``GPT2LMHeadModel.generate`` on the identical weights (``qkv.interop.to_hf``); tokens must agree.
+"""Greedy decoding against the memory roofline: qkv eager and compiled vs Hugging Face ``generate``.
 
-    python -m benchmarks.generation [--quick] [--compile]
+    python -m benchmarks.generation [--quick] [--no-compile] [--compile-cost]
 
-Prompt 16 tokens, 256 new (64 with --quick), batch 1 and 8; one timed run after a warm-up.
+Model: GPT-2's shape at CPU size (6 layers, d_model 512, 8 heads, vocabulary 8192, 23.6 M parameters,
+fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). Prompt 16 tokens, 128 new
+(32 with --quick), batch 1, 8 and 32; contenders interleaved, median tokens/s; every contender's tokens
+equal qkv eager's (asserted).
+
+Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
+The bandwidth is measured in the same run: the best of 15 matrix-vector products over a 128 MB matrix. "weights
+only" runs the model's own matrix-vector products back to back and nothing else: the best a decoder
+that calls one kernel per weight matrix can do here.
+
+--compile-cost times ``generate(compile=True)``'s first call in two fresh processes sharing an empty
+inductor cache directory: the first compiles, the second reads inductor's on-disk cache.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
+import torch.nn.functional as F
 
 import qkv
 from qkv.interop import to_hf
 
-from .common import machine_info, sync, table
+from .common import machine_info, matvec_bandwidth, table, time_interleaved
 
-# A GPT-2-shaped model small enough for CPU (GPT-2's vocabulary and positions, 4 layers of width 256).
-CONFIG = qkv.ModelConfig.preset("gpt2", d_model=256, num_heads=4, num_layers=4)
-
-
-def timed(fn):
-    fn()  # warm-up (and, with --compile, the one compilation)
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t0
+CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
+PROMPT = 16
 
 
-def run(model, hf, batch: int, new: int, *, uncached: bool, compile: bool) -> list:
-    device = model.lm_head.weight.device
-    ids = torch.randint(0, CONFIG.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(batch)).to(device)
-    calls = {"qkv cached": lambda: model.generate(ids, new, temperature=0)}
+def build(seed: int = 0):
+    """qkv GPT and HF GPT2LMHeadModel with the same random weights, in eval mode."""
+    torch.manual_seed(seed)
+    model = qkv.GPT(CONFIG).eval()
+    return model, to_hf(model).eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes one decoding step must read: every Linear's weight and bias (the tied LM head once)."""
+    seen, total = set(), 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            for p in (module.weight, module.bias):
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel() * p.element_size()
+    return total
+
+
+def weights_only(model, repeats: int) -> float:
+    """Seconds per token of the model's matrix-vector products alone, in the model's order."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, m.in_features) for m in linears]
+
+    def step():
+        for m, x in zip(linears, inputs):
+            F.linear(x, m.weight, m.bias)
+
+    with torch.inference_mode():
+        return time_interleaved({"w": step}, repeats=repeats * 20)["w"]
+
+
+def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
+    calls = {"qkv eager": lambda: model.generate(ids, new, temperature=0)}
     if compile:
         calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0, compile=True)
-    if uncached:
-        calls["qkv no cache"] = lambda: model.generate(ids, new, temperature=0, use_cache=False)
     calls["HF generate"] = lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                                min_new_tokens=new, do_sample=False, pad_token_id=0)
-    results = {name: timed(fn) for name, fn in calls.items()}
-    reference = results["qkv cached"][0]
-    for name, (tokens, _) in results.items():
-        assert torch.equal(tokens, reference), f"{name} generated different tokens from qkv cached"
-    tps = {name: batch * new / t for name, (_, t) in results.items()}
-    row = [batch, new] + [f"{tps[n]:.0f}" if n in tps else "-" for n in ("qkv cached", "qkv compiled", "qkv no cache",
-                                                                            "HF generate")]
-    row += [f"{tps['qkv cached'] / tps['HF generate']:.2f}x",
-            f"{tps['qkv cached'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
-    return row
+    return calls
+
+
+def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int) -> dict[str, float]:
+    """Tokens/s of each contender at this batch size; asserts they all produce qkv eager's tokens."""
+    ids = torch.randint(0, CONFIG.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
+    calls = contenders(model, hf, ids, new, compile)
+    with torch.inference_mode():
+        reference = calls["qkv eager"]()
+        for name, fn in calls.items():
+            assert torch.equal(fn(), reference), f"{name} generated different tokens from qkv eager"
+        seconds = time_interleaved(calls, repeats=repeats, warmup=0)
+    return {name: batch * new / s for name, s in seconds.items()}
+
+
+def compile_cost() -> tuple[float, float]:
+    """First-call seconds of generate(compile=True) in a fresh process, then in a second one (warm disk cache)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        cmd = [sys.executable, "-m", "benchmarks.generation", "--compile-child"]
+        return tuple(float(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+                           .stdout.split()[-1]) for _ in range(2))
+
+
+def compile_child() -> None:
+    model, _ = build()
+    ids = torch.randint(0, CONFIG.vocab_size, (1, PROMPT))
+    t0 = time.perf_counter()
+    model.generate(ids, 8, temperature=0, compile=True)
+    print(f"{time.perf_counter() - t0:.2f}")
+
+
+def roofline_rows(results: dict, roofline: float) -> list[list]:
+    rows = []
+    for batch, tps in results.items():
+        hf = tps["HF generate"]
+        row = [batch] + [f"{tps[n]:.0f}" if n in tps else "-" for n in ("qkv eager", "qkv compiled", "HF generate")]
+        row += [f"{tps['qkv eager'] / hf:.2f}x", f"{tps['qkv compiled'] / hf:.2f}x" if "qkv compiled" in tps else "-"]
+        row += [f"{tps['qkv eager'] / roofline:.2f} / {tps['qkv compiled'] / roofline:.2f}"
+                if batch == 1 and "qkv compiled" in tps else f"{tps['qkv eager'] / roofline:.2f}" if batch == 1 else "-"]
+        rows.append(row)
+    return rows
+
+
+HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "HF tok/s", "eager / HF", "compiled / HF",
+          "of roofline (eager / compiled)"]
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="64 new tokens; no uncached run at batch 8")
-    p.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
+    p.add_argument("--quick", action="store_true", help="32 new tokens, batches 1 and 8, fewer repeats")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd decode step")
+    p.add_argument("--compile-cost", action="store_true", help="time the first compiled call in two fresh processes")
+    p.add_argument("--batches", type=int, nargs="+", help="batch sizes (default: 1 8 32; --quick: 1 8)")
+    p.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.compile_child:
+        return compile_child()
     print(machine_info())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    model = qkv.GPT(CONFIG).to(device).eval()
-    hf = to_hf(model)
-    print(f"model: GPT-2 shape, d_model={CONFIG.d_model}, layers={CONFIG.num_layers}, vocab={CONFIG.vocab_size}, "
-          f"{model.num_parameters() / 1e6:.1f} M parameters; HF attention: {hf.config._attn_implementation}")
-    new = 64 if args.quick else 256
-    rows = [run(model, hf, 1, new, uncached=True, compile=args.compile),
-            run(model, hf, 8, new, uncached=not args.quick, compile=args.compile)]
-    out = table(rows, ["batch", "new tokens", "qkv cached tok/s", "qkv compiled tok/s", "qkv no cache tok/s",
-                       "HF tok/s", "cached / HF", "cached / no cache"])
+    model, hf = build()
+    bandwidth, nbytes = matvec_bandwidth(128), weight_bytes(model)
+    roofline, floor = bandwidth * 1e9 / nbytes, 1 / weights_only(model, repeats=3 if args.quick else 7)
+    print(f"model: 6 layers, d_model 512, vocabulary 8192, {model.num_parameters() / 1e6:.1f} M parameters, "
+          f"{nbytes / 1e6:.1f} MB of weights per token; HF attention: {hf.config._attn_implementation}")
+    print(f"bandwidth (best matrix-vector product over 128 MB): {bandwidth:.1f} GB/s -> roofline {roofline:.0f} tok/s; "
+          f"weights only: {floor:.0f} tok/s ({floor / roofline:.2f} of the roofline)")
+    new, batches = (32, (1, 8)) if args.quick else (128, (1, 8, 32))
+    batches = args.batches or batches
+    results = {b: run_batch(model, hf, b, new, compile=not args.no_compile, repeats=3 if args.quick else 5)
+               for b in batches}
+    out = table(roofline_rows(results, roofline), HEADER)
     print(out)
-    print("all columns produced identical tokens (asserted)")
+    print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
+    if args.compile_cost:
+        first, second = compile_cost()
+        print(f"compile cost: first call {first:.1f} s in a fresh process, {second:.1f} s in a second one "
+              "(inductor's on-disk cache)")
     return out
 
 

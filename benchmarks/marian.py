@@ -6,7 +6,7 @@ static KV cache) vs Hugging Face ``MarianMTModel.generate`` on the same weights;
 A random MarianMTModel of opus-mt-en-zh's shape (d_model 512, 6 + 6 layers, 8 heads, FFN 2048, 65 001
 tokens; --quick: d_model 256, 3 + 3 layers, 16 001 tokens) with opus-mt's generation config
 (beam 4, length penalty 1.0, pad suppressed and renormalised, forced EOS), loaded into qkv with
-``from_hf``. A batch of 32 right-padded sources of 6-30 tokens; at most 48 new tokens (24 with
+``from_hf``. Batches of 8 and 32 right-padded sources of 6-30 tokens; at most 48 new tokens (24 with
 --quick); random weights never choose EOS, so every hypothesis runs to that length. Best of 3 rounds
 (2 with --quick), qkv and HF interleaved, after a warm-up; wall and CPU seconds. On a CPU both spend
 most of their time in the same matrix products (the 65 001-way output projection above all); on a
@@ -73,9 +73,26 @@ def timed(calls: dict, repeats: int) -> dict[str, tuple[float, float]]:
     return best
 
 
+def run_batch(model, hf, special, shape: dict, batch: int, new: int, repeats: int, profile_ops: bool) -> list:
+    """One row: qkv and HF beam search over the same ``batch`` sources; asserts identical tokens."""
+    device = next(model.parameters()).device
+    src, mask = (t.to(device) for t in sources(shape["vocab_size"], batch=batch))
+    calls = {"qkv": lambda: model.generate(src, src_mask=mask, max_new_tokens=new, num_beams=4, special=special),
+             "HF": lambda: hf.generate(input_ids=src, attention_mask=mask.long(), max_new_tokens=new, num_beams=4)}
+    with torch.inference_mode():
+        ours, theirs = calls["qkv"](), calls["HF"]()  # the tokens, and a warm-up
+        assert ours.tolist() == theirs.tolist(), "qkv and HF generated different tokens"
+        (t_ours, cpu_ours), (t_hf, cpu_hf) = timed(calls, repeats).values()
+        if profile_ops:
+            profile(calls)
+    return [batch, src.size(1), 4, new, f"{t_ours:.2f}", f"{t_hf:.2f}", f"{t_hf / t_ours:.2f}x",
+            f"{cpu_ours:.2f}", f"{cpu_hf:.2f}", f"{cpu_hf / cpu_ours:.2f}x"]
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smaller model, 24 new tokens, two timed rounds")
+    p.add_argument("--batches", type=int, nargs="+", default=[8, 32], help="numbers of sentences (default: 8 32)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators for both")
     args = p.parse_args(argv)
     print(machine_info())
@@ -84,20 +101,9 @@ def main(argv=None) -> str:
     hf = random_marian(shape).to(device)
     model = from_hf(hf).to(device)
     special = marian_special({**hf.config.to_dict(), **hf.generation_config.to_dict()})
-    src, mask = (t.to(device) for t in sources(shape["vocab_size"]))
-    calls = {"qkv": lambda: model.generate(src, src_mask=mask, max_new_tokens=new, num_beams=4, special=special),
-             "HF": lambda: hf.generate(input_ids=src, attention_mask=mask.long(), max_new_tokens=new, num_beams=4)}
-    with torch.inference_mode():
-        ours, theirs = calls["qkv"](), calls["HF"]()  # the tokens, and a warm-up
-        assert ours.tolist() == theirs.tolist(), "qkv and HF generated different tokens"
-        (t_ours, cpu_ours), (t_hf, cpu_hf) = timed(calls, repeats).values()
-        if args.profile:
-            profile(calls)
-    lengths = ((ours != special.pad).sum(1)).float()  # tokens after the start, EOS included
     print(f"model: {shape}, {model.num_parameters() / 1e6:.0f} M parameters; HF attention: "
-          f"{hf.config._attn_implementation}; output {lengths.mean():.1f} tokens on average (max {new})")
-    rows = [[32, src.size(1), 4, new, f"{t_ours:.2f}", f"{t_hf:.2f}", f"{t_hf / t_ours:.2f}x",
-             f"{cpu_ours:.2f}", f"{cpu_hf:.2f}", f"{cpu_hf / cpu_ours:.2f}x"]]
+          f"{hf.config._attn_implementation}; random weights never choose EOS: {new} new tokens per hypothesis")
+    rows = [run_batch(model, hf, special, shape, b, new, repeats, args.profile) for b in args.batches]
     out = table(rows, ["sentences", "source len", "beams", "max new", "qkv s", "HF s", "HF / qkv",
                        "qkv CPU s", "HF CPU s", "HF / qkv CPU"])
     print(out)
