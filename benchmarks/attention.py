@@ -118,7 +118,8 @@ HEADER = ["(B, n, d, h)", "pass", "qkv ms", "nn.MHA ms", "naive ms", "nn.MHA / q
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two shapes, fewer repeats")
-    p.add_argument("--breakdown", action="store_true", help="also time the parts of the forward at n >= 1024")
+    p.add_argument("--breakdown", action="store_true", help="also time the parts of the forward at n >= 1024 "
+                   "(always on without --quick)")
     args = p.parse_args(argv)
     print(machine_info())
     peak = matmul_peak_gflops()
@@ -129,7 +130,7 @@ def main(argv=None) -> str:
     out = table(rows, HEADER)
     print(out)
     print("ratios > 1: qkv is faster; medians of interleaved calls, fp32")
-    if args.breakdown:
+    if args.breakdown or not args.quick:
         parts = [row for shape in (QUICK_SHAPES if args.quick else SHAPES)[1:]
                  for row in breakdown(*shape, repeats=3 if args.quick else 7, peak=peak)]
         out += "\n\n" + table(parts, ["(B, n, d, h)", "forward part", "ms", "GFLOP/s", "of matmul peak"])

@@ -1,11 +1,11 @@
 """Greedy decoding against the memory roofline: qkv eager and compiled vs Hugging Face ``generate``.
 
-    python -m benchmarks.generation [--quick] [--no-compile] [--compile-cost]
+    python -m benchmarks.generation [--quick] [--no-compile] [--compile-cost] [--batches N ...]
 
 Model: GPT-2's shape at CPU size (6 layers, d_model 512, 8 heads, vocabulary 8192, 23.6 M parameters,
 fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). Prompt 16 tokens, 128 new
 (32 with --quick), batch 1, 8 and 32; contenders interleaved, median tokens/s; every contender's tokens
-equal qkv eager's (asserted).
+equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
 The bandwidth is measured in the same run: the best of 15 matrix-vector products over a 128 MB matrix. "weights
@@ -72,6 +72,8 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     calls = {"qkv eager": lambda: model.generate(ids, new, temperature=0)}
     if compile:
         calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0, compile=True)
+    if ids.size(0) == 1:  # what the KV cache buys: a full forward over the whole sequence per token
+        calls["qkv no cache"] = lambda: model.generate(ids, new, temperature=0, use_cache=False)
     calls["HF generate"] = lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                                min_new_tokens=new, do_sample=False, pad_token_id=0)
     return calls
@@ -106,6 +108,24 @@ def compile_child() -> None:
     print(f"{time.perf_counter() - t0:.2f}")
 
 
+def low_precision() -> str:
+    """One 128 MB-in-fp32 weight matrix times a vector: bf16 and int8 (dynamic quantization) against fp32."""
+    import warnings
+
+    lin = torch.nn.Linear(4096, 8192, bias=False)
+    with warnings.catch_warnings():  # torch.ao's eager quantization warns that it is deprecated (torchao replaces it)
+        warnings.simplefilter("ignore")
+        int8 = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)
+    x = torch.randn(1, 4096)
+    w16, x16 = lin.weight.bfloat16(), x.bfloat16()
+    with torch.inference_mode():
+        t = time_interleaved({"fp32": lambda: F.linear(x, lin.weight), "bf16": lambda: F.linear(x16, w16),
+                              "int8": lambda: int8(x)}, repeats=15)
+    return (f"low precision, one 8192 x 4096 weight matrix times a vector: bf16 {t['fp32'] / t['bf16']:.2f}x fp32's speed "
+            f"({t['fp32'] / t['bf16'] / 2:.2f}x per byte), int8 (torch.ao dynamic quantization) "
+            f"{t['fp32'] / t['int8']:.2f}x ({t['fp32'] / t['int8'] / 4:.2f}x per byte)")
+
+
 def roofline_rows(results: dict, roofline: float) -> list[list]:
     rows = []
     for batch, tps in results.items():
@@ -114,24 +134,27 @@ def roofline_rows(results: dict, roofline: float) -> list[list]:
         row += [f"{tps['qkv eager'] / hf:.2f}x", f"{tps['qkv compiled'] / hf:.2f}x" if "qkv compiled" in tps else "-"]
         row += [f"{tps['qkv eager'] / roofline:.2f} / {tps['qkv compiled'] / roofline:.2f}"
                 if batch == 1 and "qkv compiled" in tps else f"{tps['qkv eager'] / roofline:.2f}" if batch == 1 else "-"]
+        row += [f"{tps['qkv eager'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
         rows.append(row)
     return rows
 
 
 HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "HF tok/s", "eager / HF", "compiled / HF",
-          "of roofline (eager / compiled)"]
+          "of roofline (eager / compiled)", "eager / no cache"]
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="32 new tokens, batches 1 and 8, fewer repeats")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd decode step")
-    p.add_argument("--compile-cost", action="store_true", help="time the first compiled call in two fresh processes")
+    p.add_argument("--compile-cost", action="store_true", help="time the first compiled call in two fresh processes "
+                   "(always on without --quick)")
     p.add_argument("--batches", type=int, nargs="+", help="batch sizes (default: 1 8 32; --quick: 1 8)")
     p.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.compile_child:
-        return compile_child()
+        compile_child()
+        return ""
     print(machine_info())
     model, hf = build()
     bandwidth, nbytes = matvec_bandwidth(128), weight_bytes(model)
@@ -147,7 +170,8 @@ def main(argv=None) -> str:
     out = table(roofline_rows(results, roofline), HEADER)
     print(out)
     print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
-    if args.compile_cost:
+    print(low_precision())
+    if (args.compile_cost or not args.quick) and not args.no_compile:
         first, second = compile_cost()
         print(f"compile cost: first call {first:.1f} s in a fresh process, {second:.1f} s in a second one "
               "(inductor's on-disk cache)")
