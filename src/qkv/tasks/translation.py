@@ -1,5 +1,7 @@
 """Translation with the paper's encoder-decoder: English → another language, from sentence pairs.
 
+    model = qkv.pointer.PointerTransformer: the Transformer that may also copy a source token (the
+            default, ``copy``; UI strings keep placeholders, options and paths verbatim), or qkv.Transformer
     loss = label-smoothed cross-entropy of the next target token (ε = 0.1, the paper's §5.4)
     decoding = beam search (K = 4, α = 0.6, §6.1) over a shared source/target vocabulary (§3.4)
     scores = BLEU and chrF (sacrebleu) of the held-out pairs, beside copying the source and a
