@@ -47,6 +47,19 @@ def test_the_mixture_sums_to_one_and_copies_only_real_source_tokens():
         assert torch.allclose(log_p.exp(), mixed, atol=1e-5)
 
 
+def test_the_sparse_mixture_has_the_dense_mixtures_gradients():
+    """An id twice in the source gets one gradient, as in the dense scatter_add form."""
+    src, mask, _ = batch(3)
+    src[0, 2] = src[0, 0]
+    scores, logits, gate = (torch.randn(*shape, requires_grad=True) for shape in ((3, 5, 6), (3, 5, 40), (3, 5, 1)))
+    weights = torch.rand(3, 5, 40)  # any loss that reads every entry
+    sparse = mix_log_probs(logits, gate, copy_attention(scores, mask), src)
+    p = torch.sigmoid(gate) * logits.softmax(-1) + torch.sigmoid(-gate) * copy_distribution(scores, src, mask, 40)
+    grads = [torch.autograd.grad((x * weights).sum(), (scores, logits, gate)) for x in (sparse, p.log())]
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_the_loss_is_label_smoothed_cross_entropy_of_log_p():
     log_p = torch.randn(2, 4, 9).log_softmax(-1)
     targets = torch.tensor([[1, 2, -100, -100], [3, 4, 5, 6]])
