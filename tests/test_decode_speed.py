@@ -33,15 +33,19 @@ def test_grouped_heads_need_enable_gqa_and_a_divisor():
         scaled_dot_product_attention(q, k, k, enable_gqa=True)  # 4 does not divide 6
 
 
-def test_gqa_module_does_not_copy_kv_per_head(monkeypatch):
-    """MultiHeadAttention with G < H asks the kernel for grouped heads instead of repeat_interleave."""
+def test_gqa_module_copies_kv_per_head_only_where_sdpa_cannot_group(monkeypatch):
+    """MultiHeadAttention with G < H asks the kernel for grouped heads (torch >= 2.5) instead of
+    repeat_interleave, which remains the fallback on torch 2.4."""
     mha = qkv.MultiHeadAttention(16, 4, num_kv_heads=2).eval()
-    calls = []
-    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: calls.append(a) or None)
-    if not qkv.attention.SDPA_GQA:
-        pytest.skip("torch < 2.5: F.scaled_dot_product_attention has no enable_gqa, K/V are repeated")
-    mha(rand(2, 5, 16))
-    assert calls == []
+    x = rand(2, 5, 16)
+    want = mha(x)
+    repeat, calls = torch.Tensor.repeat_interleave, []
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: calls.append(1) or repeat(*a, **k))
+    torch.testing.assert_close(mha(x), want)
+    assert (calls == []) == qkv.attention.SDPA_GQA
+    monkeypatch.setattr(qkv.attention, "SDPA_GQA", False)  # the torch 2.4 path, here too
+    torch.testing.assert_close(mha(x), want)
+    assert calls
 
 
 @pytest.mark.parametrize("rows_empty", [False, True])

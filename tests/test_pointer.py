@@ -7,8 +7,8 @@ import torch
 
 from qkv import checkpoint as ckpt
 from qkv.beam_search import Special, decode
-from qkv.models import ModelConfig, Transformer
-from qkv.pointer import PointerTransformer, copy_attention, copy_distribution, log_prob_loss, mix_log_probs
+from qkv.models import ModelConfig, Transformer, token_cross_entropy
+from qkv.pointer import PointerTransformer, copy_attention, copy_distribution, mix_log_probs
 
 CFG = ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, max_len=32, positional="sinusoidal",
                   activation="relu", d_ff=64)
@@ -65,9 +65,9 @@ def test_the_loss_is_label_smoothed_cross_entropy_of_log_p():
     targets = torch.tensor([[1, 2, -100, -100], [3, 4, 5, 6]])
     for eps in (0.0, 0.1):
         want = torch.nn.functional.cross_entropy(log_p.flatten(0, 1), targets.flatten(), label_smoothing=eps)
-        assert torch.allclose(log_prob_loss(log_p, targets, eps), want)
+        assert torch.allclose(token_cross_entropy(log_p, targets, label_smoothing=eps, normalized=True), want)
     with pytest.raises(ValueError, match="targets must be an integer tensor"):
-        log_prob_loss(log_p, targets.float(), 0.1)
+        token_cross_entropy(log_p, targets.float(), label_smoothing=0.1, normalized=True)
 
 
 def test_the_model_returns_log_probabilities_and_finite_gradients():

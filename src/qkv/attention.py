@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .masks import PreparedMask, causal_mask
+from .masks import PreparedMask, causal_mask, prepare_mask
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
@@ -103,14 +103,17 @@ def fused_attention(
     """The same answer through ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels)."""
     if allowed is None:
         return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    # Kernels disagree on rows with no allowed key (NaN or garbage): open such rows to every
-    # key, then zero their output. The multiplication keeps their gradient exactly zero.
-    row_ok = allowed.any(dim=-1, keepdim=True)  # (..., L, 1)
-    attn_mask = allowed | ~row_ok
-    if bias is not None:
-        attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
-    out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
-    return out * row_ok
+    return attend_prepared(q, k, v, prepare_mask(allowed, q.dtype), bias, scale, dropout_p)
+
+
+def attend_prepared(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Tensor | None, scale: float,
+                    dropout_p: float) -> Tensor:
+    """The fused path under a prepared mask (``qkv.masks.prepare_mask``): kernels disagree on rows with
+    no allowed key (NaN or garbage), so such rows are opened to every key and their output zeroed;
+    the multiplication keeps their gradient exactly zero."""
+    attn_mask = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)  # autocast: q may be bf16
+    out = sdpa(q, k, v, attn_mask=attn_mask if bias is None else attn_mask + bias, dropout_p=dropout_p, scale=scale)
+    return out if mask.live is None else out * mask.live
 
 
 def scaled_dot_product_attention(
@@ -161,14 +164,6 @@ def check_mask(mask: Tensor | None, bias: Tensor | None, scores_shape: tuple[int
             got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
             raise TypeError(f"bias must be a floating-point Tensor, got {got}")
         _check_broadcast("bias", bias, scores_shape)
-
-
-def attend_prepared(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Tensor | None, scale: float,
-                    dropout_p: float) -> Tensor:
-    """The fused path under a mask prepared once for all layers (``qkv.masks.prepare_mask``)."""
-    attn_mask = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)  # autocast: q may be bf16
-    out = sdpa(q, k, v, attn_mask=attn_mask if bias is None else attn_mask + bias, dropout_p=dropout_p, scale=scale)
-    return out if mask.live is None else out * mask.live
 
 
 def attend(
@@ -298,8 +293,9 @@ class MultiHeadAttention(nn.Module):
 
         ``context_kv``: the context's keys and values from ``project_kv``, instead of ``context``.
         ``mask`` is bool, True = may attend, broadcastable to (B, H, L, S) where S counts
-        cached keys too; or a ``qkv.masks.PreparedMask`` (the models prepare one per forward). ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and
-        values and supplies all keys so far; positions continue from ``kv_cache.pos``.
+        cached keys too; or a ``qkv.masks.PreparedMask`` (the models prepare one per forward).
+        ``kv_cache`` (a ``qkv.KVCache``) receives this call's keys and values and supplies all
+        keys so far; positions continue from ``kv_cache.pos``.
         With ``input_pos`` (L,), the cache *slots* x's tokens go to, the cache is static: keys
         are the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
         """

@@ -55,8 +55,7 @@ class Decoder:
         memory = model.encode(src_ids, src_mask=src_mask)  # (B, S, C), once per source
         self.model, self.use_cache = model, use_cache
         rows = torch.arange(src_ids.size(0), device=src_ids.device).repeat_interleave(copies)  # (B·K,)
-        cross = model.cross_kv(memory, src_ids) if getattr(model, "copies_source", False) else model.cross_kv(memory)
-        self.cross = reorder_kv(cross, rows)  # (B·K, G, S, D) per layer, projected once
+        self.cross = reorder_kv(model.cross_kv(memory, src_ids), rows)  # (B·K, G, S, D) per layer, projected once
         self.src_mask = None if src_mask is None else src_mask.repeat_interleave(copies, 0)  # (B·K, S)
         self.caches = model.new_kv_caches(src_ids.size(0) * copies, capacity) if use_cache else None
 

@@ -126,7 +126,8 @@ def generate(
     out = ids.new_empty(B, T + max_new_tokens)  # every token, preallocated: nothing grows per step
     valid = torch.ones_like(out, dtype=torch.bool)
     out[:, :T] = ids
-    valid[:, :T] = True if mask is None else mask
+    if mask is not None:
+        valid[:, :T] = mask
     start, end = max(0, T - limit), T  # the model sees out[:, start:end]
     finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
     cache = None if not use_cache else _StaticCache(

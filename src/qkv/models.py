@@ -280,11 +280,14 @@ def _check_token_ids(ids: Tensor, name: str = "ids") -> None:
         raise ValueError(f"{name} must be an integer tensor (B, T), got {got}")
 
 
-def token_cross_entropy(logits: Tensor, targets: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+def token_cross_entropy(logits: Tensor, targets: Tensor, *, label_smoothing: float = 0.0,
+                        normalized: bool = False) -> Tensor:
     """Mean cross-entropy in nats per token of logits (B, T, V) against targets (B, T); -100 = ignore.
 
     ``label_smoothing`` ε: the target distribution puts 1 − ε on the target and spreads ε over
     the vocabulary (Szegedy et al. 2016; the paper trains with ε = 0.1, §5.4).
+    ``normalized``: the logits are already log-probabilities (``qkv.pointer``'s); the same loss
+    without a second log_softmax.
     """
     if not isinstance(targets, Tensor) or targets.shape != logits.shape[:-1] or targets.is_floating_point():
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor) else type(targets).__name__
@@ -292,6 +295,11 @@ def token_cross_entropy(logits: Tensor, targets: Tensor, *, label_smoothing: flo
                          f"got {got}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if normalized:
+        valid = targets != -100  # (B, T)
+        nll = -logits.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
+        smooth = -logits.mean(-1) if label_smoothing else 0.0  # (B, T): against the uniform distribution
+        return (((1 - label_smoothing) * nll + label_smoothing * smooth) * valid).sum() / valid.sum()
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
                            label_smoothing=label_smoothing)  # (B·T, V) against (B·T,)
 
@@ -460,27 +468,30 @@ class Transformer(CausalTrunk):
         _check_token_ids(src_ids, "src_ids")
         return self.encoder(src_ids, mask=src_mask).last_hidden_state
 
-    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """memory (B, S, C) -> per decoder layer, its cross-attention keys and values, (B, G, S, D) each."""
+    def cross_kv(self, memory: Tensor, src_ids: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
+        """memory (B, S, C) -> per decoder layer, its cross-attention keys and values, (B, G, S, D) each.
+
+        ``src_ids`` (B, S): unused here; a model that copies source tokens (``qkv.pointer``) needs them.
+        """
         return [block.cross_attn.project_kv(memory) for block in self.blocks]
 
     def decode(
-        self, tgt_ids: Tensor, memory: Tensor | None, *, src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
+        self, tgt_ids: Tensor, memory: Tensor | None, *, src_ids: Tensor | None = None,
+        src_mask: Tensor | None = None, tgt_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
         cross_kv: list[tuple[Tensor, Tensor]] | None = None, input_pos: Tensor | None = None,
         return_attention: bool = False,
     ) -> ModelOutput:
         """tgt_ids (B, T) over memory (B, S, C) -> logits (B, T, V) [, attentions, cross_attentions].
 
-        ``cross_kv``: ``self.cross_kv(memory)``, computed once per source (memory may then be
-        None). ``kv_caches``, ``input_pos`` and ``tgt_mask`` cache the decoder's self-attention
+        ``cross_kv``: ``self.cross_kv(memory, src_ids)``, computed once per source (memory may then be
+        None); ``src_ids`` as in ``cross_kv``. ``kv_caches``, ``input_pos`` and ``tgt_mask`` cache the decoder's self-attention
         as in ``GPT.forward``. Masks are bool, True on real tokens.
         """
         _check_token_ids(tgt_ids, "tgt_ids")
         if cross_kv is None:
             if memory is None:
                 raise ValueError("decode needs memory (B, S, C) from encode, or its cross_kv")
-            cross_kv = self.cross_kv(memory)
+            cross_kv = self.cross_kv(memory, src_ids)
         elif len(cross_kv) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} cross_kv pairs (one per decoder layer), got {len(cross_kv)}")
         positions, self_mask = self.causal_inputs(tgt_ids, tgt_mask, kv_caches, input_pos)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import ModelConfig, ModelOutput, Transformer
+from .models import ModelConfig, ModelOutput, Transformer, token_cross_entropy
 
 
 def copy_distribution(scores: Tensor, src_ids: Tensor, src_mask: Tensor | None, vocab_size: int) -> Tensor:
@@ -58,27 +58,12 @@ def mix_log_probs(logits: Tensor, gate: Tensor, attn: Tensor, src_ids: Tensor) -
     return base.scatter(-1, index, torch.where(later[:, None, :], mixed.detach(), mixed))  # (B, T, V)
 
 
-def log_prob_loss(log_p: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-    """``token_cross_entropy`` of log-probabilities (B, T, V), without its log_softmax (a no-op on them)."""
-    if targets.shape != log_p.shape[:-1] or targets.is_floating_point():
-        raise ValueError(f"targets must be an integer tensor {tuple(log_p.shape[:-1])}, got "
-                         f"{targets.dtype} {tuple(targets.shape)}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    valid = targets != -100  # (B, T)
-    nll = -log_p.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
-    smooth = -log_p.mean(-1) if label_smoothing else 0.0  # (B, T): against the uniform distribution
-    return (((1 - label_smoothing) * nll + label_smoothing * smooth) * valid).sum() / valid.sum()
-
-
 class PointerTransformer(Transformer):
     """``qkv.Transformer`` whose next-token distribution mixes generating with copying a source token.
 
     Everything else (encoder, decoder, caches, masks) is the parent's; ``decode`` needs the source
     ids, given as ``src_ids`` or carried in ``cross_kv(memory, src_ids)``'s last pair.
     """
-
-    copies_source = True  # decoders pass the source ids to ``cross_kv``
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -124,6 +109,5 @@ class PointerTransformer(Transformer):
         out = self.decode(tgt_ids, memory, src_ids=src_ids, src_mask=src_mask, tgt_mask=tgt_mask,
                           return_attention=return_attention)
         if targets is not None:
-            out.loss = log_prob_loss(out.logits, targets, label_smoothing)
+            out.loss = token_cross_entropy(out.logits, targets, label_smoothing=label_smoothing, normalized=True)
         return out
-

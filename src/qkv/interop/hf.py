@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..beam_search import Special
 from ..models import GPT, Encoder, ModelConfig, Transformer
+from ..pointer import PointerTransformer
 
 HEAD = "lm_head.weight"  # weights outside the base model (GPT2LMHeadModel.transformer, MarianMTModel.model, …)
 LOGITS_BIAS = "final_logits_bias"  # MarianMTModel's (1, V) buffer added to the logits
@@ -564,7 +565,7 @@ def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"to_hf converts a qkv.GPT (to GPT-2 or LLaMA) or a qkv.Transformer (to Marian), "
                         f"got {type(model).__name__}")
-    if getattr(model, "copies_source", False):
+    if isinstance(model, PointerTransformer):
         raise TypeError(f"{type(model).__name__}'s copy mechanism has no Hugging Face counterpart; "
                         "to_hf converts a plain qkv.Transformer (train with --no-copy)")
     import transformers

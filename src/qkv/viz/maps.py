@@ -103,8 +103,7 @@ def seq2seq_maps(model: Transformer, src_ids: Tensor | Sequence[int],
     tgt = _one_row(tgt_ids, "tgt_ids", limit).to(device)  # (1, T)
     with eval_mode(model):
         enc = model.encoder(src, return_attention=True)  # .attentions: N × (1, H, S, S)
-        copying = {"src_ids": src} if getattr(model, "copies_source", False) else {}  # qkv.pointer's model
-        dec = model.decode(tgt, enc.last_hidden_state, return_attention=True, **copying)
+        dec = model.decode(tgt, enc.last_hidden_state, src_ids=src, return_attention=True)
     stack = lambda maps: torch.stack(maps)[:, 0].float().cpu()  # noqa: E731  N × (1, H, ·, ·) -> (N, H, ·, ·)
     return stack(enc.attentions), stack(dec.attentions), stack(dec.cross_attentions)
 
