@@ -14,6 +14,7 @@ from qkv.checkpoint import load_run
 from qkv.cli import main
 from qkv.finetune import add_lora, merge_lora
 from qkv.interop.hf import load_pretrained
+from qkv.linear import Linear
 from qkv.train import TrainConfig, train
 
 transformers = pytest.importorskip("transformers")
@@ -60,7 +61,7 @@ def test_sample_applies_the_adapters_and_export_merges_them(lora_run, with_token
         unmerged = model(ids).logits[0]
         merged = load_run(lora_run).model(ids).logits[0]
     torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=0)
-    assert type(merge_lora(model).blocks[0].attn.q_proj) is torch.nn.Linear
+    assert type(merge_lora(model).blocks[0].attn.q_proj) is Linear  # the LoRA wrapper is gone
     argv = ["sample", "--run", str(lora_run), "--prompt", "the dog", "--max-new-tokens", "6", "--temperature", "0"]
     assert main(argv) == 0
     greedy = load_run(lora_run).model.generate(torch.tensor([model_ids := ids[0, :2].tolist()]), 6, temperature=0)

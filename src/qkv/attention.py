@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear
 from .masks import PreparedMask, causal_mask, prepare_mask
 
 
@@ -112,8 +113,22 @@ def attend_prepared(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: T
     no allowed key (NaN or garbage), so such rows are opened to every key and their output zeroed;
     the multiplication keeps their gradient exactly zero."""
     attn_mask = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)  # autocast: q may be bf16
-    out = sdpa(q, k, v, attn_mask=attn_mask if bias is None else attn_mask + bias, dropout_p=dropout_p, scale=scale)
+    attn_mask = attn_mask if bias is None else attn_mask + bias
+    if q.size(-2) == 1 and dropout_p == 0.0 and torch.compiler.is_compiling():
+        out = one_query_attention(q, k, v, attn_mask, scale)
+    else:
+        out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out if mask.live is None else out * mask.live
+
+
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor, scale: float) -> Tensor:
+    """softmax(q Kᵀ · scale + attn_mask) V for one query per head, q (..., H, 1, D), written out for
+    ``torch.compile``: inductor fuses it into a few loops over the keys, where the fused kernel's
+    call costs more than one decoded token's attention (measured: 43 µs a layer at 80 keys).
+    ``attn_mask`` is additive with a finite entry in each row (``prepare_mask`` opens empty rows)."""
+    k, v = repeat_kv(q, k), repeat_kv(q, v)  # (..., G, S, D) -> (..., H, S, D); inductor indexes, never copies
+    scores = q @ k.transpose(-2, -1) * scale + attn_mask  # (..., H, 1, S)
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (..., H, 1, D)
 
 
 def scaled_dot_product_attention(
@@ -255,10 +270,10 @@ class MultiHeadAttention(nn.Module):
         if alibi is not None and getattr(alibi, "num_heads", num_heads) != num_heads:
             raise ValueError(f"alibi.num_heads must equal num_heads = {num_heads}, got {alibi.num_heads}")
         kv_width = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(kv_dim, kv_width, bias=bias)
-        self.v_proj = nn.Linear(kv_dim, kv_width, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = Linear(d_model, d_model, bias=bias)
+        self.k_proj = Linear(kv_dim, kv_width, bias=bias)
+        self.v_proj = Linear(kv_dim, kv_width, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.rope, self.alibi = rope, alibi
 

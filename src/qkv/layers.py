@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear
+
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form (BERT, the original Transformer's successors)
@@ -32,9 +34,9 @@ class FeedForward(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.activation = activation
         self.act = GATED.get(activation) or ACTIVATIONS[activation]
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.up_proj = Linear(d_model, d_ff, bias=bias)
+        self.gate_proj = Linear(d_model, d_ff, bias=bias) if activation in GATED else None
+        self.down_proj = Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

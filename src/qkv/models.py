@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .block import TransformerBlock
 from .kv_cache import KVCache
 from .layers import ACTIVATIONS, GATED, NORMS, make_norm
+from .linear import Linear
 from .masks import causal_mask, padding_mask, prepare_mask
 from .positional import (
     SINUSOIDAL_LAYOUTS, ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
@@ -390,7 +391,7 @@ class GPT(CausalTrunk):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.num_layers)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         _init_weights(self, config.num_layers)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.tok.weight
@@ -457,7 +458,7 @@ class Transformer(CausalTrunk):
         decoder_layers = config.num_decoder_layers or config.num_layers
         super().__init__(config, decoder_layers, cross_attention=True)
         self.encoder = Encoder(config)  # initialised by its own depth, num_layers
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.logits_bias)  # bias starts at 0
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=config.logits_bias)  # bias starts at 0
         _init_weights(self, decoder_layers, skip="encoder.")
         if config.tie_embeddings:  # one shared vocabulary, as in the paper (§3.4)
             self.embed.tok.weight = self.encoder.embed.tok.weight

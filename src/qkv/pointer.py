@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear
 from .models import ModelConfig, ModelOutput, Transformer, token_cross_entropy
 
 
@@ -68,8 +69,8 @@ class PointerTransformer(Transformer):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         C = config.d_model
-        self.copy_query = nn.Linear(C, C, bias=False)
-        self.copy_key = nn.Linear(C, C, bias=False)
+        self.copy_query = Linear(C, C, bias=False)
+        self.copy_key = Linear(C, C, bias=False)
         self.copy_gate = nn.Linear(C, 1)  # starts at p_gen = 1/2
         for layer in (self.copy_query, self.copy_key, self.copy_gate):
             nn.init.normal_(layer.weight, std=0.02)
