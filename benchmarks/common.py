@@ -54,23 +54,37 @@ def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5) -> float:
     return best
 
 
-def matvec_bandwidth(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> float:
-    """Memory bandwidth in GB/s: the best of ``repeats`` matrix-vector products over a ``megabytes`` matrix.
-
-    At batch 1 a decoder's step is such products; the matrix is large so that it streams from
-    memory (a smaller one partly stays in cache and looks faster). Best, not median, as STREAM
-    reports: on a shared machine the other jobs only ever slow a run down.
-    """
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cols = 4096
-    rows = megabytes * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size())
-    w, x = torch.randn(rows, cols, device=device).to(dtype), torch.randn(cols, device=device).to(dtype)
-    torch.mv(w, x)
+def stream_seconds(fn, repeats: int) -> float:
+    """The best of ``repeats`` timed calls (one warm-up): STREAM's convention, since on a shared
+    machine the other jobs only ever slow a run down."""
+    fn()
     best = float("inf")
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
-        torch.mv(w, x)
+        fn()
         sync()
         best = min(best, time.perf_counter() - t0)
-    return w.numel() * w.element_size() / best / 1e9
+    return best
+
+
+def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
+    """GB/s at which kernels stream one ``megabytes`` matrix from memory (large, so that it does not
+    stay in cache): a plain read on every thread (``sum``), and the matrix times a vector three ways —
+    ``torch.mv`` (MKL's, one core), ``qkv.linear.threaded_matvec`` (one block of rows per thread) and
+    ``qkv.linear.reduction_matvec`` compiled by inductor. The fastest is the bandwidth a roofline uses.
+    """
+    from qkv.linear import reduction_matvec, threaded_matvec
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cols = 4096
+    rows = megabytes * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size())
+    w, x = torch.randn(rows, cols, device=device).to(dtype), torch.randn(1, cols, device=device).to(dtype)
+    calls = {"read (sum)": lambda: w.sum(), "torch.mv": lambda: torch.mv(w, x[0]),
+             "threaded": lambda: threaded_matvec(x, w, None, torch.get_num_threads())}
+    if device == "cpu":
+        compiled = torch.compile(reduction_matvec, dynamic=False)
+        calls["compiled reduction"] = lambda: compiled(x, w, None)
+    with torch.inference_mode():
+        return {name: w.numel() * w.element_size() / stream_seconds(fn, repeats) / 1e9 for name, fn in calls.items()}
+

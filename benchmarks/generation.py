@@ -8,9 +8,10 @@ fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). 
 equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
-The bandwidth is measured in the same run: the best of 15 matrix-vector products over a 128 MB matrix. "weights
-only" runs the model's own matrix-vector products back to back and nothing else: the best a decoder
-that calls one kernel per weight matrix can do here.
+The bandwidth is measured in the same run: the fastest that any of four kernels streams a 128 MB matrix
+(a plain read, MKL's matrix-vector product, qkv's threaded one and inductor's fused one; best of 15 each).
+"weights only" runs the model's own matrix-vector products back to back and nothing else: the best a
+decoder that calls one kernel per weight matrix can do here.
 
 --compile-cost times ``generate(compile=True)``'s first call in two fresh processes sharing an empty
 inductor cache directory: the first compiles, the second reads inductor's on-disk cache.
@@ -29,8 +30,9 @@ import torch.nn.functional as F
 
 import qkv
 from qkv.interop import to_hf
+from qkv.linear import linear as qkv_linear
 
-from .common import machine_info, matvec_bandwidth, table, time_interleaved
+from .common import bandwidths, machine_info, table, time_interleaved
 
 CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
 PROMPT = 16
@@ -55,17 +57,18 @@ def weight_bytes(model) -> int:
     return total
 
 
-def weights_only(model, repeats: int) -> float:
-    """Seconds per token of the model's matrix-vector products alone, in the model's order."""
+def weights_only(model, repeats: int) -> dict[str, float]:
+    """Seconds per token of the model's matrix-vector products alone, in the model's order:
+    through ``qkv.linear.linear`` (what the model runs) and through ``F.linear`` (MKL's, one core)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, m.in_features) for m in linears]
 
-    def step():
-        for m, x in zip(linears, inputs):
-            F.linear(x, m.weight, m.bias)
+    def loop(fn):
+        return lambda: [fn(x, m.weight, m.bias) for m, x in zip(linears, inputs)]
 
     with torch.inference_mode():
-        return time_interleaved({"w": step}, repeats=repeats * 20)["w"]
+        return time_interleaved({"qkv.linear": loop(qkv_linear), "F.linear": loop(F.linear)},
+                                repeats=repeats * 20)
 
 
 def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
@@ -157,12 +160,15 @@ def main(argv=None) -> str:
         return ""
     print(machine_info())
     model, hf = build()
-    bandwidth, nbytes = matvec_bandwidth(128), weight_bytes(model)
-    roofline, floor = bandwidth * 1e9 / nbytes, 1 / weights_only(model, repeats=3 if args.quick else 7)
+    streams, nbytes = bandwidths(128), weight_bytes(model)
+    bandwidth = max(streams.values())
+    roofline, floor = bandwidth * 1e9 / nbytes, weights_only(model, repeats=3 if args.quick else 7)
     print(f"model: 6 layers, d_model 512, vocabulary 8192, {model.num_parameters() / 1e6:.1f} M parameters, "
           f"{nbytes / 1e6:.1f} MB of weights per token; HF attention: {hf.config._attn_implementation}")
-    print(f"bandwidth (best matrix-vector product over 128 MB): {bandwidth:.1f} GB/s -> roofline {roofline:.0f} tok/s; "
-          f"weights only: {floor:.0f} tok/s ({floor / roofline:.2f} of the roofline)")
+    print("streaming one 128 MB matrix: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in streams.items())
+          + f" -> bandwidth {bandwidth:.1f} GB/s, roofline {roofline:.0f} tok/s")
+    print("weights only (the model's matrix-vector products back to back): " + ", ".join(
+        f"{k} {1 / s:.0f} tok/s ({1 / s / roofline:.2f} of the roofline)" for k, s in floor.items()))
     new, batches = (32, (1, 8)) if args.quick else (128, (1, 8, 32))
     batches = args.batches or batches
     results = {b: run_batch(model, hf, b, new, compile=not args.no_compile, repeats=3 if args.quick else 5)

@@ -7,7 +7,7 @@ import torch
 import torch._dynamo
 
 import qkv
-from qkv.attention import attend, repeat_kv, scaled_dot_product_attention
+from qkv.attention import attend, one_query_attention, repeat_kv, scaled_dot_product_attention
 from qkv.masks import PreparedMask, causal_mask, prepare_mask
 
 
@@ -112,3 +112,44 @@ def test_inductor_compiled_step_gives_the_reference_tokens():
     with torch._dynamo.config.patch(error_on_recompile=True):
         got = model.generate(ids, 6, temperature=0, compile=True)
     assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
+
+
+def test_one_query_attention_equals_the_fused_kernel():
+    """Under torch.compile one query's attention is the written-out formula; it equals SDPA's answer,
+    grouped heads and a query with no key included."""
+    q, k, v = rand(2, 6, 1, 8), rand(2, 2, 7, 8, seed=1), rand(2, 2, 7, 8, seed=2)  # H 6 over G 2
+    allowed = rand(2, 1, 1, 7, seed=3) > 0
+    allowed[1] = False  # the second row's query keeps no key
+    prepared = prepare_mask(allowed)
+    want = attend(q, k, v, mask=prepared)
+    got = one_query_attention(q, k, v, prepared.bias, 8 ** -0.5) * prepared.live
+    torch.testing.assert_close(got, want)
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.extend(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    compiled = torch.compile(lambda q, k, v: attend(q, k, v, mask=prepared), backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), want)
+    assert "softmax" in str(traced) and "scaled_dot_product_attention" not in str(traced)
+
+
+def test_compiled_steps_skip_guards_only_after_the_first(monkeypatch):
+    """Each generate call evaluates its first compiled step's guards (a new cache size or batch may need
+    another compiled graph); the steps after it skip them. Tokens equal the reference either way."""
+    gen = importlib.import_module("qkv.generate")
+    monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
+    if not hasattr(torch.compiler, "set_stance"):
+        pytest.skip("torch < 2.6 has no torch.compiler.set_stance: every step evaluates its guards")
+    skipped, real = [], torch.compiler.set_stance
+    monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: skipped.append(k) or real(*a, **k))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
+    for batch, length in [(1, 4), (2, 7), (1, 4)]:  # other shapes, then the first again
+        ids = torch.randint(0, 64, (batch, length))
+        skipped.clear()
+        got = model.generate(ids, 6, temperature=0, compile=True)
+        assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
+        assert skipped == [{"skip_guard_eval_unsafe": True}] * 4  # 5 steps after the prefill: all but the first
