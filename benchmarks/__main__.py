@@ -6,6 +6,7 @@ generation (c) greedy tokens/s, eager and compiled, vs Hugging Face generate and
 training   (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
 complexity (e) time and memory against n, fitted exponents: reference, fused, flash, linear attention
 marian     (f) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
+low_precision (g) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 import importlib
 import time
 
-SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian"]
+SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision"]
 
 
 def main(argv=None) -> int:

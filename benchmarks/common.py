@@ -44,13 +44,20 @@ def table(rows: list[list], header: list[str]) -> str:
 
 
 def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5) -> float:
-    """This machine's fp32 matmul throughput: the best median GFLOP/s of n×n torch.mm over a few n."""
+    """This machine's fp32 matmul throughput: the best median GFLOP/s of an n×n product over a few n,
+    by ``torch.mm`` and, on a CPU, by oneDNN (``qkv.linear.onednn_linear``; MKL reaches half of it on AMD)."""
+    from qkv.linear import ONEDNN, onednn_linear
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = 0.0
     for n in sizes:
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-        t = time_interleaved({"mm": lambda: torch.mm(a, b)}, repeats=repeats)["mm"]
-        best = max(best, 2 * n**3 / t / 1e9)
+        calls = {"mm": lambda: torch.mm(a, b)}
+        if device == "cpu" and ONEDNN:
+            calls["oneDNN"] = lambda: onednn_linear(a, b, None)  # a bᵀ: the same FLOPs
+        with torch.inference_mode():
+            t = time_interleaved(calls, repeats=repeats)
+        best = max(best, 2 * n**3 / min(t.values()) / 1e9)
     return best
 
 
@@ -71,20 +78,20 @@ def stream_seconds(fn, repeats: int) -> float:
 def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
     """GB/s at which kernels stream one ``megabytes`` matrix from memory (large, so that it does not
     stay in cache): a plain read on every thread (``sum``), and the matrix times a vector three ways —
-    ``torch.mv`` (MKL's, one core), ``qkv.linear.threaded_matvec`` (one block of rows per thread) and
-    ``qkv.linear.reduction_matvec`` compiled by inductor. The fastest is the bandwidth a roofline uses.
+    ``torch.mv`` (MKL's, one core), oneDNN's (``qkv.linear.onednn_linear``) and inductor's fused
+    reduction (``qkv.linear.reduction_matvec`` compiled). The fastest is the bandwidth a roofline uses.
     """
-    from qkv.linear import reduction_matvec, threaded_matvec
+    from qkv.linear import ONEDNN, onednn_linear, reduction_matvec
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cols = 4096
     rows = megabytes * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size())
     w, x = torch.randn(rows, cols, device=device).to(dtype), torch.randn(1, cols, device=device).to(dtype)
-    calls = {"read (sum)": lambda: w.sum(), "torch.mv": lambda: torch.mv(w, x[0]),
-             "threaded": lambda: threaded_matvec(x, w, None, torch.get_num_threads())}
+    calls = {"read (sum)": lambda: w.sum(), "torch.mv": lambda: torch.mv(w, x[0])}
     if device == "cpu":
+        if ONEDNN and dtype == torch.float32:
+            calls["oneDNN"] = lambda: onednn_linear(x, w, None)
         compiled = torch.compile(reduction_matvec, dynamic=False)
         calls["compiled reduction"] = lambda: compiled(x, w, None)
     with torch.inference_mode():
         return {name: w.numel() * w.element_size() / stream_seconds(fn, repeats) / 1e9 for name, fn in calls.items()}
-

@@ -9,7 +9,7 @@ equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
 The bandwidth is measured in the same run: the fastest that any of four kernels streams a 128 MB matrix
-(a plain read, MKL's matrix-vector product, qkv's threaded one and inductor's fused one; best of 15 each).
+(a plain read, MKL's matrix-vector product, oneDNN's and inductor's fused one; best of 15 each).
 "weights only" runs the model's own matrix-vector products back to back and nothing else: the best a
 decoder that calls one kernel per weight matrix can do here.
 

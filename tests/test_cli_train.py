@@ -1,4 +1,5 @@
 """`qkv train / sample / info`, called in-process through qkv.cli.main."""
+import importlib
 import json
 import re
 
@@ -64,6 +65,31 @@ def test_sample_and_info(run, capsys):
     assert main(["info", "--run", str(run)]) == 0
     info = capsys.readouterr().out
     assert "tokenizer:" in info and "char" in info and "val_bpc:" in info and "gzip -9" in info
+
+
+def test_sample_decodes_with_bf16_weights_when_asked(run, capsys, monkeypatch):
+    gen, seen = importlib.import_module("qkv.generate"), []
+    real = gen.generate
+    monkeypatch.setattr(gen, "generate", lambda model, *a, **k: seen.append(model.lm_head.weight.dtype) or
+                        real(model, *a, **k))
+    for dtype in ("float32", "bfloat16"):
+        assert main(["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "8", "--temperature", "0",
+                     "--dtype", dtype]) == 0
+        assert capsys.readouterr().out.startswith("def f")
+    assert seen == [torch.float32, torch.bfloat16]
+
+
+def test_held_out_bpc_is_the_runs_final_score_and_bf16_weights_change_it_little(run):
+    from qkv.checkpoint import load_run
+    from qkv.data import load_corpus
+    from qkv.tasks.language_model import held_out_bpc
+
+    r, cfg = load_run(run), json.loads((run / "train_config.json").read_text())
+    text = load_corpus(cfg["data"]).val
+    fp32 = held_out_bpc(r.model, r.tokenizer, text, cfg["context"])
+    assert fp32 == pytest.approx(json.loads((run / "summary.json").read_text())["val_bpc"], rel=1e-5)
+    bf16 = held_out_bpc(r.model.bfloat16(), r.tokenizer, text, cfg["context"])
+    assert bf16 != fp32 and bf16 == pytest.approx(fp32, rel=0.02)
 
 
 def test_resume_continues_a_run(data, tmp_path, capsys):

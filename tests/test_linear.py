@@ -1,4 +1,4 @@
-"""qkv.linear: the one-row fast paths against F.linear (the reference), and when each is taken."""
+"""qkv.linear: the inference fast paths against F.linear (the reference), and when each is taken."""
 from unittest import mock
 
 import pytest
@@ -7,24 +7,33 @@ import torch.nn.functional as F
 
 import qkv
 from qkv import linear as lin
-from qkv.linear import Linear, reduction_matvec, threaded_matvec
+from qkv.linear import Linear, onednn_linear, reduction_matvec
+
+needs_onednn = pytest.mark.skipif(not lin.ONEDNN, reason="this PyTorch build has no oneDNN (mkldnn)")
 
 
 def _layer(n: int, k: int, bias: bool = True) -> Linear:
     return Linear(k, n, bias=bias)
 
 
-@pytest.mark.parametrize("parts", [1, 2, 3, 4])
-@pytest.mark.parametrize("n,k", [(8, 4), (12, 5), (7, 6), (1, 3), (3, 8)])  # 7 and 1 rows leave remainders
+@needs_onednn
+@pytest.mark.parametrize("shape", [(5,), (1, 5), (1, 1, 5), (3, 5), (2, 7, 5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_threaded_matvec_equals_f_linear(parts, n, k, bias):
-    layer = _layer(n, k, bias)
-    for shape in [(k,), (1, k), (1, 1, k)]:
-        x = torch.randn(shape)
-        with torch.no_grad():
-            got, want = threaded_matvec(x, layer.weight, layer.bias, parts), F.linear(x, layer.weight, layer.bias)
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+def test_onednn_linear_equals_f_linear(shape, bias):
+    layer = _layer(7, 5, bias)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        got, want = onednn_linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_strided_operands_keep_f_linear():
+    w, x = torch.randn(8, 6).t(), torch.randn(8, 3).t()  # (6, 8) and (3, 8), transposed views
+    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast, torch.no_grad():
+        assert torch.equal(lin.linear(x, w), F.linear(x, w))
+        assert torch.equal(lin.linear(x.contiguous(), w), F.linear(x, w))
+    assert fast.call_count == 0
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -35,28 +44,28 @@ def test_reduction_matvec_equals_f_linear(bias):
         torch.testing.assert_close(reduction_matvec(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias))
 
 
-def test_non_contiguous_weight_falls_back_to_f_linear():
-    w = torch.randn(6, 8).t()  # (8, 6) with column-major strides
-    x = torch.randn(1, 6)
-    with torch.no_grad():
-        assert torch.equal(threaded_matvec(x, w, None, 2), F.linear(x, w))
-
-
-def test_fast_path_only_for_one_row_at_inference():
+@needs_onednn
+def test_fast_path_only_at_inference_in_fp32():
+    """Autograd, autocast (which casts and caches the weights inside F.linear), bf16 weights (oneDNN's
+    already) and empty inputs keep F.linear."""
     layer = _layer(8, 4)
-    with mock.patch.object(lin, "threaded_matvec", wraps=threaded_matvec) as fast:
-        with torch.no_grad():
-            layer(torch.randn(2, 4))  # two rows: F.linear
-            layer(torch.randn(0, 4))  # no row
-        assert fast.call_count == 0
+    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast:
         x = torch.randn(1, 4, requires_grad=True)
-        y = layer(x)  # autograd on: F.linear, gradients as nn.Linear's
-        assert fast.call_count == 0
-        y.sum().backward()
+        layer(x).sum().backward()
         torch.testing.assert_close(x.grad, layer.weight.sum(0, keepdim=True))
+        with torch.no_grad():
+            layer(torch.randn(0, 4))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert layer(torch.randn(1, 4)).dtype == torch.bfloat16
+            assert fast.call_count == 0
+            layer(torch.randn(3, 4))
+            assert fast.call_count == 1
         with torch.inference_mode():
             layer(torch.randn(1, 1, 4))
-        assert fast.call_count == 1
+        assert fast.call_count == 2
+        with torch.no_grad():
+            layer.bfloat16()(torch.randn(1, 4, dtype=torch.bfloat16))
+        assert fast.call_count == 2
 
 
 def test_linear_is_an_nn_linear_with_its_names():
@@ -65,49 +74,53 @@ def test_linear_is_an_nn_linear_with_its_names():
     assert isinstance(layer, torch.nn.Linear)
     assert layer.state_dict().keys() == ref.state_dict().keys()
     layer.load_state_dict(ref.state_dict())
-    x = torch.randn(1, 3)
+    x = torch.randn(2, 3)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), ref(x))
 
 
-def test_under_compile_the_reduction_form_is_traced():
-    layer = _layer(8, 4).eval()
-    traced = []
+def _traced(layer, x) -> tuple[torch.Tensor, list[str]]:
+    """layer(x) through torch.compile, and the names of what dynamo captured."""
+    names = []
 
     def backend(gm, example_inputs):  # record what dynamo captured, run it as is
-        traced.extend(str(n.target) for n in gm.graph.nodes)
+        names.extend(str(n.target) for n in gm.graph.nodes)
         return gm.forward
 
-    x = torch.randn(1, 1, 4)
     with torch.no_grad():
-        got = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        return torch.compile(layer, backend=backend, fullgraph=True)(x), names
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_under_compile_one_row_is_a_reduction_and_more_rows_the_opaque_op(rows):
+    layer = _layer(8, 4).eval()
+    x = torch.randn(1, rows, 4)
+    got, names = _traced(layer, x)
+    with torch.no_grad():
         torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
-    assert "sum" in traced and not any("linear" in t for t in traced), traced
+    if rows == 1:
+        assert "sum" in names and not any("linear" in n for n in names), names
+    elif lin.ONEDNN:
+        assert "qkv.onednn_linear.default" in names, names
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_greedy_tokens_with_any_thread_count_equal_the_reference(threads, seed):
-    """One thread takes F.linear throughout (the reference); two and three split the products."""
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()  # 61: uneven split
-    ids = torch.randint(0, 61, (1, 5))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        want = model.generate(ids, 12, temperature=0)
-        torch.set_num_threads(threads)
-        with mock.patch.object(lin, "threaded_matvec", wraps=threaded_matvec) as fast:
-            got = model.generate(ids, 12, temperature=0)
-    finally:
-        torch.set_num_threads(before)
+@needs_onednn
+def test_greedy_tokens_equal_the_reference_path(monkeypatch):
+    """Every product through F.linear (the reference) and through the fast paths: the same tokens."""
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()
+    ids = torch.randint(0, 61, (2, 5))
+    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast:
+        got = model.generate(ids, 12, temperature=0)
     assert fast.call_count > 0
-    assert torch.equal(got, want)
+    monkeypatch.setattr(lin, "onednn_linear", lambda x, w, b: F.linear(x, w, b))
+    assert torch.equal(got, model.generate(ids, 12, temperature=0))
 
 
-def test_autocast_and_bf16_weights_keep_f_linear():
-    """Autocast casts (and caches) the weights inside F.linear; a bf16 product goes to oneDNN, threaded already."""
-    layer = _layer(8, 4)
-    with mock.patch.object(lin, "threaded_matvec", wraps=threaded_matvec) as fast, torch.no_grad():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert layer(torch.randn(1, 4)).dtype == torch.bfloat16
-        layer.bfloat16()(torch.randn(1, 4, dtype=torch.bfloat16))
-    assert fast.call_count == 0
+def test_flop_counter_counts_the_fast_path():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = _layer(7, 5)
+    for grad in (True, False):  # F.linear, then oneDNN
+        with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
+            layer(torch.randn(3, 5))
+        assert counter.get_total_flops() == 2 * 3 * 7 * 5

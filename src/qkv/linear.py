@@ -1,44 +1,59 @@
-"""``nn.Linear`` whose one-row product at inference uses every core: what decoding one token is.
+"""``nn.Linear`` whose product at inference on a CPU streams its weight on every core.
 
-    y = x Wᵀ + b      x (..., K) with one row, W (N, K), b (N,)
+    y = x Wᵀ + b      x (..., K), W (N, K), b (N,)
 
-At batch 1 each decoded token is one matrix-vector product per weight, so its speed is the
-rate at which the weights stream from memory. MKL computes such a product on one core
-(measured on 2 cores: 23 GB/s, where a plain read of the same 128 MB streams 63), so:
+Decoding one token at batch 1 is one matrix-vector product per weight, so its speed is the rate
+at which the weights stream from memory. ``F.linear`` (MKL in PyTorch's CPU builds) computes such
+a product on one core, and a few rows little better (measured on 2 AMD cores: 27 GB/s where a plain
+read of the same 128 MB streams 61-81; at 8 and 32 rows MKL reaches half of oneDNN's speed), so:
 
-- eager: the rows of W are split into one block per thread, a ``bmm`` over views of W (no copy)
-  that ATen runs in parallel (``threaded_matvec``);
-- under ``torch.compile``: the product is written as the reduction it is, ``(W * x).sum(-1)``,
-  which inductor fuses into one vectorised pass over W on every core (``reduction_matvec``).
+- eager: oneDNN's inner product, which PyTorch ships and inductor's CPU fusions call (``onednn_linear``);
+- under ``torch.compile``, one row: the product written as the reduction it is, ``(W * x).sum(-1)``,
+  which inductor fuses into one vectorised pass over W on every core (``reduction_matvec``);
+  several rows: the oneDNN call, kept opaque (``compiled_onednn_linear``).
 
-``F.linear`` is the reference: every other input (several rows, autograd, another device)
-goes through it (and autocast, which casts the weights inside it), and the tests check the fast
-paths against it.
-Shapes: K input width, N output width, P parts (threads).
+``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it),
+other dtypes (bf16 already goes to oneDNN), other devices and builds without oneDNN go through it,
+and the tests check the fast paths against it.
+Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils import flop_counter
+
+ONEDNN = torch.backends.mkldnn.is_available()  # every official x86-64 and arm64 CPU build
 
 
-def threaded_matvec(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
-    """x (..., K) holding one row -> (..., N): W's rows in ``parts`` blocks, one product per thread."""
-    N, K = weight.shape
-    n = N - N % parts  # rows that split evenly; a remainder (GPT-2's 50257-token head) goes alone
-    if parts < 2 or n == 0 or not weight.is_contiguous():
-        return F.linear(x, weight, bias)
-    xs = x.reshape(1, 1, K).expand(parts, 1, K)  # (P, 1, K), no copy
-    ws = weight[:n].view(parts, n // parts, K).transpose(1, 2)  # (P, K, n/P), views of W
-    if bias is None:
-        y = torch.bmm(xs, ws)  # (P, 1, n/P)
-    else:
-        y = torch.baddbmm(bias[:n].view(parts, 1, n // parts), xs, ws)
-    y = y.view(1, n)  # the blocks in order: (P, 1, n/P) is (1, n) in memory
-    if n < N:
-        y = torch.cat([y, F.linear(x.reshape(1, K), weight[n:], None if bias is None else bias[n:])], dim=-1)
-    return y.view(*x.shape[:-1], N)
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., K) -> (..., N), fp32, through oneDNN's inner product on the weight as it is (no copy)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@torch.library.custom_op("qkv::onednn_linear", mutates_args=())
+def compiled_onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``onednn_linear`` as an opaque op for ``torch.compile``, which calls it as it is (inductor's own
+    lowering of the oneDNN op fails here); eagerly the plain call is cheaper than a custom op's dispatch."""
+    return onednn_linear(x, weight, bias)
+
+
+@compiled_onednn_linear.register_fake
+def linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.size(0))
+
+
+def linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """2·M·N·K for ``torch.utils.flop_counter``, which knows F.linear's matmul but not the oneDNN op."""
+    return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
+
+
+for op in (torch.ops.mkldnn._linear_pointwise, torch.ops.qkv.onednn_linear) if ONEDNN else ():
+    if op not in flop_counter.flop_registry:  # a later torch may count it itself
+        flop_counter.register_flop_formula(op)(linear_flops)
 
 
 def reduction_matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -51,19 +66,21 @@ def reduction_matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; on a CPU at inference, one row goes through a matrix-vector fast path."""
-    one_row = x.numel() == weight.size(1) and x.device.type == "cpu"
-    if not one_row or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):  # autocast casts in F.linear
+    """``F.linear(x, weight, bias)``, through the fast paths above at inference on a CPU."""
+    if x.device.type != "cpu" or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling() and x.numel() == weight.size(1):
+        return reduction_matvec(x, weight, bias)
+    plain = weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
+    if not plain or not ONEDNN:  # oneDNN takes neither strided operands nor (here) other dtypes
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
-        return reduction_matvec(x, weight, bias)
-    if weight.dtype != torch.float32:  # bf16 goes to oneDNN, whose product is threaded already
-        return F.linear(x, weight, bias)
-    return threaded_matvec(x, weight, bias, torch.get_num_threads())
+        return compiled_onednn_linear(x, weight, bias)
+    return onednn_linear(x, weight, bias)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same weights, names and initialisation) with ``qkv.linear.linear``'s fast path."""
+    """``nn.Linear`` (same weights, names and initialisation) with ``qkv.linear.linear``'s fast paths."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""

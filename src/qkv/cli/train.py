@@ -182,7 +182,10 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the weights' type while decoding: bfloat16 halves the bytes each token reads "
+                        "(opt-in: the README's Speed section gives its speed and its cost in bits per character)")
     p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step (compiles once)")
     return p
 
@@ -203,6 +206,7 @@ def run_sample(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_source(args, device=args.device)
     if not isinstance(model, GPT):
         raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
+    model = model.to(getattr(torch, args.dtype))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     with autocast:
         text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,

@@ -76,6 +76,19 @@ def evaluate(model, ids: Tensor, T: int, starts: list[int], *, batch_size: int =
     return float(total[0]), int(total[1])
 
 
+def predicted_chars(tokenizer, text: str, ids: Tensor) -> int:
+    """Characters of ``text`` that its next-token predictions cover: all but the first token's."""
+    return len(text) - len(tokenizer.decode(ids[:1].tolist()))
+
+
+def held_out_bpc(model, tokenizer, text: str, T: int, **kwargs) -> float:
+    """Bits per character of ``model`` on the whole of ``text`` in non-overlapping windows of T tokens:
+    a run's final ``val_bpc`` when ``text`` is its held-out split (``kwargs`` as ``evaluate``)."""
+    ids = encode_corpus(tokenizer, text)  # (N,)
+    nats, _ = evaluate(model, ids, T, eval_starts(len(ids), T, None), **kwargs)
+    return nats / LN2 / predicted_chars(tokenizer, text, ids)
+
+
 class LanguageModelTask(Task):
     """Next-token prediction on a text corpus with a GPT."""
 
@@ -96,7 +109,7 @@ class LanguageModelTask(Task):
         self.train_ids = encode_corpus(self.tokenizer, self.corpus.train)  # (N,)
         self.val_ids = encode_corpus(self.tokenizer, self.corpus.val)  # (N_val,)
         self.compressors = compressor_bpc(self.corpus.val)
-        self.val_chars = len(self.corpus.val) - len(self.tokenizer.decode(self.val_ids[:1].tolist()))  # predicted
+        self.val_chars = predicted_chars(self.tokenizer, self.corpus.val, self.val_ids)
         self.chars_per_token = self.val_chars / max(1, len(self.val_ids) - 1)
 
     def model_config(self, cfg) -> ModelConfig:
