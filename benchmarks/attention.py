@@ -123,7 +123,8 @@ def main(argv=None) -> str:
     args = p.parse_args(argv)
     print(machine_info())
     peak = matmul_peak_gflops()
-    print(f"fp32 matmul peak (best median of n×n torch.mm, n in 1024, 2048, 3072): {peak:.0f} GFLOP/s")
+    print(f"fp32 matmul peak (best median of an n×n product by torch.mm or oneDNN, n in 1024, 2048, 3072): "
+          f"{peak:.0f} GFLOP/s")
     rows = []
     for shape in QUICK_SHAPES if args.quick else SHAPES:
         rows += run(*shape, repeats=3 if args.quick else 9, peak=peak)

@@ -12,6 +12,12 @@ from qkv.linear import Linear, onednn_linear, reduction_matvec
 needs_onednn = pytest.mark.skipif(not lin.ONEDNN, reason="this PyTorch build has no oneDNN (mkldnn)")
 
 
+@pytest.fixture(autouse=True)
+def any_size(monkeypatch):
+    """oneDNN for every weight (by default only from 512 × 512 up), so tiny shapes exercise it."""
+    monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 0)
+
+
 def _layer(n: int, k: int, bias: bool = True) -> Linear:
     return Linear(k, n, bias=bias)
 
@@ -66,6 +72,16 @@ def test_fast_path_only_at_inference_in_fp32():
         with torch.no_grad():
             layer.bfloat16()(torch.randn(1, 4, dtype=torch.bfloat16))
         assert fast.call_count == 2
+
+
+@needs_onednn
+def test_small_weights_keep_f_linear(monkeypatch):
+    monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 1 << 18)
+    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast, torch.no_grad():
+        _layer(511, 512)(torch.randn(1, 512))
+        assert fast.call_count == 0
+        _layer(512, 512)(torch.randn(1, 512))
+        assert fast.call_count == 1
 
 
 def test_linear_is_an_nn_linear_with_its_names():

@@ -4,8 +4,8 @@
 
 Decoding one token at batch 1 is one matrix-vector product per weight, so its speed is the rate
 at which the weights stream from memory. ``F.linear`` (MKL in PyTorch's CPU builds) computes such
-a product on one core, and a few rows little better (measured on 2 AMD cores: 27 GB/s where a plain
-read of the same 128 MB streams 61-81; at 8 and 32 rows MKL reaches half of oneDNN's speed), so:
+a product on one core, and more rows at half of oneDNN's speed (measured on 2 AMD Zen 5 cores: one
+row over 128 MB, MKL 25 GB/s, oneDNN 55, a plain read 86; 2 to 1 024 rows, oneDNN 2.0-2.4x MKL), so:
 
 - eager: oneDNN's inner product, which PyTorch ships and inductor's CPU fusions call (``onednn_linear``);
 - under ``torch.compile``, one row: the product written as the reduction it is, ``(W * x).sum(-1)``,
@@ -13,8 +13,9 @@ read of the same 128 MB streams 61-81; at 8 and 32 rows MKL reaches half of oneD
   several rows: the oneDNN call, kept opaque (``compiled_onednn_linear``).
 
 ``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it),
-other dtypes (bf16 already goes to oneDNN), other devices and builds without oneDNN go through it,
-and the tests check the fast paths against it.
+other dtypes (bf16 already goes to oneDNN), small weights (where oneDNN's call costs more than the
+product), other devices and builds without oneDNN go through it; the tests check the fast paths
+against it.
 Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
@@ -27,6 +28,9 @@ from torch import Tensor, nn
 from torch.utils import flop_counter
 
 ONEDNN = torch.backends.mkldnn.is_available()  # every official x86-64 and arm64 CPU build
+# oneDNN's call costs ~12 µs, MKL's 2 µs: below 512 × 512 weights (1 MB in fp32) MKL's is faster (measured:
+# the demo preset decodes at 1517 tok/s through MKL, 930 through oneDNN; d_model 256 best with this bound).
+ONEDNN_MIN_WEIGHT = 1 << 18
 
 
 def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -72,7 +76,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if torch.compiler.is_compiling() and x.numel() == weight.size(1):
         return reduction_matvec(x, weight, bias)
     plain = weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
-    if not plain or not ONEDNN:  # oneDNN takes neither strided operands nor (here) other dtypes
+    if not plain or not ONEDNN or weight.numel() < ONEDNN_MIN_WEIGHT:  # oneDNN takes no strided operands
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
         return compiled_onednn_linear(x, weight, bias)
