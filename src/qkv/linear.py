@@ -47,6 +47,7 @@ def compiled_onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Te
 
 @compiled_onednn_linear.register_fake
 def linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The output's shape and dtype alone, for compile's fake tensors."""
     return x.new_empty(*x.shape[:-1], weight.size(0))
 
 
