@@ -72,7 +72,7 @@ class _StaticCache:
         self.slots = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, M)
         self.slot_ids = torch.arange(capacity, device=device)  # a step's input_pos is a view of this: no allocation
         self.step_fn = _compiled_step(model) if compile else model
-        self.compiled, self.guarded = compile, False
+        self.compiled, self.warm = compile, False  # warm: this call's first compiled step has run, guards checked
 
     def prefill(self, ids: Tensor, valid: Tensor) -> Tensor:
         """Refill from slot 0 with ids (B, T), valid (B, T) True on real tokens -> last logits (B, V)."""
@@ -86,9 +86,9 @@ class _StaticCache:
         """One new token per row, tok (B,), into ``slot`` -> its logits (B, V)."""
         self.slots[:, slot] = True
         input_pos = self.slot_ids[slot:slot + 1]  # (1,)
-        with unguarded(self.guarded):
+        with unguarded(self.warm):
             logits = self.step_fn(tok[:, None], mask=self.slots, kv_caches=self.layers, input_pos=input_pos).logits
-        self.guarded = self.compiled  # this call's guards passed: the steps after it see the same model and buffers
+        self.warm = self.compiled  # the steps after this one see the same model, buffers and shapes
         return logits[:, -1]
 
 
