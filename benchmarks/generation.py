@@ -111,24 +111,6 @@ def compile_child() -> None:
     print(f"{time.perf_counter() - t0:.2f}")
 
 
-def low_precision() -> str:
-    """One 128 MB-in-fp32 weight matrix times a vector: bf16 and int8 (dynamic quantization) against fp32."""
-    import warnings
-
-    lin = torch.nn.Linear(4096, 8192, bias=False)
-    with warnings.catch_warnings():  # torch.ao's eager quantization warns that it is deprecated (torchao replaces it)
-        warnings.simplefilter("ignore")
-        int8 = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)
-    x = torch.randn(1, 4096)
-    w16, x16 = lin.weight.bfloat16(), x.bfloat16()
-    with torch.inference_mode():
-        t = time_interleaved({"fp32": lambda: F.linear(x, lin.weight), "bf16": lambda: F.linear(x16, w16),
-                              "int8": lambda: int8(x)}, repeats=15)
-    return (f"low precision, one 8192 x 4096 weight matrix times a vector: bf16 {t['fp32'] / t['bf16']:.2f}x fp32's speed "
-            f"({t['fp32'] / t['bf16'] / 2:.2f}x per byte), int8 (torch.ao dynamic quantization) "
-            f"{t['fp32'] / t['int8']:.2f}x ({t['fp32'] / t['int8'] / 4:.2f}x per byte)")
-
-
 def roofline_rows(results: dict, roofline: float) -> list[list]:
     rows = []
     for batch, tps in results.items():
@@ -176,7 +158,6 @@ def main(argv=None) -> str:
     out = table(roofline_rows(results, roofline), HEADER)
     print(out)
     print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
-    print(low_precision())
     if (args.compile_cost or not args.quick) and not args.no_compile:
         first, second = compile_cost()
         print(f"compile cost: first call {first:.1f} s in a fresh process, {second:.1f} s in a second one "

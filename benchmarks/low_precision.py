@@ -5,7 +5,7 @@
 Speed: the `generation` benchmark's model (GPT-2's shape at CPU size, 23.6 M parameters; 92.4 MB
 of weights in fp32, 46.2 MB in bf16), greedy at batch 1, prompt 16 tokens, 128 new (32 with
 --quick), eager and compiled, each dtype beside fp32, interleaved, medians; how many of the new
-tokens agree with fp32's.
+tokens agree with fp32's. First, the rates at which one large matrix streams in each type.
 Cost: a trained run's bits per character on its whole held-out text (its final ``val_bpc``), with
 its fp32 weights and with the same weights rounded to bf16. ``make demo`` writes the default run,
 runs/demo; without it the cost is not measured (and the benchmark says so).
@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from .common import machine_info, table, time_interleaved
+from .common import machine_info, stream_seconds, table, time_interleaved
 from .generation import CONFIG, PROMPT, build, weight_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -47,6 +48,29 @@ def decode_speed(new: int, compile: bool, repeats: int) -> list[list]:
                      f"{eager / tps['fp32 eager']:.2f}x",
                      "-" if comp is None else f"{comp / tps['fp32 compiled']:.2f}x", f"{agree:.0%}"])
     return rows
+
+
+def matvec_rates(megabytes: int = 128) -> str:
+    """GB/s of weights streamed by one matrix-vector product over a ``megabytes`` fp32 matrix, as stored in
+    fp32 (oneDNN through ``qkv.linear``, MKL through ``F.linear``), bf16 (``F.linear``: oneDNN's bf16 kernel)
+    and int8 (``torch.ao`` dynamic quantization): whether fewer bytes also stream as fast."""
+    import warnings
+
+    from qkv.linear import linear
+
+    cols = 4096
+    lin = torch.nn.Linear(cols, megabytes * 2**20 // (4 * cols), bias=False)
+    with warnings.catch_warnings():  # torch.ao's eager quantization warns that it is deprecated (torchao replaces it)
+        warnings.simplefilter("ignore")
+        int8 = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)
+    x, w = torch.randn(1, cols), lin.weight.detach()
+    x16, w16 = x.bfloat16(), w.bfloat16()
+    calls = {"fp32 qkv.linear": (lambda: linear(x, w), 4), "fp32 F.linear": (lambda: F.linear(x, w), 4),
+             "bf16": (lambda: F.linear(x16, w16), 2), "int8": (lambda: int8(x), 1)}
+    with torch.inference_mode():
+        rates = {name: w.numel() * size / stream_seconds(fn, 15) / 1e9 for name, (fn, size) in calls.items()}
+    return (f"one {w.size(0)} x {cols} matrix times a vector, GB/s of weights streamed: "
+            + ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()))
 
 
 def quality(run_dir: Path) -> str:
@@ -78,6 +102,7 @@ def main(argv=None) -> str:
     p.add_argument("--no-compile", action="store_true", help="eager only")
     args = p.parse_args(argv)
     print(machine_info())
+    print(matvec_rates())
     out = table(decode_speed(32 if args.quick else 128, not args.no_compile, 3 if args.quick else 5), HEADER)
     print(out)
     if (args.run / "summary.json").is_file():

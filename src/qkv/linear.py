@@ -72,16 +72,15 @@ def reduction_matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, through the fast paths above at inference on a CPU."""
-    if x.device.type != "cpu" or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+    if not x.is_cpu or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return F.linear(x, weight, bias)
-    if torch.compiler.is_compiling() and x.numel() == weight.size(1):
+    compiling = torch.compiler.is_compiling()
+    if compiling and x.numel() == weight.size(1):
         return reduction_matvec(x, weight, bias)
     plain = weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
     if not plain or not ONEDNN or weight.numel() < ONEDNN_MIN_WEIGHT:  # oneDNN takes no strided operands
         return F.linear(x, weight, bias)
-    if torch.compiler.is_compiling():
-        return compiled_onednn_linear(x, weight, bias)
-    return onednn_linear(x, weight, bias)
+    return (compiled_onednn_linear if compiling else onednn_linear)(x, weight, bias)
 
 
 class Linear(nn.Linear):
