@@ -135,15 +135,20 @@ def test_one_query_attention_equals_the_fused_kernel():
     assert "softmax" in str(traced) and "scaled_dot_product_attention" not in str(traced)
 
 
-def test_compiled_steps_skip_guards_only_after_the_first(monkeypatch):
+@pytest.mark.parametrize("has_stance", [True, False])
+def test_compiled_steps_skip_guards_only_after_the_first(has_stance, monkeypatch):
     """Each generate call evaluates its first compiled step's guards (a new cache size or batch may need
-    another compiled graph); the steps after it skip them. Tokens equal the reference either way."""
+    another compiled graph); the steps after it skip them — where torch has set_stance (>= 2.6); without
+    it (has_stance False: what torch 2.4 and 2.5 do) every step evaluates them. Tokens equal the reference."""
     gen = importlib.import_module("qkv.generate")
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
-    if not hasattr(torch.compiler, "set_stance"):
-        pytest.skip("torch < 2.6 has no torch.compiler.set_stance: every step evaluates its guards")
-    skipped, real = [], torch.compiler.set_stance
-    monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: skipped.append(k) or real(*a, **k))
+    skipped, real = [], getattr(torch.compiler, "set_stance", None)
+    if has_stance and real is None:
+        pytest.skip("this torch (< 2.6) has no torch.compiler.set_stance; the has_stance=False case is what it runs")
+    if has_stance:
+        monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: skipped.append(k) or real(*a, **k))
+    else:
+        monkeypatch.delattr(torch.compiler, "set_stance", raising=False)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
@@ -152,4 +157,5 @@ def test_compiled_steps_skip_guards_only_after_the_first(monkeypatch):
         skipped.clear()
         got = model.generate(ids, 6, temperature=0, compile=True)
         assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
-        assert skipped == [{"skip_guard_eval_unsafe": True}] * 4  # 5 steps after the prefill: all but the first
+        # 5 steps after the prefill: all but the first skip their guards, where torch can
+        assert skipped == ([{"skip_guard_eval_unsafe": True}] * 4 if has_stance else [])

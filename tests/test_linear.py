@@ -9,13 +9,27 @@ import qkv
 from qkv import linear as lin
 from qkv.linear import Linear, onednn_linear, reduction_matvec
 
-needs_onednn = pytest.mark.skipif(not lin.ONEDNN, reason="this PyTorch build has no oneDNN (mkldnn)")
+# Only the tests that run oneDNN's own kernel need it; where it is missing, test_without_onednn_* checks
+# that every product is F.linear's, and the dispatch tests run with a stand-in for the kernel.
+needs_onednn = pytest.mark.skipif(not lin.ONEDNN, reason="this PyTorch build has no oneDNN (torch.backends.mkldnn); "
+                                                         "qkv then computes every product with F.linear")
 
 
 @pytest.fixture(autouse=True)
 def any_size(monkeypatch):
     """oneDNN for every weight (by default only from 512 × 512 up), so tiny shapes exercise it."""
     monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 0)
+
+
+@pytest.fixture
+def fast(monkeypatch) -> mock.Mock:
+    """The oneDNN call, recorded: the real kernel where this build has it, F.linear standing in elsewhere,
+    so that which products go to it is tested on every build."""
+    kernel = onednn_linear if lin.ONEDNN else (lambda x, w, b: F.linear(x, w, b))
+    monkeypatch.setattr(lin, "ONEDNN", True)
+    recorded = mock.Mock(wraps=kernel)
+    monkeypatch.setattr(lin, "onednn_linear", recorded)
+    return recorded
 
 
 def _layer(n: int, k: int, bias: bool = True) -> Linear:
@@ -34,9 +48,9 @@ def test_onednn_linear_equals_f_linear(shape, bias):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_strided_operands_keep_f_linear():
+def test_strided_operands_keep_f_linear(fast):
     w, x = torch.randn(8, 6).t(), torch.randn(8, 3).t()  # (6, 8) and (3, 8), transposed views
-    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast, torch.no_grad():
+    with torch.no_grad():
         assert torch.equal(lin.linear(x, w), F.linear(x, w))
         assert torch.equal(lin.linear(x.contiguous(), w), F.linear(x, w))
     assert fast.call_count == 0
@@ -50,38 +64,44 @@ def test_reduction_matvec_equals_f_linear(bias):
         torch.testing.assert_close(reduction_matvec(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias))
 
 
-@needs_onednn
-def test_fast_path_only_at_inference_in_fp32():
+def test_fast_path_only_at_inference_in_fp32(fast):
     """Autograd, autocast (which casts and caches the weights inside F.linear), bf16 weights (oneDNN's
     already) and empty inputs keep F.linear."""
     layer = _layer(8, 4)
-    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast:
-        x = torch.randn(1, 4, requires_grad=True)
-        layer(x).sum().backward()
-        torch.testing.assert_close(x.grad, layer.weight.sum(0, keepdim=True))
-        with torch.no_grad():
-            layer(torch.randn(0, 4))
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                assert layer(torch.randn(1, 4)).dtype == torch.bfloat16
-            assert fast.call_count == 0
-            layer(torch.randn(3, 4))
-            assert fast.call_count == 1
-        with torch.inference_mode():
-            layer(torch.randn(1, 1, 4))
-        assert fast.call_count == 2
-        with torch.no_grad():
-            layer.bfloat16()(torch.randn(1, 4, dtype=torch.bfloat16))
-        assert fast.call_count == 2
+    x = torch.randn(1, 4, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0, keepdim=True))
+    with torch.no_grad():
+        layer(torch.randn(0, 4))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(torch.randn(1, 4)).dtype == torch.bfloat16
+        assert fast.call_count == 0
+        layer(torch.randn(3, 4))
+        assert fast.call_count == 1
+    with torch.inference_mode():
+        layer(torch.randn(1, 1, 4))
+    assert fast.call_count == 2
+    with torch.no_grad():
+        layer.bfloat16()(torch.randn(1, 4, dtype=torch.bfloat16))
+    assert fast.call_count == 2
 
 
-@needs_onednn
-def test_small_weights_keep_f_linear(monkeypatch):
+def test_small_weights_keep_f_linear(fast, monkeypatch):
     monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 1 << 18)
-    with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast, torch.no_grad():
+    with torch.no_grad():
         _layer(511, 512)(torch.randn(1, 512))
         assert fast.call_count == 0
         _layer(512, 512)(torch.randn(1, 512))
         assert fast.call_count == 1
+
+
+def test_without_onednn_every_product_is_f_linear(monkeypatch):
+    """A PyTorch build without oneDNN: the fast path is never taken, the products are F.linear's exactly."""
+    monkeypatch.setattr(lin, "ONEDNN", False)
+    layer, x = _layer(7, 5), torch.randn(3, 5)
+    with mock.patch.object(lin, "onednn_linear") as kernel, torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    kernel.assert_not_called()
 
 
 def test_linear_is_an_nn_linear_with_its_names():
