@@ -3,10 +3,11 @@
 attention  (a) MHA forward and forward+backward vs nn.MultiheadAttention and a naive module
 memory     (b) peak memory of one attention forward, fused vs reference path
 generation (c) greedy tokens/s, eager and compiled, vs Hugging Face generate and the memory roofline
-training   (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
-complexity (e) time and memory against n, fitted exponents: reference, fused, flash, linear attention
-marian     (f) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
-low_precision (g) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
+train_speed (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
+marian     (e) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
+low_precision (f) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
+complexity time and memory against n, fitted exponents: reference, fused, flash, linear attention
+           (the README's table of claims)
 """
 from __future__ import annotations
 

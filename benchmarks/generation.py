@@ -8,10 +8,14 @@ fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). 
 equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
-The bandwidth is measured in the same run: the fastest that any of four kernels streams a 128 MB matrix
-(a plain read, MKL's matrix-vector product, oneDNN's and inductor's fused one; best of 15 each).
-"weights only" runs the model's own matrix-vector products back to back and nothing else: the best a
-decoder that calls one kernel per weight matrix can do here.
+The bandwidth is measured in the same run, twice. First the peak: the fastest that any of four kernels
+streams a 128 MB matrix (a plain read, MKL's matrix-vector product, oneDNN's and inductor's fused one;
+best of 15 each). Then, since this machine's bandwidth drifts with the other jobs on its host (a plain
+read gave 49 to 89 GB/s within minutes), the roofline itself: the plain read timed as one more
+contender in the batch-1 rounds, so that it and the decoders share the same moments (medians of the
+same rounds). "weights only" runs the model's own matrix-vector products back to back and nothing
+else — eagerly and compiled into one function —: the best a decoder that calls one kernel per weight
+matrix can do here.
 
 --compile-cost times ``generate(compile=True)``'s first call in two fresh processes sharing an empty
 inductor cache directory: the first compiles, the second reads inductor's on-disk cache.
@@ -19,6 +23,7 @@ inductor cache directory: the first compiles, the second reads inductor's on-dis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -31,6 +36,7 @@ import torch.nn.functional as F
 import qkv
 from qkv.interop import to_hf
 from qkv.linear import linear as qkv_linear
+from qkv.linear import reduction_matvec
 
 from .common import bandwidths, machine_info, table, time_interleaved
 
@@ -57,18 +63,25 @@ def weight_bytes(model) -> int:
     return total
 
 
-def weights_only(model, repeats: int) -> dict[str, float]:
-    """Seconds per token of the model's matrix-vector products alone, in the model's order:
-    through ``qkv.linear.linear`` (what the model runs) and through ``F.linear`` (MKL's, one core)."""
+def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[int, object]]:
+    """{name: (tokens, fn)}: ``fn`` runs the model's matrix-vector products alone, in the model's order,
+    ``tokens`` times: through ``qkv.linear.linear`` (what the eager model runs), through ``F.linear``
+    (MKL's, one core) and, with ``compile``, as the fused reductions compiled into one function (what
+    the compiled step runs)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, m.in_features) for m in linears]
 
-    def loop(fn):
+    def one_pass(fn):
         return lambda: [fn(x, m.weight, m.bias) for m, x in zip(linears, inputs)]
 
+    passes = {"qkv.linear": one_pass(qkv_linear), "F.linear": one_pass(F.linear)}
+    if compile:
+        passes["compiled"] = torch.compile(one_pass(reduction_matvec), dynamic=False)
     with torch.inference_mode():
-        return time_interleaved({"qkv.linear": loop(qkv_linear), "F.linear": loop(F.linear)},
-                                repeats=repeats * 20)
+        for fn in passes.values():
+            fn()  # compiles
+    return {f"weights only, {name}": (tokens, lambda fn=fn: [fn() for _ in range(tokens)])
+            for name, fn in passes.items()}
 
 
 def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
@@ -82,16 +95,30 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     return calls
 
 
-def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int) -> dict[str, float]:
-    """Tokens/s of each contender at this batch size; asserts they all produce qkv eager's tokens."""
+READ = "read (sum)"  # the plain read timed among the batch-1 contenders: its result is bytes/s, not tokens/s
+
+
+def plain_read(megabytes: int = 128) -> tuple[int, object]:
+    """(bytes, fn): three plain reads of a ``megabytes`` matrix on every thread (``common.bandwidths``'
+    fastest kernel): the machine's bandwidth at the moment it is timed."""
+    w = torch.randn(megabytes * 2**20 // (4096 * 4), 4096)
+    return 3 * w.numel() * w.element_size(), lambda: [w.sum() for _ in range(3)]
+
+
+def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, beside: dict = None) -> dict:
+    """Tokens/s of each contender at this batch size; asserts they all produce qkv eager's tokens.
+    ``beside`` {name: (units, fn)} are timed in the same rounds, their rate in units/s."""
     ids = torch.randint(0, CONFIG.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
     calls = contenders(model, hf, ids, new, compile)
     with torch.inference_mode():
         reference = calls["qkv eager"]()
         for name, fn in calls.items():
             assert torch.equal(fn(), reference), f"{name} generated different tokens from qkv eager"
+        units = dict.fromkeys(calls, batch * new)
+        for name, (n, fn) in (beside or {}).items():
+            units[name], calls[name] = n, fn
         seconds = time_interleaved(calls, repeats=repeats, warmup=0)
-    return {name: batch * new / s for name, s in seconds.items()}
+    return {name: units[name] / s for name, s in seconds.items()}
 
 
 def compile_cost() -> tuple[float, float]:
@@ -109,6 +136,50 @@ def compile_child() -> None:
     t0 = time.perf_counter()
     model.generate(ids, 8, temperature=0, compile=True)
     print(f"{time.perf_counter() - t0:.2f}")
+
+
+FLOOR = dataclasses.replace(CONFIG, d_model=64, vocab_size=256)  # the same 6 layers and 8 heads, weights 1/64 of the size
+
+
+def floor_decoders(new: int, compile: bool) -> dict[str, tuple[int, object]]:
+    """{name: (tokens, fn)}: greedy decoding of ``new`` tokens by a model of ``FLOOR``'s shape, eager and
+    compiled. Its weights are 1.4 MB, so its time a token is the work that does not grow with the
+    weights: Python, dispatch, kernel launches and synchronisation, the same number as the big model's."""
+    torch.manual_seed(0)
+    small = qkv.GPT(FLOOR).eval()
+    ids = torch.randint(0, FLOOR.vocab_size, (1, PROMPT))
+    out = {"floor, eager": (new, lambda: small.generate(ids, new, temperature=0))}
+    if compile:
+        out["floor, compiled"] = (new, lambda: small.generate(ids, new, temperature=0, compile=True))
+    with torch.inference_mode():
+        for _, fn in out.values():
+            fn()  # compiles
+    return out
+
+
+def batch_one_beside(model, new: int, compile: bool) -> dict:
+    """What is timed in the batch-1 rounds beside the decoders: the plain read (the roofline's
+    bandwidth), the weights-only passes and the per-token floor, each about as long as one decoder's call."""
+    return {READ: plain_read(), **weights_only(model, new, compile), **floor_decoders(new, compile)}
+
+
+def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
+    """The roofline in tokens/s (from the plain read of the batch-1 rounds, or the peak without them);
+    prints it and the weights-only passes, which it takes out of ``batch_one``."""
+    if batch_one is None:
+        return peak * 1e9 / nbytes
+    bandwidth = batch_one.pop(READ)
+    roofline = bandwidth / nbytes
+    print(f"roofline: the plain read timed in the batch-1 rounds, median {bandwidth / 1e9:.1f} GB/s "
+          f"({bandwidth / 1e9 / peak:.2f} of the peak) -> {roofline:.0f} tok/s")
+    passes = {name.split(", ")[1]: batch_one.pop(name) for name in list(batch_one) if name.startswith("weights only")}
+    print("weights only (the model's matrix-vector products back to back, in the same rounds): " + ", ".join(
+        f"{name} {tps:.0f} tok/s ({tps / roofline:.2f} of the roofline)" for name, tps in passes.items()))
+    floors = {name.split(", ")[1]: batch_one.pop(name) for name in list(batch_one) if name.startswith("floor")}
+    print(f"per-token floor (the same layers at d_model {FLOOR.d_model}, vocabulary {FLOOR.vocab_size}, same rounds): "
+          + ", ".join(f"{name} {1e6 / tps:.0f} µs a token ({batch_one['qkv ' + name] / tps:.2f} of qkv {name}'s token)"
+                      for name, tps in floors.items()))
+    return roofline
 
 
 def roofline_rows(results: dict, roofline: float) -> list[list]:
@@ -143,18 +214,17 @@ def main(argv=None) -> str:
     print(machine_info())
     model, hf = build()
     streams, nbytes = bandwidths(128), weight_bytes(model)
-    bandwidth = max(streams.values())
-    roofline, floor = bandwidth * 1e9 / nbytes, weights_only(model, repeats=3 if args.quick else 7)
+    peak = max(streams.values())
     print(f"model: 6 layers, d_model 512, vocabulary 8192, {model.num_parameters() / 1e6:.1f} M parameters, "
           f"{nbytes / 1e6:.1f} MB of weights per token; HF attention: {hf.config._attn_implementation}")
-    print("streaming one 128 MB matrix: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in streams.items())
-          + f" -> bandwidth {bandwidth:.1f} GB/s, roofline {roofline:.0f} tok/s")
-    print("weights only (the model's matrix-vector products back to back): " + ", ".join(
-        f"{k} {1 / s:.0f} tok/s ({1 / s / roofline:.2f} of the roofline)" for k, s in floor.items()))
+    print("peak, streaming one 128 MB matrix (best of 15): " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in streams.items())
+          + f" -> {peak:.1f} GB/s, {peak * 1e9 / nbytes:.0f} tok/s")
     new, batches = (32, (1, 8)) if args.quick else (128, (1, 8, 32))
     batches = args.batches or batches
-    results = {b: run_batch(model, hf, b, new, compile=not args.no_compile, repeats=3 if args.quick else 5)
+    results = {b: run_batch(model, hf, b, new, compile=not args.no_compile, repeats=3 if args.quick else 5,
+                            beside=batch_one_beside(model, new, not args.no_compile) if b == 1 else None)
                for b in batches}
+    roofline = report_roofline(results.get(1), nbytes, peak)
     out = table(roofline_rows(results, roofline), HEADER)
     print(out)
     print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
