@@ -75,6 +75,21 @@ def stream_seconds(fn, repeats: int) -> float:
     return best
 
 
+def stream_matrix(megabytes: int = 128, dtype=torch.float32) -> torch.Tensor:
+    """A random (rows, 4096) matrix of ``megabytes``, on the GPU if there is one: large enough that
+    streaming it reads memory, not cache."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = megabytes * 2**20 // (4096 * torch.tensor([], dtype=dtype).element_size())
+    return torch.randn(rows, 4096, device=device).to(dtype)
+
+
+def plain_read(megabytes: int = 128) -> tuple[int, object]:
+    """(bytes, fn): three plain reads of a ``stream_matrix`` on every thread (the fastest kernel of
+    ``bandwidths``), to time the machine's bandwidth at a chosen moment."""
+    w = stream_matrix(megabytes)
+    return 3 * w.numel() * w.element_size(), lambda: [w.sum() for _ in range(3)]
+
+
 def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
     """GB/s at which kernels stream one ``megabytes`` matrix from memory (large, so that it does not
     stay in cache): a plain read on every thread (``sum``), and the matrix times a vector three ways —
@@ -83,10 +98,8 @@ def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> 
     """
     from qkv.linear import ONEDNN, onednn_linear, reduction_matvec
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cols = 4096
-    rows = megabytes * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size())
-    w, x = torch.randn(rows, cols, device=device).to(dtype), torch.randn(1, cols, device=device).to(dtype)
+    w = stream_matrix(megabytes, dtype)
+    device, x = w.device.type, torch.randn(1, w.size(1), device=w.device).to(dtype)
     calls = {"read (sum)": lambda: w.sum(), "torch.mv": lambda: torch.mv(w, x[0])}
     if device == "cpu":
         if ONEDNN and dtype == torch.float32:

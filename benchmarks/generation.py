@@ -38,7 +38,7 @@ from qkv.interop import to_hf
 from qkv.linear import linear as qkv_linear
 from qkv.linear import reduction_matvec
 
-from .common import bandwidths, machine_info, table, time_interleaved
+from .common import bandwidths, machine_info, plain_read, table, time_interleaved
 
 CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
 PROMPT = 16
@@ -96,13 +96,6 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
 
 
 READ = "read (sum)"  # the plain read timed among the batch-1 contenders: its result is bytes/s, not tokens/s
-
-
-def plain_read(megabytes: int = 128) -> tuple[int, object]:
-    """(bytes, fn): three plain reads of a ``megabytes`` matrix on every thread (``common.bandwidths``'
-    fastest kernel): the machine's bandwidth at the moment it is timed."""
-    w = torch.randn(megabytes * 2**20 // (4096 * 4), 4096)
-    return 3 * w.numel() * w.element_size(), lambda: [w.sum() for _ in range(3)]
 
 
 def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, beside: dict = None) -> dict:

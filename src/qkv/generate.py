@@ -71,7 +71,8 @@ class _StaticCache:
         self.layers = model.new_kv_caches(batch, capacity, device=device)
         self.slots = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, M)
         self.slot_ids = torch.arange(capacity, device=device)  # a step's input_pos is a view of this: no allocation
-        self.step_fn = _compiled_step(model) if compile else last_logits(model)
+        self.forward = last_logits(model)  # the prefill, and every step unless compiled
+        self.step_fn = _compiled_step(model) if compile else self.forward
         self.compiled, self.warm = compile, False  # warm: this call's first compiled step has run, guards checked
 
     def prefill(self, ids: Tensor, valid: Tensor) -> Tensor:
@@ -80,7 +81,7 @@ class _StaticCache:
         self.slots.zero_()
         self.slots[:, :T] = valid
         input_pos = self.slot_ids[:T]  # slots 0 … T−1
-        return self.model(ids, mask=self.slots, kv_caches=self.layers, input_pos=input_pos).logits[:, -1]
+        return self.forward(ids, self.slots, self.layers, input_pos)
 
     def step(self, tok: Tensor, slot: int) -> Tensor:
         """One new token per row, tok (B,), into ``slot`` -> its logits (B, V)."""
