@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .linear import Linear
+from .linear import Linear, end_to_end, lay_end_to_end, linear
 from .masks import PreparedMask, causal_mask, prepare_mask
 
 
@@ -274,8 +274,24 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = Linear(kv_dim, kv_width, bias=bias)
         self.v_proj = Linear(kv_dim, kv_width, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
+        self._lay_projections()
         self.dropout = dropout
         self.rope, self.alibi = rope, alibi
+
+    def _lay_projections(self) -> None:
+        """q, k, v's weights end to end in memory (k, v's alone when their input differs): one product at inference."""
+        lay_end_to_end(*(self.q_proj, self.k_proj, self.v_proj)[self.kv_dim != self.d_model:])
+
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.half()`` and the like give each parameter new memory: lay the projections again after."""
+        super()._apply(fn, recurse)
+        self._lay_projections()
+        return self
+
+    def __setstate__(self, state) -> None:
+        """``copy.deepcopy`` and unpickling copy each parameter on its own: lay the projections again after."""
+        super().__setstate__(state)
+        self._lay_projections()
 
     def _heads(self, t: Tensor, n: int) -> Tensor:
         B, T, _ = t.shape
@@ -288,9 +304,12 @@ class MultiHeadAttention(nn.Module):
         (cross-attention; RoPE, which would rotate the keys, is refused there).
         """
         self._check_context(context)
-        k = self._heads(self.k_proj(context), self.num_kv_heads)  # (B, G, S, D)
-        v = self._heads(self.v_proj(context), self.num_kv_heads)  # (B, G, S, D)
-        return k, v
+        block = end_to_end(self.k_proj, self.v_proj)  # both weights as one (2·G·D, kv_dim), or None
+        if block is None:
+            k, v = self.k_proj(context), self.v_proj(context)  # (B, S, G·D) each
+        else:
+            k, v = linear(context, *block).chunk(2, dim=-1)  # (B, S, 2·G·D) -> (B, S, G·D) each
+        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)  # (B, G, S, D) each
 
     def forward(
         self,
@@ -332,6 +351,11 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, context: Tensor | None, context_kv) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, L, D) from x; keys and values (B, G, S, D) from context, context_kv or x."""
+        block = end_to_end(self.q_proj, self.k_proj, self.v_proj) if context is None and context_kv is None else None
+        if block is not None:  # self-attention at inference: one product streams all three weights
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = linear(x, *block).split((self.d_model, kv_width, kv_width), dim=-1)  # (B, L, C + 2·G·D)
+            return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
         k, v = self.project_kv(x if context is None else context) if context_kv is None else context_kv
         return q, k, v

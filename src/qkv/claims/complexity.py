@@ -38,13 +38,18 @@ PATHS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {  # q, k, v (B, 
 }
 
 
+# The ops that multiply by a weight matrix (F.linear's and qkv.linear's), whichever module calls them:
+# q, k and v may be one product (qkv.linear.end_to_end), and nn.MultiheadAttention projects in its own forward.
+PRODUCTS_WITH_WEIGHTS = {"aten.mm", "aten.addmm", "aten.linear", "mkldnn._linear_pointwise", "qkv.onednn_linear"}
+
+
 def mha_cost(make: Callable, n: int, *, d_model: int, heads: int) -> dict:
     """FLOPs of the projections and of the attention proper, and the largest tensor, of one reference-path
     forward of ``make(d_model, heads)`` on (1, n, C) meta tensors."""
     with torch.device("meta"):
         module, x = make(d_model, heads), torch.empty(1, n, d_model)  # (B, n, C)
-    flops, largest = cost(lambda: module(x, return_weights=True))
-    projections = sum(f for name, f in flops.items() if name.endswith("_proj"))
+    flops, largest = cost(lambda: module(x, return_weights=True), by="op")
+    projections = sum(f for op, f in flops.items() if op in PRODUCTS_WITH_WEIGHTS)  # q, k, v and out, however packed
     return {"projections": projections, "attention": flops["Global"] - projections, "largest_bytes": largest}
 
 

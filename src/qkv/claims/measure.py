@@ -67,16 +67,18 @@ class LargestTensor(TorchFunctionMode):
         return out
 
 
-def cost(fn: Callable[[], object]) -> tuple[dict[str, int], int]:
-    """({module name: FLOPs}, bytes of the largest tensor) of ``fn()``, by FlopCounterMode ("Global" = all).
-
-    On meta tensors nothing is computed: the counts come from shapes alone.
-    """
+def cost(fn: Callable[[], object], by: str = "module") -> tuple[dict[str, int], int]:
+    """({module name: FLOPs}, or with by="op" {op name such as "aten.mm": FLOPs}, bytes of the largest
+    tensor) of ``fn()``, by FlopCounterMode ("Global" = all). On meta tensors nothing is computed:
+    the counts come from shapes alone."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter, LargestTensor() as largest:
         fn()
-    flops = {"Global": 0} | {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    counts = counter.get_flop_counts()
+    flops = {"Global": 0} | {name: sum(ops.values()) for name, ops in counts.items()}
+    if by == "op":
+        flops = {"Global": flops["Global"]} | {str(op): f for op, f in counts.get("Global", {}).items()}
     return flops, largest.bytes
 
 
