@@ -75,19 +75,30 @@ def stream_seconds(fn, repeats: int) -> float:
     return best
 
 
-def stream_matrix(megabytes: int = 128, dtype=torch.float32) -> torch.Tensor:
-    """A random (rows, 4096) matrix of ``megabytes``, on the GPU if there is one: large enough that
-    streaming it reads memory, not cache."""
+def stream_matrix(megabytes: float = 128, dtype=torch.float32) -> torch.Tensor:
+    """A random (rows, 4096) matrix of ``megabytes`` (MiB), on the GPU if there is one: at 128, large
+    enough that streaming it reads memory, not cache."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = megabytes * 2**20 // (4096 * torch.tensor([], dtype=dtype).element_size())
+    rows = int(megabytes * 2**20) // (4096 * torch.tensor([], dtype=dtype).element_size())
     return torch.randn(rows, 4096, device=device).to(dtype)
 
 
-def plain_read(megabytes: int = 128) -> tuple[int, object]:
-    """(bytes, fn): three plain reads of a ``stream_matrix`` on every thread (the fastest kernel of
-    ``bandwidths``), to time the machine's bandwidth at a chosen moment."""
+def stream_reads(megabytes: float = 128, compile: bool = True) -> dict[str, tuple[int, object]]:
+    """{name: (bytes, fn)}: three reads of one ``stream_matrix`` of ``megabytes`` (MiB) on every thread,
+    by the two fastest kernels of ``bandwidths`` — a plain ``sum`` and (with ``compile``) inductor's
+    fused reduction —, to time the machine's bandwidth at a chosen moment."""
+    from qkv.linear import reduction_matvec
+
     w = stream_matrix(megabytes)
-    return 3 * w.numel() * w.element_size(), lambda: [w.sum() for _ in range(3)]
+    nbytes, x = 3 * w.numel() * w.element_size(), torch.randn(1, w.size(1), device=w.device)
+    size = f"{w.numel() * w.element_size() / 1e6:.1f} MB"
+    reads = {f"read {size} (sum)": (nbytes, lambda: [w.sum() for _ in range(3)])}
+    if compile:
+        compiled = torch.compile(reduction_matvec, dynamic=False)
+        with torch.inference_mode():
+            compiled(x, w, None)  # compiles
+        reads[f"read {size} (compiled reduction)"] = (nbytes, lambda: [compiled(x, w, None) for _ in range(3)])
+    return reads
 
 
 def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
