@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 import qkv
 from qkv.interop import to_hf
+from qkv.linear import end_to_end, reduction_matvec
 from qkv.linear import linear as qkv_linear
-from qkv.linear import reduction_matvec
 
 from .common import bandwidths, machine_info, stream_reads, table, time_interleaved
 
@@ -65,20 +65,36 @@ def weight_bytes(model) -> int:
     return total
 
 
+def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of each matrix-vector product of a decoding step, in the model's order: with
+    ``packed``, each self-attention's q, k and v as the one product the eager model computes
+    (``qkv.linear.end_to_end``); without, every Linear on its own (as the compiled step reads them)."""
+    out, done = [], set()
+    with torch.no_grad():
+        for m in model.modules():
+            block = end_to_end(m.q_proj, m.k_proj, m.v_proj) if packed and isinstance(m, qkv.MultiHeadAttention) \
+                else None
+            if block is not None:
+                out.append(block)
+                done |= {m.q_proj, m.k_proj, m.v_proj}
+            elif isinstance(m, torch.nn.Linear) and m not in done:
+                out.append((m.weight, m.bias))
+    return out
+
+
 def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[int, object]]:
     """{name: (tokens, fn)}: ``fn`` runs the model's matrix-vector products alone, in the model's order,
-    ``tokens`` times: through ``qkv.linear.linear`` (what the eager model runs), through ``F.linear``
-    (MKL's, one core) and, with ``compile``, as the fused reductions compiled into one function (what
-    the compiled step runs)."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(1, m.in_features) for m in linears]
+    ``tokens`` times: through ``qkv.linear.linear`` (what the eager model runs, q, k and v as one), through
+    ``F.linear`` (MKL's, one core) and, with ``compile``, as the fused reductions compiled into one
+    function (what the compiled step runs)."""
+    def one_pass(fn, packed):
+        weights = products(model, packed)
+        inputs = [torch.randn(1, w.size(1)) for w, _ in weights]
+        return lambda: [fn(x, w, b) for (w, b), x in zip(weights, inputs)]
 
-    def one_pass(fn):
-        return lambda: [fn(x, m.weight, m.bias) for m, x in zip(linears, inputs)]
-
-    passes = {"qkv.linear": one_pass(qkv_linear), "F.linear": one_pass(F.linear)}
+    passes = {"qkv.linear": one_pass(qkv_linear, True), "F.linear": one_pass(F.linear, False)}
     if compile:
-        passes["compiled"] = torch.compile(one_pass(reduction_matvec), dynamic=False)
+        passes["compiled"] = torch.compile(one_pass(reduction_matvec, False), dynamic=False)
     with torch.inference_mode():
         for fn in passes.values():
             fn()  # compiles
