@@ -193,6 +193,7 @@ def test_projections_lie_end_to_end_and_are_read_as_one_product(kw, fast):
 def test_moved_replaced_or_hooked_projections_are_read_one_by_one(fast):
     m, x = _mha(), torch.randn(1, 2, 16)
     with torch.no_grad():
+        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is not None  # found, and remembered
         m.k_proj.weight.data = m.k_proj.weight.data.clone() * 2  # new memory, out of the block
         assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is None
         q, k, v = _separately(m, x)

@@ -21,6 +21,7 @@ Shapes: K input width, N output width, M rows.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -126,17 +127,32 @@ def lay_end_to_end(*linears: nn.Linear) -> None:
             block = torch.cat([p.detach() for p in params])  # (ΣN, K) or (ΣN,)
         for p, part in zip(params, block.split([p.size(0) for p in params])):
             p.data = part
+    END_TO_END.pop(linears[0], None)  # the old block's views: let its memory go
 
 
 def end_to_end(*linears: nn.Linear) -> tuple[Tensor, Tensor | None] | None:
     """The weights (ΣN, K) and biases (ΣN,) of plain ``linears`` laid end to end in memory, as views of
     it, for one product at inference; None when they are not (moved since, hooked, adapted, training)."""
-    if not all(plain(m) for m in linears):
-        return None  # a subclass (LoRA) or a hook must see its own call
+    if torch.compiler.is_compiling() or not all(plain(m) for m in linears):
+        return None  # data pointers are not traced; a subclass (LoRA) or a hook must see its own call
     weights, biases = [m.weight for m in linears], [m.bias for m in linears]
-    if (torch.compiler.is_compiling() or weights[0].is_meta
-            or (torch.is_grad_enabled() and any(w.requires_grad for w in weights))):
-        return None  # data pointers are not traced nor real on meta; a view across parameters misroutes gradients
+    if weights[0].is_meta or (torch.is_grad_enabled() and any(w.requires_grad for w in weights)):
+        return None  # meta has no memory; a view across parameters would misroute gradients
+    # Finding out costs ~10 µs a call (a token's three projections save ~30): remembered per layer. The same
+    # pointers, shapes and dtypes mean the same memory: the remembered views keep theirs from being reused.
+    key = tuple(None if t is None else (t.data_ptr(), t.shape, t.dtype) for t in weights + biases)
+    seen = END_TO_END.get(linears[0])
+    if seen is None or seen[0] != key:
+        seen = key, laid_views(weights, biases)
+        END_TO_END[linears[0]] = seen
+    return seen[1]
+
+
+END_TO_END: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # first linear -> (key, end_to_end's answer)
+
+
+def laid_views(weights: list[Tensor], biases: list[Tensor | None]) -> tuple[Tensor, Tensor | None] | None:
+    """``end_to_end``'s answer for these parameters, found from their memory."""
     weight = adjacent(weights)
     if weight is None or all(b is None for b in biases):
         return None if weight is None else (weight, None)
