@@ -83,21 +83,24 @@ def stream_matrix(megabytes: float = 128, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(rows, 4096, device=device).to(dtype)
 
 
-def stream_reads(megabytes: float = 128, compile: bool = True) -> dict[str, tuple[int, object]]:
-    """{name: (bytes, fn)}: three reads of one ``stream_matrix`` of ``megabytes`` (MiB) on every thread,
-    by the two fastest kernels of ``bandwidths`` — a plain ``sum`` and (with ``compile``) inductor's
-    fused reduction —, to time the machine's bandwidth at a chosen moment."""
+def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 0.3) -> dict[str, tuple[int, object]]:
+    """{name: (bytes, fn)}: ``fn`` reads one ``stream_matrix`` of ``megabytes`` (MiB) on every thread,
+    again and again for about ``seconds`` — as long as the calls it is timed beside, so that its median
+    averages the host's drift over as wide a moment as theirs —, by the two fastest kernels of
+    ``bandwidths``: a plain ``sum`` and (with ``compile``) inductor's fused reduction."""
     from qkv.linear import reduction_matvec
 
     w = stream_matrix(megabytes)
-    nbytes, x = 3 * w.numel() * w.element_size(), torch.randn(1, w.size(1), device=w.device)
-    size = f"{w.numel() * w.element_size() / 1e6:.1f} MB"
-    reads = {f"read {size} (sum)": (nbytes, lambda: [w.sum() for _ in range(3)])}
+    x, size = torch.randn(1, w.size(1), device=w.device), w.numel() * w.element_size()
+    kernels = {"sum": lambda: w.sum()}
     if compile:
         compiled = torch.compile(reduction_matvec, dynamic=False)
-        with torch.inference_mode():
-            compiled(x, w, None)  # compiles
-        reads[f"read {size} (compiled reduction)"] = (nbytes, lambda: [compiled(x, w, None) for _ in range(3)])
+        kernels["compiled reduction"] = lambda: compiled(x, w, None)
+    reads = {}
+    with torch.inference_mode():
+        for name, kernel in kernels.items():
+            times = max(3, round(seconds / stream_seconds(kernel, 3)))  # compiles in the first call
+            reads[f"read {size / 1e6:.1f} MB ({name})"] = (times * size, lambda k=kernel, n=times: [k() for _ in range(n)])
     return reads
 
 

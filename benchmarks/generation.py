@@ -12,10 +12,11 @@ The bandwidth is measured in the same run, twice. First the peak: the fastest th
 streams a 128 MB matrix (a plain read, MKL's matrix-vector product, oneDNN's and inductor's fused one;
 best of 15 each). Then, since this machine's bandwidth drifts with the other jobs on its host (a plain
 read gave 49 to 89 GB/s within minutes), the roofline itself: the two fastest of those reads (the plain
-``sum`` and inductor's reduction) of a matrix as large as the model's weights (92.4 MB, so that as much
-of it stays in the 32 MB L3 cache as of the weights: the weights-only pass below outran a 128 MB read
-by 13 %) timed as two more contenders in the batch-1 rounds, so that they and the decoders share the
-same moments; the faster median is the bandwidth. "weights only" runs the
+``sum`` and inductor's reduction) of a matrix exactly as large as the model's weights (92.4 MB, so that
+whatever the 32 MB L3 cache keeps of one it keeps of the other), each read again and again for about as
+long as a decoder's call, timed as two more contenders in the batch-1 rounds, so that they and the
+decoders share the same moments; the faster median is the bandwidth. A 128 MB read in the same rounds
+is printed beside it (memory alone). "weights only" runs the
 model's own matrix-vector products back to back and nothing else — eagerly and compiled into one
 function —: the best a decoder that calls one kernel per weight matrix can do here.
 
