@@ -190,6 +190,17 @@ def test_projections_lie_end_to_end_and_are_read_as_one_product(kw, fast):
         torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-6)  # three F.linear calls
 
 
+def test_frozen_projections_read_as_one_product_pass_the_input_its_gradient(fast):
+    m, x = _mha(), torch.randn(1, 2, 16, requires_grad=True)
+    m.requires_grad_(False)  # frozen weights, gradient wanted for the input (attribution)
+    with torch.inference_mode():  # the views, remembered under inference_mode, then used with autograd
+        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is not None
+    m(x).sum().backward()
+    with torch.no_grad():
+        want = torch.autograd.functional.jacobian(lambda t: m(t).sum(), x.detach())
+    torch.testing.assert_close(x.grad, want, rtol=1e-4, atol=1e-5)
+
+
 def test_moved_replaced_or_hooked_projections_are_read_one_by_one(fast):
     m, x = _mha(), torch.randn(1, 2, 16)
     with torch.no_grad():
