@@ -103,6 +103,26 @@ def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
     assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask, compile=True), reference)
 
 
+def test_a_copy_compiles_its_own_step_and_a_compiled_model_pickles(monkeypatch, tmp_path):
+    """The compiled step calls the model it was made for: a deepcopy (changed afterwards) must not run
+    the original's, and torch.save(model) must not try to pickle compiled code."""
+    import copy
+
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=61)).eval()
+    ids = torch.randint(0, 61, (1, 5))
+    model.generate(ids, 6, temperature=0, compile=True)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(-1.0)
+    assert torch.equal(twin.generate(ids, 6, temperature=0, compile=True), twin.generate(ids, 6, temperature=0))
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(loaded.generate(ids, 6, temperature=0, compile=True), model.generate(ids, 6, temperature=0))
+
+
 def test_inductor_compiled_step_gives_the_reference_tokens():
     """The real backend (inductor with its C++ wrapper), once, on a tiny model."""
     torch._dynamo.reset()
