@@ -16,9 +16,9 @@ read gave 49 to 89 GB/s within minutes), the roofline itself: the two fastest of
 whatever the 32 MB L3 cache keeps of one it keeps of the other), each read again and again for about as
 long as a decoder's call, timed as two more contenders in the batch-1 rounds, so that they and the
 decoders share the same moments; the faster median is the bandwidth. A 128 MB read in the same rounds
-is printed beside it (memory alone). "weights only" runs the
-model's own matrix-vector products back to back and nothing else — eagerly and compiled into one
-function —: the best a decoder that calls one kernel per weight matrix can do here.
+is printed beside it (memory alone). "weights only" runs the model's own matrix-vector products back
+to back and nothing else — eagerly and compiled into one function —: the best a decoder that calls
+one kernel per weight matrix can do here.
 
 --compile-cost times ``generate(compile=True)``'s first call in two fresh processes sharing an empty
 inductor cache directory: the first compiles, the second reads inductor's on-disk cache.
@@ -73,8 +73,8 @@ def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | Non
     out, done = [], set()
     with torch.no_grad():
         for m in model.modules():
-            block = end_to_end(m.q_proj, m.k_proj, m.v_proj) if packed and isinstance(m, qkv.MultiHeadAttention) \
-                else None
+            attention = packed and isinstance(m, qkv.MultiHeadAttention)
+            block = end_to_end(m.q_proj, m.k_proj, m.v_proj) if attention else None
             if block is not None:
                 out.append(block)
                 done |= {m.q_proj, m.k_proj, m.v_proj}
@@ -112,8 +112,6 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     calls["HF generate"] = lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                                min_new_tokens=new, do_sample=False, pad_token_id=0)
     return calls
-
-
 
 
 def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, beside: dict = None) -> dict:
@@ -191,7 +189,7 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
           + f"), {bandwidth / 1e9:.1f} GB/s ({bandwidth / 1e9 / peak:.2f} of the peak) -> {roofline:.0f} tok/s")
     decoders = [name for name in ("qkv eager", "qkv compiled") if name in batch_one]
     print(f"memory alone: a 128 MB read in the same rounds, {dram_bandwidth / 1e9:.1f} GB/s "
-          f"({dram_bandwidth / bandwidth:.2f} of the roofline's; below 1, the rest is what the L3 cache keeps) -> "
+          f"({dram_bandwidth / bandwidth:.2f} of the roofline's) -> "
           f"{dram_bandwidth / nbytes:.0f} tok/s; " + ", ".join(
               f"{name} {batch_one[name] / (dram_bandwidth / nbytes):.2f} of it" for name in decoders))
     passes = {name.split(", ")[1]: batch_one.pop(name) for name in list(batch_one) if name.startswith("weights only")}

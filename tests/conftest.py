@@ -27,7 +27,7 @@ HF_TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all 
 @pytest.fixture(scope="session")
 def with_tokenizer(tmp_path_factory):
     """A GPT-2-style directory: byte-level BPE tokenizer (trained offline) + a matching tiny model."""
-    transformers = pytest.importorskip("transformers")  # the `hf` extra
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     from tokenizers import Tokenizer as Fast, decoders, models, pre_tokenizers, trainers
 
     tok = Fast(models.BPE())

@@ -54,7 +54,7 @@ def test_entry_rules_skip_header_plural_empty_and_drop_context():
 
 
 def test_po_and_mo_written_by_polib_read_alike(tmp_path):
-    polib = pytest.importorskip("polib")
+    polib = pytest.importorskip("polib", reason="the translate extra: pip install -e '.[translate]'")
     po = polib.POFile()
     po.metadata = {"Content-Type": "text/plain; charset=UTF-8"}
     po.append(polib.POEntry(msgid="Open", msgstr="打开"))

@@ -5,7 +5,7 @@ import torch
 from qkv import cli
 from qkv.interop.hf import load_pretrained
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 
 def test_sample_hf_matches_hf_greedy_generate(with_tokenizer, capsys):

@@ -13,7 +13,7 @@ from qkv.checkpoint import load_run, save_model
 from qkv.cli import main
 from qkv.data import BPETokenizer, CharTokenizer
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 TEXT = "def f(x):\n    return x * 2  # é ✓\n" * 20
 LOAD_WITHOUT_QKV = """

@@ -14,7 +14,7 @@ from qkv.data import load_tokenizer
 from qkv.finetune import weights_sha256
 from qkv.interop.hf import load_pretrained
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 SENTENCES = ["the dog bites the man", "the man bites the dog", "attention is all you need", "héllo wörld"]
 FAST = ["--context", "16", "--batch-size", "4", "--eval-interval", "2", "--quiet", "--device", "cpu",

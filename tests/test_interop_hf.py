@@ -15,7 +15,7 @@ import qkv
 from qkv.interop import from_hf, to_hf
 from qkv.interop.hf import Tokenizer, find_tokenizer, interleaved_to_half_split, load_pretrained
 
-transformers = pytest.importorskip("transformers")  # the `hf` extra
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 from transformers import (  # noqa: E402
     BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
 )

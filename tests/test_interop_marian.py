@@ -19,8 +19,8 @@ from qkv.interop import from_hf, to_hf
 from qkv.interop.hf import load_pretrained, marian_special
 from qkv.tasks.translation import translate_texts
 
-transformers = pytest.importorskip("transformers")  # the `hf` extra
-spm = pytest.importorskip("sentencepiece")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+spm = pytest.importorskip("sentencepiece", reason="the hf extra: pip install -e '.[hf]'")
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E402
 
 SENTENCES = ["The dog bit the man.", "The man bit the dog.", "Open the file and save it.", "Close the window now.",

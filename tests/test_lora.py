@@ -17,8 +17,8 @@ from qkv.interop.hf import load_pretrained
 from qkv.linear import Linear
 from qkv.train import TrainConfig, train
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+pytest.importorskip("peft", reason="the lora extra: pip install -e '.[lora]'")
 
 
 def lora_train(base, text, out, *flags):

@@ -1,7 +1,7 @@
 import pytest
 
-pytest.importorskip("sacrebleu")  # the `translate` extra
-pytest.importorskip("rapidfuzz")
+pytest.importorskip("sacrebleu", reason="the translate extra: pip install -e '.[translate]'")
+pytest.importorskip("rapidfuzz", reason="the translate extra: pip install -e '.[translate]'")
 
 from qkv.catalogs import PairCorpus
 from qkv.metrics import baselines, bleu, bleu_tokenizer, chrf, copy_baseline, memory_baseline

@@ -79,7 +79,7 @@ def test_hf_wrapper_labels_like_qkv_bpe(zh_bpe):
     ids = zh_bpe.encode("多头 大")
     expected = ["<e5 a4>", "<9a>", "<e5 a4>", "<b4>", " ", "大"]
     assert token_labels(Tokenizer(zh_bpe.tokenizer), ids) == expected  # a tokenizers.Tokenizer backend
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=zh_bpe.tokenizer)
     assert token_labels(Tokenizer(fast), ids) == expected  # a transformers backend
 
