@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import qkv
 from qkv import linear as lin
+from qkv import matvec
 from qkv.linear import Linear, onednn_linear, reduction_matvec
 
 # Only the tests that run oneDNN's own kernel need it; where it is missing, test_without_onednn_* checks
@@ -17,8 +18,10 @@ needs_onednn = pytest.mark.skipif(not lin.ONEDNN, reason="this PyTorch build has
 
 @pytest.fixture(autouse=True)
 def any_size(monkeypatch):
-    """oneDNN for every weight (by default only from 512 × 512 up), so tiny shapes exercise it."""
+    """oneDNN for every weight (by default only from 512 × 512 up), so tiny shapes exercise it; qkv's own
+    kernel for a few rows (tests/test_matvec.py) left out, so that these tests see the paths beside it."""
     monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(matvec, "LOADED", False)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .fileio import atomic_text, atomic_write
+from .runtime import cache_dir
 
 VAL_FRACTION = 0.05
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
@@ -296,15 +297,6 @@ def train_tokenizer(kind: str, text: str, *, vocab_size: int | None = None):
     if kind == "bpe":
         return BPETokenizer.train(text, 1024 if vocab_size is None else vocab_size)
     raise ValueError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
-
-
-def cache_dir() -> Path | None:
-    """Where encoded corpora and fitted tokenizers are kept: $QKV_CACHE_DIR, else ~/.cache/qkv
-    ($XDG_CACHE_HOME respected); QKV_CACHE_DIR=off turns the cache off."""
-    env = os.environ.get("QKV_CACHE_DIR")
-    if env == "off":
-        return None
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qkv"
 
 
 def _key(*parts: str) -> str:

@@ -10,6 +10,8 @@ import contextlib
 import torch
 from torch import Tensor
 
+from . import matvec
+
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the k largest logits of each row (B, V); the rest become -inf."""
@@ -222,6 +224,7 @@ def _compiled_step(model):
     """
     holder = model.__dict__.setdefault("_qkv_compiled_step", CompiledStep())  # not a submodule: not in state_dict
     if holder.step is None:
+        matvec.available()  # built (or found missing) before tracing, which reads matvec.LOADED as a constant
         # cpp_wrapper: inductor calls the step's kernels from generated C++, not Python (measured: +20 % tok/s)
         options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
         holder.step = torch.compile(last_logits(model), dynamic=False, backend=COMPILE_BACKEND, options=options)

@@ -7,6 +7,9 @@ at which the weights stream from memory. ``F.linear`` (MKL in PyTorch's CPU buil
 a product on one core, and more rows at half of oneDNN's speed (measured on 2 AMD Zen 5 cores: one
 row over 128 MB, MKL 25 GB/s, oneDNN 55, a plain read 86; 2 to 1 024 rows, oneDNN 2.0-2.4x MKL), so:
 
+- up to ``matvec.MAX_ROWS`` rows (batch-1 decoding, a small beam), eager and compiled: qkv's own
+  kernel, ``torch.ops.qkv.matvec``, which reads each weight in one pass at the rate of a plain read
+  (``qkv.matvec``; built at first use, and where it cannot be, the paths below take its place);
 - eager: oneDNN's inner product, which PyTorch ships and inductor's CPU fusions call (``onednn_linear``);
 - under ``torch.compile``, one row: the product written as the reduction it is, ``(W * x).sum(-1)``,
   which inductor fuses into one vectorised pass over W on every core (``reduction_matvec``);
@@ -20,13 +23,15 @@ Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import flop_counter
+
+from . import matvec
+from .matvec import linear_flops
 
 ONEDNN = torch.backends.mkldnn.is_available()  # every official x86-64 and arm64 CPU build
 # oneDNN's call costs ~12 µs, MKL's 2 µs: below 512 × 512 weights (1 MB in fp32) MKL's is faster (measured:
@@ -52,11 +57,6 @@ def linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty(*x.shape[:-1], weight.size(0))
 
 
-def linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-    """2·M·N·K for ``torch.utils.flop_counter``, which knows F.linear's matmul but not the oneDNN op."""
-    return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
-
-
 for op in (torch.ops.mkldnn._linear_pointwise, torch.ops.qkv.onednn_linear) if ONEDNN else ():
     if op not in flop_counter.flop_registry:  # a later torch may count it itself
         flop_counter.register_flop_formula(op)(linear_flops)
@@ -76,9 +76,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if not x.is_cpu or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return F.linear(x, weight, bias)
     compiling = torch.compiler.is_compiling()
+    plain = (weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
+             and (bias is None or bias.dtype == torch.float32 and bias.is_contiguous()))
+    if plain and x.numel() <= matvec.MAX_ROWS * weight.size(1) and (matvec.LOADED if compiling else matvec.available()):
+        return torch.ops.qkv.matvec(x, weight, bias)  # a few rows: qkv's own kernel, where it is built
     if compiling and x.numel() == weight.size(1):
         return reduction_matvec(x, weight, bias)
-    plain = weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
     if not plain or not ONEDNN or weight.numel() < ONEDNN_MIN_WEIGHT:  # oneDNN takes no strided operands
         return F.linear(x, weight, bias)
     return (compiled_onednn_linear if compiling else onednn_linear)(x, weight, bias)

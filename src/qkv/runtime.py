@@ -1,4 +1,4 @@
-"""Where work runs: the device, the CPU thread count, a description of the machine, output folders.
+"""Where work runs: the device, the CPU thread count, a description of the machine, output and cache folders.
 
 One place for each: training, sampling, the claims and the studies all call these.
 """
@@ -50,6 +50,15 @@ def fixed_threads(n: int | None = None) -> Iterator[int]:
         yield n
     finally:
         torch.set_num_threads(before)
+
+
+def cache_dir() -> Path | None:
+    """Where encoded corpora and fitted tokenizers are kept: $QKV_CACHE_DIR, else ~/.cache/qkv
+    ($XDG_CACHE_HOME respected); QKV_CACHE_DIR=off turns the cache off."""
+    env = os.environ.get("QKV_CACHE_DIR")
+    if env == "off":
+        return None
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qkv"
 
 
 def machine() -> str:

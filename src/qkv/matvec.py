@@ -1,0 +1,112 @@
+"""qkv's matrix-vector kernel, ``torch.ops.qkv.matvec(x, weight, bias)``: ``F.linear`` for a few rows
+of x (batch-1 decoding, a small beam), in one pass over the weight at the rate the memory allows.
+
+    x (..., K) with at most MAX_ROWS rows, W (N, K), b (N,) or None  ->  (..., N), fp32, CPU
+
+Neither of PyTorch's CPU products streams a weight that fast: MKL's ``F.linear`` runs one row on one
+core, and oneDNN's costs ~12 µs a call and, on 2 Zen 5 cores, read 1.5–3 MB weights at 0.55–0.75 of a
+plain read where this kernel reads them at 0.95 (``python -m benchmarks --only generation``).
+
+The kernel (``matvec.cpp``, 60 lines) is built at first use with ``torch.utils.cpp_extension`` for
+this CPU (``-march=native``): 7–20 s once, then loaded from ``cache_dir()/kernels``. Where it
+cannot be built (no C++ compiler, no ``ninja``, not a CPU build), or with ``QKV_MATVEC=0``,
+``available()`` is False, a warning says why, and ``qkv.linear`` uses oneDNN and ``F.linear``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .runtime import cache_dir
+
+SOURCE = Path(__file__).with_name("matvec.cpp")
+MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
+LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
+REGISTERED = False
+
+
+def available() -> bool:
+    """Whether ``torch.ops.qkv.matvec`` can be called: builds or loads the kernel on the first call."""
+    global LOADED
+    if LOADED is None:
+        LOADED = load()
+    return LOADED
+
+
+def load() -> bool:
+    """Build (once per source, torch and Python version) and load the kernel; False, with a warning, if it cannot."""
+    if os.environ.get("QKV_MATVEC", "1") == "0":
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        name, folder = build_name(), build_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / f"{name}.so").exists():
+            print(f"qkv: building the matrix-vector kernel for this CPU (once, 7-20 s) in {folder}",
+                  file=sys.stderr, flush=True)
+        cpp_extension.load(name, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
+    except Exception as e:  # a missing compiler or ninja, a failed build: the reference paths still work
+        warnings.warn(f"qkv: could not build the matrix-vector kernel ({type(e).__name__}: {str(e)[:300]}); "
+                      "decoding uses oneDNN's product instead (about 1.5x slower at batch 1)",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    register()
+    return True
+
+
+def build_name() -> str:
+    """The extension's name: one per source text, torch version (its ABI changes between releases) and
+    CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
+    key = SOURCE.read_bytes() + torch.__version__.encode() + cpu_signature().encode()
+    return f"qkv_matvec_{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def cpu_signature() -> str:
+    """The CPU's model and instruction-set flags (Linux), else the platform's name for it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    found = [line for line in lines if line.startswith(("model name", "flags", "Features"))][:2]
+    return "\n".join(found) or f"{platform.machine()} {platform.processor()}"
+
+
+def build_folder() -> Path:
+    """``cache_dir()/kernels/py3XX``, or torch's own extensions folder when qkv's cache is off."""
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    root = cache_dir()
+    if root is None:
+        from torch.utils.cpp_extension import get_default_build_root
+        return Path(get_default_build_root()) / tag
+    return root / "kernels" / tag
+
+
+def register() -> None:
+    """What compile and the FLOP counter need to know of the op: its output's shape, its FLOPs."""
+    from torch.utils import flop_counter
+
+    global REGISTERED
+    if not REGISTERED:  # once a process, though tests load again
+        torch.library.register_fake("qkv::matvec")(matvec_shape)
+        flop_counter.register_flop_formula(torch.ops.qkv.matvec)(linear_flops)
+        REGISTERED = True
+
+
+def matvec_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The output's shape and dtype alone, for compile's fake tensors."""
+    return x.new_empty(*x.shape[:-1], weight.size(0))
+
+
+def linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """2·M·N·K for ``torch.utils.flop_counter``, which knows F.linear's matmul but not oneDNN's or this op."""
+    return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
