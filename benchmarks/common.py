@@ -87,12 +87,16 @@ def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 
     """{name: (bytes, fn)}: ``fn`` reads one ``stream_matrix`` of ``megabytes`` (MiB) on every thread,
     again and again for about ``seconds`` — as long as the calls it is timed beside, so that its median
     averages the host's drift over as wide a moment as theirs —, by the two fastest kernels of
-    ``bandwidths``: a plain ``sum`` and (with ``compile``) inductor's fused reduction."""
+    ``bandwidths``: a plain ``sum``, qkv's kernel (where it is built) and (with ``compile``) inductor's
+    fused reduction."""
+    from qkv import matvec
     from qkv.linear import reduction_matvec
 
     w = stream_matrix(megabytes)
     x, size = torch.randn(1, w.size(1), device=w.device), w.numel() * w.element_size()
     kernels = {"sum": lambda: w.sum()}
+    if matvec.available():
+        kernels["qkv.matvec"] = lambda: torch.ops.qkv.matvec(x, w, None)
     if compile:
         compiled = torch.compile(reduction_matvec, dynamic=False)
         kernels["compiled reduction"] = lambda: compiled(x, w, None)
@@ -106,10 +110,12 @@ def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 
 
 def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
     """GB/s at which kernels stream one ``megabytes`` matrix from memory (large, so that it does not
-    stay in cache): a plain read on every thread (``sum``), and the matrix times a vector three ways —
-    ``torch.mv`` (MKL's, one core), oneDNN's (``qkv.linear.onednn_linear``) and inductor's fused
-    reduction (``qkv.linear.reduction_matvec`` compiled). The fastest is the bandwidth a roofline uses.
+    stay in cache): a plain read on every thread (``sum``), and the matrix times a vector four ways —
+    ``torch.mv`` (MKL's, one core), oneDNN's (``qkv.linear.onednn_linear``), inductor's fused
+    reduction (``qkv.linear.reduction_matvec`` compiled) and qkv's kernel (``torch.ops.qkv.matvec``,
+    where it is built). The fastest is the bandwidth a roofline uses.
     """
+    from qkv import matvec
     from qkv.linear import ONEDNN, onednn_linear, reduction_matvec
 
     w = stream_matrix(megabytes, dtype)
@@ -120,5 +126,7 @@ def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> 
             calls["oneDNN"] = lambda: onednn_linear(x, w, None)
         compiled = torch.compile(reduction_matvec, dynamic=False)
         calls["compiled reduction"] = lambda: compiled(x, w, None)
+        if matvec.available() and dtype == torch.float32:
+            calls["qkv.matvec"] = lambda: torch.ops.qkv.matvec(x, w, None)
     with torch.inference_mode():
         return {name: w.numel() * w.element_size() / stream_seconds(fn, repeats) / 1e9 for name, fn in calls.items()}

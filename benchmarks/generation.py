@@ -8,14 +8,14 @@ fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). 
 equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
-The bandwidth is measured in the same run, twice. First the peak: the fastest that any of four kernels
-streams a 128 MB matrix (a plain read, MKL's matrix-vector product, oneDNN's and inductor's fused one;
-best of 15 each). Then, since this machine's bandwidth drifts with the other jobs on its host (a plain
-read gave 49 to 89 GB/s within minutes), the roofline itself: the two fastest of those reads (the plain
-``sum`` and inductor's reduction) of a matrix exactly as large as the model's weights (92.4 MB, so that
-whatever the 32 MB L3 cache keeps of one it keeps of the other), each read again and again for about as
-long as a decoder's call, timed as two more contenders in the batch-1 rounds, so that they and the
-decoders share the same moments; the faster median is the bandwidth. A 128 MB read in the same rounds
+The bandwidth is measured in the same run, twice. First the peak: the fastest that any of five kernels
+streams a 128 MB matrix (a plain read, MKL's matrix-vector product, oneDNN's, inductor's fused one and
+qkv's; best of 15 each). Then, since this machine's bandwidth drifts with the other jobs on its host (a
+plain read gave 45 to 89 GB/s within minutes), the roofline itself: the fastest of those reads (the plain
+``sum``, qkv's kernel and inductor's reduction) of a matrix exactly as large as the model's weights
+(92.4 MB, so that whatever the L3 cache keeps of one it keeps of the other), each read again and again
+for about as long as a decoder's call, timed as more contenders in the batch-1 rounds, so that they and
+the decoders share the same moments; the fastest median is the bandwidth. A 128 MB read in the same rounds
 is printed beside it (memory alone). "weights only" runs the model's own matrix-vector products back
 to back and nothing else — eagerly and compiled into one function —: the best a decoder that calls
 one kernel per weight matrix can do here.
@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 
 import qkv
+from qkv.generate import unguarded
 from qkv.interop import to_hf
-from qkv.linear import end_to_end, reduction_matvec
+from qkv.linear import end_to_end
 from qkv.linear import linear as qkv_linear
 
 from .common import bandwidths, machine_info, stream_reads, table, time_interleaved
@@ -86,8 +87,8 @@ def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | Non
 def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[int, object]]:
     """{name: (tokens, fn)}: ``fn`` runs the model's matrix-vector products alone, in the model's order,
     ``tokens`` times: through ``qkv.linear.linear`` (what the eager model runs, q, k and v as one), through
-    ``F.linear`` (MKL's, one core) and, with ``compile``, as the fused reductions compiled into one
-    function (what the compiled step runs)."""
+    ``F.linear`` (MKL's, one core) and, with ``compile``, ``qkv.linear.linear`` compiled into one function
+    (what the compiled step runs: qkv's kernel where it is built, else inductor's fused reductions)."""
     def one_pass(fn, packed):
         weights = products(model, packed)
         inputs = [torch.randn(1, w.size(1)) for w, _ in weights]
@@ -95,12 +96,22 @@ def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[in
 
     passes = {"qkv.linear": one_pass(qkv_linear, True), "F.linear": one_pass(F.linear, False)}
     if compile:
-        passes["compiled"] = torch.compile(one_pass(reduction_matvec, False), dynamic=False)
+        compiled = torch.compile(one_pass(qkv_linear, False), dynamic=False)
+        with torch.inference_mode():
+            compiled()  # compiles
+        passes["compiled"] = lambda: unguarded_call(compiled)  # as generate's steps: guards checked once
     with torch.inference_mode():
         for fn in passes.values():
             fn()  # compiles
     return {f"weights only, {name}": (tokens, lambda fn=fn: [fn() for _ in range(tokens)])
             for name, fn in passes.items()}
+
+
+def unguarded_call(compiled):
+    """``compiled()`` without evaluating its guards (74 weight tensors: 0.13 ms a call), as ``generate`` runs
+    its compiled steps after the first (``qkv.generate.unguarded``)."""
+    with unguarded(True):
+        return compiled()
 
 
 def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
@@ -176,7 +187,7 @@ def batch_one_beside(model, new: int, compile: bool) -> dict:
 
 
 def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
-    """The roofline in tokens/s (from the faster read of the batch-1 rounds, or the peak without them);
+    """The roofline in tokens/s (from the fastest read of the batch-1 rounds, or the peak without them);
     prints it, the 128 MB read's and the weights-only passes, which it takes out of ``batch_one``."""
     if batch_one is None:
         return peak * 1e9 / nbytes
@@ -184,7 +195,7 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
     dram = {name: batch_one.pop(name) for name in list(batch_one) if name.startswith("DRAM read ")}
     bandwidth, dram_bandwidth = max(reads.values()), max(dram.values())
     roofline = bandwidth / nbytes
-    print("roofline: the faster read of the model's weight bytes in the batch-1 rounds (medians: "
+    print("roofline: the fastest read of the model's weight bytes in the batch-1 rounds (medians: "
           + ", ".join(f"{name} {b / 1e9:.1f} GB/s" for name, b in reads.items())
           + f"), {bandwidth / 1e9:.1f} GB/s ({bandwidth / 1e9 / peak:.2f} of the peak) -> {roofline:.0f} tok/s")
     decoders = [name for name in ("qkv eager", "qkv compiled") if name in batch_one]
