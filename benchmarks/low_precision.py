@@ -52,7 +52,7 @@ def decode_speed(new: int, compile: bool, repeats: int) -> list[list]:
 
 def matvec_rates(megabytes: int = 128) -> str:
     """GB/s of weights streamed by one matrix-vector product over a ``megabytes`` fp32 matrix, as stored in
-    fp32 (oneDNN through ``qkv.linear``, MKL through ``F.linear``), bf16 (``F.linear``: oneDNN's bf16 kernel)
+    fp32 and bf16 (``qkv.linear``: qkv's kernel where it is built; ``F.linear``: MKL's fp32, oneDNN's bf16)
     and int8 (``torch.ao`` dynamic quantization): whether fewer bytes also stream as fast."""
     import warnings
 
@@ -66,7 +66,8 @@ def matvec_rates(megabytes: int = 128) -> str:
     x, w = torch.randn(1, cols), lin.weight.detach()
     x16, w16 = x.bfloat16(), w.bfloat16()
     calls = {"fp32 qkv.linear": (lambda: linear(x, w), 4), "fp32 F.linear": (lambda: F.linear(x, w), 4),
-             "bf16": (lambda: F.linear(x16, w16), 2), "int8": (lambda: int8(x), 1)}
+             "bf16 qkv.linear": (lambda: linear(x16, w16), 2), "bf16 F.linear": (lambda: F.linear(x16, w16), 2),
+             "int8": (lambda: int8(x), 1)}
     with torch.inference_mode():
         rates = {name: w.numel() * size / stream_seconds(fn, 15) / 1e9 for name, (fn, size) in calls.items()}
     return (f"one {w.size(0)} x {cols} matrix times a vector, GB/s of weights streamed: "

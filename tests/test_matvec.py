@@ -34,6 +34,18 @@ def test_equals_f_linear(rows, n, k, bias):
 
 
 @built
+@pytest.mark.parametrize("rows", [1, 3])
+def test_bf16_sums_in_fp32_and_rounds_once(rows):
+    """bf16 operands: the fp32 product of the same numbers, rounded to bf16 once, as F.linear's."""
+    w, x, b = (torch.randn(shape).bfloat16() for shape in ((300, 257), (rows, 257), (300,)))
+    got = torch.ops.qkv.matvec(x, w, b)
+    assert got.dtype == torch.bfloat16
+    want = F.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-5 * 257)  # bf16 keeps 8 bits
+    torch.testing.assert_close(got, F.linear(x, w, b))
+
+
+@built
 @pytest.mark.parametrize("shape", [(5,), (1, 5), (1, 1, 5), (2, 1, 5), (2, 2, 0)])
 def test_keeps_the_leading_dimensions(shape):
     w, x, b = torch.randn(3, shape[-1]), torch.randn(shape), torch.randn(3)
@@ -60,8 +72,10 @@ def test_every_thread_count_gives_the_same_bits():
 @pytest.mark.parametrize("args, message", [
     ((torch.randn(8), torch.randn(3, 7), None), r"x must be \(\.\.\., 7\) for a weight of \[3, 7\], got \[8\]"),
     ((torch.randn(7), torch.randn(3, 7, 1), None), r"weight must be \(N, K\), got \[3, 7, 1\]"),
-    ((torch.randn(7).double(), torch.randn(3, 7).double(), None), "expected float32 x and weight, got Double"),
-    ((torch.randn(7), torch.randn(3, 7), torch.randn(4)), r"bias must be contiguous float32 \(3,\), got Float \[4\]"),
+    ((torch.randn(7).double(), torch.randn(3, 7).double(), None), "expected float32 or bfloat16 x and weight of one "
+                                                                  "dtype, got Double and Double"),
+    ((torch.randn(7), torch.randn(3, 7).bfloat16(), None), "of one dtype, got Float and BFloat16"),
+    ((torch.randn(7), torch.randn(3, 7), torch.randn(4)), r"bias must be contiguous Float \(3,\), got Float \[4\]"),
     ((torch.randn(7), torch.randn(7, 3).t(), None), "expected contiguous CPU tensors"),
 ])
 def test_bad_input_names_expected_and_actual(args, message):
@@ -83,6 +97,9 @@ def test_linear_takes_it_for_a_few_rows_at_inference_only():
             assert op_calls(lambda: layer(torch.randn(rows, 6))) == 1
         assert op_calls(lambda: layer(torch.randn(matvec.MAX_ROWS + 1, 6))) == 0
         assert op_calls(lambda: layer(torch.randn(1, 12)[:, ::2])) == 0  # strided: the reference
+        assert op_calls(lambda: layer.bfloat16()(torch.randn(1, 6, dtype=torch.bfloat16))) == 1
+        with pytest.raises(RuntimeError, match="same dtype"):  # fp32 input, bf16 weights: F.linear's error
+            layer(torch.randn(1, 6))
         assert op_calls(lambda: layer.double()(torch.randn(1, 6, dtype=torch.float64))) == 0
     x = torch.randn(1, 6, requires_grad=True)
     layer.float()

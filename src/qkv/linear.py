@@ -77,12 +77,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if not x.is_cpu or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return F.linear(x, weight, bias)
     compiling = torch.compiler.is_compiling()
-    plain = (weight.dtype == x.dtype == torch.float32 and weight.is_contiguous() and x.is_contiguous()
-             and (bias is None or bias.dtype == torch.float32 and bias.is_contiguous()))
+    dense = weight.dtype == x.dtype and weight.is_contiguous() and x.is_contiguous() and (
+        bias is None or bias.dtype == x.dtype and bias.is_contiguous())
     if compiling and x.numel() == weight.size(1):  # fused with its neighbours: 7 % faster than an opaque op
         return reduction_matvec(x, weight, bias)
-    if plain and x.numel() <= matvec.MAX_ROWS * weight.size(1) and (matvec.LOADED if compiling else matvec.available()):
+    if (dense and x.dtype in matvec.DTYPES and x.numel() <= matvec.MAX_ROWS * weight.size(1)
+            and (matvec.LOADED if compiling else matvec.available())):
         return torch.ops.qkv.matvec(x, weight, bias)  # a few rows: qkv's own kernel, where it is built
+    plain = dense and x.dtype == torch.float32
     if not plain or not ONEDNN or weight.numel() < ONEDNN_MIN_WEIGHT:  # oneDNN takes no strided operands
         return F.linear(x, weight, bias)
     return (compiled_onednn_linear if compiling else onednn_linear)(x, weight, bias)

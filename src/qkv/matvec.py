@@ -1,7 +1,7 @@
 """qkv's matrix-vector kernel, ``torch.ops.qkv.matvec(x, weight, bias)``: ``F.linear`` for a few rows
 of x (batch-1 decoding, a small beam), in one pass over the weight at the rate the memory allows.
 
-    x (..., K) with at most MAX_ROWS rows, W (N, K), b (N,) or None  ->  (..., N), fp32, CPU
+    x (..., K) with at most MAX_ROWS rows, W (N, K), b (N,) or None  ->  (..., N), fp32 or bf16, CPU
 
 Neither of PyTorch's CPU products streams a weight that fast: MKL's ``F.linear`` runs one row on one
 core, and oneDNN's costs ~12 µs a call and, on 2 Zen 5 cores, read 1.5–3 MB weights at 0.55–0.75 of a
@@ -29,6 +29,7 @@ from .runtime import cache_dir
 
 SOURCE = Path(__file__).with_name("matvec.cpp")
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
+DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
 REGISTERED = False
 
