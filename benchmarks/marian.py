@@ -6,7 +6,7 @@ static KV cache) vs Hugging Face ``MarianMTModel.generate`` on the same weights;
 A random MarianMTModel of opus-mt-en-zh's shape (d_model 512, 6 + 6 layers, 8 heads, FFN 2048, 65 001
 tokens; --quick: d_model 256, 3 + 3 layers, 16 001 tokens) with opus-mt's generation config
 (beam 4, length penalty 1.0, pad suppressed and renormalised, forced EOS), loaded into qkv with
-``from_hf``. Batches of 8 and 32 right-padded sources of 6-30 tokens; at most 48 new tokens (24 with
+``from_hf``. Batches of 1, 8 and 32 right-padded sources of 6-30 tokens; at most 48 new tokens (24 with
 --quick); random weights never choose EOS, so every hypothesis runs to that length. Best of 3 rounds
 (2 with --quick), qkv and HF interleaved, after a warm-up; wall and CPU seconds. On a CPU both spend
 most of their time in the same matrix products (the 65 001-way output projection above all); on a
@@ -92,7 +92,8 @@ def run_batch(model, hf, special, shape: dict, batch: int, new: int, repeats: in
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smaller model, 24 new tokens, two timed rounds")
-    p.add_argument("--batches", type=int, nargs="+", default=[8, 32], help="numbers of sentences (default: 8 32)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="numbers of sentences (default: 1 8 32; "
+                   "one sentence is 4 rows a step, which go to qkv's kernel)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators for both")
     args = p.parse_args(argv)
     print(machine_info())
