@@ -1,6 +1,7 @@
 """qkv.matvec: qkv's own kernel for a few rows against F.linear (the reference), when qkv.linear takes
 it, its errors, and the fallback where it cannot be built."""
 import importlib
+import time
 import warnings
 from unittest import mock
 
@@ -178,3 +179,21 @@ def test_build_folder_follows_the_cache_setting(monkeypatch, tmp_path):
     monkeypatch.setenv("QKV_CACHE_DIR", "off")
     assert tmp_path not in matvec.build_folder().parents
     assert matvec.build_name().startswith("qkv_matvec_")
+
+
+def test_threads_asking_at_once_build_and_register_once(monkeypatch):
+    """The first products may come from several threads (a server, a data loader): one load, one answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(matvec, "LOADED", None)
+    calls = []
+
+    def slow_load():
+        calls.append(1)
+        time.sleep(0.05)  # a build takes seconds: without the lock every thread would start one
+        return False
+
+    monkeypatch.setattr(matvec, "load", slow_load)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: matvec.available(), range(8)))
+    assert answers == [False] * 8 and len(calls) == 1

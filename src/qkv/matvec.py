@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -32,13 +33,16 @@ MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
 REGISTERED = False
+LOADING = threading.Lock()
 
 
 def available() -> bool:
     """Whether ``torch.ops.qkv.matvec`` can be called: builds or loads the kernel on the first call."""
     global LOADED
     if LOADED is None:
-        LOADED = load()
+        with LOADING:  # one thread builds and registers; the others wait for its answer
+            if LOADED is None:
+                LOADED = load()
     return LOADED
 
 
