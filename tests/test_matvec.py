@@ -13,8 +13,15 @@ import qkv
 from qkv import linear as lin
 from qkv import matvec
 
-built = pytest.mark.skipif(not matvec.available(), reason="qkv's matrix-vector kernel could not be built here "
-                                                          "(it needs a C++ compiler and ninja, the [fast] extra)")
+@pytest.fixture
+def kernel():
+    """The built kernel, asked for when a test needs it (not at collection: the first build takes seconds)."""
+    if not matvec.available():
+        pytest.skip("qkv's matrix-vector kernel could not be built here: it needs a C++ compiler and ninja "
+                    "(a dependency of qkv); the RuntimeWarning from qkv.matvec.load says what failed")
+
+
+built = pytest.mark.usefixtures("kernel")
 
 
 def op_calls(fn) -> int:

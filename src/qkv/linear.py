@@ -17,7 +17,7 @@ row over 128 MB, MKL 25 GB/s, oneDNN 55, a plain read 86; 2 to 1 024 rows, oneDN
   (``onednn_linear``), under compile kept opaque (``compiled_onednn_linear``).
 
 ``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it),
-other dtypes (bf16 already goes to oneDNN), small weights (where oneDNN's call costs more than the
+other dtypes (bf16 beyond the kernel's rows goes to oneDNN inside it), small weights (where oneDNN's call costs more than the
 product), other devices and builds without oneDNN go through it; the tests check the fast paths
 against it.
 Shapes: K input width, N output width, M rows.
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.utils import flop_counter
 
 from . import matvec
-from .matvec import linear_flops
+from .matvec import linear_flops, linear_shape
 
 ONEDNN = torch.backends.mkldnn.is_available()  # every official x86-64 and arm64 CPU build
 # oneDNN's call costs ~12 µs, MKL's 2 µs: below 512 × 512 weights (1 MB in fp32) MKL's is faster (measured:
@@ -52,10 +52,7 @@ def compiled_onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Te
     return onednn_linear(x, weight, bias)
 
 
-@compiled_onednn_linear.register_fake
-def linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """The output's shape and dtype alone, for compile's fake tensors."""
-    return x.new_empty(*x.shape[:-1], weight.size(0))
+compiled_onednn_linear.register_fake(linear_shape)
 
 
 for op in (torch.ops.mkldnn._linear_pointwise, torch.ops.qkv.onednn_linear) if ONEDNN else ():

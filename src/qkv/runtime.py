@@ -53,7 +53,7 @@ def fixed_threads(n: int | None = None) -> Iterator[int]:
 
 
 def cache_dir() -> Path | None:
-    """Where encoded corpora and fitted tokenizers are kept: $QKV_CACHE_DIR, else ~/.cache/qkv
+    """Where encoded corpora, fitted tokenizers and built kernels are kept: $QKV_CACHE_DIR, else ~/.cache/qkv
     ($XDG_CACHE_HOME respected); QKV_CACHE_DIR=off turns the cache off."""
     env = os.environ.get("QKV_CACHE_DIR")
     if env == "off":

@@ -40,7 +40,8 @@ PATHS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {  # q, k, v (B, 
 
 # The ops that multiply by a weight matrix (F.linear's and qkv.linear's), whichever module calls them:
 # q, k and v may be one product (qkv.linear.end_to_end), and nn.MultiheadAttention projects in its own forward.
-PRODUCTS_WITH_WEIGHTS = {"aten.mm", "aten.addmm", "aten.linear", "mkldnn._linear_pointwise", "qkv.onednn_linear"}
+PRODUCTS_WITH_WEIGHTS = {"aten.mm", "aten.addmm", "aten.linear", "mkldnn._linear_pointwise", "qkv.onednn_linear",
+                         "qkv.matvec"}
 
 
 def mha_cost(make: Callable, n: int, *, d_model: int, heads: int) -> dict:
