@@ -5,7 +5,9 @@
 Model: GPT-2's shape at CPU size (6 layers, d_model 512, 8 heads, vocabulary 8192, 23.6 M parameters,
 fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). Prompt 16 tokens, 128 new
 (32 with --quick), batch 1, 8 and 32; contenders interleaved, median tokens/s; every contender's tokens
-equal qkv eager's (asserted). At batch 1 also qkv without its KV cache.
+equal qkv eager's (asserted). At batch 1 also qkv without its KV cache. "compiled" is
+``generate(compile=True)``: qkv's fused C++ step (``qkv.decoder_step``) at batch 1 (up to 4 rows), where
+"inductor" (``compile="inductor"``, torch.compile's step) is timed beside it; inductor's beyond.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
 The bandwidth is measured in the same run, twice. First the peak: the fastest that any of five kernels
@@ -20,8 +22,9 @@ is printed beside it (memory alone). "weights only" runs the model's own matrix-
 to back and nothing else — eagerly and compiled into one function —: the best a decoder that calls
 one kernel per weight matrix can do here.
 
---compile-cost times ``generate(compile=True)``'s first call in two fresh processes sharing an empty
-inductor cache directory: the first compiles, the second reads inductor's on-disk cache.
+--compile-cost times ``generate(compile="inductor")``'s first call in two fresh processes sharing an empty
+inductor cache directory (the first compiles, the second reads inductor's on-disk cache), then the fused
+step's in two sharing an empty qkv cache (the first builds qkv's C++ kernels, the second loads them).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
+from qkv import decoder_step
 from qkv.generate import unguarded
 from qkv.interop import to_hf
 from qkv.linear import end_to_end
@@ -116,8 +120,10 @@ def unguarded_call(compiled):
 
 def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     calls = {"qkv eager": lambda: model.generate(ids, new, temperature=0)}
-    if compile:
+    if compile:  # True: qkv's fused step where it runs the batch, else inductor's; and inductor's beside it
         calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0, compile=True)
+        if not decoder_step.unsupported(model, ids.size(0)):
+            calls["qkv inductor"] = lambda: model.generate(ids, new, temperature=0, compile="inductor")
     if ids.size(0) == 1:  # what the KV cache buys: a full forward over the whole sequence per token
         calls["qkv no cache"] = lambda: model.generate(ids, new, temperature=0, use_cache=False)
     calls["HF generate"] = lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
@@ -141,20 +147,22 @@ def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, b
     return {name: units[name] / s for name, s in seconds.items()}
 
 
-def compile_cost() -> tuple[float, float]:
-    """First-call seconds of generate(compile=True) in a fresh process, then in a second one (warm disk cache)."""
+def compile_cost(mode: str) -> tuple[float, float]:
+    """First-call seconds of generate(compile=mode) in a fresh process, then in a second one sharing its
+    caches: for "inductor" an empty inductor cache (then its on-disk cache); for "fused" an empty qkv
+    cache, so the first process builds qkv's C++ kernels and the second loads them."""
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        cmd = [sys.executable, "-m", "benchmarks.generation", "--compile-child"]
+        env = dict(os.environ, **({"TORCHINDUCTOR_CACHE_DIR": cache} if mode == "inductor" else {"QKV_CACHE_DIR": cache}))
+        cmd = [sys.executable, "-m", "benchmarks.generation", "--compile-child", mode]
         return tuple(float(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
                            .stdout.split()[-1]) for _ in range(2))
 
 
-def compile_child() -> None:
+def compile_child(mode: str) -> None:
     model, _ = build()
     ids = torch.randint(0, CONFIG.vocab_size, (1, PROMPT))
     t0 = time.perf_counter()
-    model.generate(ids, 8, temperature=0, compile=True)
+    model.generate(ids, 8, temperature=0, compile=mode)
     print(f"{time.perf_counter() - t0:.2f}")
 
 
@@ -198,7 +206,7 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
     print("roofline: the fastest read of the model's weight bytes in the batch-1 rounds (medians: "
           + ", ".join(f"{name} {b / 1e9:.1f} GB/s" for name, b in reads.items())
           + f"), {bandwidth / 1e9:.1f} GB/s ({bandwidth / 1e9 / peak:.2f} of the peak) -> {roofline:.0f} tok/s")
-    decoders = [name for name in ("qkv eager", "qkv compiled") if name in batch_one]
+    decoders = [name for name in ("qkv eager", "qkv compiled", "qkv inductor") if name in batch_one]
     print(f"memory alone: a 128 MB read in the same rounds, {dram_bandwidth / 1e9:.1f} GB/s "
           f"({dram_bandwidth / bandwidth:.2f} of the roofline's) -> "
           f"{dram_bandwidth / nbytes:.0f} tok/s; " + ", ".join(
@@ -216,18 +224,18 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
 def roofline_rows(results: dict, roofline: float) -> list[list]:
     rows = []
     for batch, tps in results.items():
-        hf = tps["HF generate"]
-        row = [batch] + [f"{tps[n]:.0f}" if n in tps else "-" for n in ("qkv eager", "qkv compiled", "HF generate")]
-        row += [f"{tps['qkv eager'] / hf:.2f}x", f"{tps['qkv compiled'] / hf:.2f}x" if "qkv compiled" in tps else "-"]
-        row += [f"{tps['qkv eager'] / roofline:.2f} / {tps['qkv compiled'] / roofline:.2f}"
-                if batch == 1 and "qkv compiled" in tps else f"{tps['qkv eager'] / roofline:.2f}" if batch == 1 else "-"]
+        hf, rate = tps["HF generate"], lambda n: f"{tps[n]:.0f}" if n in tps else "-"
+        row = [batch] + [rate(n) for n in ("qkv eager", "qkv compiled", "qkv inductor", "HF generate")]
+        row += [f"{tps[n] / hf:.2f}x" if n in tps else "-" for n in ("qkv eager", "qkv compiled", "qkv inductor")]
+        row += [" / ".join(f"{tps[n] / roofline:.2f}" for n in ("qkv eager", "qkv compiled", "qkv inductor") if n in tps)
+                if batch == 1 else "-"]
         row += [f"{tps['qkv eager'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
         rows.append(row)
     return rows
 
 
-HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "HF tok/s", "eager / HF", "compiled / HF",
-          "of roofline (eager / compiled)", "eager / no cache"]
+HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "inductor tok/s", "HF tok/s", "eager / HF",
+          "compiled / HF", "inductor / HF", "of roofline (eager / compiled / inductor)", "eager / no cache"]
 
 
 def main(argv=None) -> str:
@@ -237,10 +245,10 @@ def main(argv=None) -> str:
     p.add_argument("--compile-cost", action="store_true", help="time the first compiled call in two fresh processes "
                    "(always on without --quick)")
     p.add_argument("--batches", type=int, nargs="+", help="batch sizes (default: 1 8 32; --quick: 1 8)")
-    p.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--compile-child", choices=("fused", "inductor"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.compile_child:
-        compile_child()
+        compile_child(args.compile_child)
         return ""
     print(machine_info())
     model, hf = build()
@@ -260,9 +268,11 @@ def main(argv=None) -> str:
     print(out)
     print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
     if (args.compile_cost or not args.quick) and not args.no_compile:
-        first, second = compile_cost()
-        print(f"compile cost: first call {first:.1f} s in a fresh process, {second:.1f} s in a second one "
-              "(inductor's on-disk cache)")
+        first, second = compile_cost("inductor")
+        built, loaded = compile_cost("fused")
+        print(f"compile cost: inductor's first call {first:.1f} s in a fresh process, {second:.1f} s in a second one "
+              f"(inductor's on-disk cache); the fused step's first call {built:.1f} s where qkv's kernels are built "
+              f"(once per machine), {loaded:.1f} s where they are loaded")
     return out
 
 

@@ -69,3 +69,14 @@ def ddp_matches_one_process(tmp_path):
         return tuple(json.loads((tmp_path / d / "summary.json").read_text()) for d in launchers)
 
     return check
+
+
+@pytest.fixture
+def kernels():
+    """qkv's C++ kernels (qkv.matvec, qkv.decoder_step), asked for when a test needs them, not at collection:
+    the first build takes seconds."""
+    from qkv import matvec
+
+    if not matvec.available():
+        pytest.skip("qkv's C++ kernels could not be built here: they need a C++ compiler and ninja (a dependency "
+                    "of qkv); the RuntimeWarning from qkv.matvec.load says what failed")

@@ -90,7 +90,7 @@ def test_model_prepares_masks_once_per_forward(monkeypatch):
 @pytest.mark.parametrize("preset", [dict(), dict(num_kv_heads=2, positional="rope", norm="rmsnorm", bias=False,
                                                   activation="swiglu")])
 def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
-    """Greedy tokens: full forward per token (no cache) = static cache = compiled step (graph capture)."""
+    """Greedy tokens: full forward per token (no cache) = static cache = fused step = compiled step (graph capture)."""
     monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")  # dynamo's capture, without code generation
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -100,7 +100,8 @@ def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
     mask[0, :2] = False  # a left-padded row
     reference = model.generate(ids, 10, temperature=0, use_cache=False, mask=mask)
     assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask), reference)
-    assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask, compile=True), reference)
+    assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask, compile=True), reference)  # fused
+    assert torch.equal(model.generate(ids, 10, temperature=0, mask=mask, compile="inductor"), reference)
 
 
 def test_a_copy_compiles_its_own_step_and_a_compiled_model_pickles(monkeypatch, tmp_path):
@@ -112,15 +113,15 @@ def test_a_copy_compiles_its_own_step_and_a_compiled_model_pickles(monkeypatch, 
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=61)).eval()
     ids = torch.randint(0, 61, (1, 5))
-    model.generate(ids, 6, temperature=0, compile=True)
+    model.generate(ids, 6, temperature=0, compile="inductor")
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for p in twin.parameters():
             p.mul_(-1.0)
-    assert torch.equal(twin.generate(ids, 6, temperature=0, compile=True), twin.generate(ids, 6, temperature=0))
+    assert torch.equal(twin.generate(ids, 6, temperature=0, compile="inductor"), twin.generate(ids, 6, temperature=0))
     torch.save(model, tmp_path / "model.pt")
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
-    assert torch.equal(loaded.generate(ids, 6, temperature=0, compile=True), model.generate(ids, 6, temperature=0))
+    assert torch.equal(loaded.generate(ids, 6, temperature=0, compile="inductor"), model.generate(ids, 6, temperature=0))
 
 
 def test_inductor_compiled_step_gives_the_reference_tokens():
@@ -130,7 +131,7 @@ def test_inductor_compiled_step_gives_the_reference_tokens():
     model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
     ids = torch.randint(0, 64, (1, 4))
     with torch._dynamo.config.patch(error_on_recompile=True):
-        got = model.generate(ids, 6, temperature=0, compile=True)
+        got = model.generate(ids, 6, temperature=0, compile="inductor")
     assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
 
 
@@ -175,7 +176,7 @@ def test_compiled_steps_skip_guards_only_after_the_first(has_stance, monkeypatch
     for batch, length in [(1, 4), (2, 7), (1, 4)]:  # other shapes, then the first again
         ids = torch.randint(0, 64, (batch, length))
         skipped.clear()
-        got = model.generate(ids, 6, temperature=0, compile=True)
+        got = model.generate(ids, 6, temperature=0, compile="inductor")
         assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
         # 5 steps after the prefill: all but the first skip their guards, where torch can
         assert skipped == ([{"skip_guard_eval_unsafe": True}] * 4 if has_stance else [])

@@ -13,15 +13,7 @@ import qkv
 from qkv import linear as lin
 from qkv import matvec
 
-@pytest.fixture
-def kernel():
-    """The built kernel, asked for when a test needs it (not at collection: the first build takes seconds)."""
-    if not matvec.available():
-        pytest.skip("qkv's matrix-vector kernel could not be built here: it needs a C++ compiler and ninja "
-                    "(a dependency of qkv); the RuntimeWarning from qkv.matvec.load says what failed")
-
-
-built = pytest.mark.usefixtures("kernel")
+built = pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where they cannot be built
 
 
 def op_calls(fn) -> int:
@@ -133,7 +125,7 @@ def test_compiled_linear_calls_it_from_two_rows():
 
 
 @built
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("compile", [False, "inductor"])
 def test_greedy_tokens_equal_the_reference_path(monkeypatch, compile):
     """Batch 1 and a batch of 3 (through the kernel, eagerly; compiled, the batch of 3) against every
     product through F.linear."""
@@ -170,7 +162,7 @@ def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(matvec, "LOADED", None)
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "load", mock.Mock(side_effect=RuntimeError("Error building extension")))
-    with pytest.warns(RuntimeWarning, match=r"could not build the matrix-vector kernel \(RuntimeError: Error building"):
+    with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels \(RuntimeError: Error building"):
         assert matvec.available() is False
     layer, x = lin.Linear(5, 7), torch.randn(1, 5)
     with warnings.catch_warnings():

@@ -34,6 +34,12 @@ def reorder_kv(kv: Sequence[tuple[Tensor, Tensor]], indices: Tensor) -> list[tup
     return [(k.index_select(0, indices), v.index_select(0, indices)) for k, v in kv]
 
 
+def static_positions(slots: Tensor, input_pos: Tensor) -> Tensor:
+    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,)
+    -> their absolute positions (B, T), counted over real tokens (left padding does not shift them)."""
+    return (slots.long().cumsum(-1) - 1).clamp(min=0).index_select(1, input_pos)  # (B, T)
+
+
 class KVCache(nn.Module):
     """Keys and values of one layer, (B, G, M, D) each, filled left to right."""
 

@@ -9,9 +9,10 @@ plain read; this kernel streams the model's weights at 0.93–0.98 of one (``pyt
 --only generation``).
 
 The kernel (``matvec.cpp``, 80 lines) is built at first use with ``torch.utils.cpp_extension`` for
-this CPU (``-march=native``): 7–20 s once, then loaded from ``cache_dir()/kernels``. Where it
-cannot be built (no C++ compiler, no ``ninja``), a warning says why; then, and with ``QKV_MATVEC=0``,
-``available()`` is False and ``qkv.linear`` uses oneDNN and ``F.linear``.
+this CPU (``-march=native``), in one extension with the fused decode step (``decoder_step.cpp``,
+``qkv.decoder_step``): 7–20 s once, then loaded from ``cache_dir()/kernels``. Where they cannot be
+built (no C++ compiler, no ``ninja``), a warning says why; then, and with ``QKV_MATVEC=0``,
+``available()`` is False, ``qkv.linear`` uses oneDNN and ``F.linear`` and ``generate(compile=True)`` inductor.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from .runtime import cache_dir
 
-SOURCE = Path(__file__).with_name("matvec.cpp")
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("matvec.cpp", "decoder_step.cpp"))  # one build: qkv's kernels
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
@@ -38,7 +39,8 @@ LOADING = threading.Lock()
 
 
 def available() -> bool:
-    """Whether ``torch.ops.qkv.matvec`` can be called: builds or loads the kernel on the first call."""
+    """Whether ``torch.ops.qkv.matvec`` (and ``qkv.decoder_step``'s op) can be called: builds or loads them on the
+    first call."""
     global LOADED
     if LOADED is None:
         with LOADING:  # one thread builds and registers; the others wait for its answer
@@ -48,7 +50,8 @@ def available() -> bool:
 
 
 def load() -> bool:
-    """Build (once per source, torch and Python version and CPU) and load the kernel; False, with a warning, if it cannot."""
+    """Build (once per sources, torch and Python version and CPU) and load the kernels; False, with a warning, if they
+    cannot."""
     if os.environ.get("QKV_MATVEC", "1") == "0":
         return False
     try:
@@ -57,13 +60,13 @@ def load() -> bool:
         name, folder = build_name(), build_folder()
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / f"{name}.so").exists():
-            print(f"qkv: building the matrix-vector kernel for this CPU (once, 7-20 s) in {folder}",
+            print(f"qkv: building its C++ kernels for this CPU (once, 10-30 s) in {folder}",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(name, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
                            extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
     except Exception as e:  # a missing compiler or ninja, a failed build: the reference paths still work
-        warnings.warn(f"qkv: could not build the matrix-vector kernel ({type(e).__name__}: {str(e)[:300]}); "
-                      "decoding uses oneDNN's product instead (about 1.3x slower at batch 1)",
+        warnings.warn(f"qkv: could not build its C++ kernels ({type(e).__name__}: {str(e)[:300]}); decoding "
+                      "uses oneDNN's product and inductor instead (about 1.3x slower at batch 1)",
                       RuntimeWarning, stacklevel=3)
         return False
     register()
@@ -71,9 +74,9 @@ def load() -> bool:
 
 
 def build_name() -> str:
-    """The extension's name: one per source text, torch version (its ABI changes between releases) and
+    """The extension's name: one per source texts, torch version (its ABI changes between releases) and
     CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
-    key = SOURCE.read_bytes() + torch.__version__.encode() + cpu_signature().encode()
+    key = b"".join(f.read_bytes() for f in SOURCES) + torch.__version__.encode() + cpu_signature().encode()
     return f"qkv_matvec_{hashlib.sha256(key).hexdigest()[:12]}"
 
 

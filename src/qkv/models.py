@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .kv_cache import KVCache
+from .kv_cache import KVCache, static_positions
 from .layers import ACTIVATIONS, GATED, NORMS, make_norm
 from .linear import Linear
 from .masks import causal_mask, padding_mask, prepare_mask
@@ -265,11 +265,8 @@ def _positions_of_new_tokens(mask: Tensor | None, start: int, T: int, device) ->
 
 
 def _static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor, Tensor]:
-    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,).
-
-    Returns absolute positions (B, T), counted over real tokens, and the mask (B, 1, T, M).
-    """
-    positions = (slots.long().cumsum(-1) - 1).clamp(min=0).index_select(1, input_pos)  # (B, T)
+    """``static_positions`` and the mask (B, 1, T, M): each new token sees the real slots up to its own."""
+    positions = static_positions(slots, input_pos)  # (B, T)
     causal = torch.arange(slots.size(1), device=slots.device) <= input_pos[:, None]  # (T, M)
     return positions, slots[:, None, None, :] & causal  # (B, 1, T, M)
 

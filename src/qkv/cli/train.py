@@ -186,7 +186,8 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the weights' type while decoding: bfloat16 halves the bytes each token reads "
                         "(opt-in: the README's Speed section gives its speed and its cost in bits per character)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step (compiles once)")
+    p.add_argument("--compile", action="store_true", help="compile the one-token decode step: qkv's fused C++ step on "
+                   "a CPU (built once per machine), else torch.compile (compiles once)")
     return p
 
 

@@ -1,0 +1,127 @@
+"""qkv's fused decode step: one token for each of a few rows through a whole pre-norm decoder in one
+call, ``torch.ops.qkv.decoder_step`` (``decoder_step.cpp``), what ``generate(compile=True)`` runs on a CPU.
+
+    ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, fp32
+
+At batch 1 a token reads every weight once, so its time is the weights' bytes over the memory's rate.
+A decoder that calls one kernel per weight matrix (eager, or inductor's code) stops and restarts its
+threads 25-37 times a token: over the model's weights alone that streamed at ~0.74 of a plain read
+here, where one parallel region streamed the same products at 0.95-1.0 (README, Speed). The model's
+own modules are the reference: the embedding runs through ``model.embed``, the rest in C++ with the
+model's weights and KV caches, and the tests compare logits, caches and tokens.
+
+It decodes decoder-only models (``qkv.GPT``) with pre-norm blocks (GPT-2's and LLaMA's shapes: LayerNorm
+or RMSNorm, any of the activations, gated or not, biases or none, grouped K/V heads, learned, sinusoidal,
+rotary or no positions); ``unsupported`` names what it does not (ALiBi, post-norm, hooks, adapters,
+bf16, more than MAX_ROWS rows), and ``generate`` then compiles the step with inductor instead. It is
+built with qkv's other kernel (``qkv.matvec``), once per machine.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import matvec
+from .layers import ACTIVATIONS, GATED
+from .linear import plain
+from .kv_cache import static_positions
+
+MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
+NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
+ACTS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "swiglu": 3, "geglu": 1}  # decoder_step.cpp's Act
+assert set(ACTS) == set(ACTIVATIONS) | set(GATED)
+PER_LAYER = 18  # tensors a layer hands in (decoder_step.cpp's Layer)
+
+
+def unsupported(model, batch: int) -> str | None:
+    """Why the fused step cannot decode ``model`` at ``batch`` rows, or None where it can."""
+    decoder_only = hasattr(model, "new_kv_caches") and hasattr(model, "lm_head") and not hasattr(model, "encoder")
+    if not decoder_only:  # duck-typed: qkv.models imports qkv.generate, which imports this
+        return f"it decodes decoder-only models (qkv.GPT), not {type(model).__name__}"
+    c, weight = model.config, model.lm_head.weight
+    reasons = (
+        (batch > MAX_ROWS, f"batch {batch} > {MAX_ROWS} rows (oneDNN's blocked products are faster there)"),
+        (not c.norm_first, "post-norm blocks (norm_first=False)"),
+        (c.positional == "alibi", "ALiBi positions"),
+        (weight.dtype != torch.float32 or not weight.is_cpu, f"{weight.dtype} weights on {weight.device}: "
+         "it runs float32 on a CPU"),
+        (any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()), "a module with hooks"),
+        (not all(plain(m) for m in model.modules() if isinstance(m, nn.Linear)), "an adapted Linear (LoRA)"),
+        (any(type(b.attn_norm) not in NORMS or type(b.ff_norm) not in NORMS for b in model.blocks),
+         "a norm other than nn.LayerNorm or nn.RMSNorm"),
+        (model.lm_head.bias is not None, "a bias on the LM head"),
+    )
+    for failed, reason in reasons:
+        if failed:
+            return reason
+    return None if matvec.available() else "qkv's C++ kernels could not be built (the warning says why)"
+
+
+def norm_weights(norm: nn.Module | None) -> list[Tensor]:
+    empty = torch.empty(0)
+    if norm is None:
+        return [empty, empty]
+    return [norm.weight.detach(), empty if getattr(norm, "bias", None) is None else norm.bias.detach()]
+
+
+def linear_weights(*linears: nn.Linear | None) -> list[Tensor]:
+    """(weight, bias) of each, an empty tensor for what is absent (decoder_step.cpp reads it as none)."""
+    out = []
+    for m in linears:
+        for t in (None if m is None else m.weight, None if m is None else m.bias):
+            out.append(torch.empty(0) if t is None else t.detach())
+    return out
+
+
+def layer_weights(model) -> list[Tensor]:
+    """Every block's 18 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
+    out = []
+    for b in model.blocks:
+        a, f = b.attn, b.ff
+        out += norm_weights(b.attn_norm) + linear_weights(a.q_proj, a.k_proj, a.v_proj, a.out_proj)
+        out += norm_weights(b.ff_norm) + linear_weights(f.up_proj, f.gate_proj, f.down_proj)
+    return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
+
+
+class FusedStep:
+    """``generate``'s one-token step for ``model`` through ``torch.ops.qkv.decoder_step``: the same
+    signature as ``qkv.generate.last_logits(model)``, whose answer it gives (to fp32's rounding)."""
+
+    def __init__(self, model) -> None:
+        reason = unsupported(model, 1)
+        if reason is not None:
+            raise ValueError(f"the fused decode step cannot run this model: {reason}")
+        c = model.config
+        self.model, self.weights, self.eps = model, layer_weights(model), c.norm_eps
+        rope = model.blocks[0].attn.rope
+        self.dims = [c.d_model, c.num_heads, c.num_kv_heads or c.num_heads, c.head_dim, c.ff_width, c.vocab_size]
+        self.codes = [NORMS[type(model.blocks[0].attn_norm)], ACTS[c.activation], int(c.activation in GATED)]
+        self.codes.append(0 if rope is None else 2 if rope.interleaved else 1)  # decoder_step.cpp's Rope
+        self.embed, self.caches = model.embed, None
+        self.rope = torch.empty(0)  # cos and sin (2, M, D/2) at every slot, made for the first cache it sees
+
+    def rope_table(self, capacity: int) -> Tensor:
+        """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them."""
+        rope = self.model.blocks[0].attn.rope  # one module, shared by the blocks
+        if rope is not None and (self.rope.dim() != 3 or self.rope.size(1) != capacity):
+            self.rope = torch.stack(rope.angles(torch.arange(capacity))).contiguous()
+        return self.rope
+
+    def state(self, kv_caches):
+        """The op's ``DecoderState``: the weights and each layer's k and v buffers (B, G, M, D), handed to
+        C++ once for these caches (the same tensors every step: the cache writes in place)."""
+        if self.caches is None or self.caches[0] is not kv_caches:
+            buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
+            self.caches = kv_caches, torch.classes.qkv.DecoderState(self.weights, buffers)
+        return self.caches[1]
+
+    def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
+        """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""
+        B, M = slots.shape
+        if B > MAX_ROWS or ids.shape != (B, 1) or input_pos.shape != (1,):
+            raise ValueError(f"the fused step takes one token for each of at most {MAX_ROWS} rows, "
+                             f"got ids {tuple(ids.shape)} and input_pos {tuple(input_pos.shape)}")
+        positions = static_positions(slots, input_pos) if self.embed.pos is not None else input_pos
+        x = self.embed(ids, positions).view(B, -1)  # (B, C)
+        return torch.ops.qkv.decoder_step(x, self.state(kv_caches), slots, input_pos, self.rope_table(M),
+                                          [B, *self.dims, M, *self.codes], self.eps)

@@ -1,0 +1,180 @@
+"""qkv.decoder_step: the fused C++ decode step against the model's own forward (the reference): logits,
+KV caches and tokens, for every architecture it takes; what it refuses and why; its errors."""
+import importlib
+import warnings
+
+import pytest
+import torch
+
+import qkv
+from qkv import decoder_step, matvec
+from qkv.generate import _StaticCache, last_logits, step_function
+
+CONFIGS = {  # every norm, activation, positional encoding and head grouping the step takes
+    "gpt2": dict(activation="gelu_tanh"),
+    "rope, GQA, swiglu, rmsnorm, no bias": dict(positional="rope", num_kv_heads=2, activation="swiglu",
+                                                norm="rmsnorm", bias=False),
+    "interleaved rope, geglu": dict(positional="rope", rope_interleaved=True, activation="geglu"),
+    "sinusoidal, relu, no final norm": dict(positional="sinusoidal", activation="relu", final_norm=False),
+    "no positions, silu, multi-query": dict(positional="none", activation="silu", num_kv_heads=1),
+    "gelu, scaled embeddings": dict(activation="gelu", scale_embeddings=True, tie_embeddings=False),
+}
+
+
+built = pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where they cannot be built
+
+
+def tiny(seed: int = 0, **overrides) -> qkv.GPT:
+    torch.manual_seed(seed)
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", **overrides)).eval()
+
+
+def two_caches(model, ids, valid, capacity=20):
+    """Two static caches after the same prefill: one for the reference step, one for the fused step."""
+    caches = [_StaticCache(model, ids.size(0), capacity, device="cpu") for _ in range(2)]
+    return caches, [c.prefill(ids, valid) for c in caches][0]
+
+
+@built
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_logits_and_caches_equal_the_model_step_by_step(name, batch):
+    """Six steps after a prompt (a left-padded row at batch 3): the fused step's logits and KV caches
+    equal the model's forward to fp32's rounding."""
+    model = tiny(**CONFIGS[name])
+    ids = torch.randint(0, 64, (batch, 7), generator=torch.Generator().manual_seed(batch))
+    valid = torch.ones(batch, 7, dtype=torch.bool)
+    valid[0, :3] = batch == 1 or False  # row 0 of the batch of 3 starts with 3 pad tokens
+    (ref, fused), logits = two_caches(model, ids, valid)
+    step, reference = decoder_step.FusedStep(model), last_logits(model)
+    with torch.no_grad():
+        for slot in range(7, 13):
+            tok = logits.argmax(-1)[:, None]  # (B, 1)
+            for cache in (ref, fused):
+                cache.slots[:, slot] = True
+            input_pos = ref.slot_ids[slot:slot + 1]
+            logits = reference(tok, ref.slots, ref.layers, input_pos)
+            got = step(tok, fused.slots, fused.layers, input_pos)
+            torch.testing.assert_close(got, logits, atol=2e-5, rtol=1e-5)
+            for a, b in zip(ref.layers, fused.layers):
+                torch.testing.assert_close(b.k, a.k, atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(b.v, a.v, atol=1e-6, rtol=1e-5)
+
+
+@built
+@pytest.mark.parametrize("name", ["gpt2", "rope, GQA, swiglu, rmsnorm, no bias"])
+def test_generate_gives_the_reference_tokens(name):
+    """Greedy and seeded sampling, a left-padded batch, an end-of-sequence id and a window that slides
+    (max_len 16: re-prefilled, then the fused step goes on): the tokens of generate without compile."""
+    model = tiny(**CONFIGS[name], max_len=16)
+    ids = torch.randint(0, 64, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :2] = False
+    for kwargs in (dict(temperature=0), dict(temperature=0.8, top_k=20, seed=3), dict(temperature=0, eos_id=5)):
+        for rows in (ids[:1], ids):
+            want = model.generate(rows, 24, mask=mask[:len(rows)], **kwargs)
+            assert torch.equal(model.generate(rows, 24, mask=mask[:len(rows)], compile="fused", **kwargs), want)
+
+
+@built
+def test_the_same_bits_on_one_and_two_threads():
+    """Each output is one thread's sum in one order, whatever the thread count (same caches, same token)."""
+    model = tiny(**CONFIGS["gpt2"])
+    ids = torch.randint(0, 64, (2, 5))
+    (_, cache), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    cache.slots[:, 5] = True
+    kept = [(layer.k.clone(), layer.v.clone()) for layer in cache.layers]
+    threads, runs = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for layer, (k, v) in zip(cache.layers, kept):
+                layer.k.copy_(k), layer.v.copy_(v)
+            with torch.no_grad():
+                runs.append(decoder_step.FusedStep(model)(logits.argmax(-1)[:, None], cache.slots, cache.layers,
+                                                          cache.slot_ids[5:6]))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(runs[0], runs[1])
+
+
+@built
+def test_compile_true_takes_the_fused_step_where_it_can(monkeypatch):
+    """compile=True: the fused step for a supported model at up to MAX_ROWS rows, inductor's otherwise;
+    "inductor" always compiles; "fused" names why it cannot."""
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    model = tiny()
+    assert isinstance(step_function(model, 1, True), decoder_step.FusedStep)
+    assert isinstance(step_function(model, decoder_step.MAX_ROWS, "fused"), decoder_step.FusedStep)
+    assert not isinstance(step_function(model, decoder_step.MAX_ROWS + 1, True), decoder_step.FusedStep)
+    assert not isinstance(step_function(model, 1, "inductor"), decoder_step.FusedStep)
+    with pytest.raises(ValueError, match=r"compile='fused' cannot decode this model at batch 5: batch 5 > 4 rows"):
+        step_function(model, 5, "fused")
+    with pytest.raises(ValueError, match=r"compile must be one of \(False, True, 'fused', 'inductor'\), got 'fast'"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, compile="fast")
+
+
+def hooked(model):
+    model.blocks[0].ff.register_forward_hook(lambda *args: None)
+    return model
+
+
+@pytest.mark.parametrize("model, reason", [
+    (lambda: tiny(positional="alibi"), "ALiBi positions"),
+    (lambda: tiny(norm_first=False), "post-norm blocks"),
+    (lambda: tiny().to(torch.bfloat16), "torch.bfloat16 weights on cpu"),
+    (lambda: hooked(tiny()), "a module with hooks"),
+    (lambda: qkv.Transformer(qkv.ModelConfig.preset("tiny")), "it decodes decoder-only models (qkv.GPT), not Transformer"),
+])
+def test_what_it_refuses_is_named_and_decoded_the_reference_way(model, reason, monkeypatch):
+    """Each model it cannot run gets a reason; generate(compile=True) then uses inductor's step."""
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    model = model()
+    assert reason in decoder_step.unsupported(model, 1)
+    if isinstance(model, qkv.GPT):
+        ids = torch.randint(0, 64, (1, 4))
+        assert torch.equal(model.generate(ids, 4, temperature=0, compile=True), model.generate(ids, 4, temperature=0))
+
+
+def test_without_the_kernels_compile_true_falls_back(monkeypatch):
+    """Where qkv's kernels cannot be built, compile=True is inductor's step, with the reference's tokens."""
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(matvec, "LOADED", False)
+    model = tiny()
+    assert decoder_step.unsupported(model, 1) == "qkv's C++ kernels could not be built (the warning says why)"
+    ids = torch.randint(0, 64, (1, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(model.generate(ids, 4, temperature=0, compile=True), model.generate(ids, 4, temperature=0))
+    with pytest.raises(ValueError, match="the fused decode step cannot run this model: qkv's C"):
+        decoder_step.FusedStep(model)
+
+
+@built
+def test_bad_input_is_named():
+    """The op checks what it is given and says what it expected; nothing is written on a refusal."""
+    model = tiny()
+    ids = torch.randint(0, 64, (1, 4))
+    (_, cache), _ = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    step = decoder_step.FusedStep(model)
+    x = torch.randn(1, 32)
+    shape = [1, *step.dims, cache.slots.size(1), *step.codes]
+    caches = [t for layer in cache.layers for t in (layer.k, layer.v)]
+    before = [t.clone() for t in caches]
+    op, pos, state = torch.ops.qkv.decoder_step, cache.slot_ids[4:5], torch.classes.qkv.DecoderState
+    good, rope = state(step.weights, caches), step.rope
+    cases = [
+        ((x.double(), good, cache.slots, pos, rope, shape, 1e-5), r"x must be contiguous float32 \(B=1, C=32\), got Double"),
+        ((x, state(step.weights[:-1], caches), cache.slots, pos, rope, shape, 1e-5), r"expected 39 weights for 2 layers, got 38"),
+        ((x, state(step.weights, [c[:, :, :5] for c in caches]), cache.slots, pos, rope, shape, 1e-5),
+         r"each cache must be contiguous float32 \(1, 4, 20, 8\)"),
+        ((x, good, cache.slots[:, :5], pos, rope, shape, 1e-5), r"slots must be contiguous bool \(1, 20\), got Bool \[1, 5\]"),
+        ((x, good, cache.slots, torch.tensor([20]), rope, shape, 1e-5), r"the slot must lie in \[0, 20\), got 20"),
+        ((x, good, cache.slots, pos, rope, shape[:-1], 1e-5), r"shape must hold 12 ints, got 11"),
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+    assert all(torch.equal(a, b) for a, b in zip(before, caches))
+    with pytest.raises(ValueError, match=r"one token for each of at most 4 rows, got ids \(1, 2\)"):
+        step(torch.zeros(1, 2, dtype=torch.long), cache.slots, cache.layers, pos)
