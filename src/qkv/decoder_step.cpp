@@ -44,7 +44,7 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
 constexpr int64_t PER_LAYER = 18;  // tensors a layer hands in, in Layer's order
 
 // The weights (PER_LAYER a layer, then Norm_f's two and the LM head) and the KV caches (k, v a layer) of
-// one generate call, handed over once: converting 120 tensors at every call cost ~20 µs of a step.
+// one generate call, handed over once rather than as 120 tensors at every step.
 struct DecoderState : torch::CustomClassHolder {
   std::vector<at::Tensor> weights, caches;
   DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c) : weights(std::move(w)), caches(std::move(c)) {}
