@@ -119,11 +119,25 @@ def hooked(model):
     return model
 
 
+def strided(model):
+    """A down projection whose weight is a transposed view (the same values, not contiguous)."""
+    down = model.blocks[1].ff.down_proj
+    down.weight.data = down.weight.data.t().contiguous().t()
+    return model
+
+
+def affine_free(model):
+    model.final_norm = torch.nn.LayerNorm(model.config.d_model, elementwise_affine=False)
+    return model
+
+
 @pytest.mark.parametrize("model, reason", [
     (lambda: tiny(positional="alibi"), "ALiBi positions"),
     (lambda: tiny(norm_first=False), "post-norm blocks"),
     (lambda: tiny().to(torch.bfloat16), "torch.bfloat16 weights on cpu"),
     (lambda: hooked(tiny()), "a module with hooks"),
+    (lambda: strided(tiny()), "a weight that is not a contiguous float32 CPU tensor"),
+    (lambda: affine_free(tiny()), "a norm other than nn.LayerNorm or nn.RMSNorm with weights"),
     (lambda: qkv.Transformer(qkv.ModelConfig.preset("tiny")), "it decodes decoder-only models (qkv.GPT), not Transformer"),
 ])
 def test_what_it_refuses_is_named_and_decoded_the_reference_way(model, reason, monkeypatch):

@@ -47,14 +47,22 @@ def unsupported(model, batch: int) -> str | None:
          "it runs float32 on a CPU"),
         (any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()), "a module with hooks"),
         (not all(plain(m) for m in model.modules() if isinstance(m, nn.Linear)), "an adapted Linear (LoRA)"),
-        (any(type(b.attn_norm) not in NORMS or type(b.ff_norm) not in NORMS for b in model.blocks),
-         "a norm other than nn.LayerNorm or nn.RMSNorm"),
+        (not all(affine_norm(n) for b in model.blocks for n in (b.attn_norm, b.ff_norm)) or
+         not (model.final_norm is None or affine_norm(model.final_norm)),
+         "a norm other than nn.LayerNorm or nn.RMSNorm with weights"),
         (model.lm_head.bias is not None, "a bias on the LM head"),
     )
     for failed, reason in reasons:
         if failed:
             return reason
+    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in layer_weights(model) if t.numel()):
+        return "a weight that is not a contiguous float32 CPU tensor"
     return None if matvec.available() else "qkv's C++ kernels could not be built (the warning says why)"
+
+
+def affine_norm(norm: nn.Module) -> bool:
+    """nn.LayerNorm or nn.RMSNorm with a weight (qkv's are), the norms decoder_step.cpp computes."""
+    return type(norm) in NORMS and getattr(norm, "weight", None) is not None
 
 
 def norm_weights(norm: nn.Module | None) -> list[Tensor]:
