@@ -192,3 +192,21 @@ def test_bad_input_is_named():
     assert all(torch.equal(a, b) for a, b in zip(before, caches))
     with pytest.raises(ValueError, match=r"one token for each of at most 4 rows, got ids \(1, 2\)"):
         step(torch.zeros(1, 2, dtype=torch.long), cache.slots, cache.layers, pos)
+
+
+@built
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "gelu", "swiglu"])
+def test_activations_far_outside_exp_range_give_their_limits(activation):
+    """Inner activations of ±hundreds (the vectorised exp clamps its argument): the model's tokens, and
+    no inf or NaN in the logits."""
+    model = tiny(activation=activation)
+    with torch.no_grad():
+        for p in model.blocks[0].ff.up_proj.parameters():
+            p.mul_(500)
+    ids = torch.randint(0, 64, (1, 5))
+    assert torch.equal(model.generate(ids, 6, temperature=0, compile="fused"), model.generate(ids, 6, temperature=0))
+    (_, cache), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    cache.slots[:, 5] = True
+    with torch.no_grad():
+        got = decoder_step.FusedStep(model)(logits.argmax(-1)[:, None], cache.slots, cache.layers, cache.slot_ids[5:6])
+    assert torch.isfinite(got).all()

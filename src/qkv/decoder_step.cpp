@@ -78,7 +78,7 @@ void normalise(const float* x, const float* w, const float* b, float* h, const S
 // e^v in fp32, in a form the compiler vectorises (libm's expf is one number at a time): Cephes' expf,
 // v = n ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-6 polynomial, 2^n by the exponent's bits; ~1 ulp.
 inline float exp_vec(float v) {
-  v = std::min(std::max(v, -87.3f), 88.7f);  // e^v stays a normal float
+  v = std::min(std::max(v, -87.3f), 88.3f);  // e^v stays a finite, normal float (2^n with n in [-126, 127])
   const float n = static_cast<float>(static_cast<int32_t>(v * 1.44269504f + (v >= 0.f ? 0.5f : -0.5f)));
   const float r = v - n * 0.693359375f + n * 2.12194440e-4f;  // ln 2 in two parts, exact products
   float p = 1.9875691500e-4f;
