@@ -4,8 +4,9 @@
 
 Speed: the `generation` benchmark's model (GPT-2's shape at CPU size, 23.6 M parameters; 92.4 MB
 of weights in fp32, 46.2 MB in bf16), greedy at batch 1, prompt 16 tokens, 128 new (32 with
---quick), eager and compiled (inductor, for bf16 and fp32 alike), each dtype beside fp32, interleaved, medians; how many of the new
-tokens agree with fp32's. First, the rates at which one large matrix streams in each type.
+--quick), eager and compiled (inductor's step for bf16 and fp32 alike), each dtype beside fp32,
+interleaved, medians; how many of the new tokens agree with fp32's. First, the rates at which one large
+matrix streams in each type.
 Cost: a trained run's bits per character on its whole held-out text (its final ``val_bpc``), with
 its fp32 weights and with the same weights rounded to bf16. ``make demo`` writes the default run,
 runs/demo; without it the cost is not measured (and the benchmark says so).

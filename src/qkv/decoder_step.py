@@ -105,14 +105,13 @@ class FusedStep:
         self.dims = [c.d_model, c.num_heads, c.num_kv_heads or c.num_heads, c.head_dim, c.ff_width, c.vocab_size]
         self.codes = [NORMS[type(model.blocks[0].attn_norm)], ACTS[c.activation], int(c.activation in GATED)]
         self.codes.append(0 if rope is None else 2 if rope.interleaved else 1)  # decoder_step.cpp's Rope
-        self.embed, self.caches = model.embed, None
+        self.embed, self.rotary, self.caches = model.embed, rope, None  # one RotaryEmbedding, shared by the blocks
         self.rope = torch.empty(0)  # cos and sin (2, M, D/2) at every slot, made for the first cache it sees
 
     def rope_table(self, capacity: int) -> Tensor:
         """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them."""
-        rope = self.model.blocks[0].attn.rope  # one module, shared by the blocks
-        if rope is not None and (self.rope.dim() != 3 or self.rope.size(1) != capacity):
-            self.rope = torch.stack(rope.angles(torch.arange(capacity))).contiguous()
+        if self.rotary is not None and (self.rope.dim() != 3 or self.rope.size(1) != capacity):
+            self.rope = torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
         return self.rope
 
     def state(self, kv_caches):
