@@ -18,6 +18,7 @@ CONFIGS = {  # every norm, activation, positional encoding and head grouping the
     "sinusoidal, relu, no final norm": dict(positional="sinusoidal", activation="relu", final_norm=False),
     "no positions, silu, multi-query": dict(positional="none", activation="silu", num_kv_heads=1),
     "gelu, scaled embeddings": dict(activation="gelu", scale_embeddings=True, tie_embeddings=False),
+    "embedding norm, token types": dict(embedding_norm=True, type_vocab_size=2),
 }
 
 
@@ -138,7 +139,7 @@ def affine_free(model):
     (lambda: tiny().to(torch.bfloat16), "torch.bfloat16 weights on cpu"),
     (lambda: hooked(tiny()), "a module with hooks"),
     (lambda: strided(tiny()), "a weight that is not a contiguous float32 CPU tensor"),
-    (lambda: affine_free(tiny()), "a norm other than nn.LayerNorm or nn.RMSNorm with weights"),
+    (lambda: affine_free(tiny()), "norms other than one kind of nn.LayerNorm or nn.RMSNorm with weights"),
     (lambda: qkv.Transformer(qkv.ModelConfig.preset("tiny")), "it decodes decoder-only models (qkv.GPT), not Transformer"),
 ])
 def test_what_it_refuses_is_named_and_decoded_the_reference_way(model, reason, monkeypatch):
@@ -167,32 +168,53 @@ def test_without_the_kernels_compile_true_falls_back(monkeypatch):
 
 @built
 def test_bad_input_is_named():
-    """The op checks what it is given and says what it expected; nothing is written on a refusal."""
+    """The state and the op check what they are given and say what they expected; a refused step writes
+    nothing."""
     model = tiny()
     ids = torch.randint(0, 64, (1, 4))
     (_, cache), _ = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
     step = decoder_step.FusedStep(model)
-    x = torch.randn(1, 32)
-    shape = [1, *step.dims, cache.slots.size(1), *step.codes]
     caches = [t for layer in cache.layers for t in (layer.k, layer.v)]
     before = [t.clone() for t in caches]
-    op, pos, state = torch.ops.qkv.decoder_step, cache.slot_ids[4:5], torch.classes.qkv.DecoderState
-    good, rope = state(step.weights, caches), step.rope
-    cases = [
-        ((x.double(), good, cache.slots, pos, rope, shape, 1e-5), r"x must be contiguous float32 \(B=1, C=32\), got Double"),
-        ((x, state(step.weights[:-1], caches), cache.slots, pos, rope, shape, 1e-5), r"expected 39 weights for 2 layers, got 38"),
-        ((x, state(step.weights, [c[:, :, :5] for c in caches]), cache.slots, pos, rope, shape, 1e-5),
-         r"each cache must be contiguous float32 \(1, 4, 20, 8\)"),
-        ((x, good, cache.slots[:, :5], pos, rope, shape, 1e-5), r"slots must be contiguous bool \(1, 20\), got Bool \[1, 5\]"),
-        ((x, good, cache.slots, torch.tensor([20]), rope, shape, 1e-5), r"the slot must lie in \[0, 20\), got 20"),
-        ((x, good, cache.slots, pos, rope, shape[:-1], 1e-5), r"shape must hold 12 ints, got 11"),
+    state = torch.classes.qkv.DecoderState
+    args = (step.weights, caches, torch.empty(0), step.shape, 1e-5, 1.0)
+    bad_states = [
+        ((step.weights[:-1], *args[1:]), r"expected 44 weights for 2 layers \(a k and a v cache each\), got 43"),
+        ((step.weights[:7] + [step.weights[7][:-1]] + step.weights[8:], *args[1:]),
+         r"weight 7 must be a contiguous float32 CPU tensor of 1024 elements, got Float \[31, 32\]"),
+        ((step.weights[:2] + [torch.ones(32).double()] + step.weights[3:], *args[1:]),
+         r"weight 2 must be .* of 32 elements \(or none\), got Double \[32\]"),
+        ((args[0], caches[:1] + [c[:, :, :5] for c in caches[1:]], *args[2:]),
+         r"each cache must be contiguous float32 \(1, 4, 20, 8\) like the first, got Float \[1, 4, 5, 8\]"),
+        ((*args[:3], step.shape[:-1], 1e-5, 1.0), r"shape must hold 10 ints, got 9"),
+        ((*args[:3], [32, 4, 3, *step.shape[3:]], 1e-5, 1.0), r"G dividing H and D even, got \(32, 4, 3, 8, 128, 64\)"),
     ]
-    for args, message in cases:
+    for bad, message in bad_states:
         with pytest.raises(RuntimeError, match=message):
-            op(*args)
+            state(*bad)
+    op, pos, good, tok = torch.ops.qkv.decoder_step, cache.slot_ids[4:5], state(*args), torch.tensor([[3]])
+    cases = [
+        ((tok.int(), good, cache.slots, pos), r"ids must be contiguous int64 \(1, 1\), one new token a row, got Int"),
+        ((torch.tensor([[3, 4]]), good, cache.slots, pos), r"ids must be .* got Long \[1, 2\]"),
+        ((torch.tensor([[64]]), good, cache.slots, pos), r"token ids must lie in \[0, 64\), got 64"),
+        ((tok, good, cache.slots[:, :5], pos), r"slots must be contiguous bool \(1, 20\), got Bool \[1, 5\]"),
+        ((tok, good, cache.slots, torch.tensor([20])), r"the slot must lie in \[0, 20\), got 20"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(*bad)
     assert all(torch.equal(a, b) for a, b in zip(before, caches))
-    with pytest.raises(ValueError, match=r"one token for each of at most 4 rows, got ids \(1, 2\)"):
-        step(torch.zeros(1, 2, dtype=torch.long), cache.slots, cache.layers, pos)
+
+
+@built
+def test_positions_past_the_table_are_refused():
+    """A learned position table of max_len rows: a cache that holds more tokens than that is refused by
+    name rather than read past the table's end."""
+    model = tiny(max_len=8)
+    cache = _StaticCache(model, 1, 12, device="cpu")
+    cache.slots[:, :10] = True
+    with pytest.raises(RuntimeError, match=r"position 9 is past the position table's 8 rows"):
+        decoder_step.FusedStep(model)(torch.tensor([[1]]), cache.slots, cache.layers, cache.slot_ids[9:10])
 
 
 @built

@@ -4,9 +4,11 @@
 // matrix, 25-37 times a token, streams its weights at ~0.74 of a plain read on this machine; in one
 // region the same products stream at 0.95-1.0 of it (measured side by side, interleaved).
 //
-//   x (B, C), the embedded new tokens  ->  logits (B, V)      B ≤ a few rows, fp32, CPU
+//   ids (B, 1), the new tokens  ->  logits (B, V)      B ≤ a few rows, fp32, CPU
 //
-// Per layer, as TransformerBlock (norm_first) computes it:
+// As Embeddings computes it: x = tok[id] · scale + pos[p] + type, then the embedding's norm, where p
+// counts the row's real tokens before this one (static_positions). Per layer, as TransformerBlock
+// (norm_first) computes it:
 //   h = Norm₁(x);  q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv       (each thread its share of rows)
 //   [RoPE q, k];  k, v → the cache at ``slot``;  a = softmax(q kᵀ / √D) v over the row's slots ≤ slot
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
@@ -32,9 +34,16 @@ enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Act { RELU = 0, GELU = 1, GELU_TANH = 2, SILU = 3 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
 
-struct Shape {  // the int[] argument, in this order
-  int64_t B, C, H, G, D, F, V, M, norm, act, gated, rope;
+struct Shape {  // B and M from the caches (B, G, M, D), then DecoderState's int[] shape in this order
+  int64_t B, M, C, H, G, D, F, V, norm, act, gated, rope;
 };
+constexpr int64_t SHAPE = 10;  // the ints of DecoderState's shape
+
+struct Embedding {  // nullptr where the model has none
+  const float *tok, *pos, *type, *norm_w, *norm_b;
+  int64_t vocab, positions;  // rows of tok and of pos
+};
+constexpr int64_t EMBEDDING = 5;  // tensors the embedding hands in, in Embedding's order
 
 struct Layer {  // nullptr where the model has no such weight (no biases, no gate)
   const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
@@ -43,11 +52,78 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
 };
 constexpr int64_t PER_LAYER = 18;  // tensors a layer hands in, in Layer's order
 
-// The weights (PER_LAYER a layer, then Norm_f's two and the LM head) and the KV caches (k, v a layer) of
-// one generate call, handed over once rather than as 120 tensors at every step.
+const float* weight(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+struct Size {  // a weight's number of elements; one not required may be absent (empty)
+  int64_t n;
+  bool required;
+};
+
+// Each weight's size, in the order handed in, from the shape (vocab, positions: rows of the embedding's tables).
+std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, int64_t positions) {
+  const int64_t C = s.C, Q = s.H * s.D, KV = s.G * s.D, F = s.F;
+  std::vector<Size> n{{vocab * C, true}, {positions * C, false}, {C, false}, {C, false}, {C, false}};
+  for (int64_t i = 0; i < layers; i++)
+    n.insert(n.end(), {{C, true}, {C, false}, {Q * C, true}, {Q, false}, {KV * C, true}, {KV, false},
+                       {KV * C, true}, {KV, false}, {C * Q, true}, {C, false}, {C, true}, {C, false},
+                       {F * C, true}, {F, false}, {F * C, false}, {F, false}, {C * F, true}, {C, false}});
+  n.insert(n.end(), {{C, false}, {C, false}, {s.V * C, true}});
+  return n;
+}
+
+// Checks what a DecoderState is made of, naming what it expected: nothing is read out of bounds later.
+void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& caches, const at::Tensor& rope,
+                 const Shape& s) {
+  const int64_t layers = static_cast<int64_t>(caches.size()) / 2, count = EMBEDDING + layers * PER_LAYER + 3;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == count && caches.size() % 2 == 0, "qkv::DecoderState: expected ",
+              count, " weights for ", layers, " layers (a k and a v cache each), got ", weights.size(), " and ",
+              caches.size(), " caches");
+  const auto sizes = weight_sizes(s, layers, weights[0].numel() / s.C, weights[1].numel() / s.C);
+  for (size_t i = 0; i < weights.size(); i++) {
+    const at::Tensor& t = weights[i];
+    const bool ok = t.numel() ? t.numel() == sizes[i].n && t.scalar_type() == at::kFloat && t.is_cpu() &&
+                                    t.is_contiguous()
+                              : !sizes[i].required;
+    TORCH_CHECK(ok && (i || t.dim() == 2), "qkv::DecoderState: weight ", i, " must be a contiguous float32 CPU "
+                "tensor of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
+                t.scalar_type(), " ", t.sizes());
+  }
+  for (const auto& t : caches)
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == at::IntArrayRef({s.B, s.G, s.M, s.D}),
+                "qkv::DecoderState: each cache must be contiguous float32 (", s.B, ", ", s.G, ", ", s.M, ", ", s.D,
+                ") like the first, got ", t.scalar_type(), " ", t.sizes());
+  TORCH_CHECK(!s.rope || (rope.scalar_type() == at::kFloat && rope.is_contiguous() &&
+                          rope.sizes() == at::IntArrayRef({2, s.M, s.D / 2})),
+              "qkv::DecoderState: rope must be contiguous float32 cos and sin (2, ", s.M, ", ", s.D / 2, "), got ",
+              rope.sizes());
+}
+
+Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_t>& shape) {
+  TORCH_CHECK(shape.size() == SHAPE, "qkv::DecoderState: shape must hold ", SHAPE, " ints, got ", shape.size());
+  TORCH_CHECK(!caches.empty() && caches[0].dim() == 4, "qkv::DecoderState: expected each layer's k and v caches "
+              "(B, G, M, D), got ", caches.size(), " tensors");
+  const Shape s{caches[0].size(0), caches[0].size(2), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                shape[6], shape[7], shape[8], shape[9]};
+  TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0,
+              "qkv::DecoderState: shape (C, H, G, D, F, V) must be positive, G dividing H and D even, got (", s.C,
+              ", ", s.H, ", ", s.G, ", ", s.D, ", ", s.F, ", ", s.V, ")");
+  return s;
+}
+
+// What one generate call decodes with, handed over once rather than at every step: the weights (the
+// embedding's EMBEDDING, PER_LAYER a layer, then Norm_f's two and the LM head), each layer's k and v
+// caches, RoPE's cos and sin at every slot, the shape and two numbers. Checked here, once.
 struct DecoderState : torch::CustomClassHolder {
   std::vector<at::Tensor> weights, caches;
-  DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c) : weights(std::move(w)), caches(std::move(c)) {}
+  at::Tensor rope;
+  Shape s;
+  float eps, scale;
+  DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c, at::Tensor cos_sin, std::vector<int64_t> shape,
+               double norm_eps, double embed_scale)
+      : weights(std::move(w)), caches(std::move(c)), rope(std::move(cos_sin)), s(make_shape(caches, shape)),
+        eps(static_cast<float>(norm_eps)), scale(static_cast<float>(embed_scale)) {
+    check_state(weights, caches, rope, s);
+  }
 };
 
 struct Rows {  // this thread's share [begin, end) of n rows
@@ -57,8 +133,6 @@ Rows share(int64_t n) {
   const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
   return {n * t / T, n * (t + 1) / T};
 }
-
-const float* weight(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
 // h[m] = Norm(x[m]) for the B rows, C wide: LayerNorm (biased variance) or RMSNorm, then × w (+ b).
 void normalise(const float* x, const float* w, const float* b, float* h, const Shape& s, float eps) {
@@ -194,8 +268,8 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
 
 struct Buffers {  // shared by the threads, except h and scratch (one each)
   std::vector<float> x, q, k, v, a, up, gate;
-  Buffers(const Shape& s, const float* x0)
-      : x(x0, x0 + s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
+  explicit Buffers(const Shape& s)
+      : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
         up(s.B * s.F), gate(s.gated ? s.B * s.F : 0) {}
 };
 
@@ -266,29 +340,25 @@ void layer(const Layer& L, Buffers& buf, float* h, float* scratch, const bool* s
 }
 
 Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, const at::Tensor& v) {
-  const at::Tensor* t = w.data() + i * PER_LAYER;
+  const at::Tensor* t = w.data() + EMBEDDING + i * PER_LAYER;
   return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
           k.data_ptr<float>(), v.data_ptr<float>()};
 }
 
-void check(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& caches,
-           const at::Tensor& slots, const at::Tensor& input_pos, const at::Tensor& rope, const Shape& s) {
-  const int64_t layers = static_cast<int64_t>(caches.size()) / 2;
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_cpu() && x.is_contiguous() && x.numel() == s.B * s.C,
-              "qkv::decoder_step: x must be contiguous float32 (B=", s.B, ", C=", s.C, "), got ", x.scalar_type(),
-              " ", x.sizes());
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * PER_LAYER + 3, "qkv::decoder_step: expected ",
-              layers * PER_LAYER + 3, " weights for ", layers, " layers, got ", weights.size());
-  for (const auto& t : weights)
-    TORCH_CHECK(!t.numel() || (t.scalar_type() == at::kFloat && t.is_cpu() && t.is_contiguous()),
-                "qkv::decoder_step: weights must be contiguous float32 CPU tensors, got ", t.scalar_type(), " ",
-                t.sizes(), " strides ", t.strides());
-  for (const auto& t : caches)
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == at::IntArrayRef({s.B, s.G, s.M, s.D}),
-                "qkv::decoder_step: each cache must be contiguous float32 (", s.B, ", ", s.G, ", ", s.M, ", ", s.D,
-                "), got ", t.scalar_type(), " ", t.sizes());
+Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
+  return {weight(w[0]), weight(w[1]), weight(w[2]), weight(w[3]), weight(w[4]), w[0].numel() / s.C, w[1].numel() / s.C};
+}
+
+// Checks one step's arguments against the state; each row's position p (its real tokens before the new
+// one, as static_positions counts them) -> positions.
+void check_step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos, const Embedding& e,
+                const Shape& s, std::vector<int64_t>& positions) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_cpu() && ids.is_contiguous() &&
+                  ids.sizes() == at::IntArrayRef({s.B, 1}),
+              "qkv::decoder_step: ids must be contiguous int64 (", s.B, ", 1), one new token a row, got ",
+              ids.scalar_type(), " ", ids.sizes());
   TORCH_CHECK(slots.scalar_type() == at::kBool && slots.is_contiguous() && slots.sizes() == at::IntArrayRef({s.B, s.M}),
               "qkv::decoder_step: slots must be contiguous bool (", s.B, ", ", s.M, "), got ", slots.scalar_type(),
               " ", slots.sizes());
@@ -296,24 +366,47 @@ void check(const at::Tensor& x, const std::vector<at::Tensor>& weights, const st
               "hold one int64 slot, got ", input_pos.scalar_type(), " ", input_pos.sizes());
   const int64_t slot = input_pos.data_ptr<int64_t>()[0];
   TORCH_CHECK(0 <= slot && slot < s.M, "qkv::decoder_step: the slot must lie in [0, ", s.M, "), got ", slot);
-  TORCH_CHECK(!s.rope || (rope.scalar_type() == at::kFloat && rope.is_contiguous() &&
-                          rope.sizes() == at::IntArrayRef({2, s.M, s.D / 2})),
-              "qkv::decoder_step: rope must be contiguous float32 cos and sin (2, ", s.M, ", ", s.D / 2, "), got ",
-              rope.sizes());
+  const bool* on = slots.data_ptr<bool>();
+  for (int64_t m = 0; m < s.B; m++) {
+    const int64_t id = ids.data_ptr<int64_t>()[m];
+    TORCH_CHECK(0 <= id && id < e.vocab, "qkv::decoder_step: token ids must lie in [0, ", e.vocab, "), got ", id);
+    positions[m] = std::max<int64_t>(std::count(on + m * s.M, on + m * s.M + slot + 1, true) - 1, 0);
+    TORCH_CHECK(!e.pos || positions[m] < e.positions, "qkv::decoder_step: position ", positions[m],
+                " is past the position table's ", e.positions, " rows");
+  }
 }
 
-at::Tensor decoder_step(const at::Tensor& x, const c10::intrusive_ptr<DecoderState>& state, const at::Tensor& slots,
-                        const at::Tensor& input_pos, const at::Tensor& rope, std::vector<int64_t> shape, double eps) {
+// x[m] = tok[ids[m]] · scale + pos[positions[m]] + type, then the embedding's norm: Embeddings.forward.
+void embed(const Embedding& e, const int64_t* ids, const std::vector<int64_t>& positions, float* x, const Shape& s,
+           float scale, float eps) {
+  for (int64_t m = 0; m < s.B; m++) {
+    const float *tok = e.tok + ids[m] * s.C, *pos = e.pos ? e.pos + positions[m] * s.C : nullptr;
+    float* xm = x + m * s.C;
+    for (int64_t c = 0; c < s.C; c++) {
+      float v = scale == 1.f ? tok[c] : tok[c] * scale;
+      if (pos) v += pos[c];
+      xm[c] = e.type ? v + e.type[c] : v;
+    }
+  }
+  if (e.norm_w) {
+    std::vector<float> raw(x, x + s.B * s.C);
+    normalise(raw.data(), e.norm_w, e.norm_b, x, s, eps);
+  }
+}
+
+at::Tensor decoder_step(const at::Tensor& ids, const c10::intrusive_ptr<DecoderState>& state, const at::Tensor& slots,
+                        const at::Tensor& input_pos) {
   const std::vector<at::Tensor>&weights = state->weights, &caches = state->caches;
-  TORCH_CHECK(shape.size() == 12, "qkv::decoder_step: shape must hold 12 ints, got ", shape.size());
-  const Shape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                shape[6], shape[7], shape[8], shape[9], shape[10], shape[11]};
-  check(x, weights, caches, slots, input_pos, rope, s);
+  const Shape& s = state->s;
+  const Embedding e = unpack_embedding(weights, s);
+  std::vector<int64_t> positions(s.B);
+  check_step(ids, slots, input_pos, e, s, positions);
   const int64_t slot = input_pos.data_ptr<int64_t>()[0];
-  const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = layers * PER_LAYER;
-  Buffers buf(s, x.data_ptr<float>());
-  at::Tensor logits = at::empty({s.B, s.V}, x.options());
-  const float* cos = s.rope ? rope.data_ptr<float>() + slot * (s.D / 2) : nullptr;
+  const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = EMBEDDING + layers * PER_LAYER;
+  Buffers buf(s);
+  embed(e, ids.data_ptr<int64_t>(), positions, buf.x.data(), s, state->scale, state->eps);
+  at::Tensor logits = at::empty({s.B, s.V}, weights[0].options());
+  const float* cos = s.rope ? state->rope.data_ptr<float>() + slot * (s.D / 2) : nullptr;
   const float* sin = s.rope ? cos + s.M * (s.D / 2) : nullptr;
   const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
 #pragma omp parallel num_threads(threads)
@@ -321,9 +414,9 @@ at::Tensor decoder_step(const at::Tensor& x, const c10::intrusive_ptr<DecoderSta
     std::vector<float> h(s.B * s.C), scratch(s.D + s.M);
     for (int64_t i = 0; i < layers; i++)
       layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), buf, h.data(), scratch.data(),
-            slots.data_ptr<bool>(), slot, cos, sin, s, static_cast<float>(eps));
+            slots.data_ptr<bool>(), slot, cos, sin, s, state->eps);
     if (weights[last].numel())
-      normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, static_cast<float>(eps));
+      normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, state->eps);
     else
       std::copy(buf.x.begin(), buf.x.end(), h.begin());
     product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, Store{logits.data_ptr<float>(), s.V});
@@ -334,8 +427,10 @@ at::Tensor decoder_step(const at::Tensor& x, const c10::intrusive_ptr<DecoderSta
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(qkv, m) {
-  m.class_<DecoderState>("DecoderState").def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>>());
-  m.def("decoder_step(Tensor x, __torch__.torch.classes.qkv.DecoderState state, Tensor slots, Tensor input_pos, "
-        "Tensor rope, int[] shape, float eps) -> Tensor");
+  m.class_<DecoderState>("DecoderState")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, std::vector<int64_t>, double,
+                       double>());
+  m.def("decoder_step(Tensor ids, __torch__.torch.classes.qkv.DecoderState state, Tensor slots, Tensor input_pos) "
+        "-> Tensor");
   m.impl("decoder_step", c10::DispatchKey::CPU, &decoder_step);
 }

@@ -6,9 +6,10 @@ call, ``torch.ops.qkv.decoder_step`` (``decoder_step.cpp``), what ``generate(com
 At batch 1 a token reads every weight once, so its time is the weights' bytes over the memory's rate.
 A decoder that calls one kernel per weight matrix (eager, or inductor's code) stops and restarts its
 threads 25-37 times a token: over the model's weights alone that streamed at ~0.74 of a plain read
-here, where one parallel region streamed the same products at 0.95-1.0 (README, Speed). The model's
-own modules are the reference: the embedding runs through ``model.embed``, the rest in C++ with the
-model's weights and KV caches, and the tests compare logits, caches and tokens.
+here, where one parallel region streamed the same products at 0.95-1.0 (README, Speed). The embedding
+is looked up in C++ too: a step is one call from Python, since after a token's 92 MB have streamed
+through the caches each further small op there costs 30-60 µs rather than 3-5 (measured). The model's
+own forward is the reference: the tests compare logits, caches and tokens.
 
 It decodes decoder-only models (``qkv.GPT``) with pre-norm blocks (GPT-2's and LLaMA's shapes: LayerNorm
 or RMSNorm, any of the activations, gated or not, biases or none, grouped K/V heads, learned, sinusoidal,
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from . import matvec
 from .layers import ACTIVATIONS, GATED
 from .linear import plain
-from .kv_cache import static_positions
+from .positional import LearnedPositionalEmbedding
 
 MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
@@ -39,6 +40,8 @@ def unsupported(model, batch: int) -> str | None:
     if not decoder_only:  # duck-typed: qkv.models imports qkv.generate, which imports this
         return f"it decodes decoder-only models (qkv.GPT), not {type(model).__name__}"
     c, weight = model.config, model.lm_head.weight
+    norms = [n for b in model.blocks for n in (b.attn_norm, b.ff_norm)]
+    norms += [n for n in (model.final_norm, model.embed.norm) if n is not None]
     reasons = (
         (batch > MAX_ROWS, f"batch {batch} > {MAX_ROWS} rows (oneDNN's blocked products are faster there)"),
         (not c.norm_first, "post-norm blocks (norm_first=False)"),
@@ -47,15 +50,16 @@ def unsupported(model, batch: int) -> str | None:
          "it runs float32 on a CPU"),
         (any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()), "a module with hooks"),
         (not all(plain(m) for m in model.modules() if isinstance(m, nn.Linear)), "an adapted Linear (LoRA)"),
-        (not all(affine_norm(n) for b in model.blocks for n in (b.attn_norm, b.ff_norm)) or
-         not (model.final_norm is None or affine_norm(model.final_norm)),
-         "a norm other than nn.LayerNorm or nn.RMSNorm with weights"),
+        (not all(affine_norm(n) and type(n) is type(norms[0]) for n in norms),
+         "norms other than one kind of nn.LayerNorm or nn.RMSNorm with weights"),
         (model.lm_head.bias is not None, "a bias on the LM head"),
     )
     for failed, reason in reasons:
         if failed:
             return reason
-    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in layer_weights(model) if t.numel()):
+    tables = [model.embed.tok.weight] + ([model.embed.pos.weight] if c.positional == "learned" else [])
+    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tables + layer_weights(model)
+               if t.numel()):
         return "a weight that is not a contiguous float32 CPU tensor"
     return None if matvec.available() else "qkv's C++ kernels could not be built (the warning says why)"
 
@@ -81,6 +85,20 @@ def linear_weights(*linears: nn.Linear | None) -> list[Tensor]:
     return out
 
 
+def embedding_weights(embed, max_len: int) -> list[Tensor]:
+    """decoder_step.cpp's ``Embedding``: the token table, the position table (learned, or the sinusoids at
+    the max_len positions the model takes), the token-type vector added (type 0's) and the embedding norm's two."""
+    empty = torch.empty(0)
+    if embed.pos is None:
+        table = empty
+    elif isinstance(embed.pos, LearnedPositionalEmbedding):
+        table = embed.pos.weight.detach()
+    else:  # sinusoidal: its own forward at every position, as the model computes it
+        table = embed.pos(torch.arange(max_len)).contiguous()
+    token_type = empty if embed.token_type is None else embed.token_type.weight.detach()[0]
+    return [embed.tok.weight.detach(), table, token_type] + norm_weights(embed.norm)
+
+
 def layer_weights(model) -> list[Tensor]:
     """Every block's 18 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
     out = []
@@ -100,35 +118,30 @@ class FusedStep:
         if reason is not None:
             raise ValueError(f"the fused decode step cannot run this model: {reason}")
         c = model.config
-        self.model, self.weights, self.eps = model, layer_weights(model), c.norm_eps
-        rope = model.blocks[0].attn.rope
-        self.dims = [c.d_model, c.num_heads, c.num_kv_heads or c.num_heads, c.head_dim, c.ff_width, c.vocab_size]
-        self.codes = [NORMS[type(model.blocks[0].attn_norm)], ACTS[c.activation], int(c.activation in GATED)]
-        self.codes.append(0 if rope is None else 2 if rope.interleaved else 1)  # decoder_step.cpp's Rope
-        self.embed, self.rotary, self.caches = model.embed, rope, None  # one RotaryEmbedding, shared by the blocks
-        self.rope = torch.empty(0)  # cos and sin (2, M, D/2) at every slot, made for the first cache it sees
+        self.weights, self.eps, self.scale = embedding_weights(model.embed, c.max_len) + layer_weights(model), c.norm_eps, model.embed.scale
+        self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
+        self.shape = [c.d_model, c.num_heads, c.num_kv_heads or c.num_heads, c.head_dim, c.ff_width, c.vocab_size,
+                      NORMS[type(model.blocks[0].attn_norm)], ACTS[c.activation], int(c.activation in GATED),
+                      0 if rope is None else 2 if rope.interleaved else 1]  # decoder_step.cpp's Shape and Rope
+        self.caches = None
 
     def rope_table(self, capacity: int) -> Tensor:
         """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them."""
-        if self.rotary is not None and (self.rope.dim() != 3 or self.rope.size(1) != capacity):
-            self.rope = torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
-        return self.rope
+        if self.rotary is None:
+            return torch.empty(0)
+        return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
 
     def state(self, kv_caches):
-        """The op's ``DecoderState``: the weights and each layer's k and v buffers (B, G, M, D), handed to
-        C++ once for these caches (the same tensors every step: the cache writes in place)."""
+        """The op's ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D)
+        and RoPE's table, handed to C++ (and checked) once: the cache writes in place, the same tensors
+        every step."""
         if self.caches is None or self.caches[0] is not kv_caches:
             buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
-            self.caches = kv_caches, torch.classes.qkv.DecoderState(self.weights, buffers)
+            table = self.rope_table(buffers[0].size(2))
+            self.caches = kv_caches, torch.classes.qkv.DecoderState(self.weights, buffers, table, self.shape,
+                                                                    self.eps, self.scale)
         return self.caches[1]
 
     def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
         """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""
-        B, M = slots.shape
-        if B > MAX_ROWS or ids.shape != (B, 1) or input_pos.shape != (1,):
-            raise ValueError(f"the fused step takes one token for each of at most {MAX_ROWS} rows, "
-                             f"got ids {tuple(ids.shape)} and input_pos {tuple(input_pos.shape)}")
-        positions = static_positions(slots, input_pos) if self.embed.pos is not None else input_pos
-        x = self.embed(ids, positions).view(B, -1)  # (B, C)
-        return torch.ops.qkv.decoder_step(x, self.state(kv_caches), slots, input_pos, self.rope_table(M),
-                                          [B, *self.dims, M, *self.codes], self.eps)
+        return torch.ops.qkv.decoder_step(ids, self.state(kv_caches), slots, input_pos)
