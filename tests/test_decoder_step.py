@@ -176,7 +176,7 @@ def test_bad_input_is_named():
     step = decoder_step.FusedStep(model)
     caches = [t for layer in cache.layers for t in (layer.k, layer.v)]
     before = [t.clone() for t in caches]
-    state = torch.classes.qkv.DecoderState
+    state = matvec.MODULE.DecoderState
     args = (step.weights, caches, torch.empty(0), step.shape, 1e-5, 1.0)
     bad_states = [
         ((step.weights[:-1], *args[1:]), r"expected 44 weights for 2 layers \(a k and a v cache each\), got 43"),
@@ -192,17 +192,17 @@ def test_bad_input_is_named():
     for bad, message in bad_states:
         with pytest.raises(RuntimeError, match=message):
             state(*bad)
-    op, pos, good, tok = torch.ops.qkv.decoder_step, cache.slot_ids[4:5], state(*args), torch.tensor([[3]])
+    pos, good, tok = cache.slot_ids[4:5], state(*args), torch.tensor([[3]])
     cases = [
-        ((tok.int(), good, cache.slots, pos), r"ids must be contiguous int64 \(1, 1\), one new token a row, got Int"),
-        ((torch.tensor([[3, 4]]), good, cache.slots, pos), r"ids must be .* got Long \[1, 2\]"),
-        ((torch.tensor([[64]]), good, cache.slots, pos), r"token ids must lie in \[0, 64\), got 64"),
-        ((tok, good, cache.slots[:, :5], pos), r"slots must be contiguous bool \(1, 20\), got Bool \[1, 5\]"),
-        ((tok, good, cache.slots, torch.tensor([20])), r"the slot must lie in \[0, 20\), got 20"),
+        ((tok.int(), cache.slots, pos), r"ids must be contiguous int64 \(1, 1\), one new token a row, got Int"),
+        ((torch.tensor([[3, 4]]), cache.slots, pos), r"ids must be .* got Long \[1, 2\]"),
+        ((torch.tensor([[64]]), cache.slots, pos), r"token ids must lie in \[0, 64\), got 64"),
+        ((tok, cache.slots[:, :5], pos), r"slots must be contiguous bool \(1, 20\), got Bool \[1, 5\]"),
+        ((tok, cache.slots, torch.tensor([20])), r"the slot must lie in \[0, 20\), got 20"),
     ]
     for bad, message in cases:
         with pytest.raises(RuntimeError, match=message):
-            op(*bad)
+            good.step(*bad)
     assert all(torch.equal(a, b) for a, b in zip(before, caches))
 
 

@@ -1,5 +1,5 @@
 """qkv's fused decode step: one token for each of a few rows through a whole pre-norm decoder in one
-call, ``torch.ops.qkv.decoder_step`` (``decoder_step.cpp``), what ``generate(compile=True)`` runs on a CPU.
+call, ``DecoderState.step`` (``decoder_step.cpp``), what ``generate(compile=True)`` runs on a CPU.
 
     ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, fp32
 
@@ -110,7 +110,7 @@ def layer_weights(model) -> list[Tensor]:
 
 
 class FusedStep:
-    """``generate``'s one-token step for ``model`` through ``torch.ops.qkv.decoder_step``: the same
+    """``generate``'s one-token step for ``model`` through ``DecoderState.step``: the same
     signature as ``qkv.generate.last_logits(model)``, whose answer it gives (to fp32's rounding)."""
 
     def __init__(self, model) -> None:
@@ -132,16 +132,16 @@ class FusedStep:
         return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
 
     def state(self, kv_caches):
-        """The op's ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D)
+        """The C++ ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D)
         and RoPE's table, handed to C++ (and checked) once: the cache writes in place, the same tensors
         every step."""
         if self.caches is None or self.caches[0] is not kv_caches:
             buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
             table = self.rope_table(buffers[0].size(2))
-            self.caches = kv_caches, torch.classes.qkv.DecoderState(self.weights, buffers, table, self.shape,
-                                                                    self.eps, self.scale)
+            self.caches = kv_caches, matvec.MODULE.DecoderState(self.weights, buffers, table, self.shape,
+                                                                self.eps, self.scale)
         return self.caches[1]
 
     def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
         """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""
-        return torch.ops.qkv.decoder_step(ids, self.state(kv_caches), slots, input_pos)
+        return self.state(kv_caches).step(ids, slots, input_pos)

@@ -34,13 +34,14 @@ SOURCES = tuple(Path(__file__).with_name(f) for f in ("matvec.cpp", "decoder_ste
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
+MODULE = None  # the built extension, as a Python module (qkv.decoder_step's DecoderState is in it)
 REGISTERED = False
 LOADING = threading.Lock()
 
 
 def available() -> bool:
-    """Whether ``torch.ops.qkv.matvec`` (and ``qkv.decoder_step``'s op) can be called: builds or loads them on the
-    first call."""
+    """Whether ``torch.ops.qkv.matvec`` (and ``qkv.decoder_step``'s ``MODULE.DecoderState``) can be called: builds
+    or loads them on the first call."""
     global LOADED
     if LOADED is None:
         with LOADING:  # one thread builds and registers; the others wait for its answer
@@ -62,13 +63,15 @@ def load() -> bool:
         if not (folder / f"{name}.so").exists():
             print(f"qkv: building its C++ kernels for this CPU (once, 10-30 s) in {folder}",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                           extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
+        module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                    extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
     except Exception as e:  # a missing compiler or ninja, a failed build: the reference paths still work
         warnings.warn(f"qkv: could not build its C++ kernels ({type(e).__name__}: {str(e)[:300]}); decoding "
                       "uses oneDNN's product and inductor instead (about 1.3x slower at batch 1)",
                       RuntimeWarning, stacklevel=3)
         return False
+    global MODULE
+    MODULE = module
     register()
     return True
 
