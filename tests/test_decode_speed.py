@@ -1,6 +1,7 @@
 """The decode fast paths give the reference path's numbers: grouped heads without copied K/V, masks
 prepared once per forward, and every generation path's greedy tokens."""
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -180,3 +181,22 @@ def test_compiled_steps_skip_guards_only_after_the_first(has_stance, monkeypatch
         assert torch.equal(got, model.generate(ids, 6, temperature=0, use_cache=False))
         # 5 steps after the prefill: all but the first skip their guards, where torch can
         assert skipped == ([{"skip_guard_eval_unsafe": True}] * 4 if has_stance else [])
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch < 2.6 has no set_stance: no guards are skipped")
+def test_a_step_past_the_recompile_limit_runs_with_its_guards(monkeypatch):
+    """Past torch._dynamo's recompile limit (here 1: a second cache size is never compiled) a step without
+    its guards finds no code and dynamo raises; generate then evaluates the guards for the rest of the
+    call, and the tokens equal the reference."""
+    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 64, (1, 4))
+    for new in (3, 6):  # caches of 7 slots, then of 10
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dynamo's "hit config.recompile_limit"
+            got = model.generate(ids, new, temperature=0, compile="inductor")
+        assert torch.equal(got, model.generate(ids, new, temperature=0, use_cache=False))
+    torch._dynamo.reset()

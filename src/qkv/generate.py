@@ -92,8 +92,14 @@ class _StaticCache:
         """One new token per row, tok (B,), into ``slot`` -> its logits (B, V)."""
         self.slots[:, slot] = True
         input_pos = self.slot_ids[slot:slot + 1]  # (1,)
-        with unguarded(self.warm):
-            logits = self.step_fn(tok[:, None], self.slots, self.layers, input_pos)  # (B, V)
+        try:
+            with unguarded(self.warm):
+                logits = self.step_fn(tok[:, None], self.slots, self.layers, input_pos)  # (B, V)
+        except RuntimeError as e:  # dynamo found no compiled code for the step without its guards
+            if not self.warm or "skip_guard_eval_unsafe" not in str(e):
+                raise
+            self.compiled = False  # e.g. over torch._dynamo's recompile limit: the step runs with its guards
+            logits = self.step_fn(tok[:, None], self.slots, self.layers, input_pos)
         self.warm = self.compiled  # the steps after this one see the same model, buffers and shapes
         return logits
 
