@@ -79,8 +79,10 @@ def test_generate_gives_the_reference_tokens(name):
 
 
 @built
-def test_the_same_bits_on_one_and_two_threads():
-    """Each output is one thread's sum in one order, whatever the thread count (same caches, same token)."""
+def test_the_same_bits_on_one_two_and_three_threads():
+    """Each output is one thread's sum in one order, whichever thread takes its row and whatever the thread
+    count (same caches, same token); 3 threads on this 2-core machine, one often descheduled, make the
+    others take over its rows."""
     model = tiny(**CONFIGS["gpt2"])
     ids = torch.randint(0, 64, (2, 5))
     (_, cache), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
@@ -88,7 +90,7 @@ def test_the_same_bits_on_one_and_two_threads():
     kept = [(layer.k.clone(), layer.v.clone()) for layer in cache.layers]
     threads, runs = torch.get_num_threads(), []
     try:
-        for n in (1, 2):
+        for n in (1, 2, 3):
             torch.set_num_threads(n)
             for layer, (k, v) in zip(cache.layers, kept):
                 layer.k.copy_(k), layer.v.copy_(v)
@@ -97,7 +99,7 @@ def test_the_same_bits_on_one_and_two_threads():
                                                           cache.slot_ids[5:6]))
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(runs[0], runs[1])
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
 
 
 @built

@@ -1,6 +1,7 @@
 // One decoding step of a pre-norm decoder-only Transformer (GPT-2, LLaMA) for a few rows, in one
 // parallel region: the threads stream the weights of every layer back to back and wait for each other
-// only where a result is needed whole (5 barriers a layer). A decoder that calls one kernel per weight
+// only where a result is needed whole (5 barriers a layer, 6 with a gate); a thread done early with its
+// rows of a product takes over rows of a slower one (``Share``). A decoder that calls one kernel per weight
 // matrix, 25-37 times a token, streams its weights at ~0.74 of a plain read on this machine; in one
 // region the same products stream at 0.95-1.0 of it (measured side by side, interleaved).
 //
@@ -9,16 +10,18 @@
 // As Embeddings computes it: x = tok[id] · scale + pos[p] + type, then the embedding's norm, where p
 // counts the row's real tokens before this one (static_positions). Per layer, as TransformerBlock
 // (norm_first) computes it:
-//   h = Norm₁(x);  q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv       (each thread its share of rows)
+//   h = Norm₁(x);  q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv       (the threads share the rows out)
 //   [RoPE q, k];  k, v → the cache at ``slot``;  a = softmax(q kᵀ / √D) v over the row's slots ≤ slot
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -187,30 +190,50 @@ inline float activate(float v, int64_t act) {
   }
 }
 
-// f = act(up), or act(gate) ⊙ up, over this thread's rows of the feed-forward's inner width F.
-void feed_forward_inner(float* __restrict up, const float* __restrict gate, const Shape& s) {
-  const Rows r = share(s.F);
-  for (int64_t m = 0; m < s.B; m++) {
-    float* u = up + m * s.F;
-    const float* g = gate ? gate + m * s.F : nullptr;
-#pragma omp simd
-    for (int64_t n = r.begin; n < r.end; n++) u[n] = g ? activate(g[n], s.act) * u[n] : activate(u[n], s.act);
+// The rows [0, N) of one product, shared out. Each thread opens its share and takes rows from its front,
+// a few at a time; one that is done early takes rows from the back of the others' shares. Each thread's
+// reads stay one stream in order, and none waits long at the next barrier for a slower one (on this
+// shared host one core was often 5-10 % slower than the other for a whole token: measured).
+struct alignas(64) Share {
+  std::atomic<uint64_t> rows{0};  // begin << 32 | end: empty until its thread opens it
+};
+
+// Up to a chunk of rows from the front of ``sh`` (or its back), a chunk being an eighth of what is left,
+// between ``least`` and ``most`` rows; false once it is empty.
+bool take(Share& sh, int64_t least, int64_t most, bool back, Rows& got) {
+  uint64_t v = sh.rows.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t b = static_cast<int64_t>(v >> 32), e = static_cast<int64_t>(v & 0xffffffffu);
+    if (b >= e) return false;
+    const int64_t n = std::min(e - b, std::max(least, std::min(most, (e - b) / 8)));
+    got = back ? Rows{e - n, e} : Rows{b, b + n};
+    const uint64_t rest = back ? (static_cast<uint64_t>(b) << 32) | static_cast<uint64_t>(e - n)
+                               : (static_cast<uint64_t>(b + n) << 32) | static_cast<uint64_t>(e);
+    if (sh.rows.compare_exchange_weak(v, rest, std::memory_order_relaxed)) return true;
   }
 }
 
-// out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for this thread's rows n of W (N, K), each read once: stores or adds.
+// out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
+// ``split`` (a Share per thread, this product's): stores, adds or activates.
 template <typename Out>
-void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Out out) {
-  const Rows r = share(N);
-  for (int64_t n = r.begin; n < r.end; n++)
-    for (int64_t m = 0; m < B; m++) {
-      const float* w = W + n * K;
-      const float* xm = x + m * K;
-      float a = b ? b[n] : 0.f;
+void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
+  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads(), row_bytes = K * static_cast<int64_t>(sizeof(float));
+  const Rows mine = share(N);
+  split[t].rows.store((static_cast<uint64_t>(mine.begin) << 32) | static_cast<uint64_t>(mine.end),
+                      std::memory_order_relaxed);
+  const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
+  Rows r;
+  for (int64_t i = 0; i < T; i++)  // its own share, then each other thread's, from the back
+    while (take(split[(t + i) % T], least, most, i > 0, r))
+      for (int64_t n = r.begin; n < r.end; n++)
+        for (int64_t m = 0; m < B; m++) {
+          const float* w = W + n * K;
+          const float* xm = x + m * K;
+          float a = b ? b[n] : 0.f;
 #pragma omp simd reduction(+ : a)
-      for (int64_t k = 0; k < K; k++) a += w[k] * xm[k];
-      out(m, n, a);
-    }
+          for (int64_t k = 0; k < K; k++) a += w[k] * xm[k];
+          out(m, n, a);
+        }
 }
 
 // RoPE on one head's D numbers at one position (cos, sin: D/2 each), out of place.
@@ -267,11 +290,16 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
   }
 }
 
+constexpr int64_t PRODUCTS = 7;  // a layer's: q, k, v, o, gate, up, down (then the LM head's)
+
 struct Buffers {  // shared by the threads, except h and scratch (one each)
   std::vector<float> x, q, k, v, a, up, gate;
-  explicit Buffers(const Shape& s)
+  std::unique_ptr<Share[]> shares;  // (layers · PRODUCTS + 1, threads): each product's split of its rows
+  int64_t threads;
+  Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0) {}
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), shares(new Share[(layers * PRODUCTS + 1) * T]), threads(T) {}
+  Share* split(int64_t layer, int64_t product) { return shares.get() + (layer * PRODUCTS + product) * threads; }
 };
 
 // Stores y[m, n] = a in a (rows, N) buffer, or adds it (the residual stream).
@@ -284,6 +312,15 @@ struct Add {
   float* y;
   int64_t N;
   void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] += a; }
+};
+// The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate.
+struct Activate {
+  float* y;
+  const float* gate;
+  int64_t N, act;
+  void operator()(int64_t m, int64_t n, float a) const {
+    y[m * N + n] = gate ? activate(gate[m * N + n], act) * a : activate(a, act);
+  }
 };
 // Ask for this thread's keys and values of slots 0 … slot−1 now, into L2, so that they arrive while the
 // layer's q, k and v weights stream: read when attention needs them, they would come one short stream at
@@ -310,33 +347,36 @@ void warm(const float* W, int64_t N, int64_t K, int64_t part, int64_t parts, int
   for (int64_t b = bytes * part / parts; b < bytes * (part + 1) / parts; b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
-// One layer, inside the parallel region; h and scratch are this thread's.
-void layer(const Layer& L, Buffers& buf, float* h, float* scratch, const bool* slots, int64_t slot,
+// Layer i, inside the parallel region; h and scratch are this thread's.
+void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, const bool* slots, int64_t slot,
            const float* cos, const float* sin, const Shape& s, float eps) {
   const int64_t kv = s.G * s.D, width = s.H * s.D;
   prefetch_kv(L, slot, s);
   normalise(buf.x.data(), L.norm1_w, L.norm1_b, h, s, eps);  // every thread, whole: no barrier
-  product(L.wq, L.bq, h, s.B, width, s.C, Store{buf.q.data(), width});
-  product(L.wk, L.bk, h, s.B, kv, s.C, Store{buf.k.data(), kv});
-  product(L.wv, L.bv, h, s.B, kv, s.C, Store{buf.v.data(), kv});
+  product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
+  product(L.wk, L.bk, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
+  product(L.wv, L.bv, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
 #pragma omp barrier
   const Rows groups = share(s.B * s.G);
-  for (int64_t i = groups.begin; i < groups.end; i++) {
+  for (int64_t j = groups.begin; j < groups.end; j++) {
     attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
-                 i / s.G, i % s.G, s);
-    warm(L.wo, s.C, width, i - groups.begin, groups.end - groups.begin, 128 << 10);  // Wo, between heads
+                 j / s.G, j % s.G, s);
+    warm(L.wo, s.C, width, j - groups.begin, groups.end - groups.begin, 128 << 10);  // Wo, between heads
   }
 #pragma omp barrier
-  product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, Add{buf.x.data(), s.C});  // x += attention's output
+  product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
   warm(L.w_gate ? L.w_gate : L.w_up, s.F, s.C, 0, 1, 32 << 10);
 #pragma omp barrier
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
-  if (L.w_gate) product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, Store{buf.gate.data(), s.F});
-  product(L.w_up, L.b_up, h, s.B, s.F, s.C, Store{buf.up.data(), s.F});
-  feed_forward_inner(buf.up.data(), L.w_gate ? buf.gate.data() : nullptr, s);  // this thread's rows
+  if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
+    product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
+#pragma omp barrier
+  }
+  product(L.w_up, L.b_up, h, s.B, s.F, s.C, buf.split(i, 5),
+          Activate{buf.up.data(), L.w_gate ? buf.gate.data() : nullptr, s.F, s.act});
   warm(L.w_down, s.C, s.F, 0, 1, 32 << 10);
 #pragma omp barrier
-  product(L.w_down, L.b_down, buf.up.data(), s.B, s.C, s.F, Add{buf.x.data(), s.C});  // x += the FFN's output
+  product(L.w_down, L.b_down, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
 #pragma omp barrier
 }
 
@@ -402,23 +442,24 @@ at::Tensor DecoderState::step(const at::Tensor& ids, const at::Tensor& slots, co
   check_step(ids, slots, input_pos, e, s, positions);
   const int64_t slot = input_pos.data_ptr<int64_t>()[0];
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = EMBEDDING + layers * PER_LAYER;
-  Buffers buf(s);
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  Buffers buf(s, layers, threads);
   embed(e, ids.data_ptr<int64_t>(), positions, buf.x.data(), s, scale, eps);
   at::Tensor logits = at::empty({s.B, s.V}, weights[0].options());
   const float* cos = s.rope ? rope.data_ptr<float>() + slot * (s.D / 2) : nullptr;
   const float* sin = s.rope ? cos + s.M * (s.D / 2) : nullptr;
-  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> h(s.B * s.C), scratch(s.D + s.M);
     for (int64_t i = 0; i < layers; i++)
-      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), buf, h.data(), scratch.data(),
+      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(),
             slots.data_ptr<bool>(), slot, cos, sin, s, eps);
     if (weights[last].numel())
       normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, eps);
     else
       std::copy(buf.x.begin(), buf.x.end(), h.begin());
-    product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, Store{logits.data_ptr<float>(), s.V});
+    product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0),
+            Store{logits.data_ptr<float>(), s.V});
   }
   return logits;
 }
