@@ -189,14 +189,13 @@ def test_a_step_past_the_recompile_limit_runs_with_its_guards(monkeypatch):
     its guards finds no code and dynamo raises; generate then evaluates the guards for the rest of the
     call, and the tokens equal the reference."""
     monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
     ids = torch.randint(0, 64, (1, 4))
-    for new in (3, 6):  # caches of 7 slots, then of 10
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # dynamo's "hit config.recompile_limit"
+    with torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's "hit config.recompile_limit"
+        for new in (3, 6):  # caches of 7 slots, then of 10
             got = model.generate(ids, new, temperature=0, compile="inductor")
-        assert torch.equal(got, model.generate(ids, new, temperature=0, use_cache=False))
+            assert torch.equal(got, model.generate(ids, new, temperature=0, use_cache=False))
     torch._dynamo.reset()
