@@ -79,6 +79,66 @@ def test_generate_gives_the_reference_tokens(name):
 
 
 @built
+@pytest.mark.parametrize("eos_id", [None, 7])
+def test_greedy_steps_in_one_call_equal_steps_one_at_a_time(eos_id):
+    """``greedy``'s n steps give the tokens, logits' argmax, KV caches, slots and finished rows of n calls of
+    the step with Python's argmax and eos rule between them (a left-padded batch of 3)."""
+    model = tiny(**CONFIGS["gpt2"])
+    ids = torch.randint(0, 64, (3, 6), generator=torch.Generator().manual_seed(2))
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[1, :2] = False
+    (ref, fused), logits = two_caches(model, ids, valid)
+    tok, step = logits.argmax(-1), decoder_step.FusedStep(model)
+    finished = torch.tensor([False, True, False]) if eos_id is not None else torch.zeros(3, dtype=torch.bool)
+    want, done, current = [], finished.clone(), tok
+    with torch.no_grad():
+        for slot in range(6, 14):
+            ref.slots[:, slot] = True
+            current = step(current[:, None], ref.slots, ref.layers, ref.slot_ids[slot:slot + 1]).argmax(-1)
+            if eos_id is not None:
+                current = torch.where(done, torch.full_like(current, eos_id), current)
+                done |= current == eos_id
+            want.append(current)
+        got = step.greedy(tok[:, None], fused.slots, fused.layers, 6, 8, eos_id, finished)
+    assert torch.equal(got, torch.stack(want, 1))
+    assert torch.equal(finished, done) and torch.equal(fused.slots, ref.slots)
+    for a, b in zip(ref.layers, fused.layers):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
+@built
+def test_greedy_steps_stop_once_every_row_has_emitted_eos():
+    """With every row but one finished, the call stops at the step where the last one emits eos."""
+    model = tiny(**CONFIGS["gpt2"])
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(3))
+    (_, fused), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    step, tok = decoder_step.FusedStep(model), logits.argmax(-1)
+    with torch.no_grad():
+        free = step.greedy(tok[:, None], fused.slots.clone(), fused.layers, 5, 10, None, torch.zeros(2, dtype=torch.bool))
+        (_, fused), _ = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+        eos = int(free[0, 3])  # row 0 emits it at its 4th step (or earlier, if it comes up before)
+        finished = torch.tensor([False, True])
+        got = step.greedy(tok[:, None], fused.slots, fused.layers, 5, 10, eos, finished)
+    k = int((free[0] == eos).nonzero()[0]) + 1
+    assert got.shape == (2, k) and bool(finished.all()) and (got[1] == eos).all()
+    assert torch.equal(got[0], free[0, :k])
+
+
+@built
+def test_generate_takes_its_greedy_tokens_in_calls_of_many_steps(monkeypatch):
+    """Greedy decoding with the fused step: one call a window's worth of tokens (two here: the window
+    slides once at max_len 16), the reference tokens, and a prompt alone for max_new_tokens=0."""
+    model = tiny(**CONFIGS["gpt2"], max_len=16)
+    calls, real = [], decoder_step.FusedStep.greedy
+    monkeypatch.setattr(decoder_step.FusedStep, "greedy", lambda self, *a: calls.append(a[4]) or real(self, *a))
+    ids = torch.randint(0, 64, (1, 6))
+    got = model.generate(ids, 20, temperature=0, compile="fused")
+    assert torch.equal(got, model.generate(ids, 20, temperature=0))
+    assert calls == [10, 8]  # 6 + 1 + 10 fill the 16 slots' window; after the slide (8 kept), 1 + 8 more
+    assert torch.equal(model.generate(ids, 0, temperature=0, compile="fused"), ids)
+
+
+@built
 def test_the_same_bits_on_one_two_and_three_threads():
     """Each output is one thread's sum in one order, whichever thread takes its row and whatever the thread
     count (same caches, same token); 3 threads on this 2-core machine, one often descheduled, make the
@@ -205,6 +265,14 @@ def test_bad_input_is_named():
     for bad, message in cases:
         with pytest.raises(RuntimeError, match=message):
             good.step(*bad)
+    greedy_cases = [
+        ((tok, cache.slots, 15, 6, -1, torch.zeros(1, dtype=torch.bool)), r"got 15 and the 5 after it"),
+        ((tok, cache.slots, 4, 2, -1, torch.zeros(2, dtype=torch.bool)), r"finished must be contiguous bool \(1,\)"),
+        ((tok, cache.slots, 4, 2, 64, torch.zeros(1, dtype=torch.bool)), r"eos 64 must lie in the embedding's 64"),
+    ]
+    for bad, message in greedy_cases:
+        with pytest.raises(RuntimeError, match=message):
+            good.greedy(*bad)
     assert all(torch.equal(a, b) for a, b in zip(before, caches))
 
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -128,6 +129,11 @@ struct DecoderState {
     check_state(weights, caches, rope, s);
   }
   at::Tensor step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const;
+  at::Tensor greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
+                    const at::Tensor& finished) const;
+
+ private:
+  void decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const;
 };
 
 struct Rows {  // this thread's share [begin, end) of n rows
@@ -392,10 +398,10 @@ Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
   return {weight(w[0]), weight(w[1]), weight(w[2]), weight(w[3]), weight(w[4]), w[0].numel() / s.C, w[1].numel() / s.C};
 }
 
-// Checks one step's arguments against the state; each row's position p (its real tokens before the new
-// one, as static_positions counts them) -> positions.
-void check_step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos, const Embedding& e,
-                const Shape& s, std::vector<int64_t>& positions) {
+// Checks a call's tokens and slots against the state: ids (B, 1) int64 in the vocabulary, slots (B, M)
+// bool, and the slots [first, first + n) it decodes into inside [0, M).
+void check_call(const at::Tensor& ids, const at::Tensor& slots, int64_t first, int64_t n, const Embedding& e,
+                const Shape& s) {
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_cpu() && ids.is_contiguous() &&
                   ids.sizes() == at::IntArrayRef({s.B, 1}),
               "qkv::decoder_step: ids must be contiguous int64 (", s.B, ", 1), one new token a row, got ",
@@ -403,18 +409,23 @@ void check_step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor
   TORCH_CHECK(slots.scalar_type() == at::kBool && slots.is_contiguous() && slots.sizes() == at::IntArrayRef({s.B, s.M}),
               "qkv::decoder_step: slots must be contiguous bool (", s.B, ", ", s.M, "), got ", slots.scalar_type(),
               " ", slots.sizes());
-  TORCH_CHECK(input_pos.scalar_type() == at::kLong && input_pos.numel() == 1, "qkv::decoder_step: input_pos must "
-              "hold one int64 slot, got ", input_pos.scalar_type(), " ", input_pos.sizes());
-  const int64_t slot = input_pos.data_ptr<int64_t>()[0];
-  TORCH_CHECK(0 <= slot && slot < s.M, "qkv::decoder_step: the slot must lie in [0, ", s.M, "), got ", slot);
-  const bool* on = slots.data_ptr<bool>();
+  TORCH_CHECK(0 <= first && n >= 1 && first + n <= s.M, "qkv::decoder_step: the slot must lie in [0, ", s.M, "), got ",
+              first, n > 1 ? " and the " + std::to_string(n - 1) + " after it" : "");
   for (int64_t m = 0; m < s.B; m++) {
     const int64_t id = ids.data_ptr<int64_t>()[m];
     TORCH_CHECK(0 <= id && id < e.vocab, "qkv::decoder_step: token ids must lie in [0, ", e.vocab, "), got ", id);
+  }
+}
+
+// Each row's position at ``slot``: its real tokens before the new one, as static_positions counts them.
+std::vector<int64_t> positions_at(const bool* on, int64_t slot, const Embedding& e, const Shape& s) {
+  std::vector<int64_t> positions(s.B);
+  for (int64_t m = 0; m < s.B; m++) {
     positions[m] = std::max<int64_t>(std::count(on + m * s.M, on + m * s.M + slot + 1, true) - 1, 0);
     TORCH_CHECK(!e.pos || positions[m] < e.positions, "qkv::decoder_step: position ", positions[m],
                 " is past the position table's ", e.positions, " rows");
   }
+  return positions;
 }
 
 // x[m] = tok[ids[m]] · scale + pos[positions[m]] + type, then the embedding's norm: Embeddings.forward.
@@ -435,33 +446,80 @@ void embed(const Embedding& e, const int64_t* ids, const std::vector<int64_t>& p
   }
 }
 
-// ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V).
-at::Tensor DecoderState::step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const {
+// One token a row, ids (B,), into cache ``slot`` under slots (B, M) -> logits (B, V).
+void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const {
   const Embedding e = unpack_embedding(weights, s);
-  std::vector<int64_t> positions(s.B);
-  check_step(ids, slots, input_pos, e, s, positions);
-  const int64_t slot = input_pos.data_ptr<int64_t>()[0];
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = EMBEDDING + layers * PER_LAYER;
   const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   Buffers buf(s, layers, threads);
-  embed(e, ids.data_ptr<int64_t>(), positions, buf.x.data(), s, scale, eps);
-  at::Tensor logits = at::empty({s.B, s.V}, weights[0].options());
+  embed(e, ids, positions_at(on, slot, e, s), buf.x.data(), s, scale, eps);
   const float* cos = s.rope ? rope.data_ptr<float>() + slot * (s.D / 2) : nullptr;
   const float* sin = s.rope ? cos + s.M * (s.D / 2) : nullptr;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> h(s.B * s.C), scratch(s.D + s.M);
     for (int64_t i = 0; i < layers; i++)
-      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(),
-            slots.data_ptr<bool>(), slot, cos, sin, s, eps);
+      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), on, slot, cos,
+            sin, s, eps);
     if (weights[last].numel())
       normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, eps);
     else
       std::copy(buf.x.begin(), buf.x.end(), h.begin());
-    product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0),
-            Store{logits.data_ptr<float>(), s.V});
+    product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0), Store{logits, s.V});
   }
+}
+
+// ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V).
+at::Tensor DecoderState::step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const {
+  TORCH_CHECK(input_pos.scalar_type() == at::kLong && input_pos.numel() == 1, "qkv::decoder_step: input_pos must "
+              "hold one int64 slot, got ", input_pos.scalar_type(), " ", input_pos.sizes());
+  const int64_t slot = input_pos.data_ptr<int64_t>()[0];
+  check_call(ids, slots, slot, 1, unpack_embedding(weights, s), s);
+  at::Tensor logits = at::empty({s.B, s.V}, weights[0].options());
+  decode(ids.data_ptr<int64_t>(), slots.data_ptr<bool>(), slot, logits.data_ptr<float>());
   return logits;
+}
+
+// The first index of each row's largest logit, as torch.argmax picks it (a NaN counts as the largest).
+int64_t argmax(const float* row, int64_t V) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; v++)
+    if (row[v] > row[best] || (std::isnan(row[v]) && !std::isnan(row[best]))) best = v;
+  return best;
+}
+
+// Up to n greedy tokens a row after ids (B, 1), whose token sits at ``slot``: each step marks its slot, decodes
+// and takes the argmax, as generate's loop does; with eos ≥ 0 a row that emits it emits it from then on
+// (``finished`` (B,) bool, updated), and the call stops once every row has. -> (B, k) int64, k ≤ n.
+at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
+                                const at::Tensor& finished) const {
+  const Embedding e = unpack_embedding(weights, s);
+  check_call(ids, slots, slot, n, e, s);
+  TORCH_CHECK(finished.scalar_type() == at::kBool && finished.is_contiguous() && finished.numel() == s.B,
+              "qkv::decoder_step: finished must be contiguous bool (", s.B, ",), got ", finished.scalar_type(), " ",
+              finished.sizes());
+  TORCH_CHECK(s.V <= e.vocab && eos < e.vocab, "qkv::decoder_step: greedy tokens go back in as ids: the LM head's ",
+              s.V, " rows and eos ", eos, " must lie in the embedding's ", e.vocab);
+  at::Tensor tokens = at::empty({s.B, n}, ids.options());
+  std::vector<int64_t> current(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + s.B);
+  std::vector<float> logits(s.B * s.V);
+  bool* on = slots.data_ptr<bool>();
+  bool* done = finished.data_ptr<bool>();
+  int64_t k = 0;
+  while (k < n && (eos < 0 || !std::all_of(done, done + s.B, [](bool d) { return d; }))) {
+    for (int64_t m = 0; m < s.B; m++) on[m * s.M + slot + k] = true;
+    decode(current.data(), on, slot + k, logits.data());
+    for (int64_t m = 0; m < s.B; m++) {
+      int64_t next = argmax(logits.data() + m * s.V, s.V);
+      if (eos >= 0) {
+        next = done[m] ? eos : next;
+        done[m] = done[m] || next == eos;
+      }
+      tokens.data_ptr<int64_t>()[m * n + k] = current[m] = next;
+    }
+    k++;
+  }
+  return tokens.narrow(1, 0, k);
 }
 
 }  // namespace
@@ -475,5 +533,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("weights"), pybind11::arg("caches"), pybind11::arg("rope"), pybind11::arg("shape"),
            pybind11::arg("eps"), pybind11::arg("scale"))
       .def("step", &DecoderState::step, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("input_pos"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("greedy", &DecoderState::greedy, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("slot"),
+           pybind11::arg("n"), pybind11::arg("eos"), pybind11::arg("finished"),
            pybind11::call_guard<pybind11::gil_scoped_release>());
 }

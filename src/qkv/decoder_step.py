@@ -145,3 +145,10 @@ class FusedStep:
     def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
         """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""
         return self.state(kv_caches).step(ids, slots, input_pos)
+
+    def greedy(self, ids: Tensor, slots: Tensor, kv_caches, slot: int, n: int, eos_id: int | None,
+               finished: Tensor) -> Tensor:
+        """Up to n greedy steps in one call, the first feeding ids (B, 1) at ``slot``: each marks its slot and
+        takes the argmax, as ``generate``'s loop does (a row that emitted ``eos_id`` emits it again, and the
+        call stops once all have; ``finished`` (B,) is updated) -> the tokens (B, k), k ≤ n."""
+        return self.state(kv_caches).greedy(ids, slots, slot, n, -1 if eos_id is None else eos_id, finished)
