@@ -22,6 +22,23 @@ def test_gpt_forward_shapes_loss_and_attentions(positional):
     out.loss.backward()
 
 
+def test_logits_to_keep_gives_the_last_positions_logits():
+    """As Hugging Face's: the logits of the last N positions (what generate's prefill needs, N = 1); the
+    hidden states stay whole; a negative N, or N with targets, is refused."""
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 64, (2, 7))
+    full = model(ids)
+    for n in (1, 3, 7):
+        out = model(ids, logits_to_keep=n)
+        assert out.logits.shape == (2, n, 64)
+        torch.testing.assert_close(out.logits, full.logits[:, -n:])
+        torch.testing.assert_close(out.last_hidden_state, full.last_hidden_state)
+    for bad in (dict(logits_to_keep=-1), dict(logits_to_keep=1, targets=ids)):
+        with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0, and 0 with targets"):
+            model(ids, **bad)
+
+
 def test_tied_embeddings():
     model = qkv.GPT(tiny())
     assert model.lm_head.weight is model.embed.tok.weight

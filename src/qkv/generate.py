@@ -134,7 +134,7 @@ def unguarded(skip: bool):
 def _window_logits(model, ids: Tensor, valid: Tensor, cache: _StaticCache | None) -> Tensor:
     """Last logits (B, V) after the window ids (B, T): a full forward, or a cache prefill."""
     if cache is None:
-        return model(ids, mask=valid).logits[:, -1]
+        return model(ids, mask=valid, logits_to_keep=1).logits[:, -1]
     return cache.prefill(ids, valid)
 
 
@@ -248,7 +248,7 @@ def last_logits(model):
     """The decode step as a function: (ids (B, L), mask (B, M), kv_caches, input_pos (L,)) -> the
     logits at the last position (B, V)."""
     def step(ids: Tensor, mask: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
-        return model(ids, mask=mask, kv_caches=kv_caches, input_pos=input_pos).logits[:, -1]
+        return model(ids, mask=mask, kv_caches=kv_caches, input_pos=input_pos, logits_to_keep=1).logits[:, -1]
     return step
 
 

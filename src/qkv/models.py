@@ -402,6 +402,7 @@ class GPT(CausalTrunk):
         return_attention: bool = False,
         kv_caches: list[KVCache] | None = None,
         input_pos: Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """ids (B, T) -> logits (B, T, V); loss when targets (B, T) are given (-100 = ignore).
 
@@ -409,12 +410,16 @@ class GPT(CausalTrunk):
         batched generation). ``kv_caches``: from ``new_kv_caches``, for incremental decoding.
         ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
         the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
+        ``logits_to_keep``: logits of the last N positions only (B, N, V), as Hugging Face's; 0: all.
         """
         _check_token_ids(ids)
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
+            raise ValueError(f"logits_to_keep must be an int >= 0, and 0 with targets (the loss needs every "
+                             f"position's logits), got {logits_to_keep!r}")
         positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
         out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
                              input_pos=input_pos, return_attention=return_attention)
-        out.logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        out.logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # (B, T or N, V)
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
         return out
 
