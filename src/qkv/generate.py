@@ -6,6 +6,7 @@ Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import Tensor
@@ -175,27 +176,38 @@ def generate(
     if mask is not None:
         valid[:, :T] = mask
     start, end = max(0, T - limit), T  # the model sees out[:, start:end]
-    finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
     cache = None if not use_cache else _StaticCache(
         model, B, min(limit, end - start + max_new_tokens), device=ids.device, compile=compile)
-    greedy_steps = temperature == 0 and cache is not None and cache.greedy_steps
+    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    end = _decode(model, out, valid, (start, end), max_new_tokens, cache, pick, eos_id, greedy=temperature == 0)
+    model.train(was_training)
+    return out[:, :end]
+
+
+def _decode(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache, pick,
+            eos_id: int | None, greedy: bool) -> int:
+    """``generate``'s loop: up to max_new_tokens tokens into out (B, T + n) after the window
+    out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end."""
+    limit, (start, end) = model.config.max_len, window
+    finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
+    greedy_steps = greedy and cache is not None and cache.greedy_steps
     logits = _window_logits(model, out[:, start:end], valid[:, start:end], cache)
     new = 0  # tokens emitted
     while new < max_new_tokens:
-        tok = next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        tok = pick(logits)  # (B,)
         if eos_id is not None:
             tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
             finished |= tok == eos_id
         out[:, end] = tok
         end, new = end + 1, new + 1
-        if new == max_new_tokens or (eos_id is not None and bool(finished.all())):
+        if _done(new, max_new_tokens, eos_id, finished):
             break
         if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
             toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1), eos_id,
                                 finished)  # (B, k)
             out[:, end:end + toks.size(1)] = toks
             end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
-            if new == max_new_tokens or (eos_id is not None and bool(finished.all())):
+            if _done(new, max_new_tokens, eos_id, finished):
                 break
         if end - start > limit:  # window full: slide and re-prefill
             start = end - limit // 2
@@ -204,8 +216,11 @@ def generate(
             logits = cache.step(tok, end - 1 - start)  # the new token's slot
         else:
             logits = _window_logits(model, out[:, start:end], valid[:, start:end], None)
-    model.train(was_training)
-    return out[:, :end]
+    return end
+
+
+def _done(new: int, max_new_tokens: int, eos_id: int | None, finished: Tensor) -> bool:
+    return new == max_new_tokens or (eos_id is not None and bool(finished.all()))
 
 
 def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:
