@@ -6,6 +6,7 @@
 // region the same products stream at 0.95-1.0 of it (measured side by side, interleaved).
 //
 //   ids (B, 1), the new tokens  ->  logits (B, V)      B ≤ a few rows, fp32, CPU
+//   greedy: up to n such steps, each feeding back its logits' argmax  ->  tokens (B, k)
 //
 // As Embeddings computes it: x = tok[id] · scale + pos[p] + type, then the embedding's norm, where p
 // counts the row's real tokens before this one (static_positions). Per layer, as TransformerBlock
@@ -21,8 +22,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>

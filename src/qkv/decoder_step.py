@@ -2,13 +2,14 @@
 call, ``DecoderState.step`` (``decoder_step.cpp``), what ``generate(compile=True)`` runs on a CPU.
 
     ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, fp32
+    greedy: up to n such steps in one call, each taking its logits' argmax  ->  tokens (B, k)
 
 At batch 1 a token reads every weight once, so its time is the weights' bytes over the memory's rate.
 A decoder that calls one kernel per weight matrix (eager, or inductor's code) stops and restarts its
 threads 25-37 times a token: over the model's weights alone that streamed at ~0.74 of a plain read
 here, where one parallel region streamed the same products at 0.95-1.0 (README, Speed). The embedding
 is looked up in C++ too: a step is one call from Python, since after a token's 92 MB have streamed
-through the caches each further small op there costs 30-60 µs rather than 3-5 (measured). The model's
+through the caches each further small op there costs 20-60 µs rather than 2-5 (measured). The model's
 own forward is the reference: the tests compare logits, caches and tokens.
 
 It decodes decoder-only models (``qkv.GPT``) with pre-norm blocks (GPT-2's and LLaMA's shapes: LayerNorm
@@ -31,7 +32,6 @@ MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
 ACTS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "swiglu": 3, "geglu": 1}  # decoder_step.cpp's Act
 assert set(ACTS) == set(ACTIVATIONS) | set(GATED)
-PER_LAYER = 18  # tensors a layer hands in (decoder_step.cpp's Layer)
 
 
 def unsupported(model, batch: int) -> str | None:

@@ -10,7 +10,7 @@ plain read; this kernel streams the model's weights at 0.93–0.98 of one (``pyt
 
 The kernel (``matvec.cpp``, 80 lines) is built at first use with ``torch.utils.cpp_extension`` for
 this CPU (``-march=native``), in one extension with the fused decode step (``decoder_step.cpp``,
-``qkv.decoder_step``): 7–20 s once, then loaded from ``cache_dir()/kernels``. Where they cannot be
+``qkv.decoder_step``): 13–20 s once, then loaded from ``cache_dir()/kernels``. Where they cannot be
 built (no C++ compiler, no ``ninja``), a warning says why; then, and with ``QKV_MATVEC=0``,
 ``available()`` is False, ``qkv.linear`` uses oneDNN and ``F.linear`` and ``generate(compile=True)`` inductor.
 """
