@@ -20,14 +20,16 @@
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include "dot.h"
+
 namespace {
 
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // its 16 bits, then 16 zeros
 
-// Σ_k w[k] x[k] in fp32, vectorised (the compiler may reorder the sum: the tests allow fp32's rounding).
-template <typename T>
-float dot(const T* __restrict w, const T* __restrict x, int64_t K) {
+// Σ_k w[k] x[k] in fp32: qkv::dot (dot.h) for fp32; bf16 widened to fp32 in the compiler's vectorised loop.
+inline float dot(const float* w, const float* x, int64_t K) { return qkv::dot(w, x, K); }
+inline float dot(const c10::BFloat16* __restrict w, const c10::BFloat16* __restrict x, int64_t K) {
   float a = 0.f;
 #pragma omp simd reduction(+ : a)
   for (int64_t k = 0; k < K; k++) a += widen(w[k]) * widen(x[k]);

@@ -31,6 +31,7 @@ from torch import Tensor
 from .runtime import cache_dir
 
 SOURCES = tuple(Path(__file__).with_name(f) for f in ("matvec.cpp", "decoder_step.cpp"))  # one build: qkv's kernels
+HEADERS = (Path(__file__).with_name("dot.h"),)  # included by both: part of the build's name
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
@@ -79,7 +80,7 @@ def load() -> bool:
 def build_name() -> str:
     """The extension's name: one per source texts, torch version (its ABI changes between releases) and
     CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
-    key = b"".join(f.read_bytes() for f in SOURCES) + torch.__version__.encode() + cpu_signature().encode()
+    key = b"".join(f.read_bytes() for f in SOURCES + HEADERS) + torch.__version__.encode() + cpu_signature().encode()
     return f"qkv_matvec_{hashlib.sha256(key).hexdigest()[:12]}"
 
 
