@@ -271,10 +271,7 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
   const float scale = 1.f / std::sqrt(static_cast<float>(s.D));
   float top = -std::numeric_limits<float>::infinity(), total = 0.f;
   for (int64_t j = 0; j <= slot; j++) {
-    float a = 0.f;
-#pragma omp simd reduction(+ : a)
-    for (int64_t d = 0; d < s.D; d++) a += q[d] * keys[j * s.D + d];
-    scores[j] = a * scale;
+    scores[j] = qkv::dot(q, keys + j * s.D, s.D) * scale;
     top = slots[j] ? std::max(top, scores[j]) : top;
   }
 #pragma omp simd reduction(+ : total)
@@ -282,12 +279,7 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
     scores[j] = slots[j] ? exp_vec(scores[j] - top) : 0.f;
     total += scores[j];
   }
-  for (int64_t d = 0; d < s.D; d++) out[d] = 0.f;
-  for (int64_t j = 0; j <= slot; j++) {
-    if (!slots[j]) continue;
-#pragma omp simd
-    for (int64_t d = 0; d < s.D; d++) out[d] += scores[j] * values[j * s.D + d];
-  }
+  qkv::weighted_sum(scores, values, slot + 1, s.D, out);
   for (int64_t d = 0; d < s.D; d++) out[d] /= total;
 }
 

@@ -1,5 +1,5 @@
 // Σ_k w[k] x[k] in fp32: the dot product qkv's two kernels (matvec.cpp, decoder_step.cpp) spend a decoding
-// step in, one weight row against one row of x held in L1.
+// step in, one weight row against one row of x held in L1; and its transpose, the attention's weighted sum.
 //
 // A row is streamed from memory, so the loop must keep up with the memory: with one vector sum (what the
 // compiler makes of the reference loop) each fused multiply-add waits for the one before it, and on 2 Zen 5
@@ -24,23 +24,58 @@ inline float dot_reference(const float* __restrict w, const float* __restrict x,
   return a;
 }
 
-// Four sums of 16 lanes, each taking every fourth 64-byte piece of the row, then the rest (K mod 64) by
-// the reference loop. Where the CPU has no AVX-512, the reference loop alone.
+// Four sums of 16 lanes, each taking every fourth 64-byte piece of the row, then the 16-float pieces left
+// into the first, then the rest (K mod 16) by the reference loop. Without AVX-512, the reference loop alone.
 inline float dot(const float* __restrict w, const float* __restrict x, int64_t K) {
 #if defined(__AVX512F__)
-  const int64_t whole = K - K % 64;
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t k = 0; k < whole; k += 64) {
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
     a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
     a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
     a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
     a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
   }
+  for (; k + 16 <= K; k += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
   const float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  return whole == K ? sum : sum + dot_reference(w + whole, x + whole, K - whole);
+  return k == K ? sum : sum + dot_reference(w + k, x + k, K - k);
 #else
   return dot_reference(w, x, K);
 #endif
+}
+
+// out[d] = Σ_j p[j] V[j, d] for V (n, D), row-major: the transpose of dot's product, the attention's
+// weighted sum of its values. Terms with p[j] = 0 (the slots a row has no token in) are skipped.
+inline void weighted_sum_reference(const float* __restrict p, const float* __restrict V, int64_t n, int64_t D,
+                                   float* __restrict out) {
+  for (int64_t d = 0; d < D; d++) out[d] = 0.f;
+  for (int64_t j = 0; j < n; j++) {
+    if (p[j] == 0.f) continue;
+#pragma omp simd
+    for (int64_t d = 0; d < D; d++) out[d] += p[j] * V[j * D + d];
+  }
+}
+
+// The same with the sums in registers, 16 lanes at a time (D a multiple of 16 on AVX-512): two sets of
+// them, for the even and the odd j, so that each multiply-add waits for the one two rows back.
+inline void weighted_sum(const float* __restrict p, const float* __restrict V, int64_t n, int64_t D,
+                         float* __restrict out) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 even = _mm512_setzero_ps(), odd = even;
+      int64_t j = 0;
+      for (; j + 2 <= n; j += 2) {
+        if (p[j] != 0.f) even = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(V + j * D + d), even);
+        if (p[j + 1] != 0.f) odd = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 1]), _mm512_loadu_ps(V + (j + 1) * D + d), odd);
+      }
+      if (j < n && p[j] != 0.f) even = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(V + j * D + d), even);
+      _mm512_storeu_ps(out + d, _mm512_add_ps(even, odd));
+    }
+    return;
+  }
+#endif
+  weighted_sum_reference(p, V, n, D, out);
 }
 
 }  // namespace qkv
