@@ -19,6 +19,9 @@ CONFIGS = {  # every norm, activation, positional encoding and head grouping the
     "no positions, silu, multi-query": dict(positional="none", activation="silu", num_kv_heads=1),
     "gelu, scaled embeddings": dict(activation="gelu", scale_embeddings=True, tie_embeddings=False),
     "embedding norm, token types": dict(embedding_norm=True, type_vocab_size=2),
+    # dot.h's vector paths: head_dim 80 = 64 + 16 (and d_model 160), head_dim 72 = 64 + 8 left to the reference loop
+    "head_dim 80, d_model 160": dict(d_model=160, num_heads=2),
+    "head_dim 72, rope": dict(d_model=144, num_heads=2, positional="rope"),
 }
 
 
