@@ -239,20 +239,29 @@ bool take(Share& sh, int64_t least, int64_t most, bool back, Rows& got) {
   }
 }
 
-// out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
-// ``split`` (a Share per thread, this product's): stores, adds or activates.
-template <typename Out>
-void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
-  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads(), row_bytes = K * static_cast<int64_t>(sizeof(float));
+// fn(rows) for chunks of [0, N) shared out through ``split`` (a Share per thread, for this work alone): this
+// thread's share from its front, then the others' from their backs, chunks of ``least`` to ``most``.
+template <typename Fn>
+void shared_rows(int64_t N, Share* split, int64_t least, int64_t most, Fn fn) {
+  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
   const Rows mine = share(N);
   split[t].rows.store((static_cast<uint64_t>(mine.begin) << 32) | static_cast<uint64_t>(mine.end),
                       std::memory_order_relaxed);
-  const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
   Rows r;
-  for (int64_t i = 0; i < T; i++)  // its own share, then each other thread's, from the back
-    while (take(split[(t + i) % T], least, most, i > 0, r))
-      for (int64_t n = r.begin; n < r.end; n++)
-        for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
+  for (int64_t i = 0; i < T; i++)
+    while (take(split[(t + i) % T], least, most, i > 0, r)) fn(r);
+}
+
+// out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
+// ``split`` in chunks of 8-128 KB: stores, adds or activates.
+template <typename Out>
+void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
+  const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
+  shared_rows(N, split, least, most, [&](Rows r) {
+    for (int64_t n = r.begin; n < r.end; n++)
+      for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
+  });
 }
 
 // RoPE on one head's D numbers at one position (cos, sin: D/2 each), out of place.
@@ -301,16 +310,17 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
   }
 }
 
-constexpr int64_t PRODUCTS = 7;  // a layer's: q, k, v, o, gate, up, down (then the LM head's)
+constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o, gate, up, down, then its heads
+constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
 
 struct Buffers {  // shared by the threads, except h and scratch (one each)
   Floats x, q, k, v, a, up, gate;
-  std::unique_ptr<Share[]> shares;  // (layers · PRODUCTS + 1, threads): each product's split of its rows
+  std::unique_ptr<Share[]> shares;  // (layers · SPLITS + 1, threads): each split, then the LM head's
   int64_t threads;
   Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), shares(new Share[(layers * PRODUCTS + 1) * T]), threads(T) {}
-  Share* split(int64_t layer, int64_t product) { return shares.get() + (layer * PRODUCTS + product) * threads; }
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
+  Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
 
 // Stores y[m, n] = a in a (rows, N) buffer, or adds it (the residual stream).
@@ -368,12 +378,14 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, co
   product(L.wk, L.bk, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
   product(L.wv, L.bv, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
 #pragma omp barrier
-  const Rows groups = share(s.B * s.G);
-  for (int64_t j = groups.begin; j < groups.end; j++) {
+  const Rows groups = share(s.B * s.G);  // the heads whose keys and values prefetch_kv asked for
+  int64_t done = 0;
+  shared_rows(s.B * s.G, buf.split(i, HEADS), 1, 1, [&](Rows r) {  // a thread done early takes the other's heads
     attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
-                 j / s.G, j % s.G, s);
-    warm(L.wo, s.C, width, j - groups.begin, groups.end - groups.begin, 128 << 10);  // Wo, between heads
-  }
+                 r.begin / s.G, r.begin % s.G, s);
+    if (done < groups.end - groups.begin)  // Wo, between heads
+      warm(L.wo, s.C, width, done++, groups.end - groups.begin, 128 << 10);
+  });
 #pragma omp barrier
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
   warm(L.w_gate ? L.w_gate : L.w_up, s.F, s.C, 0, 1, 32 << 10);
