@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,13 +41,13 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv import decoder_step
+from qkv import decoder_step, matvec
 from qkv.generate import unguarded
 from qkv.interop import to_hf
 from qkv.linear import end_to_end
 from qkv.linear import linear as qkv_linear
 
-from .common import bandwidths, machine_info, stream_reads, table, time_interleaved
+from .common import bandwidths, machine_info, stream_matrix, stream_reads, table, time_interleaved
 
 CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
 PROMPT = 16
@@ -131,11 +132,14 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     return calls
 
 
+def prompt(batch: int) -> torch.Tensor:
+    return torch.randint(0, CONFIG.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
+
+
 def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, beside: dict = None) -> dict:
     """Tokens/s of each contender at this batch size; asserts they all produce qkv eager's tokens.
     ``beside`` {name: (units, fn)} are timed in the same rounds, their rate in units/s."""
-    ids = torch.randint(0, CONFIG.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
-    calls = contenders(model, hf, ids, new, compile)
+    calls = contenders(model, hf, prompt(batch), new, compile)
     with torch.inference_mode():
         reference = calls["qkv eager"]()
         for name, fn in calls.items():
@@ -145,6 +149,43 @@ def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, b
             units[name], calls[name] = n, fn
         seconds = time_interleaved(calls, repeats=repeats, warmup=0)
     return {name: units[name] / s for name, s in seconds.items()}
+
+
+DECODERS = ("qkv eager", "qkv compiled", "qkv inductor")
+
+
+def paired_roofline(model, hf, new: int, nbytes: int, compile: bool, repeats: int) -> dict[str, list[float]]:
+    """{decoder: its batch-1 calls' fractions of the roofline, sorted}: each call timed between two reads of
+    the weights' bytes (each side the faster of a plain ``sum`` and qkv's kernel, median of three), its
+    roofline the mean of the two. The rounds' medians compare moments seconds apart, over which this
+    host's bandwidth moves by a third; a call and the reads on either side of it share one moment."""
+    w = stream_matrix(nbytes / 2**20)
+    x = torch.randn(1, w.size(1))
+    reads = [lambda: w.sum()] + ([lambda: torch.ops.qkv.matvec(x, w, None)] if matvec.available() else [])
+    calls = {n: fn for n, fn in contenders(model, hf, prompt(1), new, compile).items() if n in DECODERS}
+    fractions = {name: [] for name in calls}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, fn in calls.items():
+                before = bandwidth_now(reads, nbytes)
+                t0 = time.perf_counter()
+                fn()
+                seconds = time.perf_counter() - t0
+                roofline = (before + bandwidth_now(reads, nbytes)) / 2 / nbytes
+                fractions[name].append(new / seconds / roofline)
+    return {name: sorted(f) for name, f in fractions.items()}
+
+
+def bandwidth_now(reads: list, nbytes: int) -> float:
+    """Bytes/s: the fastest of ``reads``, each read of ``nbytes`` timed three times (median)."""
+    def seconds(fn):
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[1]
+    return max(nbytes / seconds(fn) for fn in reads)
 
 
 def compile_cost(mode: str) -> tuple[float, float]:
@@ -206,7 +247,7 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
     print("roofline: the fastest read of the model's weight bytes in the batch-1 rounds (medians: "
           + ", ".join(f"{name} {b / 1e9:.1f} GB/s" for name, b in reads.items())
           + f"), {bandwidth / 1e9:.1f} GB/s ({bandwidth / 1e9 / peak:.2f} of the peak) -> {roofline:.0f} tok/s")
-    decoders = [name for name in ("qkv eager", "qkv compiled", "qkv inductor") if name in batch_one]
+    decoders = [name for name in DECODERS if name in batch_one]
     print(f"memory alone: a 128 MB read in the same rounds, {dram_bandwidth / 1e9:.1f} GB/s "
           f"({dram_bandwidth / bandwidth:.2f} of the roofline's) -> "
           f"{dram_bandwidth / nbytes:.0f} tok/s; " + ", ".join(
@@ -221,17 +262,26 @@ def report_roofline(batch_one: dict | None, nbytes: int, peak: float) -> float:
     return roofline
 
 
-def roofline_rows(results: dict, roofline: float) -> list[list]:
+def roofline_rows(results: dict, roofline: float, paired: dict | None = None) -> list[list]:
+    """The table's rows; at batch 1 "of roofline" is the median of ``paired``'s calls where it was measured."""
     rows = []
     for batch, tps in results.items():
         hf, rate = tps["HF generate"], lambda n: f"{tps[n]:.0f}" if n in tps else "-"
-        row = [batch] + [rate(n) for n in ("qkv eager", "qkv compiled", "qkv inductor", "HF generate")]
-        row += [f"{tps[n] / hf:.2f}x" if n in tps else "-" for n in ("qkv eager", "qkv compiled", "qkv inductor")]
-        row += [" / ".join(f"{tps[n] / roofline:.2f}" for n in ("qkv eager", "qkv compiled", "qkv inductor") if n in tps)
-                if batch == 1 else "-"]
+        fraction = lambda n: statistics.median(paired[n]) if paired else tps[n] / roofline  # noqa: E731
+        row = [batch] + [rate(n) for n in DECODERS + ("HF generate",)]
+        row += [f"{tps[n] / hf:.2f}x" if n in tps else "-" for n in DECODERS]
+        row += [" / ".join(f"{fraction(n):.2f}" for n in DECODERS if n in tps) if batch == 1 else "-"]
         row += [f"{tps['qkv eager'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
         rows.append(row)
     return rows
+
+
+def report_paired(paired: dict, results: dict, roofline: float) -> None:
+    print(f"of the roofline, each batch-1 call between two reads of the weights' bytes ({len(next(iter(paired.values())))} "
+          "calls each; the table's column): " + ", ".join(
+              f"{name} {statistics.median(f):.2f} ({f[0]:.2f}-{f[-1]:.2f})" for name, f in paired.items())
+          + "; the rounds' medians over the rounds' roofline: " + ", ".join(
+              f"{name} {results[1][name] / roofline:.2f}" for name in paired))
 
 
 HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "inductor tok/s", "HF tok/s", "eager / HF",
@@ -264,7 +314,11 @@ def main(argv=None) -> str:
                             beside=batch_one_beside(model, new, not args.no_compile) if b == 1 else None)
                for b in batches}
     roofline = report_roofline(results.get(1), nbytes, peak)
-    out = table(roofline_rows(results, roofline), HEADER)
+    paired = None
+    if 1 in results:
+        paired = paired_roofline(model, hf, new, nbytes, not args.no_compile, repeats=5 if args.quick else 7)
+        report_paired(paired, results, roofline)
+    out = table(roofline_rows(results, roofline, paired), HEADER)
     print(out)
     print(f"prompt {PROMPT}, {new} new tokens, greedy; every column produced identical tokens (asserted)")
     if (args.compile_cost or not args.quick) and not args.no_compile:

@@ -253,7 +253,7 @@ void shared_rows(int64_t N, Share* split, int64_t least, int64_t most, Fn fn) {
 }
 
 // out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
-// ``split`` in chunks of 8-128 KB: stores, adds or activates.
+// ``split`` in chunks of 8-128 KB (then out.done(chunk, B)): stores, adds or activates.
 template <typename Out>
 void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
@@ -261,6 +261,7 @@ void product(const float* W, const float* b, const float* x, int64_t B, int64_t 
   shared_rows(N, split, least, most, [&](Rows r) {
     for (int64_t n = r.begin; n < r.end; n++)
       for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
+    out.done(r, B);
   });
 }
 
@@ -323,26 +324,55 @@ struct Buffers {  // shared by the threads, except h and scratch (one each)
   Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
 
-// Stores y[m, n] = a in a (rows, N) buffer, or adds it (the residual stream).
+// Stores y[m, n] = a in a (rows, N) buffer, or adds it (the residual stream); ``done`` is called with each
+// chunk of rows once they are all out.
 struct Store {
   float* y;
   int64_t N;
   void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] = a; }
+  void done(Rows, int64_t) const {}
 };
 struct Add {
   float* y;
   int64_t N;
   void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] += a; }
+  void done(Rows, int64_t) const {}
 };
-// The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate.
+
+// y[n] = act(y[n]), or act(gate[n]) · y[n], for n in [begin, end): one activation, vectorised.
+template <int64_t A>
+void activate_rows(float* __restrict y, const float* __restrict gate, int64_t begin, int64_t end) {
+  if (gate) {
+#pragma omp simd
+    for (int64_t n = begin; n < end; n++) y[n] = activate(gate[n], A) * y[n];
+  } else {
+#pragma omp simd
+    for (int64_t n = begin; n < end; n++) y[n] = activate(y[n], A);
+  }
+}
+
+// The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate. The products are stored
+// as they come and activated a chunk at a time, vectorised: one output at a time inside the product, the
+// activation's scalar arithmetic slowed the up product's stream to 0.67 of the down product's (measured).
 struct Activate {
   float* y;
   const float* gate;
   int64_t N, act;
-  void operator()(int64_t m, int64_t n, float a) const {
-    y[m * N + n] = gate ? activate(gate[m * N + n], act) * a : activate(a, act);
+  void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] = a; }
+  void done(Rows r, int64_t B) const {
+    for (int64_t m = 0; m < B; m++) {
+      float* ym = y + m * N;
+      const float* gm = gate ? gate + m * N : nullptr;
+      switch (act) {
+        case RELU: activate_rows<RELU>(ym, gm, r.begin, r.end); break;
+        case GELU: activate_rows<GELU>(ym, gm, r.begin, r.end); break;
+        case GELU_TANH: activate_rows<GELU_TANH>(ym, gm, r.begin, r.end); break;
+        default: activate_rows<SILU>(ym, gm, r.begin, r.end);
+      }
+    }
   }
 };
+
 // Ask for this thread's keys and values of slots 0 … slot−1 now, into L2, so that they arrive while the
 // layer's q, k and v weights stream: read when attention needs them, they would come one short stream at
 // a time (measured: the step 4-8 % faster with this, at slot 100-120).

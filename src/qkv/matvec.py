@@ -32,6 +32,9 @@ from .runtime import cache_dir
 
 SOURCES = tuple(Path(__file__).with_name(f) for f in ("matvec.cpp", "decoder_step.cpp"))  # one build: qkv's kernels
 HEADERS = (Path(__file__).with_name("dot.h"),)  # included by both: part of the build's name
+# -fno-trapping-math: without it GCC leaves the activations' and softmax's exp_vec loops scalar ("control flow in
+# loop": the clamps); it changes no result, only lets a comparison become a select. Part of the build's name too.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math")
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
@@ -64,7 +67,7 @@ def load() -> bool:
         if not (folder / f"{name}.so").exists():
             print(f"qkv: building its C++ kernels for this CPU (once, 10-30 s) in {folder}",
                   file=sys.stderr, flush=True)
-        module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(FLAGS),
                                     extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
     except Exception as e:  # a missing compiler or ninja, a failed build: the reference paths still work
         warnings.warn(f"qkv: could not build its C++ kernels ({type(e).__name__}: {str(e)[:300]}); decoding "
@@ -78,9 +81,10 @@ def load() -> bool:
 
 
 def build_name() -> str:
-    """The extension's name: one per source texts, torch version (its ABI changes between releases) and
-    CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
-    key = b"".join(f.read_bytes() for f in SOURCES + HEADERS) + torch.__version__.encode() + cpu_signature().encode()
+    """The extension's name: one per source texts and flags, torch version (its ABI changes between releases)
+    and CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
+    key = b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(FLAGS).encode()
+    key += torch.__version__.encode() + cpu_signature().encode()
     return f"qkv_matvec_{hashlib.sha256(key).hexdigest()[:12]}"
 
 
