@@ -259,8 +259,11 @@ void product(const float* W, const float* b, const float* x, int64_t B, int64_t 
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
   const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
   shared_rows(N, split, least, most, [&](Rows r) {
-    for (int64_t n = r.begin; n < r.end; n++)
-      for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
+    if (B == 1)
+      qkv::dot_rows(W, x, K, r.begin, r.end, [&](int64_t n, float a) { out(0, n, a + (b ? b[n] : 0.f)); });
+    else  // each row of W from memory once, for the later rows of x from L1
+      for (int64_t n = r.begin; n < r.end; n++)
+        for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
     out.done(r, B);
   });
 }

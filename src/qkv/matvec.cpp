@@ -11,6 +11,7 @@
 // The reference is F.linear; qkv/matvec.py builds this file at first use and tests/test_matvec.py
 // checks it against the reference.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -41,6 +42,9 @@ template <typename T>
 void products(const T* W, const T* X, const T* B, T* Y, int64_t M, int64_t N, int64_t K) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));  // ≥ 32 K weights a thread
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<T, float>)
+      if (M == 1)
+        return qkv::dot_rows(W, X, K, begin, end, [&](int64_t n, float a) { Y[n] = a + (B ? B[n] : 0.f); });
     for (int64_t n = begin; n < end; n++)
       for (int64_t m = 0; m < M; m++)
         Y[m * N + n] = static_cast<T>(dot(W + n * K, X + m * K, K) + (B ? widen(B[n]) : 0.f));
