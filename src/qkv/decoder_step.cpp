@@ -376,52 +376,21 @@ struct Activate {
   }
 };
 
-// Ask for this thread's keys and values of slots 0 … slot−1 now, into L2, so that they arrive while the
-// layer's q, k and v weights stream: read when attention needs them, they would come one short stream at
-// a time (measured: the step 4-8 % faster with this, at slot 100-120).
-void prefetch_kv(const Layer& L, int64_t slot, const Shape& s) {
-  const Rows groups = share(s.B * s.G);
-  for (int64_t i = groups.begin; i < groups.end; i++) {
-    const char* k = reinterpret_cast<const char*>(L.k_cache + i * s.M * s.D);
-    const char* v = reinterpret_cast<const char*>(L.v_cache + i * s.M * s.D);
-    for (int64_t b = 0; b < slot * s.D * static_cast<int64_t>(sizeof(float)); b += 64) {
-      __builtin_prefetch(k + b, 0, 2);
-      __builtin_prefetch(v + b, 0, 2);
-    }
-  }
-}
-
-// Ask for part ``part`` of ``parts`` of the first ``limit`` bytes of this thread's rows of W (N, K), into L2:
-// what the thread will stream next, fetched while it computes something else (attention) or waits at a
-// barrier, so that the stream does not start cold (measured: the step 0-3.5 % faster, never slower).
-void warm(const float* W, int64_t N, int64_t K, int64_t part, int64_t parts, int64_t limit) {
-  const Rows r = share(N);
-  const int64_t bytes = std::min<int64_t>(limit, (r.end - r.begin) * K * static_cast<int64_t>(sizeof(float)));
-  const char* p = reinterpret_cast<const char*>(W + r.begin * K);
-  for (int64_t b = bytes * part / parts; b < bytes * (part + 1) / parts; b += 64) __builtin_prefetch(p + b, 0, 2);
-}
-
 // Layer i, inside the parallel region; h and scratch are this thread's.
 void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, const bool* slots, int64_t slot,
            const float* cos, const float* sin, const Shape& s, float eps) {
   const int64_t kv = s.G * s.D, width = s.H * s.D;
-  prefetch_kv(L, slot, s);
   normalise(buf.x.data(), L.norm1_w, L.norm1_b, h, s, eps);  // every thread, whole: no barrier
   product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
   product(L.wk, L.bk, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
   product(L.wv, L.bv, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
 #pragma omp barrier
-  const Rows groups = share(s.B * s.G);  // the heads whose keys and values prefetch_kv asked for
-  int64_t done = 0;
   shared_rows(s.B * s.G, buf.split(i, HEADS), 1, 1, [&](Rows r) {  // a thread done early takes the other's heads
     attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
                  r.begin / s.G, r.begin % s.G, s);
-    if (done < groups.end - groups.begin)  // Wo, between heads
-      warm(L.wo, s.C, width, done++, groups.end - groups.begin, 128 << 10);
   });
 #pragma omp barrier
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
-  warm(L.w_gate ? L.w_gate : L.w_up, s.F, s.C, 0, 1, 32 << 10);
 #pragma omp barrier
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
   if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
@@ -430,7 +399,6 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, co
   }
   product(L.w_up, L.b_up, h, s.B, s.F, s.C, buf.split(i, 5),
           Activate{buf.up.data(), L.w_gate ? buf.gate.data() : nullptr, s.F, s.act});
-  warm(L.w_down, s.C, s.F, 0, 1, 32 << 10);
 #pragma omp barrier
   product(L.w_down, L.b_down, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
 #pragma omp barrier
