@@ -16,9 +16,11 @@ qkv's; best of 15 each). Then, since this machine's bandwidth drifts with the ot
 plain read gave 45 to 89 GB/s within minutes), the roofline itself: the fastest of those reads (the plain
 ``sum``, qkv's kernel and inductor's reduction) of a matrix exactly as large as the model's weights
 (92.4 MB, so that whatever the L3 cache keeps of one it keeps of the other), each read again and again
-for about as long as a decoder's call, timed as more contenders in the batch-1 rounds, so that they and
-the decoders share the same moments; the fastest median is the bandwidth. A 128 MB read in the same rounds
-is printed beside it (memory alone). "weights only" runs the model's own matrix-vector products back
+for about as long as a decoder's call, timed as more contenders in the batch-1 rounds; the fastest median
+is the rounds' bandwidth. A 128 MB read in the same rounds is printed beside it (memory alone). Those medians
+are moments seconds apart, over which the host's bandwidth moves by a third, so last each batch-1 decoder
+call is timed again between two reads of the weights' bytes, its roofline theirs (``paired_roofline``): the
+table's "of roofline" is the median of those calls' fractions, the rounds' figure printed beside it. "weights only" runs the model's own matrix-vector products back
 to back and nothing else — eagerly and compiled into one function —: the best a decoder that calls
 one kernel per weight matrix can do here.
 

@@ -245,7 +245,7 @@ def step_function(model, batch: int, compile: bool | str):
     """The one-token step ``generate`` runs, (ids (B, 1), slots (B, M), kv_caches, input_pos (1,)) -> logits (B, V).
 
     False: the model's own forward. True: qkv's fused C++ step (one parallel region streams every weight:
-    1.24-1.39x inductor's step at batch 1, measured) where it can run the model and batch, else inductor's.
+    1.40-1.80x inductor's step at batch 1, measured) where it can run the model and batch, else inductor's.
     "fused" insists (a ValueError says why it cannot), "inductor" is ``torch.compile`` always.
     """
     if not compile:

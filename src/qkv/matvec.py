@@ -5,10 +5,11 @@ of x (batch-1 decoding, a small beam), in one pass over the weight at the rate t
 
 Neither of PyTorch's CPU products streams a weight that fast: MKL's ``F.linear`` runs one row on one
 core, and oneDNN's costs ~12 µs a call and, on 2 Zen 5 cores, read 1.5–3 MB weights at 0.55–0.75 of a
-plain read; this kernel streams the model's weights at 0.93–0.98 of one (``python -m benchmarks
---only generation``).
+plain read; this kernel streamed a 92.4 MB matrix at 0.96–1.15 of a plain ``sum`` over this round's runs of
+``python -m benchmarks --only generation`` (its dot products, ``dot.h``, keep four AVX-512 sums a row and
+reduce sixteen rows' sums together).
 
-The kernel (``matvec.cpp``, 80 lines) is built at first use with ``torch.utils.cpp_extension`` for
+The kernel (``matvec.cpp``, 89 lines, with ``dot.h``) is built at first use with ``torch.utils.cpp_extension`` for
 this CPU (``-march=native``), in one extension with the fused decode step (``decoder_step.cpp``,
 ``qkv.decoder_step``): 13–20 s once, then loaded from ``cache_dir()/kernels``. Where they cannot be
 built (no C++ compiler, no ``ninja``), a warning says why; then, and with ``QKV_MATVEC=0``,
