@@ -118,7 +118,8 @@ class FusedStep:
         if reason is not None:
             raise ValueError(f"the fused decode step cannot run this model: {reason}")
         c = model.config
-        self.weights, self.eps, self.scale = embedding_weights(model.embed, c.max_len) + layer_weights(model), c.norm_eps, model.embed.scale
+        self.weights = embedding_weights(model.embed, c.max_len) + layer_weights(model)
+        self.eps, self.scale = c.norm_eps, model.embed.scale
         self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
         self.shape = [c.d_model, c.num_heads, c.num_kv_heads or c.num_heads, c.head_dim, c.ff_width, c.vocab_size,
                       NORMS[type(model.blocks[0].attn_norm)], ACTS[c.activation], int(c.activation in GATED),

@@ -24,20 +24,33 @@ inline float dot_reference(const float* __restrict w, const float* __restrict x,
   return a;
 }
 
-// Four sums of 16 lanes, each taking every fourth 64-byte piece of the row, then the 16-float pieces left
-// into the first, then the rest (K mod 16) by the reference loop. Without AVX-512, the reference loop alone.
+#if defined(__AVX512F__)
+// Four sums of 16 lanes over w · x for k in [0, whole), whole a multiple of 64, each taking every fourth
+// 64-byte piece: four chains of multiply-adds, none waiting for another.
+struct Sums {
+  __m512 a0, a1, a2, a3;
+  __m512 folded() const { return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)); }
+};
+inline Sums sums64(const float* __restrict w, const float* __restrict x, int64_t whole) {
+  Sums s{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t k = 0; k < whole; k += 64) {
+    s.a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s.a0);
+    s.a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), s.a1);
+    s.a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), s.a2);
+    s.a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), s.a3);
+  }
+  return s;
+}
+#endif
+
+// sums64's four sums, then the 16-float pieces left into the first, then the rest (K mod 16) by the
+// reference loop. Without AVX-512, the reference loop alone.
 inline float dot(const float* __restrict w, const float* __restrict x, int64_t K) {
 #if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t k = 0;
-  for (; k + 64 <= K; k += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
-  }
-  for (; k + 16 <= K; k += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-  const float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  int64_t k = K - K % 64;
+  Sums s = sums64(w, x, k);
+  for (; k + 16 <= K; k += 16) s.a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s.a0);
+  const float sum = _mm512_reduce_add_ps(s.folded());
   return k == K ? sum : sum + dot_reference(w + k, x + k, K - k);
 #else
   return dot_reference(w, x, K);
@@ -48,26 +61,22 @@ inline float dot(const float* __restrict w, const float* __restrict x, int64_t K
 // sums as in dot, folded into one vector a row, then the 16 vectors reduced together (a transpose: 15 adds
 // and 30 shuffles, where 16 reductions one at a time take 64 dependent steps).
 #if defined(__AVX512F__)
+template <int LO, int HI>  // a's and b's 128-bit quarters picked by LO and by HI, the two picks added
+inline __m512 add_quarters(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, LO), _mm512_shuffle_f32x4(a, b, HI));
+}
+template <int LO, int HI>  // the same with lanes picked within each quarter
+inline __m512 add_lanes(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, LO), _mm512_shuffle_ps(a, b, HI));
+}
+
 inline void dot16(const float* __restrict W, const float* __restrict x, int64_t K, float* __restrict y) {
   __m512 v[16];
-  for (int r = 0; r < 16; r++) {
-    const float* w = W + r * K;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t k = 0; k < K; k += 64) {
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
-    }
-    v[r] = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-  }
-  for (int r = 0; r < 8; r++)  // rows 2r, 2r+1: their 256-bit halves summed, side by side
-    v[r] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0x44), _mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0xEE));
-  for (int r = 0; r < 4; r++)  // rows 4r..4r+3: four sums of 4 lanes each, one a 128-bit quarter
-    v[r] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0x88), _mm512_shuffle_f32x4(v[2 * r], v[2 * r + 1], 0xDD));
-  for (int r = 0; r < 2; r++)  // within each quarter q: rows q and 4 + q (or 8 + q, 12 + q), two lanes each
-    v[r] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * r], v[2 * r + 1], 0x44), _mm512_shuffle_ps(v[2 * r], v[2 * r + 1], 0xEE));
-  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  for (int r = 0; r < 16; r++) v[r] = sums64(W + r * K, x, K).folded();
+  for (int r = 0; r < 8; r++) v[r] = add_quarters<0x44, 0xEE>(v[2 * r], v[2 * r + 1]);  // rows 2r, 2r+1: halves
+  for (int r = 0; r < 4; r++) v[r] = add_quarters<0x88, 0xDD>(v[2 * r], v[2 * r + 1]);  // rows 4r..4r+3: a quarter each
+  for (int r = 0; r < 2; r++) v[r] = add_lanes<0x44, 0xEE>(v[2 * r], v[2 * r + 1]);  // in quarter q: rows q, 4 + q
+  const __m512 sums = add_lanes<0x88, 0xDD>(v[0], v[1]);
   // lane 4q + i now holds row 4i + q: back in row order
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   _mm512_storeu_ps(y, _mm512_permutexvar_ps(order, sums));
