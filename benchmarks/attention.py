@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qkv
-import qkv.flash
+import qkv.nn.flash
 from qkv.interop.torch_nn import mha_to_torch
 
 from .common import machine_info, matmul_peak_gflops, table, time_interleaved
@@ -92,7 +92,7 @@ def breakdown(B: int, n: int, d: int, h: int, repeats: int, peak: float) -> list
         q, k, v = (heads(p(x)) for p in (mha.q_proj, mha.k_proj, mha.v_proj))  # (B, h, n, d/h)
         tile = torch.randn(256, 256, device=device)  # 256 KB: stays in cache, as the kernel's tiles do
         tiles = B * h * n * n // tile.numel()  # exp of every score once, one tile at a time
-        torch.testing.assert_close(qkv.flash.flash_attention(q, k, v, block_size=256),
+        torch.testing.assert_close(qkv.nn.flash.flash_attention(q, k, v, block_size=256),
                                    F.scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4)
         parts = {
             "projections (4 Linear)": (lambda: [p(x) for p in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)],
@@ -100,7 +100,7 @@ def breakdown(B: int, n: int, d: int, h: int, repeats: int, peak: float) -> list
             "fused attention kernel": (lambda: F.scaled_dot_product_attention(q, k, v), 4 * B * n * n * d),
             "  QKᵀ alone (bmm)": (lambda: torch.matmul(q, k.transpose(-2, -1)), 2 * B * n * n * d),
             "  exp of the n² scores, in cache": (lambda: [torch.exp(tile) for _ in range(tiles)], None),
-            "hand-tiled (qkv.flash, 256)": (lambda: qkv.flash.flash_attention(q, k, v, block_size=256),
+            "hand-tiled (qkv.flash, 256)": (lambda: qkv.nn.flash.flash_attention(q, k, v, block_size=256),
                                             4 * B * n * n * d),
             "math path (softmax(QKᵀ)V)": (lambda: torch.softmax(q @ k.transpose(-2, -1) * (d // h) ** -0.5, -1) @ v,
                                           4 * B * n * n * d),

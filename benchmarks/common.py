@@ -45,8 +45,8 @@ def table(rows: list[list], header: list[str]) -> str:
 
 def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5) -> float:
     """This machine's fp32 matmul throughput: the best median GFLOP/s of an n×n product over a few n,
-    by ``torch.mm`` and, on a CPU, by oneDNN (``qkv.linear.onednn_linear``; MKL reaches half of it on AMD)."""
-    from qkv.linear import ONEDNN, onednn_linear
+    by ``torch.mm`` and, on a CPU, by oneDNN (``qkv.kernels.linear.onednn_linear``; MKL reaches half of it on AMD)."""
+    from qkv.kernels.linear import ONEDNN, onednn_linear
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = 0.0
@@ -89,8 +89,8 @@ def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 
     averages the host's drift over as wide a moment as theirs —, by the two fastest kernels of
     ``bandwidths``: a plain ``sum``, qkv's kernel (where it is built) and (with ``compile``) inductor's
     fused reduction."""
-    from qkv import matvec
-    from qkv.linear import reduction_matvec
+    from qkv.kernels import build as matvec
+    from qkv.kernels.linear import reduction_matvec
 
     w = stream_matrix(megabytes)
     x, size = torch.randn(1, w.size(1), device=w.device), w.numel() * w.element_size()
@@ -111,12 +111,12 @@ def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 
 def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> dict[str, float]:
     """GB/s at which kernels stream one ``megabytes`` matrix from memory (large, so that it does not
     stay in cache): a plain read on every thread (``sum``), and the matrix times a vector four ways —
-    ``torch.mv`` (MKL's, one core), oneDNN's (``qkv.linear.onednn_linear``), inductor's fused
-    reduction (``qkv.linear.reduction_matvec`` compiled) and qkv's kernel (``torch.ops.qkv.matvec``,
+    ``torch.mv`` (MKL's, one core), oneDNN's (``qkv.kernels.linear.onednn_linear``), inductor's fused
+    reduction (``qkv.kernels.linear.reduction_matvec`` compiled) and qkv's kernel (``torch.ops.qkv.matvec``,
     where it is built). The fastest is the bandwidth a roofline uses.
     """
-    from qkv import matvec
-    from qkv.linear import ONEDNN, onednn_linear, reduction_matvec
+    from qkv.kernels import build as matvec
+    from qkv.kernels.linear import ONEDNN, onednn_linear, reduction_matvec
 
     w = stream_matrix(megabytes, dtype)
     device, x = w.device.type, torch.randn(1, w.size(1), device=w.device).to(dtype)

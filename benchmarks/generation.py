@@ -43,11 +43,12 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv import decoder_step, matvec
-from qkv.generate import unguarded
+from qkv.kernels import fused_step as decoder_step
+from qkv.kernels import build as matvec
+from qkv.generation.backends import unguarded
 from qkv.interop import to_hf
-from qkv.linear import end_to_end
-from qkv.linear import linear as qkv_linear
+from qkv.kernels.linear import end_to_end
+from qkv.kernels.linear import linear as qkv_linear
 
 from .common import bandwidths, machine_info, stream_matrix, stream_reads, table, time_interleaved
 
@@ -77,7 +78,7 @@ def weight_bytes(model) -> int:
 def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(weight, bias) of each matrix-vector product of a decoding step, in the model's order: with
     ``packed``, each self-attention's q, k and v as the one product the eager model computes
-    (``qkv.linear.end_to_end``); without, every Linear on its own (as the compiled step reads them)."""
+    (``qkv.kernels.linear.end_to_end``); without, every Linear on its own (as the compiled step reads them)."""
     out, done = [], set()
     with torch.no_grad():
         for m in model.modules():
@@ -93,8 +94,8 @@ def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | Non
 
 def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[int, object]]:
     """{name: (tokens, fn)}: ``fn`` runs the model's matrix-vector products alone, in the model's order,
-    ``tokens`` times: through ``qkv.linear.linear`` (what the eager model runs, q, k and v as one), through
-    ``F.linear`` (MKL's, one core) and, with ``compile``, ``qkv.linear.linear`` compiled into one function
+    ``tokens`` times: through ``qkv.kernels.linear.linear`` (what the eager model runs, q, k and v as one), through
+    ``F.linear`` (MKL's, one core) and, with ``compile``, ``qkv.kernels.linear.linear`` compiled into one function
     (what the compiled step runs: qkv's kernel where it is built, else inductor's fused reductions)."""
     def one_pass(fn, packed):
         weights = products(model, packed)
@@ -116,7 +117,7 @@ def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[in
 
 def unguarded_call(compiled):
     """``compiled()`` without evaluating its guards (74 weight tensors: 0.13 ms a call), as ``generate`` runs
-    its compiled steps after the first (``qkv.generate.unguarded``)."""
+    its compiled steps after the first (``qkv.generation.backends.unguarded``)."""
     with unguarded(True):
         return compiled()
 

@@ -57,7 +57,7 @@ def matvec_rates(megabytes: int = 128) -> str:
     and int8 (``torch.ao`` dynamic quantization): whether fewer bytes also stream as fast."""
     import warnings
 
-    from qkv.linear import linear
+    from qkv.kernels.linear import linear
 
     cols = 4096
     lin = torch.nn.Linear(cols, megabytes * 2**20 // (4 * cols), bias=False)
@@ -77,9 +77,9 @@ def matvec_rates(megabytes: int = 128) -> str:
 
 def quality(run_dir: Path) -> str:
     """Held-out bits per character of a trained run with fp32 and with bf16 weights."""
-    from qkv.checkpoint import load_run
+    from qkv.training.run_dir import load_run
     from qkv.data import load_corpus
-    from qkv.tasks.language_model import held_out_bpc
+    from qkv.training.tasks.language_model import held_out_bpc
 
     run = load_run(run_dir)
     cfg = json.loads((run_dir / "train_config.json").read_text())

@@ -94,7 +94,7 @@ SWEEP = [  # (label, TrainConfig overrides); d_model 128, 4 layers, 4 heads, RoP
 
 def bpc_run(minutes: float | None = None, *, max_tokens: int | None = None, **overrides) -> dict:
     """Train the demo preset (``qkv train``'s defaults unless overridden); its summary."""
-    from qkv.train import TrainConfig, train
+    from qkv.training.recipe import TrainConfig, train
 
     cfg = TrainConfig(max_minutes=minutes, max_tokens=max_tokens, progress=False, **overrides)
     return train(cfg).summary
@@ -126,7 +126,7 @@ def main(argv=None) -> str:
         print(out)
         return out
     if not torch.cuda.is_available():
-        from qkv.train import cpu_threads
+        from qkv.training.recipe import cpu_threads
 
         torch.set_num_threads(args.threads or cpu_threads())
     print(machine_info())

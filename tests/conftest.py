@@ -75,8 +75,8 @@ def ddp_matches_one_process(tmp_path):
 def kernels():
     """qkv's C++ kernels (qkv.matvec, qkv.decoder_step), asked for when a test needs them, not at collection:
     the first build takes seconds."""
-    from qkv import matvec
+    from qkv.kernels import build as matvec
 
     if not matvec.available():
         pytest.skip("qkv's C++ kernels could not be built here: they need a C++ compiler and ninja (a dependency "
-                    "of qkv); the RuntimeWarning from qkv.matvec.load says what failed")
+                    "of qkv); the RuntimeWarning from qkv.kernels.build.load says what failed")

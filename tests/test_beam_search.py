@@ -5,9 +5,9 @@ import itertools
 import pytest
 import torch
 
-from qkv.beam_search import Special, decode
+from qkv.generation.beam_search import Special, decode
 from qkv.models import ModelConfig, Transformer
-from qkv.pointer import PointerTransformer
+from qkv.models.pointer import PointerTransformer
 
 V, START, EOS = 6, 0, 1  # a tiny vocabulary: 0 = start/pad, 1 = EOS, 2..5 words
 SPECIAL = Special(start=START, eos=EOS, pad=START, suppress=(START,))

@@ -64,7 +64,7 @@ def test_block_output_is_one_structure_with_weights_only_when_asked():
     plain, cross = qkv.TransformerBlock(8, 2, 16).eval(), qkv.TransformerBlock(8, 2, 16, cross_attention=True).eval()
     x, memory = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
     r = plain(x)
-    assert isinstance(r, qkv.block.BlockOutput) and r.self_attention is None and r.cross_attention is None
+    assert isinstance(r, qkv.nn.block.BlockOutput) and r.self_attention is None and r.cross_attention is None
     w = plain(x, return_weights=True)
     torch.testing.assert_close(w.hidden, r.hidden, atol=ATOL, rtol=0)  # reference vs fused attention path
     assert w.self_attention.shape == (2, 2, 3, 3) and w.cross_attention is None

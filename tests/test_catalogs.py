@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from qkv.catalogs import (
+from qkv.data.catalogs import (
     CatalogError, entry_pair, languages, load_pairs, merge_pairs, read_catalog, read_mo, split_pairs, val_score,
 )
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import qkv
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv.data import CharTokenizer
 
 TEXT = "def f(x):\n    return x * 2\n"

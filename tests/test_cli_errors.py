@@ -3,7 +3,7 @@ QKV_DEBUG=1 shows every traceback; `qkv bench` runs a checkout's benchmarks in a
 import pytest
 
 from qkv import cli
-from qkv.checkpoint import RunLocked
+from qkv.training.run_dir import RunLocked
 from qkv.cli import bench, errors
 from qkv.fileio import DiskFullError
 from qkv.viz import plots

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qkv
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv import cli
 from qkv.data import CharTokenizer
 

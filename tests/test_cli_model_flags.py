@@ -7,7 +7,7 @@ from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an auto
 
 from qkv.cli import build_parser, main
 from qkv.cli.train import train_config
-from qkv.models import PRESETS
+from qkv.models import PRESETS, ModelConfig
 
 FAST = ["--preset", "tiny", "--context", "16", "--batch-size", "4", "--eval-interval", "2", "--quiet",
         "--device", "cpu", "--sample-tokens", "0"]
@@ -38,8 +38,8 @@ def test_a_run_trains_the_shape_asked_for_and_resumes_only_with_it(data, tmp_pat
     out = tmp_path / "r"
     shape = ["--positional", "rope", "--d-model", "24", "--heads", "4", "--kv-heads", "2", "--model", "d_ff=40"]
     assert main(["train", *FAST, *shape, "--data", str(data), "--max-steps", "2", "--out", str(out)]) == 0
-    saved = json.loads((out / "config.json").read_text())
-    assert (saved["positional"], saved["d_model"], saved["num_kv_heads"], saved["d_ff"]) == ("rope", 24, 2, 40)
+    saved = ModelConfig.from_dict(json.loads((out / "config.json").read_text()))
+    assert (saved.positional, saved.d_model, saved.num_kv_heads, saved.d_ff) == ("rope", 24, 2, 40)
     assert main(["train", "--resume", "--out", str(out), *shape, "--max-steps", "4", "--quiet",
                  "--sample-tokens", "0"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 4

@@ -68,7 +68,7 @@ def test_sample_and_info(run, capsys):
 
 
 def test_sample_decodes_with_bf16_weights_when_asked(run, capsys, monkeypatch):
-    gen, seen = importlib.import_module("qkv.generate"), []
+    gen, seen = importlib.import_module("qkv.generation.decode"), []
     real = gen.generate
     monkeypatch.setattr(gen, "generate", lambda model, *a, **k: seen.append(model.lm_head.weight.dtype) or
                         real(model, *a, **k))
@@ -80,9 +80,9 @@ def test_sample_decodes_with_bf16_weights_when_asked(run, capsys, monkeypatch):
 
 
 def test_held_out_bpc_is_the_runs_final_score_and_bf16_weights_change_it_little(run):
-    from qkv.checkpoint import load_run
+    from qkv.training.run_dir import load_run
     from qkv.data import load_corpus
-    from qkv.tasks.language_model import held_out_bpc
+    from qkv.training.tasks.language_model import held_out_bpc
 
     r, cfg = load_run(run), json.loads((run / "train_config.json").read_text())
     text = load_corpus(cfg["data"]).val

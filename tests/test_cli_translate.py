@@ -54,7 +54,7 @@ def test_info_shows_the_scores(run, capsys):
 
 def test_translate_refuses_a_language_model_run(tmp_path, capsys):
     import qkv
-    from qkv import checkpoint as ckpt
+    from qkv.training import run_dir as ckpt
     from qkv.data import CharTokenizer
 
     tok = CharTokenizer("abcdef ")

@@ -15,7 +15,7 @@ from qkv.claims import multi_head
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run on disk (checkpoint format) whose heads attend sharply and differently, and its training text."""
-    from qkv.checkpoint import save_model
+    from qkv.training.run_dir import save_model
     from qkv.data import CharTokenizer
 
     d = tmp_path_factory.mktemp("run")

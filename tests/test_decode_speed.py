@@ -8,8 +8,8 @@ import torch
 import torch._dynamo
 
 import qkv
-from qkv.attention import attend, one_query_attention, repeat_kv, scaled_dot_product_attention
-from qkv.masks import PreparedMask, causal_mask, prepare_mask
+from qkv.nn.attention import attend, one_query_attention, repeat_kv, scaled_dot_product_attention
+from qkv.nn.masks import PreparedMask, causal_mask, prepare_mask
 
 
 def rand(*shape, seed=0):
@@ -43,8 +43,8 @@ def test_gqa_module_copies_kv_per_head_only_where_sdpa_cannot_group(monkeypatch)
     repeat, calls = torch.Tensor.repeat_interleave, []
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **k: calls.append(1) or repeat(*a, **k))
     torch.testing.assert_close(mha(x), want)
-    assert (calls == []) == qkv.attention.SDPA_GQA
-    monkeypatch.setattr(qkv.attention, "SDPA_GQA", False)  # the torch 2.4 path, here too
+    assert (calls == []) == qkv.nn.attention.SDPA_GQA
+    monkeypatch.setattr(qkv.nn.attention, "SDPA_GQA", False)  # the torch 2.4 path, here too
     torch.testing.assert_close(mha(x), want)
     assert calls
 
@@ -81,8 +81,8 @@ def test_prepared_mask_bad_input():
 
 def test_model_prepares_masks_once_per_forward(monkeypatch):
     calls = []
-    real = qkv.models.prepare_mask
-    monkeypatch.setattr(qkv.models, "prepare_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = qkv.models.trunk.prepare_mask
+    monkeypatch.setattr(qkv.models.trunk, "prepare_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_layers=3)).eval()
     model(torch.randint(0, 64, (2, 5)), mask=torch.ones(2, 5, dtype=torch.bool))
     assert len(calls) == 1  # not one per layer
@@ -92,7 +92,7 @@ def test_model_prepares_masks_once_per_forward(monkeypatch):
                                                   activation="swiglu")])
 def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
     """Greedy tokens: full forward per token (no cache) = static cache = fused step = compiled step (graph capture)."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")  # dynamo's capture, without code generation
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")  # dynamo's capture, without code generation
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", **preset)).eval()
@@ -110,7 +110,7 @@ def test_a_copy_compiles_its_own_step_and_a_compiled_model_pickles(monkeypatch, 
     the original's, and torch.save(model) must not try to pickle compiled code."""
     import copy
 
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=61)).eval()
     ids = torch.randint(0, 61, (1, 5))
@@ -162,7 +162,7 @@ def test_compiled_steps_skip_guards_only_after_the_first(has_stance, monkeypatch
     """Each generate call evaluates its first compiled step's guards (a new cache size or batch may need
     another compiled graph); the steps after it skip them — where torch has set_stance (>= 2.6); without
     it (has_stance False: what torch 2.4 and 2.5 do) every step evaluates them. Tokens equal the reference."""
-    gen = importlib.import_module("qkv.generate")
+    gen = importlib.import_module("qkv.generation.backends")
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")
     skipped, real = [], getattr(torch.compiler, "set_stance", None)
     if has_stance and real is None:
@@ -188,7 +188,7 @@ def test_a_step_past_the_recompile_limit_runs_with_its_guards(monkeypatch):
     """Past torch._dynamo's recompile limit (here 1: a second cache size is never compiled) a step without
     its guards finds no code and dynamo raises; generate then evaluates the guards for the rest of the
     call, and the tokens equal the reference."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny")).eval()

@@ -1,14 +1,18 @@
 """qkv.decoder_step: the fused C++ decode step against the model's own forward (the reference): logits,
 KV caches and tokens, for every architecture it takes; what it refuses and why; its errors."""
 import importlib
+import re
 import warnings
 
 import pytest
 import torch
 
 import qkv
-from qkv import decoder_step, matvec
-from qkv.generate import _StaticCache, last_logits, step_function
+from qkv.kernels import fused_step as decoder_step
+from qkv.kernels import build as matvec
+from qkv.generation import BackendFallback
+from qkv.generation.backends import last_logits, step_function
+from qkv.generation.decode import StaticCache as _StaticCache
 
 CONFIGS = {  # every norm, activation, positional encoding and head grouping the step takes
     "gpt2": dict(activation="gelu_tanh"),
@@ -169,7 +173,7 @@ def test_the_same_bits_on_one_two_and_three_threads():
 def test_compile_true_takes_the_fused_step_where_it_can(monkeypatch):
     """compile=True: the fused step for a supported model at up to MAX_ROWS rows, inductor's otherwise;
     "inductor" always compiles; "fused" names why it cannot."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     model = tiny()
     assert isinstance(step_function(model, 1, True), decoder_step.FusedStep)
     assert isinstance(step_function(model, decoder_step.MAX_ROWS, "fused"), decoder_step.FusedStep)
@@ -199,34 +203,41 @@ def affine_free(model):
 
 
 @pytest.mark.parametrize("model, reason", [
-    (lambda: tiny(positional="alibi"), "ALiBi positions"),
-    (lambda: tiny(norm_first=False), "post-norm blocks"),
+    (lambda: tiny(positional="alibi"), "config field position.kind='alibi'"),
+    (lambda: tiny(norm_first=False), "config field normalization.first=False"),
     (lambda: tiny().to(torch.bfloat16), "torch.bfloat16 weights on cpu"),
-    (lambda: hooked(tiny()), "a module with hooks"),
+    (lambda: hooked(tiny()), "blocks.0.ff has hooks"),
     (lambda: strided(tiny()), "a weight that is not a contiguous float32 CPU tensor"),
-    (lambda: affine_free(tiny()), "norms other than one kind of nn.LayerNorm or nn.RMSNorm with weights"),
-    (lambda: qkv.Transformer(qkv.ModelConfig.preset("tiny")), "it decodes decoder-only models (qkv.GPT), not Transformer"),
+    (lambda: affine_free(tiny()), "final_norm is a norm without weights"),
+    (lambda: qkv.Transformer(qkv.ModelConfig.preset("tiny")), "it decodes qkv.GPT models, not Transformer"),
 ])
 def test_what_it_refuses_is_named_and_decoded_the_reference_way(model, reason, monkeypatch):
-    """Each model it cannot run gets a reason; generate(compile=True) then uses inductor's step."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    """Each model it cannot run gets a reason; generate(compile=True) then uses inductor's step, saying why
+    in one warning."""
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     model = model()
     assert reason in decoder_step.unsupported(model, 1)
     if isinstance(model, qkv.GPT):
         ids = torch.randint(0, 64, (1, 4))
-        assert torch.equal(model.generate(ids, 4, temperature=0, compile=True), model.generate(ids, 4, temperature=0))
+        with pytest.warns(BackendFallback, match=re.escape(reason)) as said:
+            got = model.generate(ids, 4, temperature=0, compile=True)
+        assert len(said) == 1 and "decoding with the inductor backend" in str(said[0].message)
+        assert torch.equal(got, model.generate(ids, 4, temperature=0))
 
 
 def test_without_the_kernels_compile_true_falls_back(monkeypatch):
     """Where qkv's kernels cannot be built, compile=True is inductor's step, with the reference's tokens."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(matvec, "LOADED", False)
     model = tiny()
-    assert decoder_step.unsupported(model, 1) == "qkv's C++ kernels could not be built (the warning says why)"
+    assert decoder_step.unsupported(model, 1) == "qkv's C++ kernels are not available here (the warning said why)"
     ids = torch.randint(0, 64, (1, 4))
+    with pytest.warns(BackendFallback, match="C\\+\\+ kernels are not available") as said:
+        got = model.generate(ids, 4, temperature=0, compile=True)
+    assert len(said) == 1
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert torch.equal(model.generate(ids, 4, temperature=0, compile=True), model.generate(ids, 4, temperature=0))
+        warnings.simplefilter("error")  # the reference path says nothing
+        assert torch.equal(got, model.generate(ids, 4, temperature=0))
     with pytest.raises(ValueError, match="the fused decode step cannot run this model: qkv's C"):
         decoder_step.FusedStep(model)
 

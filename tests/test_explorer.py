@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.tokens import encode_text
+from qkv.data.tokens import encode_text
 from qkv.viz import explorer
 
 CHROMIUM = os.environ.get("QKV_CHROMIUM", "/usr/bin/chromium")
@@ -370,7 +370,7 @@ CORPUS = "the quick brown fox jumps over the lazy dog. <script>alert(1)</script>
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from qkv.checkpoint import save_model
+    from qkv.training.run_dir import save_model
     from qkv.data import CharTokenizer as Chars
 
     tok = Chars.train(CORPUS)
@@ -383,7 +383,7 @@ def run_dir(tmp_path_factory):
 
 def test_command_explores_a_run(run_dir, tmp_path, capsys):
     from qkv import cli
-    from qkv.checkpoint import load_run
+    from qkv.training.run_dir import load_run
 
     out = tmp_path / "run.html"
     assert cli.main(["explore", "--run", str(run_dir), "--text", "the lazy dog", "--out", str(out)]) == 0

@@ -13,7 +13,7 @@ import torch
 
 import qkv
 from qkv.data import SPECIAL_TOKENS, BPETokenizer
-from qkv.tasks.translation import special_tokens
+from qkv.training.tasks.translation import special_tokens
 from qkv.viz import explorer
 from qkv.viz.maps import pair_attention, seq2seq_maps, translation_attention
 from test_explorer import ARTIFACTS, XSS, Watch, browser  # noqa: F401  (test_explorer's headless chromium)
@@ -210,7 +210,7 @@ def test_served_page_translates_new_text(browser, model, tok):  # noqa: F811
 
 
 def test_notebook_show_on_a_translation_run(model, tok, tmp_path):
-    from qkv.checkpoint import save_model
+    from qkv.training.run_dir import save_model
     from qkv.viz.notebook import show
 
     save_model(tmp_path / "run", model, tok)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.checkpoint import load_run, save_model
+from qkv.training.run_dir import load_run, save_model
 from qkv.cli import main
 from qkv.data import BPETokenizer, CharTokenizer
 

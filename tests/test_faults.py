@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv.cli import main
 
 ARGS = ["--preset", "tiny", "--tokenizer", "char", "--context", "32", "--batch-size", "4", "--eval-interval", "10",
@@ -23,7 +23,8 @@ STEPS = "30"
 # Runs `qkv train` in a fresh process that SIGKILLs itself at the chosen point.
 KILLER = r"""
 import os, signal, sys
-from qkv import checkpoint as ckpt, train as tr
+from qkv.training import run_dir as ckpt
+from qkv.training import recipe as tr
 from qkv.cli import main
 point, argv = sys.argv[1], sys.argv[2:]
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -116,7 +117,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, capsys, monkeypatch):
-    from qkv import train as tr
+    from qkv.training import recipe as tr
 
     real, calls = tr.train_step, [0]
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
-from qkv.checkpoint import load_run
+from qkv.training.run_dir import load_run
 from qkv.cli import main
 from qkv.data import load_tokenizer
-from qkv.finetune import weights_sha256
+from qkv.training.finetune import weights_sha256
 from qkv.interop.hf import load_pretrained
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qkv
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv import cli
 from qkv.data import CharTokenizer
 

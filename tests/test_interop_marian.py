@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import qkv
-from qkv.beam_search import Special, decode
+from qkv.generation.beam_search import Special, decode
 from qkv.interop import from_hf, to_hf
 from qkv.interop.hf import load_pretrained, marian_special
-from qkv.tasks.translation import translate_texts
+from qkv.training.tasks.translation import translate_texts
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 spm = pytest.importorskip("sentencepiece", reason="the hf extra: pip install -e '.[hf]'")
@@ -174,7 +174,7 @@ def test_next_token_scores_are_hf_logits_processors(renormalize, last_step):
     """log p = allowed − log_z equals log_softmax → bad words → forced EOS [→ log_softmax] (HF's beam search)."""
     from transformers.generation import (ForcedEOSTokenLogitsProcessor, LogitNormalization, LogitsProcessorList,
                                          NoBadWordsLogitsProcessor)
-    from qkv.beam_search import next_token_scores
+    from qkv.generation.beam_search import next_token_scores
 
     V, pad, n = 30, 29, 5
     logits = 3 * torch.randn(4, V, generator=torch.Generator().manual_seed(0))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.kv_cache import reorder_kv
+from qkv.nn.kv_cache import reorder_kv
 
 ATOL = 1e-5
 
@@ -78,7 +78,7 @@ def test_static_cache_write_equals_growing_cache(kind):
 def test_compiled_decode_step_compiles_once_and_matches(monkeypatch):
     import torch._dynamo
 
-    import qkv.generate as gen
+    import qkv.generation.backends as gen
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")  # graph capture only: fast, same guards
     torch._dynamo.reset()

@@ -1,4 +1,4 @@
-"""qkv.linear: the inference fast paths against F.linear (the reference), and when each is taken."""
+"""qkv.kernels.linear: the inference fast paths against F.linear (the reference), and when each is taken."""
 from unittest import mock
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv import linear as lin
-from qkv import matvec
-from qkv.linear import Linear, onednn_linear, reduction_matvec
+from qkv.kernels import linear as lin
+from qkv.kernels import build as matvec
+from qkv.kernels.linear import KernelLinear as Linear, onednn_linear, reduction_matvec
 
 # Only the tests that run oneDNN's own kernel need it; where it is missing, test_without_onednn_* checks
 # that every product is F.linear's, and the dispatch tests run with a stand-in for the kernel.
@@ -163,102 +163,3 @@ def test_flop_counter_counts_the_fast_path():
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
             layer(torch.randn(3, 5))
         assert counter.get_total_flops() == 2 * 3 * 7 * 5
-
-
-# --- q, k and v laid end to end: one product at inference -------------------------------------------
-
-def _mha(**kw) -> qkv.MultiHeadAttention:
-    torch.manual_seed(0)
-    return qkv.MultiHeadAttention(16, 4, bias=True, **kw).eval()
-
-
-def _separately(m, x):
-    """The three projections as three F.linear calls, heads split: the reference for the packed product."""
-    return [F.linear(x, p.weight, p.bias) for p in (m.q_proj, m.k_proj, m.v_proj)]
-
-
-@pytest.mark.parametrize("kw", [{}, {"num_kv_heads": 2}])
-def test_projections_lie_end_to_end_and_are_read_as_one_product(kw, fast):
-    m, x = _mha(**kw), torch.randn(2, 3, 16)
-    block = lin.end_to_end(m.q_proj, m.k_proj, m.v_proj)
-    assert block is None  # grad mode with trainable weights: three products, each its own leaf
-    with torch.no_grad():
-        weight, bias = lin.end_to_end(m.q_proj, m.k_proj, m.v_proj)
-        assert torch.equal(weight, torch.cat([m.q_proj.weight, m.k_proj.weight, m.v_proj.weight]))
-        assert torch.equal(bias, torch.cat([m.q_proj.bias, m.k_proj.bias, m.v_proj.bias]))
-        assert weight.data_ptr() == m.q_proj.weight.data_ptr()  # a view, no copy
-        got = m(x)
-    assert fast.call_count == 2  # q, k, v as one product, then out_proj
-    with torch.enable_grad():
-        torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-6)  # three F.linear calls
-
-
-def test_frozen_projections_read_as_one_product_pass_the_input_its_gradient(fast):
-    m, x = _mha(), torch.randn(1, 2, 16, requires_grad=True)
-    m.requires_grad_(False)  # frozen weights, gradient wanted for the input (attribution)
-    with torch.inference_mode():  # the views, remembered under inference_mode, then used with autograd
-        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is not None
-    m(x).sum().backward()
-    with torch.no_grad():
-        want = torch.autograd.functional.jacobian(lambda t: m(t).sum(), x.detach())
-    torch.testing.assert_close(x.grad, want, rtol=1e-4, atol=1e-5)
-
-
-def test_moved_replaced_or_hooked_projections_are_read_one_by_one(fast):
-    m, x = _mha(), torch.randn(1, 2, 16)
-    with torch.no_grad():
-        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is not None  # found, and remembered
-        m.k_proj.weight.data = m.k_proj.weight.data.clone() * 2  # new memory, out of the block
-        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is None
-        q, k, v = _separately(m, x)
-        torch.testing.assert_close(m._project(x, None, None)[1], m._heads(k, 4))  # the new weight is the one read
-        m._lay_projections()
-        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj) is not None
-        seen = []
-        handle = m.q_proj.register_forward_hook(lambda mod, args, out: seen.append(out))
-        m(x)
-        handle.remove()
-    assert len(seen) == 1  # a hook on q_proj still sees q_proj's own call
-
-
-def test_to_and_deepcopy_lay_the_parameters_again():
-    import copy
-
-    m = _mha()
-    params = [m.q_proj.weight, m.k_proj.weight, m.v_proj.weight]
-    m.to(torch.float64)
-    assert [m.q_proj.weight, m.k_proj.weight, m.v_proj.weight] == params  # same objects: optimisers keep them
-    twin = copy.deepcopy(m)
-    with torch.no_grad():
-        assert lin.end_to_end(m.q_proj, m.k_proj, m.v_proj)[0].dtype == torch.float64
-        weight, _ = lin.end_to_end(twin.q_proj, twin.k_proj, twin.v_proj)
-        assert weight.data_ptr() != m.q_proj.weight.data_ptr()  # its own block
-        x = torch.randn(1, 3, 16, dtype=torch.float64)
-        assert torch.equal(twin(x), m(x))
-
-
-def test_state_dict_holds_separate_tensors_that_safetensors_saves(tmp_path):
-    from safetensors.torch import load_file, save_file, save_model
-
-    m = _mha()
-    state = m.state_dict()
-    assert state.keys() == {f"{p}_proj.{w}" for p in "qkvo" if p != "o" for w in ("weight", "bias")} | \
-        {"out_proj.weight", "out_proj.bias"}
-    assert len({t.untyped_storage().data_ptr() for t in state.values()}) == len(state)  # no shared memory
-    save_file(state, tmp_path / "a.safetensors")
-    save_model(m, tmp_path / "b.safetensors")
-    fresh = qkv.MultiHeadAttention(16, 4, bias=True)
-    fresh.load_state_dict(load_file(tmp_path / "a.safetensors"))  # copied into the block: still one product
-    with torch.no_grad():
-        assert lin.end_to_end(fresh.q_proj, fresh.k_proj, fresh.v_proj) is not None
-        x = torch.randn(1, 3, 16)
-        assert torch.equal(fresh(x), m.eval()(x))
-
-
-def test_cross_attention_projects_keys_and_values_as_one_product(fast):
-    m, ctx = qkv.MultiHeadAttention(16, 4, kv_dim=12).eval(), torch.randn(2, 5, 12)
-    with torch.no_grad():
-        k, v = m.project_kv(ctx)
-        assert fast.call_count == 1
-        torch.testing.assert_close(k, m._heads(F.linear(ctx, m.k_proj.weight), 4))
-        torch.testing.assert_close(v, m._heads(F.linear(ctx, m.v_proj.weight), 4))

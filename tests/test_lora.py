@@ -10,12 +10,12 @@ from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an auto
 from test_export import hf_load
 from test_finetune import FAST, llama, text  # noqa: F401  (fixtures)
 
-from qkv.checkpoint import load_run
+from qkv.training.run_dir import load_run
 from qkv.cli import main
-from qkv.finetune import add_lora, merge_lora
+from qkv.training.finetune import add_lora, merge_lora
 from qkv.interop.hf import load_pretrained
-from qkv.linear import Linear
-from qkv.train import TrainConfig, train
+from torch.nn import Linear
+from qkv.training.recipe import TrainConfig, train
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 pytest.importorskip("peft", reason="the lora extra: pip install -e '.[lora]'")

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv import linear as lin
-from qkv import matvec
+from qkv.kernels import linear as lin
+from qkv.kernels import build as matvec
 
 built = pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where they cannot be built
 
@@ -92,7 +92,7 @@ def test_fake_and_schema_for_compile():
 
 @built
 def test_linear_takes_it_for_a_few_rows_at_inference_only():
-    layer = lin.Linear(6, 5)
+    layer = lin.KernelLinear(6, 5)
     with torch.no_grad():
         for rows in range(1, matvec.MAX_ROWS + 1):
             assert op_calls(lambda: layer(torch.randn(rows, 6))) == 1
@@ -111,7 +111,7 @@ def test_linear_takes_it_for_a_few_rows_at_inference_only():
 @built
 def test_compiled_linear_calls_it_from_two_rows():
     """One row stays inductor's fused reduction (tests/test_linear.py); two to MAX_ROWS call the kernel."""
-    layer = lin.Linear(6, 5).eval()
+    layer = lin.KernelLinear(6, 5).eval()
     names = []
 
     def backend(gm, example_inputs):
@@ -131,7 +131,7 @@ def test_greedy_tokens_equal_the_reference_path(monkeypatch, compile):
     """Batch 1 and a batch of 3 (through the kernel, eagerly; compiled, the batch of 3, and at batch 1
     only the prefill's LM head, one row for the last position, which runs eagerly) against every product
     through F.linear."""
-    monkeypatch.setattr(importlib.import_module("qkv.generate"), "COMPILE_BACKEND", "eager")  # capture only
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")  # capture only
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()
     for batch in (1, 3):
         ids = torch.randint(0, 61, (batch, 5), generator=torch.Generator().manual_seed(batch))
@@ -139,15 +139,14 @@ def test_greedy_tokens_equal_the_reference_path(monkeypatch, compile):
         assert calls > 0 if batch > 1 or not compile else calls == 1
         got = model.generate(ids, 12, temperature=0, compile=compile)
         with mock.patch.object(lin, "linear", side_effect=lambda x, w, b=None: F.linear(x, w, b)):
-            with mock.patch("qkv.attention.linear", side_effect=lambda x, w, b=None: F.linear(x, w, b)):
-                want = model.generate(ids, 12, temperature=0)
+            want = model.generate(ids, 12, temperature=0)
         assert torch.equal(got, want)
 
 
 def test_flop_counter_counts_it():
     from torch.utils.flop_counter import FlopCounterMode
 
-    layer = lin.Linear(5, 7)
+    layer = lin.KernelLinear(5, 7)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         layer(torch.randn(2, 5))
     assert counter.get_total_flops() == 2 * 2 * 7 * 5
@@ -166,7 +165,7 @@ def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(cpp_extension, "load", mock.Mock(side_effect=RuntimeError("Error building extension")))
     with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels \(RuntimeError: Error building"):
         assert matvec.available() is False
-    layer, x = lin.Linear(5, 7), torch.randn(1, 5)
+    layer, x = lin.KernelLinear(5, 7), torch.randn(1, 5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once, not per call
         with torch.no_grad():

@@ -3,8 +3,8 @@ import pytest
 pytest.importorskip("sacrebleu", reason="the translate extra: pip install -e '.[translate]'")
 pytest.importorskip("rapidfuzz", reason="the translate extra: pip install -e '.[translate]'")
 
-from qkv.catalogs import PairCorpus
-from qkv.metrics import baselines, bleu, bleu_tokenizer, chrf, copy_baseline, memory_baseline
+from qkv.data.catalogs import PairCorpus
+from qkv.training.metrics import baselines, bleu, bleu_tokenizer, chrf, copy_baseline, memory_baseline
 
 
 def test_bleu_by_hand():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.kv_cache import reorder_kv
+from qkv.nn.kv_cache import reorder_kv
 
 
 def tiny(**kw):
@@ -90,7 +90,7 @@ def test_generate_seed_eos_and_bad_arguments():
 
 
 def test_top_k_and_top_p_filters():
-    from qkv.generate import top_k_filter, top_p_filter
+    from qkv.generation import top_k_filter, top_p_filter
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(top_k_filter(logits, 2)).tolist() == [[False, False, True, True]]

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 import qkv
-from qkv.checkpoint import load_run, save_model
+from qkv.training.run_dir import load_run, save_model
 from qkv.data import CharTokenizer
 from qkv.viz.notebook import ExplorerView, show
 from test_explorer import browser  # noqa: F401  (the module's headless chromium, or a skip saying why)

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from qkv import checkpoint as ckpt
-from qkv.beam_search import Special, decode
+from qkv.training import run_dir as ckpt
+from qkv.generation.beam_search import Special, decode
 from qkv.models import ModelConfig, Transformer, token_cross_entropy
-from qkv.pointer import PointerTransformer, copy_attention, copy_distribution, mix_log_probs
+from qkv.models.pointer import PointerTransformer, copy_attention, copy_distribution, mix_log_probs
 
 CFG = ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, max_len=32, positional="sinusoidal",
                   activation="relu", d_ff=64)

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv import fileio
-from qkv.checkpoint import RunDir, RunLocked
+from qkv.training.run_dir import RunDir, RunLocked
 from qkv.cli import main
 from qkv.data import Corpus
 from qkv.models import ModelConfig
-from qkv.train import Recipe, TrainConfig, TrainState, train
-from qkv.runtime import Dist
+from qkv.training.recipe import Recipe, TrainConfig, TrainState, train
+from qkv.training.distributed import Dist
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
 CORPUS = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")

@@ -13,7 +13,7 @@ from qkv.cli import main
 from qkv.data import split_by_file, train_tokenizer
 from qkv.models import GPT, ModelConfig
 from qkv.studies import order, pe
-from qkv.train import LN2, eval_starts, evaluate
+from qkv.training.recipe import LN2, eval_starts, evaluate
 
 
 def _corpus():

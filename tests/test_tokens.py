@@ -2,7 +2,7 @@
 import pytest
 
 from qkv.data import CharTokenizer
-from qkv.tokens import bytes_label, encode_text, gpt2_byte_table, token_labels
+from qkv.data.tokens import bytes_label, encode_text, gpt2_byte_table, token_labels
 
 
 class DecodeOnly:

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from qkv import checkpoint as ckpt
+from qkv.training import run_dir as ckpt
 from qkv.data import Corpus
 from qkv.models import ModelConfig
-from qkv.train import TrainConfig, compressor_bpc, eval_starts, evaluate, lr_at, train
+from qkv.training.recipe import TrainConfig, compressor_bpc, eval_starts, evaluate, lr_at, train
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
 CORPUS = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")
@@ -178,7 +178,7 @@ def test_bf16_autocast_trains_and_device_is_checked():
 
 
 def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
-    from qkv import train as train_module
+    from qkv.training import recipe as train_module
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(train_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from qkv import checkpoint as ckpt
-from qkv.catalogs import load_pairs
+from qkv.training import run_dir as ckpt
+from qkv.data.catalogs import load_pairs
 from qkv.models import GPT, ModelConfig, Transformer
-from qkv.tasks.translation import translate_texts
-from qkv.train import TrainConfig, train
+from qkv.training.tasks.translation import translate_texts
+from qkv.training.recipe import TrainConfig, train
 
 WORDS = ["file", "open", "save", "close", "error", "print", "copy", "delete", "network", "user"]
 ZH = ["文件", "打开", "保存", "关闭", "错误", "打印", "复制", "删除", "网络", "用户"]
@@ -52,8 +52,8 @@ def test_translation_resume_is_exact(pairs_file, tmp_path):
 
 
 def test_the_loss_is_label_smoothed_cross_entropy(pairs_file):
-    from qkv.runtime import Dist
-    from qkv.train import Recipe
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe
 
     recipe = Recipe(cfg(pairs_file, label_smoothing=0.3), Dist())
     recipe.setup()
@@ -90,7 +90,7 @@ def test_bad_translation_settings(pairs_file, tmp_path):
 def test_the_shared_vocabulary_learns_both_languages(pairs_file):
     """Regression: interleaved (source, target) pieces once let the BPE sampler keep English only,
     so every Chinese character cost three byte tokens (the sampler thins texts over max_chars)."""
-    from qkv.tasks.translation import shared_vocabulary
+    from qkv.training.tasks.translation import shared_vocabulary
 
     pairs = load_pairs(str(pairs_file)).train
     tok = shared_vocabulary(pairs, 300, max_chars=sum(len(s) + len(t) for s, t in pairs) // 2)
@@ -99,7 +99,7 @@ def test_the_shared_vocabulary_learns_both_languages(pairs_file):
 
 
 def test_the_copy_mechanism_is_the_default_and_can_be_switched_off(pairs_file, tmp_path):
-    from qkv.pointer import PointerTransformer
+    from qkv.models.pointer import PointerTransformer
 
     train(cfg(pairs_file, out=str(tmp_path / "on"), max_steps=1))
     train(cfg(pairs_file, out=str(tmp_path / "off"), max_steps=1, copy=False))

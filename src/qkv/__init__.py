@@ -1,14 +1,19 @@
-"""qkv: the Transformer's core — attention, multi-head attention, positional encodings — readable and tested."""
-from .attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
-from .block import TransformerBlock
-from .flash import flash_attention
-from .kv_cache import KVCache
-from .layers import FeedForward
-from .linear_attention import linear_attention, linear_attention_quadratic
-from .masks import causal_mask, padding_mask
+"""qkv: the Transformer's core — attention, multi-head attention, positional encodings — readable and tested.
+
+The names here are the reference layer (``qkv.nn``, ``qkv.models``), which imports nothing of the speed
+layer (``qkv.kernels``); ``qkv.interop`` and the rest load when first used.
+"""
+from importlib import import_module
+
 from .models import GPT, PRESETS, Encoder, ModelConfig, ModelOutput, Transformer
-from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from . import interop  # noqa: E402  (qkv.interop.from_hf etc.; imports only torch until used)
+from .nn.attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
+from .nn.block import TransformerBlock
+from .nn.flash import flash_attention
+from .nn.kv_cache import KVCache
+from .nn.layers import FeedForward
+from .nn.linear_attention import linear_attention, linear_attention_quadratic
+from .nn.masks import causal_mask, padding_mask
+from .nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 __version__ = "0.1.0"
 __all__ = [
@@ -19,3 +24,11 @@ __all__ = [
     "FeedForward", "TransformerBlock", "KVCache",
     "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer", "interop",
 ]
+LAZY = ("interop", "generation", "kernels", "training", "data", "viz", "claims", "studies")
+
+
+def __getattr__(name: str):
+    """``qkv.interop`` (and the other packages) imported on first use, so ``import qkv`` stays the reference."""
+    if name in LAZY:
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")

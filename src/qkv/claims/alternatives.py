@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention import scaled_dot_product_attention
+from ..nn.attention import scaled_dot_product_attention
 from ..runtime import fixed_threads, resolve_device
 from .measure import FLOAT_TOL, cost, fmt, rel_err
 from .registry import check

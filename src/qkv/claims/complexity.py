@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..attention import MultiHeadAttention, scaled_dot_product_attention
-from ..flash import flash_attention
-from ..linear_attention import linear_attention
+from ..nn.attention import MultiHeadAttention, scaled_dot_product_attention
+from ..nn.flash import flash_attention
+from ..nn.linear_attention import linear_attention
 from ..runtime import fixed_threads, resolve_device
 from .measure import cost, fit_exponent, fmt
 from .registry import check
@@ -38,8 +38,8 @@ PATHS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {  # q, k, v (B, 
 }
 
 
-# The ops that multiply by a weight matrix (F.linear's and qkv.linear's), whichever module calls them:
-# q, k and v may be one product (qkv.linear.end_to_end), and nn.MultiheadAttention projects in its own forward.
+# The ops that multiply by a weight matrix (F.linear's, and the speed layer's should a model be accelerated),
+# whichever module calls them: nn.MultiheadAttention projects in its own forward.
 PRODUCTS_WITH_WEIGHTS = {"aten.mm", "aten.addmm", "aten.linear", "mkldnn._linear_pointwise", "qkv.onednn_linear",
                          "qkv.matvec"}
 

@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, SelfAttention
-from ..positional import SinusoidalPositionalEncoding
+from ..nn.attention import MultiHeadAttention, SelfAttention
+from ..nn.positional import SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
 from .registry import check
 

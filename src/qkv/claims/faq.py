@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..attention import SelfAttention, scaled_dot_product_attention
+from ..nn.attention import SelfAttention, scaled_dot_product_attention
 from ..models import GPT, ModelConfig, Transformer
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, fmt, rel_err

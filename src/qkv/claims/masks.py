@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..attention import MultiHeadAttention
+from ..nn.attention import MultiHeadAttention
 from ..models import GPT, ModelConfig
 from .registry import check
 

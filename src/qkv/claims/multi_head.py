@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention
+from ..nn.attention import MultiHeadAttention
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, error_of, fmt, rel_err
 from .registry import check

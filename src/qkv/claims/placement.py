@@ -11,8 +11,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..block import TransformerBlock
-from ..positional import ALiBi, RotaryEmbedding, SinusoidalPositionalEncoding
+from ..nn.block import TransformerBlock
+from ..nn.positional import ALiBi, RotaryEmbedding, SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
 from .registry import check
 

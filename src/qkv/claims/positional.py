@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..attention import MultiHeadAttention
+from ..nn.attention import MultiHeadAttention
 from ..models import GPT, Encoder, ModelConfig
-from ..positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, error_of, fmt, rel_err
 from .registry import check
 

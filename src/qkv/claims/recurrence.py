@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, SelfAttention
+from ..nn.attention import MultiHeadAttention, SelfAttention
 from ..runtime import fixed_threads, resolve_device
 from .measure import FLOAT_TOL, fmt, rel_err
 from .registry import check

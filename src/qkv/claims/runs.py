@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..tokens import encode_text
+from ..data.tokens import encode_text
 
 
 def validation_text(run_dir) -> str:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
+from ..nn.attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
 from .measure import FLOAT_TOL, fmt, rel_err
 from .registry import check
 

@@ -14,9 +14,9 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..attention import SelfAttention, scaled_dot_product_attention
-from ..masks import causal_mask
-from ..positional import SinusoidalPositionalEncoding
+from ..nn.attention import SelfAttention, scaled_dot_product_attention
+from ..nn.masks import causal_mask
+from ..nn.positional import SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
 from .registry import check
 

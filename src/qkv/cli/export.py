@@ -18,7 +18,7 @@ def add_export(sub) -> argparse.ArgumentParser:
 
 def run_export(args: argparse.Namespace) -> int:
     """Export, then say what was written."""
-    from ..interop.export import export_run
+    from ..training.export import export_run
 
     out = export_run(args.run, args.hf, overwrite=args.overwrite)
     print(f"wrote {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}) "

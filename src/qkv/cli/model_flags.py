@@ -1,12 +1,14 @@
 """The model's shape from the command line, nanoGPT-style: a few named flags and `--model KEY=VALUE`
-for any ModelConfig field, applied over the preset and validated as config.json is
-(``ModelConfig.from_dict``: unknown keys and wrong types refused, then the config's own checks)."""
+for any ModelConfig field (a section's as ``attention.head_dim``, or a flat name such as ``d_ff``), applied
+over the preset and validated as config.json is (``ModelConfig.from_dict``: unknown keys and wrong types
+refused, then the config's own checks)."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
 from ..models import ModelConfig
+from ..models.config import FLAT, SECTIONS
 from .errors import CommandError
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here
@@ -16,7 +18,26 @@ MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is 
     "--heads": ("num_heads", int, "attention heads (must divide --d-model)"),
     "--kv-heads": ("num_kv_heads", int, "key/value heads: grouped-query attention (must divide --heads)"),
 }
-FIELD_TYPES = {f.name: {t.strip() for t in str(f.type).split("|")} for f in fields(ModelConfig)}  # "int | None" -> {int, None}
+
+
+def kinds(annotation) -> set[str]:
+    """"int | None" -> {"int", "None"}; "tuple[str, ...] | None" -> {"tuple", "None"}."""
+    return {t.strip().split("[")[0] for t in str(annotation).split("|")}
+
+
+def field_types() -> dict[str, set[str]]:
+    """Every key --model takes: the sizes, each section's fields as "section.field", and the flat names."""
+    out = {}
+    for f in fields(ModelConfig):
+        if f.name in SECTIONS:
+            out |= {f"{f.name}.{g.name}": kinds(g.type) for g in fields(SECTIONS[f.name])}
+        else:
+            out[f.name] = kinds(f.type)
+    out |= {flat: out[f"{section}.{name}"] for flat, (section, name) in FLAT.items()}
+    return out | {"bias": {"bool"}, "final_norm": {"bool", "None"}}
+
+
+FIELD_TYPES = field_types()
 NOT_A_FLAG = {"vocab_size": "the vocabulary size comes from the tokenizer (--vocab-size sets BPE's)"}
 
 
@@ -35,20 +56,22 @@ def parse_value(key: str, text: str) -> object:
         raise CommandError(f"--model {key}=…: unknown ModelConfig field {key!r} (known: {', '.join(FIELD_TYPES)})")
     if key in NOT_A_FLAG:
         raise CommandError(f"--model {key}=…: {NOT_A_FLAG[key]}")
-    kinds, low = FIELD_TYPES[key], text.strip().lower()
-    if "None" in kinds and low in ("none", "null"):
+    types, low = FIELD_TYPES[key], text.strip().lower()
+    if "None" in types and low in ("none", "null"):
         return None
-    if "bool" in kinds:
+    if "tuple" in types:
+        return [t.strip() for t in text.split(",") if t.strip()]
+    if "bool" in types:
         if low not in ("true", "false"):
             raise CommandError(f"--model {key}={text}: expected true or false")
         return low == "true"
     for name, cast in (("int", int), ("float", float)):
-        if name in kinds:
+        if name in types:
             try:
                 return cast(text)
             except ValueError:
                 raise CommandError(f"--model {key}={text}: expected {'an' if name == 'int' else 'a'} {name}"
-                                   + (" or none" if "None" in kinds else "")) from None
+                                   + (" or none" if "None" in types else "")) from None
     return text
 
 
@@ -72,4 +95,11 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:
     """``base`` with ``overrides``, checked as config.json is (ValueError/TypeError in one line)."""
-    return ModelConfig.from_dict(base.to_dict() | overrides)
+    d = base.to_dict()
+    for key, value in overrides.items():
+        section, dot, name = key.partition(".")
+        if dot:
+            d[section] = {**d[section], name: value}
+        else:
+            d[key] = value
+    return ModelConfig.from_dict(d)

@@ -24,7 +24,7 @@ def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
         kind = "--run {}: no such run directory" if args.run else "--hf {}: no such model directory"
         raise CommandError(kind.format(path))
     if args.run:
-        from ..checkpoint import load_run
+        from ..training.run_dir import load_run
 
         run = load_run(path, device=device)
         return run.model, run.tokenizer

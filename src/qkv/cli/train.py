@@ -81,7 +81,7 @@ def fresh_run_dir(preset: str) -> str:
 
 def train_config(args: argparse.Namespace):
     """The TrainConfig the flags ask for: a resumed run's own, or a new one with a 3-minute default."""
-    from ..train import TrainConfig
+    from ..training.recipe import TrainConfig
 
     given: dict = {}
     for flag, (field, _, _) in TRAIN_FLAGS.items():
@@ -124,13 +124,13 @@ def preset_tokenizer(cfg, given: dict) -> dict:
 
 def run_train(args: argparse.Namespace) -> int:
     """Train, print the summary and a sample."""
-    from ..train import train
+    from ..training.recipe import train
 
     cfg = train_config(args)
     result = train(cfg)
     if os.environ.get("RANK", "0") != "0":
         return 0
-    from ..tasks import make_task
+    from ..training.tasks import make_task
 
     s = result.summary
     k = s["trainable_parameters"]
@@ -150,7 +150,7 @@ def print_sample(result, cfg, tokens: int) -> None:
     """A sample from a just-trained model, at temperature 0.8, from the first prompt it can encode."""
     import torch
 
-    from ..checkpoint import Run
+    from ..training.run_dir import Run
     from ..runtime import cpu_threads
 
     if result.model.lm_head.weight.device.type == "cpu":
@@ -197,7 +197,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..generate import generate_text
+    from ..generation import generate_text
     from ..models import GPT
     from ..runtime import cpu_threads, resolve_device
 
@@ -226,7 +226,7 @@ def add_info(sub) -> argparse.ArgumentParser:
 
 def run_info(args: argparse.Namespace) -> int:
     """Print qkv.train.run_info, one key per line."""
-    from ..train import run_info as describe
+    from ..training.recipe import run_info as describe
 
     for key, value in describe(args.run).items():
         print(f"{key + ':':<14} {value}")

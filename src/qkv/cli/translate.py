@@ -29,7 +29,7 @@ def run_translate(args: argparse.Namespace) -> int:
     """Print one translation per input line."""
     from ..models import Transformer
     from ..runtime import resolve_device
-    from ..tasks.translation import translate_texts
+    from ..training.tasks.translation import translate_texts
 
     resolve_device(args.device)
     model, tokenizer = load_model_source(args, device=args.device)

@@ -45,7 +45,7 @@ def trained_model(args: argparse.Namespace, names: list[str] | None):
         return None, None, None
     if not os.path.isdir(args.run):
         raise CommandError(f"--run {args.run}: no such run directory")
-    from ..checkpoint import load_run
+    from ..training.run_dir import load_run
 
     run = load_run(args.run, device="cpu")
     if names is None or "head-diversity" in names or args.markdown:
@@ -71,7 +71,7 @@ def run_verify(args: argparse.Namespace) -> int:
     else:
         print(claims.format_table(results, lang=args.lang))
     if args.markdown:
-        from ..tokens import token_labels
+        from ..data.tokens import token_labels
         from ..viz import plots
 
         sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
@@ -124,7 +124,7 @@ def add_plot_attention(figures) -> argparse.ArgumentParser:
 def plot_attention(args: argparse.Namespace) -> Path:
     """Draw attention.png for --text; an encoder-decoder translates it and draws the cross-attention."""
     from ..models import Transformer
-    from ..tokens import encode_text
+    from ..data.tokens import encode_text
     from ..viz import plots, seq2seq
 
     model, tokenizer = load_model_source(args)

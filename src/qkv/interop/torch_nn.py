@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention
-from ..block import TransformerBlock
+from ..nn.attention import MultiHeadAttention
+from ..nn.block import TransformerBlock
 
 
 def mask_from_torch(attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None

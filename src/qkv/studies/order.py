@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
-from ..train import TrainConfig, build_optimizer, lr_at
+from ..training.recipe import TrainConfig, build_optimizer, lr_at
 from .pe import SCHEMES
 from .progress import models_bar
 

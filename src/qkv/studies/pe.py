@@ -34,7 +34,7 @@ from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_json, atomic_write
 from ..models import POSITIONAL, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir
-from ..train import LN2, TrainConfig, train
+from ..training.recipe import LN2, TrainConfig, train
 from .progress import models_bar
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..fileio import atomic_text
 from ..models import Transformer
-from ..tokens import encode_text
+from ..data.tokens import encode_text
 from .maps import TranslationAttention, attention_maps, model_device, pair_attention, translation_attention
 
 ASSETS = Path(__file__).with_name("explorer_assets")
@@ -61,7 +61,7 @@ def _b64_float32(t: Tensor) -> str:
 
 def _positional(model: nn.Module, T: int, device: torch.device) -> dict[str, Any]:
     """The additive PE rows 0 … T−1 as (T, C) plus their cosine similarity (T, T), or a note why none."""
-    from ..positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+    from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
     pos = getattr(getattr(model, "embed", None), "pos", None)
     if isinstance(pos, SinusoidalPositionalEncoding):

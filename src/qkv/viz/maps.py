@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import Transformer
-from ..tokens import encode_text, token_labels, vocabulary_string
+from ..data.tokens import encode_text, token_labels, vocabulary_string
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -147,7 +147,7 @@ def translation_attention(model: Transformer, tokenizer: Any, text: str, *, targ
                           num_beams: int = 4, length_penalty: float = 0.6) -> TranslationAttention:
     """Translate ``text`` (beam search; ``num_beams=1``: greedy) — or take ``target`` — and gather the maps
     over (source ids + EOS) and (START + target ids). The model's own ids are kept, never re-tokenised."""
-    from ..tasks.translation import special_tokens
+    from ..training.tasks.translation import special_tokens
 
     if not isinstance(model, Transformer):
         raise TypeError(f"expected a qkv.Transformer (encoder-decoder), got {type(model).__name__}")

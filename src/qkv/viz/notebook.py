@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from ..checkpoint import Run, load_run
+from ..training.run_dir import Run, load_run
 from .explorer import page, text_data, write_html
 
 HEIGHT = 760  # pixels: the heatmap, the head grid and the entropy table without scrolling on a laptop

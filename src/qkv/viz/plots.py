@@ -20,13 +20,13 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from ..attention import scaled_dot_product_attention
+from ..nn.attention import scaled_dot_product_attention
 from ..claims import Claim, format_markdown, seeded
 from ..claims.measure import fit_exponent
 from ..claims.self_attention import softmax_stats, unit_qk
 from ..fileio import atomic_text
-from ..positional import SinusoidalPositionalEncoding
-from ..tokens import encode_text  # noqa: F401  (text -> (ids, labels) for `qkv plot attention`)
+from ..nn.positional import SinusoidalPositionalEncoding
+from ..data.tokens import encode_text  # noqa: F401  (text -> (ids, labels) for `qkv plot attention`)
 from .figures import save_png
 from .maps import attention_maps
 

@@ -1,0 +1,130 @@
+"""Which code computes ``generate``'s steps: the backends, how one is chosen, and the one-token step of each.
+
+    eager     the model's own forward, as written: the reference
+    auto      the same forward with the speed layer on top (``qkv.kernels.accelerate``: on a CPU the linear
+              products go through oneDNN or qkv's matrix-vector kernel); the same tokens as eager
+    inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
+    fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
+              any other model falls back to inductor, with one line saying why
+
+``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
+raises instead of falling back.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from torch import Tensor
+
+from ..kernels import accelerated, build, fused_step
+
+BACKENDS = ("auto", "eager", "inductor", "fused")
+COMPILE_MODES = (False, True, "fused", "inductor")
+COMPILE_BACKEND = "inductor"  # torch.compile's backend; tests use "eager" (graph capture without code generation)
+
+
+class BackendFallback(UserWarning):
+    """The backend asked for cannot decode this model: another one does, and this says why."""
+
+
+def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
+    """(the backend asked for, whether it must run or raise) from ``backend=`` and its alias ``compile=``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    if compile is False:
+        return backend, False
+    if backend != "auto":
+        raise ValueError(f"pass backend= or its older name compile=, not both (got {backend!r} and {compile!r})")
+    return ("inductor", False) if compile == "inductor" else ("fused", compile == "fused")
+
+
+def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
+    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None)."""
+    if backend != "fused":
+        return backend, None
+    reason = fused_step.unsupported(model, batch)
+    if reason is None:
+        return "fused", None
+    if strict:
+        raise ValueError(f"compile='fused' cannot decode this model at batch {batch}: {reason}")
+    return "inductor", f"the fused step cannot decode this model at batch {batch}: {reason}"
+
+
+def choose(model, batch: int, backend: str = "auto", compile: bool | str = False) -> str:
+    """The backend ``generate`` runs for these arguments; a fallback is one ``BackendFallback`` warning."""
+    asked, strict = resolve(backend, compile)
+    chosen, why = pick(model, batch, asked, strict=strict)
+    if why is not None:
+        warnings.warn(f"{why}; decoding with the {chosen} backend", BackendFallback, stacklevel=3)
+    return chosen
+
+
+def speed_layer(model, backend: str):
+    """The context ``generate`` decodes in: the model as it is for "eager", else with its linears served by
+    qkv's kernels on a CPU (``qkv.kernels.accelerated``); on other devices the model as it is."""
+    on_cpu = next(model.parameters()).is_cpu
+    return accelerated(model) if backend != "eager" and on_cpu else contextlib.nullcontext(model)
+
+
+def step_function(model, batch: int, compile: bool | str):
+    """The one-token step for a backend (or a ``compile=`` value), (ids (B, 1), slots (B, M), kv_caches,
+    input_pos (1,)) -> logits (B, V): the model's forward, qkv's fused step, or inductor's compiled step."""
+    backend, strict = (compile, True) if compile in BACKENDS else resolve("auto", compile)
+    chosen, _ = pick(model, batch, backend, strict=strict)
+    if chosen == "fused":
+        return fused_step.FusedStep(model)
+    return compiled_step(model) if chosen == "inductor" else last_logits(model)
+
+
+def last_logits(model):
+    """The decode step as a function: (ids (B, L), mask (B, M), kv_caches, input_pos (L,)) -> the
+    logits at the last position (B, V)."""
+    def step(ids: Tensor, mask: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
+        return model(ids, mask=mask, kv_caches=kv_caches, input_pos=input_pos, logits_to_keep=1).logits[:, -1]
+    return step
+
+
+class CompiledStep:
+    """Holds a model's compiled decode step, and leaves it out of the model's copies and pickles: a
+    ``deepcopy`` compiles its own (the step calls the model it was made for), and ``torch.save(model)``
+    does not try to pickle compiled code."""
+
+    def __init__(self, step=None) -> None:
+        self.step = step
+
+    def __deepcopy__(self, memo) -> "CompiledStep":
+        return CompiledStep()
+
+    def __reduce__(self):
+        return CompiledStep, ()
+
+
+def compiled_step(model):
+    """``last_logits(model)`` compiled once per model for one-token static-cache steps.
+
+    The function, not the module, is compiled: it returns one tensor, so each call hands back the
+    logits without dynamo rebuilding the model's output object and going through the module call.
+    """
+    holder = model.__dict__.setdefault("_qkv_compiled_step", CompiledStep())  # not a submodule: not in state_dict
+    if holder.step is None:
+        build.available()  # built (or found missing) before tracing, which reads build.LOADED as a constant
+        # cpp_wrapper: inductor calls the step's kernels from generated C++, not from Python
+        options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
+        holder.step = torch.compile(last_logits(model), dynamic=False, backend=COMPILE_BACKEND, options=options)
+    return holder.step
+
+
+def unguarded(skip: bool):
+    """A context in which a compiled step runs without evaluating its guards (``skip``) or as usual.
+
+    Guards check that the compiled code still fits its inputs. Within one ``generate`` call, once the
+    first step's guards have passed, every later step sees the same model, buffers, shapes and grad mode,
+    so they can be skipped.
+    """
+    if skip and hasattr(torch.compiler, "set_stance"):  # torch >= 2.6
+        return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+    return contextlib.nullcontext()

@@ -1,0 +1,206 @@
+"""The decode loop: prefill once, then one cached step per token, on the backend ``backends.choose`` picks.
+
+Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
+``input_pos`` are static-cache slots (places in the buffers), not token positions.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ..kernels import fused_step
+from . import backends
+from .sampling import next_token
+
+
+def check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.size(1) == 0:
+        got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"ids must be a non-empty integer tensor (B, T), got {got}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
+        raise ValueError(f"mask must be bool with the shape of ids {tuple(ids.shape)}, got {mask.dtype} {tuple(mask.shape)}")
+
+
+class StaticCache:
+    """Per-layer KV caches of fixed capacity M and ``slots`` (B, M), True where a real token sits.
+
+    gpt-fast's static cache: every call writes at explicit slots (``input_pos``) and attends over
+    all M slots under the ``slots`` mask, so a compiled step sees the same shapes every token.
+    """
+
+    def __init__(self, model, batch: int, capacity: int, *, device, backend: str = "eager") -> None:
+        self.model = model
+        self.layers = model.new_kv_caches(batch, capacity, device=device)
+        self.slots = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, M)
+        self.slot_ids = torch.arange(capacity, device=device)  # a step's input_pos is a view of this: no allocation
+        # Each step's input_pos (1,) and column of slots (B,), views made once: on a CPU, after a token's
+        # weights have streamed through its caches, each indexing op of a step costs 10-30 µs (measured).
+        self.step_pos, self.slot_columns = self.slot_ids.split(1), self.slots.unbind(1)
+        self.forward = backends.last_logits(model)  # the prefill, and every step unless compiled
+        self.step_fn = backends.step_function(model, batch, backend)
+        self.compiled = backend == "inductor"  # its guards are checked once per call
+        self.warm = False  # this call's first compiled step has run, its guards checked
+
+    def prefill(self, ids: Tensor, valid: Tensor) -> Tensor:
+        """Refill from slot 0 with ids (B, T), valid (B, T) True on real tokens -> last logits (B, V)."""
+        T = ids.size(1)
+        self.slots.zero_()
+        self.slots[:, :T] = valid
+        input_pos = self.slot_ids[:T]  # slots 0 … T−1
+        return self.forward(ids, self.slots, self.layers, input_pos)
+
+    def step(self, tok: Tensor, slot: int) -> Tensor:
+        """One new token per row, tok (B,), into ``slot`` -> its logits (B, V)."""
+        self.slot_columns[slot].fill_(True)
+        input_pos, tok = self.step_pos[slot], tok.view(-1, 1)  # (1,), (B, 1)
+        try:
+            with backends.unguarded(self.warm):
+                logits = self.step_fn(tok, self.slots, self.layers, input_pos)  # (B, V)
+        except RuntimeError as e:  # dynamo found no compiled code for the step without its guards
+            if not self.warm or "skip_guard_eval_unsafe" not in str(e):
+                raise
+            self.compiled = False  # e.g. over torch._dynamo's recompile limit: the step runs with its guards
+            logits = self.step_fn(tok, self.slots, self.layers, input_pos)
+        self.warm = self.compiled  # the steps after this one see the same model, buffers and shapes
+        return logits
+
+    @property
+    def greedy_steps(self) -> bool:
+        """Whether ``greedy`` can run: the fused step takes several greedy tokens in one call."""
+        return isinstance(self.step_fn, fused_step.FusedStep)
+
+    def greedy(self, tok: Tensor, slot: int, n: int, eos_id: int | None, finished: Tensor) -> Tensor:
+        """Up to n greedy steps, the first feeding tok (B,) into ``slot``, the tokens ``step`` and argmax
+        would give one at a time (eos as ``generate``'s, ``finished`` (B,) updated) -> (B, k), k ≤ n.
+        One call from Python for all of them: on a CPU, after a token's weights have streamed through its
+        caches, each op of Python's loop (the argmax, the token's write) costs 10-30 µs (measured)."""
+        return self.step_fn.greedy(tok.view(-1, 1), self.slots, self.layers, slot, n, eos_id, finished)
+
+
+
+def window_logits(model, ids: Tensor, valid: Tensor, cache: StaticCache | None) -> Tensor:
+    """Last logits (B, V) after the window ids (B, T): a full forward, or a cache prefill."""
+    if cache is None:
+        return model(ids, mask=valid, logits_to_keep=1).logits[:, -1]
+    return cache.prefill(ids, valid)
+
+
+@torch.no_grad()
+def generate(
+    model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
+    mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False,
+) -> Tensor:
+    """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
+
+    Args:
+        ids: (B, T) prompts; a batch of different lengths is left-padded, with ``mask``
+            (B, T) bool True on real tokens. Each row then gets the tokens it would alone.
+        eos_id: a row that emits it is finished and padded with eos_id from then on.
+        use_cache: decode with a preallocated static KV cache (same tokens as without it).
+        seed: seeds a private generator, so sampling is reproducible.
+        backend: what computes the steps (``qkv.generation.backends``): "auto" (the model's forward, its linears
+            served by qkv's CPU kernels), "eager" (the forward as written), "inductor" (``torch.compile``'s
+            step) or "fused" (qkv's C++ step; other models fall back to inductor with a warning saying why).
+        compile: the older name of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
+    Returns:
+        (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
+
+    The model never sees more than ``config.max_len`` tokens (as in training): when the
+    sequence would outgrow it, decoding continues from the last max_len // 2 tokens
+    (a sliding window, re-prefilled), with or without the cache alike.
+    """
+    check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
+    backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile)
+    if backend in ("inductor", "fused") and not use_cache:
+        raise ValueError(f"backend {backend!r} compiles the cached decode step: it needs use_cache=True")
+    was_training = model.training
+    model.eval()
+    try:
+        with backends.speed_layer(model, backend):
+            return sample(model, ids, max_new_tokens, backend, temperature=temperature, top_k=top_k, top_p=top_p,
+                          eos_id=eos_id, use_cache=use_cache, seed=seed, mask=mask)
+    finally:
+        model.train(was_training)
+
+
+def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature: float, top_k, top_p, eos_id,
+           use_cache: bool, seed: int | None, mask: Tensor | None) -> Tensor:
+    """``generate`` once its arguments are checked and its backend chosen: (B, T) -> (B, T + n)."""
+    generator = None if seed is None else torch.Generator(device=ids.device).manual_seed(seed)
+    limit, (B, T) = model.config.max_len, ids.shape
+    out = ids.new_empty(B, T + max_new_tokens)  # every token, preallocated: nothing grows per step
+    valid = torch.ones_like(out, dtype=torch.bool)
+    out[:, :T] = ids
+    if mask is not None:
+        valid[:, :T] = mask
+    start, end = max(0, T - limit), T  # the model sees out[:, start:end]
+    cache = None if not use_cache else StaticCache(
+        model, B, min(limit, end - start + max_new_tokens), device=ids.device, backend=backend)
+    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, eos_id, greedy=temperature == 0)
+    return out[:, :end]
+
+
+def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache, pick,
+            eos_id: int | None, greedy: bool) -> int:
+    """``generate``'s loop: up to max_new_tokens tokens into out (B, T + n) after the window
+    out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end."""
+    limit, (start, end) = model.config.max_len, window
+    finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
+    greedy_steps = greedy and cache is not None and cache.greedy_steps
+    logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
+    new = 0  # tokens emitted
+    while new < max_new_tokens:
+        tok = pick(logits)  # (B,)
+        if eos_id is not None:
+            tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
+            finished |= tok == eos_id
+        out[:, end] = tok
+        end, new = end + 1, new + 1
+        if finished_all(new, max_new_tokens, eos_id, finished):
+            break
+        if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
+            toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1), eos_id,
+                                finished)  # (B, k)
+            out[:, end:end + toks.size(1)] = toks
+            end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
+            if finished_all(new, max_new_tokens, eos_id, finished):
+                break
+        if end - start > limit:  # window full: slide and re-prefill
+            start = end - limit // 2
+            logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
+        elif cache is not None:
+            logits = cache.step(tok, end - 1 - start)  # the new token's slot
+        else:
+            logits = window_logits(model, out[:, start:end], valid[:, start:end], None)
+    return end
+
+
+def finished_all(new: int, max_new_tokens: int, eos_id: int | None, finished: Tensor) -> bool:
+    return new == max_new_tokens or (eos_id is not None and bool(finished.all()))
+
+
+def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:
+    """The prompt followed by ``max_new_tokens`` sampled tokens, as text (``kwargs`` as ``generate``).
+
+    ``tokenizer`` needs ``encode(str) -> list[int]`` and ``decode(ids) -> str``; its ``eos_id``,
+    if it has one, ends the sample.
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character to continue from")
+    ids = torch.tensor([tokenizer.encode(prompt)], device=model.lm_head.weight.device)  # (1, T)
+    if ids.size(1) == 0:
+        raise ValueError(f"the prompt {prompt!r} encodes to no tokens")
+    kwargs.setdefault("eos_id", getattr(tokenizer, "eos_id", None))
+    return tokenizer.decode(generate(model, ids, max_new_tokens, **kwargs)[0].tolist())

@@ -1,0 +1,13 @@
+"""The speed layer: qkv's CPU kernels and the transforms that apply them on top of a model.
+
+    transform.py    accelerate / restore / accelerated: a model's linears served by the kernels, in place
+    linear.py       F.linear at inference on a CPU through oneDNN, inductor's reduction or qkv's matvec kernel
+    fused_step.py   one decoded token through a whole pre-norm decoder in one C++ call, for the models and
+                    settings it accepts (an allow-list); generate falls back, saying why, for the rest
+    build.py        building the C++ sources (csrc/) once per machine, remembering a build that failed
+
+Nothing in the reference layers (qkv.nn, qkv.models) imports this package: it is applied on top.
+"""
+from .transform import accelerate, accelerated, restore
+
+__all__ = ["accelerate", "accelerated", "restore"]

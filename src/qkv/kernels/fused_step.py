@@ -1,0 +1,209 @@
+"""qkv's fused decode step: one token for each of a few rows through a whole pre-norm decoder in one call,
+``DecoderState.step`` (``csrc/decoder_step.cpp``), what ``generate(backend="fused")`` runs on a CPU.
+
+    ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, fp32
+    greedy: up to n such steps in one call, each taking its logits' argmax  ->  tokens (B, k)
+
+At batch 1 a token reads every weight once, so its time is the weights' bytes over the memory's rate. A
+decoder that calls one kernel per weight matrix stops and restarts its threads dozens of times a token;
+this step streams every weight in one parallel region, and looks the embedding up in C++ too, so a step is
+one call from Python. The model's own forward is the reference: the tests compare logits, caches and tokens.
+
+It accepts a model only where everything in it is something it was built and tested for (an allow-list):
+a ``qkv.GPT`` whose every module is of a type in ``MODULES`` (exactly that type, no subclass, no hooks) and
+whose every config field holds a value ``CONFIG`` accepts. A field ``CONFIG`` does not name is accepted at its
+default value only, so a field added to ``ModelConfig`` later is refused until this step declares it.
+``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from ..models import GPT, ModelConfig
+from ..models.config import LAYER_TYPES
+from ..models.trunk import Embeddings
+from ..nn.attention import MultiHeadAttention
+from ..nn.block import TransformerBlock
+from ..nn.layers import ACTIVATIONS, FeedForward
+from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from . import build as matvec
+from .linear import KernelLinear
+
+MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
+NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}  # decoder_step.cpp's Norm
+ACTS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # decoder_step.cpp's Act, by the activation's base function
+MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEncoding, nn.ModuleList,
+           TransformerBlock, MultiHeadAttention, RotaryEmbedding, FeedForward, nn.Linear, KernelLinear,
+           nn.LayerNorm, nn.RMSNorm, nn.Dropout}
+ANY = None  # every value the config itself accepts
+CONFIG = {  # field (section.name) -> the values the step computes as the model does (tests/test_decoder_step.py)
+    "vocab_size": ANY, "d_model": ANY, "num_layers": ANY, "max_len": ANY, "dropout": ANY,
+    "layer_types": lambda v: v is None or set(v) <= {"full_attention"},
+    "attention.kind": {"mha"}, "attention.num_heads": ANY, "attention.num_kv_heads": ANY, "attention.head_dim": ANY,
+    "attention.q_bias": ANY, "attention.k_bias": ANY, "attention.v_bias": ANY, "attention.out_bias": ANY,
+    "position.kind": {"learned", "sinusoidal", "rope", "none"}, "position.base": ANY, "position.interleaved": ANY,
+    "position.sinusoidal_layout": ANY,
+    "feed_forward.d_ff": ANY, "feed_forward.activation": {a for a, act in ACTIVATIONS.items() if act.base in ACTS},
+    "feed_forward.bias": ANY,
+    "normalization.kind": {"layernorm", "rmsnorm"}, "normalization.eps": ANY, "normalization.first": {True},
+    "normalization.final": ANY,
+    "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
+    "head.tie": ANY, "head.bias": {False},
+}
+assert set(LAYER_TYPES) >= {"full_attention"}
+
+
+def config_fields(config) -> dict[str, tuple[object, object]]:
+    """Every field of a config, sections flattened, with its default: {"attention.num_heads": (4, 4), ...}."""
+    out, defaults = {}, type(config)()
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out |= {f"{f.name}.{k}": v for k, v in config_fields(value).items()}
+        else:
+            out[f.name] = value, getattr(defaults, f.name)
+    return out
+
+
+def refused_field(config: ModelConfig) -> str | None:
+    """The first config field whose value the step was not built for, described; None when all are accepted."""
+    for name, (value, default) in config_fields(config).items():
+        accepts = CONFIG.get(name, "default")
+        if accepts == "default":
+            if value != default:
+                return f"config field {name}={value!r}, which the fused step does not declare"
+        elif accepts is not ANY and not (accepts(value) if callable(accepts) else value in accepts):
+            return f"config field {name}={value!r} (it computes {describe(accepts)})"
+    return None
+
+
+def describe(accepts) -> str:
+    return "full attention in every layer" if callable(accepts) else " or ".join(repr(v) for v in sorted(accepts, key=str))
+
+
+def refused_module(model: GPT) -> str | None:
+    """The first module of a type the step was not built for (or hooked, or not as the config says); None when all pass."""
+    c, rope = model.config, model.blocks[0].attn.rope
+    for name, m in model.named_modules():
+        where = name or "the model"
+        if type(m) not in MODULES:
+            return f"{where} is a {type(m).__name__}, which the fused step was not built for"
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"{where} has hooks (the fused step would not call them)"
+        if type(m) in NORMS and getattr(m, "weight", None) is None:
+            return f"{where} is a norm without weights (it computes weighted LayerNorm and RMSNorm)"
+        if type(m) in NORMS and m.eps != c.normalization.eps:
+            return f"{where} has eps {m.eps} where the config says {c.normalization.eps}"
+        if type(m) is MultiHeadAttention and (m.rope is not rope or m.alibi is not None or m.kv_dim != c.d_model):
+            return f"{where}: attention whose position or key width differs from the model's"
+    return None
+
+
+def unsupported(model, batch: int) -> str | None:
+    """Why the fused step cannot decode ``model`` at ``batch`` rows, or None where it can."""
+    if type(model) is not GPT:
+        return f"it decodes qkv.GPT models, not {type(model).__name__}"
+    reason = refused_field(model.config) or refused_module(model)
+    if reason is not None:
+        return reason
+    weight = model.lm_head.weight
+    if batch > MAX_ROWS:
+        return f"batch {batch} > {MAX_ROWS} rows (oneDNN's blocked products are faster there)"
+    if weight.dtype != torch.float32 or not weight.is_cpu:
+        return f"{weight.dtype} weights on {weight.device}: it runs float32 on a CPU"
+    tables = [model.embed.tok.weight] + ([model.embed.pos.weight] if model.config.positional == "learned" else [])
+    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tables + layer_weights(model)
+               if t.numel()):
+        return "a weight that is not a contiguous float32 CPU tensor"
+    if not matvec.available():
+        return f"qkv's C++ kernels are not available here ({matvec.why_not() or 'the warning said why'})"
+    return None
+
+
+def norm_weights(norm: nn.Module | None) -> list[Tensor]:
+    empty = torch.empty(0)
+    if norm is None:
+        return [empty, empty]
+    return [norm.weight.detach(), empty if getattr(norm, "bias", None) is None else norm.bias.detach()]
+
+
+def linear_weights(*linears: nn.Linear | None) -> list[Tensor]:
+    """(weight, bias) of each, an empty tensor for what is absent (decoder_step.cpp reads it as none)."""
+    out = []
+    for m in linears:
+        for t in (None if m is None else m.weight, None if m is None else m.bias):
+            out.append(torch.empty(0) if t is None else t.detach())
+    return out
+
+
+def embedding_weights(embed, max_len: int) -> list[Tensor]:
+    """decoder_step.cpp's ``Embedding``: the token table, the position table (learned, or the sinusoids at
+    the max_len positions the model takes), the token-type vector added (type 0's) and the embedding norm's two."""
+    empty = torch.empty(0)
+    if embed.pos is None:
+        table = empty
+    elif isinstance(embed.pos, LearnedPositionalEmbedding):
+        table = embed.pos.weight.detach()
+    else:  # sinusoidal: its own forward at every position, as the model computes it
+        table = embed.pos(torch.arange(max_len)).contiguous()
+    token_type = empty if embed.token_type is None else embed.token_type.weight.detach()[0]
+    return [embed.tok.weight.detach(), table, token_type] + norm_weights(embed.norm)
+
+
+def layer_weights(model) -> list[Tensor]:
+    """Every block's 18 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
+    out = []
+    for b in model.blocks:
+        a, f = b.attn, b.ff
+        out += norm_weights(b.attn_norm) + linear_weights(a.q_proj, a.k_proj, a.v_proj, a.out_proj)
+        out += norm_weights(b.ff_norm) + linear_weights(f.up_proj, f.gate_proj, f.down_proj)
+    return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
+
+
+class FusedStep:
+    """``generate``'s one-token step for ``model`` through ``DecoderState.step``: the same
+    signature as ``qkv.generation.decode.last_logits(model)``, whose answer it gives (to fp32's rounding)."""
+
+    def __init__(self, model) -> None:
+        reason = unsupported(model, 1)
+        if reason is not None:
+            raise ValueError(f"the fused decode step cannot run this model: {reason}")
+        c, act = model.config, ACTIVATIONS[model.config.feed_forward.activation]
+        self.weights = embedding_weights(model.embed, c.max_len) + layer_weights(model)
+        self.eps, self.scale = c.norm_eps, model.embed.scale
+        self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
+        self.shape = [c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
+                      NORMS[type(model.blocks[0].attn_norm)], ACTS[act.base], int(act.gated),
+                      0 if rope is None else 2 if rope.interleaved else 1]  # decoder_step.cpp's Shape and Rope
+        self.caches = None
+
+    def rope_table(self, capacity: int) -> Tensor:
+        """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them."""
+        if self.rotary is None:
+            return torch.empty(0)
+        return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
+
+    def state(self, kv_caches):
+        """The C++ ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D)
+        and RoPE's table, handed to C++ (and checked) once: the cache writes in place, the same tensors
+        every step."""
+        if self.caches is None or self.caches[0] is not kv_caches:
+            buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
+            table = self.rope_table(buffers[0].size(2))
+            self.caches = kv_caches, matvec.MODULE.DecoderState(self.weights, buffers, table, self.shape,
+                                                                self.eps, self.scale)
+        return self.caches[1]
+
+    def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
+        """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""
+        return self.state(kv_caches).step(ids, slots, input_pos)
+
+    def greedy(self, ids: Tensor, slots: Tensor, kv_caches, slot: int, n: int, eos_id: int | None,
+               finished: Tensor) -> Tensor:
+        """Up to n greedy steps in one call, the first feeding ids (B, 1) at ``slot``: each marks its slot and
+        takes the argmax, as ``generate``'s loop does (a row that emitted ``eos_id`` emits it again, and the
+        call stops once all have; ``finished`` (B,) is updated) -> the tokens (B, k), k ≤ n."""
+        return self.state(kv_caches).greedy(ids, slots, slot, n, -1 if eos_id is None else eos_id, finished)

@@ -1,0 +1,107 @@
+"""The factory: each block's parts built from a ``ModelConfig``, one builder per kind.
+
+    position        added to the embeddings (sinusoidal, learned), or a module inside attention (rope, alibi)
+                    that every block shares (both are parameter-free)
+    attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention
+    feed-forward    FeedForward(d_model, ff_width, activation)
+    block           TransformerBlock.from_parts(attention, feed-forward, norm, ...)
+
+A new attention class plugs in with ``register_attention(kind, builder)``: the block takes whatever
+module the builder returns, so neither ``qkv.nn.block`` nor the models change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from ..nn.attention import MultiHeadAttention
+from ..nn.block import TransformerBlock
+from ..nn.layers import FeedForward, make_norm
+from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What a builder knows of the layer it builds for."""
+
+    index: int
+    type: str  # one of qkv.models.config.LAYER_TYPES
+    rope: nn.Module | None = None  # position inside attention, shared by the blocks
+    alibi: nn.Module | None = None
+
+
+def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
+    """The spec's multi-head attention (grouped K/V heads, a head width and a bias per projection)."""
+    a = config.attention
+    return MultiHeadAttention(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
+                              bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi)
+
+
+AttentionBuilder = Callable[[ModelConfig, Layer], nn.Module]
+ATTENTIONS: dict[str, AttentionBuilder] = {"mha": multi_head}
+
+
+def register_attention(kind: str, builder: AttentionBuilder) -> None:
+    """Make ``attention.kind = kind`` build ``builder(config, layer)``: a module called as MultiHeadAttention is."""
+    if not isinstance(kind, str) or not kind or not callable(builder):
+        raise TypeError(f"register_attention takes a kind (a non-empty str) and a builder, got {kind!r}, {builder!r}")
+    ATTENTIONS[kind] = builder
+
+
+def build_attention(config: ModelConfig, layer: Layer) -> nn.Module:
+    kind = config.attention.kind
+    if kind not in ATTENTIONS:
+        raise ValueError(f"attention.kind {kind!r} is not registered; known kinds: {sorted(ATTENTIONS)} "
+                         "(qkv.models.components.register_attention adds one)")
+    return ATTENTIONS[kind](config, layer)
+
+
+def embedding_position(config: ModelConfig) -> nn.Module | None:
+    """The absolute position added to the token embeddings, or None (no PE, or PE inside attention)."""
+    p = config.position
+    if p.kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(config.d_model, p.base, layout=p.sinusoidal_layout)
+    if p.kind == "learned":
+        return LearnedPositionalEmbedding(config.max_len, config.d_model)
+    return None
+
+
+def attention_position(config: ModelConfig) -> dict[str, nn.Module | None]:
+    """Position inside attention, one module the blocks share: RoPE rotates q and k, ALiBi biases the scores."""
+    p = config.position
+    rope = RotaryEmbedding(config.head_dim, p.base, p.interleaved) if p.kind == "rope" else None
+    alibi = ALiBi(config.attention.num_heads) if p.kind == "alibi" else None
+    return dict(rope=rope, alibi=alibi)
+
+
+def norm_factory(config: ModelConfig) -> Callable[[], nn.Module]:
+    n = config.normalization
+    return lambda: make_norm(n.kind, config.d_model, n.eps)
+
+
+def feed_forward(config: ModelConfig) -> FeedForward:
+    f = config.feed_forward
+    return FeedForward(config.d_model, config.ff_width, f.activation, bias=f.bias, dropout=config.dropout)
+
+
+def cross_attention(config: ModelConfig) -> MultiHeadAttention:
+    """The encoder-decoder's cross-attention: multi-head, no position inside (the source's is in its memory)."""
+    return multi_head(config, Layer(index=-1, type="cross_attention"))
+
+
+def block(config: ModelConfig, layer: Layer, *, cross: bool = False) -> TransformerBlock:
+    """One block: its self-attention, [cross-attention,] feed-forward (made in that order) and norms."""
+    attn = build_attention(config, layer)
+    cross_attn = cross_attention(config) if cross else None
+    return TransformerBlock.from_parts(attn, feed_forward(config), norm_factory(config),
+                                       norm_first=config.normalization.first, cross_attn=cross_attn,
+                                       dropout=config.dropout)
+
+
+def blocks(config: ModelConfig, n: int, *, cross: bool = False) -> nn.ModuleList:
+    """n blocks, each from the factory, sharing one (parameter-free) RoPE or ALiBi module."""
+    inside = attention_position(config)
+    return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **inside), cross=cross) for i in range(n))

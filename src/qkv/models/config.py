@@ -1,0 +1,371 @@
+"""What defines a model's shape: ``ModelConfig``, a few component sections each validated on its own, and presets.
+
+    ModelConfig       vocab_size, d_model, num_layers, max_len, dropout, num_decoder_layers, layer_types
+      .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection
+      .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout
+      .feed_forward   FeedForwardConfig: width, activation, bias
+      .normalization  NormConfig: LayerNorm or RMSNorm, eps, pre- or post-norm blocks, a final norm
+      .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
+      .head           HeadConfig: tied to the token embedding, a bias on the logits
+
+``layer_types`` says what each block is (Hugging Face's ``layer_types``); None: every block the same.
+The names of the flat configuration this replaced (``num_heads``, ``positional``, ``d_ff``, …; ``FLAT``)
+still construct and read one, so ``ModelConfig(d_model=64, num_heads=4, positional="rope")`` works and every
+config.json written before loads.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field, fields
+
+from ..checks import check_fraction, check_positive_int
+from ..nn.layers import NORMS, get_activation
+from ..nn.positional import SINUSOIDAL_LAYOUTS
+
+POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
+LAYER_TYPES = ("full_attention",)  # what a block may be; the factory (qkv.models.components) builds each
+MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
+
+
+def check_size(name: str, value, *, optional: bool = False, limit: int = MAX_WIDTH * 64) -> None:
+    """A positive int no larger than ``limit`` (configs come from files: refuse absurd sizes before allocating)."""
+    check_positive_int(name, value, optional=optional)
+    if value is not None and value > limit:
+        raise ValueError(f"{name}={value} is absurdly large (limit {limit})")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Self-attention of every block (and the encoder-decoder's cross-attention)."""
+
+    kind: str = "mha"  # the class the factory builds: mha = qkv.MultiHeadAttention (grouped heads included)
+    num_heads: int = 4  # H
+    num_kv_heads: int | None = None  # G, dividing H; None: H (no grouping)
+    head_dim: int | None = None  # D; None: d_model / H
+    q_bias: bool = True
+    k_bias: bool = True
+    v_bias: bool = True
+    out_bias: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"attention.kind must name an attention kind, got {self.kind!r}")
+        check_size("attention.num_heads", self.num_heads)
+        check_size("attention.num_kv_heads", self.num_kv_heads, optional=True)
+        check_size("attention.head_dim", self.head_dim, optional=True, limit=MAX_WIDTH)
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def biases(self) -> tuple[bool, bool, bool, bool]:
+        """(q, k, v, out), as ``qkv.MultiHeadAttention(bias=...)`` takes them."""
+        return self.q_bias, self.k_bias, self.v_bias, self.out_bias
+
+
+@dataclass(frozen=True)
+class PositionConfig:
+    """How order enters: added to the embeddings (sinusoidal, learned) or inside attention (rope, alibi)."""
+
+    kind: str = "learned"  # sinusoidal | learned | rope | alibi | none
+    base: float = 10000.0  # RoPE's θ base, and the sinusoids' (the paper's 10000)
+    interleaved: bool = False  # RoPE rotates pairs (x_2i, x_2i+1) (RoFormer, GPT-J); False: halves (LLaMA, NeoX)
+    sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
+
+    def __post_init__(self) -> None:
+        if self.kind not in POSITIONAL:
+            raise ValueError(f"positional must be one of {POSITIONAL}, got {self.kind!r}")
+        if not self.base > 1:
+            raise ValueError(f"position.base must be > 1, got {self.base!r}")
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"sinusoidal_layout must be one of {SINUSOIDAL_LAYOUTS}, got {self.sinusoidal_layout!r}")
+
+
+@dataclass(frozen=True)
+class FeedForwardConfig:
+    """The position-wise feed-forward of every block."""
+
+    d_ff: int | None = None  # F; None: 4 · d_model
+    activation: str = "gelu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu (qkv.nn.layers.ACTIVATIONS)
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        check_size("d_ff", self.d_ff, optional=True)
+        get_activation(self.activation)
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Normalisation: which, where (before each sublayer, or after the residual as in the paper), and a final one."""
+
+    kind: str = "layernorm"  # layernorm | rmsnorm
+    eps: float = 1e-5
+    first: bool = True  # pre-norm (GPT-2, LLaMA); False: the paper's post-norm
+    final: bool = True  # a norm after the last block (pre-norm models have one; the paper, BERT, Marian none)
+
+    def __post_init__(self) -> None:
+        if self.kind not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.kind!r}")
+        if not self.eps > 0:
+            raise ValueError(f"norm eps must be > 0, got {self.eps!r}")
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """The token embedding and what is added to it before the first block."""
+
+    scale: bool = False  # token embeddings × √d_model before PE is added (Vaswani et al. §3.4)
+    init_std: float | None = None  # initial std; None: GPT-2's 0.02 (the paper's d^-0.5 keeps scaled embeddings,
+    #                                × √d_model, at the amplitude of sinusoidal PE)
+    type_vocab_size: int = 0  # > 0: BERT's token-type (segment) embeddings
+    norm: bool = False  # BERT normalises the summed embeddings
+
+    def __post_init__(self) -> None:
+        if self.init_std is not None and (isinstance(self.init_std, bool) or
+                                          not isinstance(self.init_std, (int, float)) or not self.init_std > 0):
+            raise ValueError(f"embed_init_std must be a positive number or None, got {self.init_std!r}")
+        if self.type_vocab_size:
+            check_size("type_vocab_size", self.type_vocab_size)
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The LM head, hidden state -> logits."""
+
+    tie: bool = True  # shares the token embedding matrix (the encoder-decoder's: all three, as in the paper §3.4)
+    bias: bool = False  # a bias on the logits (Marian's final_logits_bias)
+
+
+SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
+            "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig}
+# The flat names of before: each is one field of a section ("bias" and "final_norm" are handled apart).
+FLAT = {
+    "num_heads": ("attention", "num_heads"), "num_kv_heads": ("attention", "num_kv_heads"),
+    "positional": ("position", "kind"), "rope_base": ("position", "base"),
+    "rope_interleaved": ("position", "interleaved"), "sinusoidal_layout": ("position", "sinusoidal_layout"),
+    "d_ff": ("feed_forward", "d_ff"), "activation": ("feed_forward", "activation"),
+    "norm": ("normalization", "kind"), "norm_eps": ("normalization", "eps"), "norm_first": ("normalization", "first"),
+    "tie_embeddings": ("head", "tie"), "logits_bias": ("head", "bias"),
+    "scale_embeddings": ("embedding", "scale"), "embed_init_std": ("embedding", "init_std"),
+    "type_vocab_size": ("embedding", "type_vocab_size"), "embedding_norm": ("embedding", "norm"),
+}
+FLAT_APART = ("bias", "final_norm")  # bias: every projection's; final_norm: None meant "as norm_first"
+
+
+@dataclass(frozen=True, init=False)
+class ModelConfig:
+    """Everything that defines a model's shape: sizes, then one section per component. Validated on
+    construction. Sections may be given as their dataclass or a dict; flat names (``FLAT``) set one field
+    of a section and read it back (``config.num_heads`` is ``config.attention.num_heads``)."""
+
+    vocab_size: int
+    d_model: int  # C
+    num_layers: int  # blocks (the encoder's, in the encoder-decoder)
+    max_len: int  # positions the model takes
+    dropout: float
+    num_decoder_layers: int | None  # encoder-decoder only; None: num_layers
+    layer_types: tuple[str, ...] | None  # one of LAYER_TYPES per block; None: full attention in every block
+    attention: AttentionConfig
+    position: PositionConfig
+    feed_forward: FeedForwardConfig
+    normalization: NormConfig
+    embedding: EmbeddingConfig
+    head: HeadConfig
+
+    def __init__(self, *, vocab_size: int = 256, d_model: int = 128, num_layers: int = 4, max_len: int = 256,
+                 dropout: float = 0.0, num_decoder_layers: int | None = None,
+                 layer_types: tuple[str, ...] | list[str] | None = None,
+                 attention: AttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
+                 feed_forward: FeedForwardConfig | dict | None = None, normalization: NormConfig | dict | None = None,
+                 embedding: EmbeddingConfig | dict | None = None, head: HeadConfig | dict | None = None,
+                 **flat) -> None:
+        given = dict(attention=attention, position=position, feed_forward=feed_forward,
+                     normalization=normalization, embedding=embedding, head=head)
+        sections = {name: section_of(SECTIONS[name], value) for name, value in given.items()}
+        for name, section in apply_flat(sections, flat).items():
+            object.__setattr__(self, name, section)
+        top = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, max_len=max_len, dropout=dropout,
+                   num_decoder_layers=num_decoder_layers,
+                   layer_types=None if layer_types is None else tuple(layer_types))
+        for name, value in top.items():
+            object.__setattr__(self, name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        """What no section can check alone: sizes, and the constraints between sections."""
+        for name in ("vocab_size", "d_model", "num_layers", "max_len", "num_decoder_layers"):
+            check_size(name, getattr(self, name), optional=name == "num_decoder_layers",
+                       limit=MAX_WIDTH if name == "d_model" else MAX_WIDTH * 64)
+        check_fraction("dropout", self.dropout)
+        heads = self.attention.num_heads
+        if self.attention.head_dim is None and self.d_model % heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({heads})")
+        if self.position.kind == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim} (d_model / num_heads unless "
+                             "attention.head_dim is given)")
+        if self.position.kind == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
+        self.check_layer_types()
+
+    def check_layer_types(self) -> None:
+        types = self.layer_types
+        if types is None:
+            return
+        if len(types) != self.num_layers or not all(isinstance(t, str) for t in types):
+            raise ValueError(f"layer_types must name each of the {self.num_layers} layers, got {list(types)!r}")
+        unknown = sorted(set(types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"unknown layer_types {unknown}; a layer is one of {LAYER_TYPES}")
+
+    def __getattr__(self, name: str):
+        """The flat names of before, read from their sections."""
+        if name in FLAT:
+            section, key = FLAT[name]
+            return getattr(object.__getattribute__(self, section), key)
+        if name == "final_norm":  # None meant "as norm_first"; a value, the exception
+            n = self.normalization
+            return None if n.final == n.first else n.final
+        if name == "bias":
+            return uniform_bias(self.attention, self.feed_forward)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """D: attention.head_dim, or d_model / num_heads."""
+        return self.attention.head_dim or self.d_model // self.attention.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """G: the key/value heads (num_heads when not grouped)."""
+        return self.attention.num_kv_heads or self.attention.num_heads
+
+    @property
+    def ff_width(self) -> int:
+        return 4 * self.d_model if self.feed_forward.d_ff is None else self.feed_forward.d_ff
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.normalization.final
+
+    def layer_type(self, i: int) -> str:
+        """What block i is (``layer_types``; full attention when None)."""
+        return LAYER_TYPES[0] if self.layer_types is None else self.layer_types[i]
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with ``changes`` (sections, or flat names) applied, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: the sizes, then one object per section."""
+        d = asdict(self)
+        d["layer_types"] = None if self.layer_types is None else list(self.layer_types)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build from a dict (e.g. config.json, nested or flat as written before), refusing unknown keys and
+        values of the wrong type."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a model config must be a JSON object, got {type(d).__name__}")
+        top = {f.name for f in fields(cls)} - set(SECTIONS)
+        unknown = sorted(set(d) - top - set(SECTIONS) - set(FLAT) - set(FLAT_APART))
+        if unknown:
+            raise ValueError(f"unknown ModelConfig keys: {unknown}")
+        for key, value in d.items():
+            if key in SECTIONS:
+                check_section_dict(key, value)
+            elif key in FLAT:
+                section, name = FLAT[key]
+                check_type(f"ModelConfig.{key}", value, getattr(SECTIONS[section](), name))
+            elif key == "bias":
+                check_type("ModelConfig.bias", value, True)
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return PRESETS[name].replace(**overrides)
+
+
+def section_of(cls: type, value):
+    """A section from its dataclass, a dict of its fields, or None (its defaults)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+
+
+def apply_flat(sections: dict, flat: dict) -> dict:
+    """The sections with the flat names of before applied (each sets one field; see FLAT)."""
+    unknown = sorted(set(flat) - set(FLAT) - set(FLAT_APART))
+    if unknown:
+        raise TypeError(f"ModelConfig got unexpected keyword arguments {unknown}")
+    changes = {name: {} for name in sections}
+    for key, value in flat.items():
+        if key in FLAT:
+            section, name = FLAT[key]
+            changes[section][name] = value
+    if "bias" in flat:
+        changes["attention"].update(q_bias=flat["bias"], k_bias=flat["bias"], v_bias=flat["bias"],
+                                    out_bias=flat["bias"])
+        changes["feed_forward"]["bias"] = flat["bias"]
+    if "norm_first" in flat or "final_norm" in flat:  # final_norm None (or absent): as norm_first, as it was
+        first = changes["normalization"].get("first", sections["normalization"].first)
+        final = flat.get("final_norm")
+        changes["normalization"]["final"] = first if final is None else final
+    return {name: dataclasses.replace(sections[name], **c) if c else sections[name] for name, c in changes.items()}
+
+
+def uniform_bias(attention: AttentionConfig, feed_forward: FeedForwardConfig) -> bool:
+    """The flat ``bias`` of before: one setting for every projection, where the sections agree."""
+    values = {*attention.biases, feed_forward.bias}
+    if len(values) > 1:
+        raise AttributeError("the projections' biases differ: read config.attention (q/k/v/out_bias) and "
+                             "config.feed_forward.bias")
+    return values.pop()
+
+
+def check_type(where: str, value, default) -> None:
+    """``value`` has the type of the field's ``default`` (bools, strings and numbers are not mixed up)."""
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise TypeError(f"{where} must be a bool, got {value!r}")
+    if isinstance(default, str) and not isinstance(value, str):
+        raise TypeError(f"{where} must be a str, got {value!r}")
+    if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{where} must be a number, got {value!r}")
+
+
+def check_section_dict(name: str, d) -> None:
+    """A section read from JSON: an object of that section's known fields, each of its type."""
+    cls = SECTIONS[name]
+    if not isinstance(d, dict):
+        raise TypeError(f"ModelConfig.{name} must be a JSON object, got {type(d).__name__}")
+    defaults = cls()
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown ModelConfig.{name} keys: {unknown}")
+    for key, value in d.items():
+        check_type(f"ModelConfig.{name}.{key}", value, getattr(defaults, key))
+
+
+PRESETS: dict[str, ModelConfig] = {  # why each is shaped so: README, "Train and sample" and "Translate"
+    "tiny": ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=64),  # unit tests
+    # `qkv train`'s default, trained for 3 minutes on two CPU cores with a 2048-token byte-level BPE
+    # (vocab_size always comes from the tokenizer).
+    "demo": ModelConfig(vocab_size=2048, d_model=96, num_heads=4, num_layers=4, max_len=128,
+                        positional="rope", bias=False),
+    # The paper's base model (Vaswani et al. Table 3): d=512, h=8, N=6, d_ff=2048, post-LN.
+    "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512,
+                              positional="sinusoidal", norm_first=False, activation="relu", scale_embeddings=True),
+    # `qkv train --task translate`: the paper's encoder-decoder at CPU size (a shared 8000-token BPE vocabulary),
+    # token embeddings starting at the paper's scale d^-0.5.
+    "translate": ModelConfig(vocab_size=8000, d_model=128, num_heads=4, num_layers=2, d_ff=512, max_len=96,
+                             positional="sinusoidal", norm_first=True, activation="relu", scale_embeddings=True,
+                             embed_init_std=128 ** -0.5),
+    # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
+    "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,
+                        activation="gelu_tanh"),
+}

@@ -1,0 +1,58 @@
+"""A decoder-only language model (Radford et al. 2019; nanoGPT's shape): causal self-attention, an LM head.
+
+Shapes: B batch, T length, V vocabulary, N logits kept, M static-cache capacity.
+"""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..nn.kv_cache import KVCache
+from .config import ModelConfig
+from .trunk import CausalTrunk, ModelOutput, check_token_ids, init_weights, token_cross_entropy
+
+
+class GPT(CausalTrunk):
+    """A decoder-only language model (Radford et al. 2019; nanoGPT's shape), causal self-attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, config.num_layers)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.head.bias)
+        init_weights(self, config.num_layers)
+        if config.head.tie:
+            self.lm_head.weight = self.embed.tok.weight
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        targets: Tensor | None = None,
+        mask: Tensor | None = None,
+        return_attention: bool = False,
+        kv_caches: list[KVCache] | None = None,
+        input_pos: Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> ModelOutput:
+        """ids (B, T) -> logits (B, T, V); loss when targets (B, T) are given (-100 = ignore).
+
+        ``mask``: bool (B, S) True on real tokens, S = cached + new tokens (left padding for
+        batched generation). ``kv_caches``: from ``new_kv_caches``, for incremental decoding.
+        ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
+        the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
+        ``logits_to_keep``: logits of the last N positions only (B, N, V), as Hugging Face's; 0: all.
+        """
+        check_token_ids(ids)
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
+            raise ValueError(f"logits_to_keep must be an int >= 0, and 0 with targets (the loss needs every "
+                             f"position's logits), got {logits_to_keep!r}")
+        positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
+        out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
+                             input_pos=input_pos, return_attention=return_attention)
+        out.logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # (B, T or N, V)
+        out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
+        return out
+
+    def generate(self, ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """Autoregressive sampling; see ``qkv.generation.generate`` for the keyword arguments."""
+        from ..generation import generate
+
+        return generate(self, ids, max_new_tokens, **kwargs)

@@ -1,0 +1,116 @@
+"""The Transformer block (Vaswani et al. 2017, Figure 1).
+
+    post-LN (the paper):  x = Norm(x + Attn(x));   x = Norm(x + FFN(x))
+    pre-LN (GPT-2, LLaMA): x = x + Attn(Norm(x));  x = x + FFN(Norm(x))
+
+A decoder block of the encoder-decoder model adds cross-attention between the two.
+Shapes: B batch, T target length, S source length, C model width, H heads.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .layers import FeedForward, make_norm
+
+
+class BlockOutput(NamedTuple):
+    """What a block returns; the weights are None unless asked for (``return_weights=True``)."""
+
+    hidden: Tensor  # (B, T, C)
+    self_attention: Tensor | None  # (B, H, T, T'), T' = keys seen (cached ones too)
+    cross_attention: Tensor | None  # (B, H, T, S)
+
+
+class TransformerBlock(nn.Module):
+    """Attention → Add & Norm → [cross-attention → Add & Norm] → feed-forward → Add & Norm.
+
+    Built from its sizes (the paper's parts: ``MultiHeadAttention`` and ``FeedForward``), or from parts
+    made elsewhere with ``from_parts`` (``qkv.models.components`` builds each layer's from its config).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        norm_first: bool = False,
+        cross_attention: bool = False,
+        dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        activation: str = "relu",
+        norm: str = "layernorm",
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        rope: nn.Module | None = None,
+        alibi: nn.Module | None = None,
+    ) -> None:
+        attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
+                                  rope=rope, alibi=alibi)
+        cross = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, bias=bias,
+                                   dropout=dropout) if cross_attention else None
+        ff = FeedForward(d_model, d_ff, activation, bias=bias, dropout=dropout)
+        self.assemble(attn, ff, lambda: make_norm(norm, d_model, norm_eps), norm_first=norm_first,
+                      cross_attn=cross, dropout=dropout)
+
+    @classmethod
+    def from_parts(cls, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
+                   cross_attn: nn.Module | None = None, dropout: float = 0.0) -> "TransformerBlock":
+        """A block around ready-made sublayers: ``attn`` (self-attention), ``ff``, optionally ``cross_attn``;
+        ``norm()`` makes each sublayer's norm. The attention is any module with ``MultiHeadAttention``'s call."""
+        block = cls.__new__(cls)
+        block.assemble(attn, ff, norm, norm_first=norm_first, cross_attn=cross_attn, dropout=dropout)
+        return block
+
+    def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
+                 cross_attn: nn.Module | None, dropout: float) -> None:
+        nn.Module.__init__(self)
+        self.norm_first = norm_first
+        self.attn, self.attn_norm = attn, norm()
+        self.cross_attn, self.cross_norm = (cross_attn, norm()) if cross_attn is not None else (None, None)
+        self.ff, self.ff_norm = ff, norm()
+        self.drop = nn.Dropout(dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
+        """One residual sublayer, pre- or post-norm; fn returns out, or (out, weights)."""
+        r = fn(norm(x) if self.norm_first else x)
+        out, weights = r if isinstance(r, tuple) else (r, None)
+        x = x + (self.drop(out) if self.training else out)  # skip the call: decoding pays per module call
+        return (x if self.norm_first else norm(x)), weights
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        context_kv: tuple[Tensor, Tensor] | None = None,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        context_mask: Tensor | None = None,
+        kv_cache=None,
+        input_pos: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> BlockOutput:
+        """x (B, T, C) [, context (B, S, C) or its ``context_kv``] -> BlockOutput.
+
+        ``mask`` / ``context_mask``: bool, True = may attend, for self- and cross-attention.
+        ``context_kv``: the context's keys and values, ``cross_attn.project_kv(context)``,
+        computed once per source for step-by-step decoding.
+        """
+        if (context is not None or context_kv is not None) != (self.cross_attn is not None):
+            raise ValueError(
+                "context (or context_kv) must be given exactly when the block has cross_attention "
+                f"(cross_attention={self.cross_attn is not None}, context given={context is not None}, "
+                f"context_kv given={context_kv is not None})"
+            )
+        x, w_self = self._sublayer(x, self.attn_norm, lambda h: self.attn(
+            h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos, return_weights=return_weights))
+        w_cross = None
+        if self.cross_attn is not None:
+            x, w_cross = self._sublayer(x, self.cross_norm, lambda h: self.cross_attn(
+                h, context, context_kv=context_kv, mask=context_mask, return_weights=return_weights))
+        x, _ = self._sublayer(x, self.ff_norm, self.ff)
+        return BlockOutput(x, w_self, w_cross)

@@ -1,0 +1,97 @@
+"""A preallocated key/value cache for one attention layer (after gpt-fast and torchtune).
+
+Shapes: B batch, G key/value heads, M capacity (max_len), S source length, D head width.
+Position tracking: ``pos`` counts the tokens written so far; the next ``update`` writes
+rows pos … pos+T−1 and returns keys/values 0 … pos+T−1. Nothing is reallocated per token.
+``write`` is the static form (gpt-fast's): explicit slots ``input_pos`` in, the full buffers
+out. Slots are places in the buffers, not token positions (left padding makes them differ).
+``reorder`` and ``reorder_kv`` follow beam search's choice of rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import check_positive_int
+
+
+def _check_indices(indices: Tensor, batch: int | None = None) -> None:
+    integer = isinstance(indices, Tensor) and not indices.is_floating_point() and indices.dtype != torch.bool
+    if not integer or indices.dim() != 1:
+        got = f"{indices.dtype} {tuple(indices.shape)}" if isinstance(indices, Tensor) else type(indices).__name__
+        raise ValueError(f"indices must be an integer tensor (B,) of batch rows, got {got}")
+    if batch is not None and indices.numel() != batch:
+        raise ValueError(f"indices must hold one row per cache row, B={batch}, got {indices.numel()}")
+
+
+def reorder_kv(kv: Sequence[tuple[Tensor, Tensor]], indices: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Per layer (k, v), (B, G, S, D) each -> the same with batch rows ``indices`` (B',) taken, in that order.
+
+    For cross-attention keys and values (``Transformer.cross_kv``); B' may differ from B
+    (e.g. ``arange(B).repeat_interleave(beams)`` gives each source one row per beam).
+    """
+    _check_indices(indices)
+    return [(k.index_select(0, indices), v.index_select(0, indices)) for k, v in kv]
+
+
+def static_positions(slots: Tensor, input_pos: Tensor) -> Tensor:
+    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,)
+    -> their absolute positions (B, T), counted over real tokens (left padding does not shift them)."""
+    return (slots.long().cumsum(-1) - 1).clamp(min=0).index_select(1, input_pos)  # (B, T)
+
+
+class KVCache(nn.Module):
+    """Keys and values of one layer, (B, G, M, D) each, filled left to right."""
+
+    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *, dtype=None, device=None):
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads),
+                            ("max_len", max_len), ("head_dim", head_dim)):
+            check_positive_int(name, value)
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.max_len = max_len
+        self.pos = 0
+
+    def reset(self) -> None:
+        """Forget the contents (the buffers are reused, not reallocated)."""
+        self.pos = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, G, T, D) at pos; return all keys and values so far, (B, G, pos+T, D)."""
+        if k.shape != v.shape or k.dim() != 4 or k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+            raise ValueError(
+                f"expected k and v of shape (B={self.k.size(0)}, G={self.k.size(1)}, T, D={self.k.size(3)}), "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        end = self.pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.pos} cached + {k.size(2)} new = {end} tokens > max_len={self.max_len}"
+            )
+        self.k[:, :, self.pos:end] = k
+        self.v[:, :, self.pos:end] = v
+        self.pos = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Static form, for compiled decoding: write k, v (B, G, T, D) at slots input_pos (T,).
+
+        Returns the whole buffers (B, G, M, D): shapes never change, so a compiled step never
+        recompiles. The caller tracks positions and masks the slots not yet written.
+        """
+        if k.dtype != self.k.dtype:  # autocast may hand in a lower precision
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
+        return self.k, self.v
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""
+        _check_indices(indices, self.k.size(0))
+        n = self.pos or self.k.size(2)  # a growing cache moves its filled slots only; a static one, all of them
+        self.k[:, :, :n] = self.k[:, :, :n].index_select(0, indices)  # (B, G, n, D)
+        self.v[:, :, :n] = self.v[:, :, :n].index_select(0, indices)

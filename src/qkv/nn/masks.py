@@ -1,0 +1,94 @@
+"""The one mask convention of qkv, and its builders.
+
+A boolean mask is True where a query *may* attend (the polarity of
+``torch.nn.functional.scaled_dot_product_attention``); a float ``bias`` is added to
+the scores. PyTorch's ``nn.MultiheadAttention`` uses the opposite polarity; only
+``qkv.interop.torch_nn`` translates it.
+
+Shapes: B batch, H heads, L query length, S key length.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
+    """Bool (q_len, k_len) mask, True where query i may see key j, aligned bottom-right.
+
+    With q_len queries over k_len keys, query i sees keys 0 … k_len − q_len + i: the
+    last query is the newest token and sees every key. That is what cached decoding and
+    chunked prefill need (PyTorch's ``is_causal`` aligns top-left instead; the two agree
+    only when q_len == k_len).
+    """
+    k_len = q_len if k_len is None else k_len
+    for name, value in (("q_len", q_len), ("k_len", k_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    i = torch.arange(q_len, device=device) + (k_len - q_len)  # (L,): query i sits at key position S − L + i
+    return causal_mask_at(i, torch.arange(k_len, device=device))  # (L, S)
+
+
+def causal_mask_at(query_positions: Tensor, key_positions: Tensor) -> Tensor:
+    """Bool (..., L, S), True where the key's position is at or before the query's: the causal rule itself,
+    for queries and keys placed anywhere (a tile of FlashAttention, a static KV cache's slots)."""
+    return key_positions.unsqueeze(-2) <= query_positions.unsqueeze(-1)  # (..., 1, S) vs (..., L, 1)
+
+
+def padding_mask(lengths_or_valid: Tensor, max_len: int | None = None) -> Tensor:
+    """Bool (B, 1, 1, S) key mask, True on real tokens, from lengths or a validity mask.
+
+    Args:
+        lengths_or_valid: int (B,) sequence lengths (right padding), or bool (B, S)
+            True on real tokens (any padding side, e.g. left padding for generation).
+        max_len: S for lengths; defaults to the longest length. Ignored for a bool mask.
+    Returns:
+        (B, 1, 1, S) bool, broadcastable against (B, H, L, S) scores.
+    """
+    x = lengths_or_valid
+    if not isinstance(x, Tensor):
+        raise TypeError(f"padding_mask expects a Tensor, got {type(x).__name__}")
+    if x.dtype == torch.bool:
+        if x.dim() != 2:
+            raise ValueError(f"a validity mask must be (B, S), got shape {tuple(x.shape)}")
+        return x[:, None, None, :]  # (B, 1, 1, S)
+    if x.is_floating_point() or x.is_complex() or x.dim() != 1:
+        raise ValueError(
+            f"lengths must be a 1-D integer tensor (B,), got dtype {x.dtype} shape {tuple(x.shape)}"
+        )
+    if x.numel() and int(x.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got {x.tolist()}")
+    longest = int(x.max()) if x.numel() else 0
+    S = longest if max_len is None else max_len
+    if S < longest:
+        raise ValueError(f"max_len={S} is shorter than the longest length {longest}")
+    valid = torch.arange(S, device=x.device) < x[:, None]  # (B, S)
+    return valid[:, None, None, :]  # (B, 1, 1, S)
+
+
+class PreparedMask(NamedTuple):
+    """A bool mask converted once into the additive form the fused kernels take, for every layer of a forward.
+
+    Per layer, the conversion (and finding rows with no key) costs more than the attention of one
+    decoded token; a model prepares its masks once and hands the same one to each block.
+    """
+
+    allowed: Tensor  # bool (..., L, S), True where a query may attend (the reference path reads this)
+    bias: Tensor  # float (..., L, S): 0 where allowed, -inf elsewhere; a row with no key is left all 0
+    live: Tensor | None  # bool (..., L, 1): False on rows with no key (their output is zeroed); None: none such
+
+
+def prepare_mask(allowed: Tensor, dtype: torch.dtype = torch.float32) -> PreparedMask:
+    """Bool mask (..., L, S), True = may attend -> ``PreparedMask`` with its bias in ``dtype``."""
+    if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool or allowed.dim() < 2:
+        got = f"{allowed.dtype} {tuple(allowed.shape)}" if isinstance(allowed, Tensor) else type(allowed).__name__
+        raise TypeError(f"prepare_mask expects a bool mask (..., L, S), True = may attend, got {got}")
+    live = allowed.any(dim=-1, keepdim=True)  # (..., L, 1)
+    # Drop the zeroing when every row has a key: worth a sync on a CPU only (none when compiling).
+    cheap_sync = allowed.device.type == "cpu" and not torch.compiler.is_compiling()
+    everywhere = cheap_sync and bool(live.all())
+    opened = allowed if everywhere else allowed | ~live  # kernels disagree on rows with no key: open them
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~opened, float("-inf"))
+    return PreparedMask(allowed, bias, None if everywhere else live)

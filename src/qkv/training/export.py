@@ -1,0 +1,64 @@
+"""A qkv run as a Hugging Face directory that ``transformers`` loads with no qkv installed.
+
+    weights    ``to_hf``: learned PE + LayerNorm → GPT2LMHeadModel, RoPE + RMSNorm + SwiGLU →
+               LlamaForCausalLM (a LoRA run's adapters are merged first); anything else is refused
+               naming each field without a counterpart
+    tokenizer  byte-level BPE as it is (a ``tokenizers`` Tokenizer); a character vocabulary as a
+               WordLevel model over single characters (same ids, same text back)
+
+Written into a temporary sibling directory, then renamed: a failure leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .run_dir import RunDir
+from ..data import BPETokenizer, CharTokenizer
+from ..fileio import atomic_dir, check_free_dir
+from ..models import GPT
+from ..interop.hf import to_hf
+
+
+def char_tokenizer(tokenizer: CharTokenizer):
+    """qkv's character vocabulary as a ``tokenizers`` Tokenizer: every character is one word of a
+    WordLevel model with qkv's ids, and decoding joins them with nothing between."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(tokenizer.chars)}, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")  # (?m): "." matches "\n" too
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def hf_tokenizer(tokenizer: BPETokenizer | CharTokenizer):
+    """A ``transformers.PreTrainedTokenizerFast`` that encodes and decodes as ``tokenizer`` does."""
+    from transformers import PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, BPETokenizer):
+        backend = tokenizer.tokenizer
+    elif isinstance(tokenizer, CharTokenizer):
+        backend = char_tokenizer(tokenizer)
+    else:
+        raise ValueError(f"no Hugging Face tokenizer for a {type(tokenizer).__name__}")
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write run ``run``'s model and tokenizer to ``out`` as ``save_pretrained`` would.
+
+    ``out`` must be missing or empty unless ``overwrite``. Raises ValueError, with nothing written,
+    for a run that is not a decoder, or whose model or tokenizer has no Hugging Face counterpart.
+    """
+    out = check_free_dir(out, overwrite=overwrite)
+    loaded = RunDir(run).load()
+    if not isinstance(loaded.model, GPT):
+        raise ValueError(f"{run} holds a {type(loaded.model).__name__}; qkv export writes decoder-only "
+                         "language models (GPT-2 or LLaMA)")
+    hf_model, hf_tok = to_hf(loaded.model), hf_tokenizer(loaded.tokenizer)
+
+    def write(tmp: Path) -> None:
+        hf_model.save_pretrained(tmp)  # safetensors
+        hf_tok.save_pretrained(tmp)
+
+    return atomic_dir(out, write, overwrite=overwrite)

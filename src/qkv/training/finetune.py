@@ -1,0 +1,162 @@
+"""Fine-tuning a real checkpoint: the base a run starts from, its identity, and LoRA adapters.
+
+    base      a Hugging Face GPT-2 or LLaMA-family directory: weights through ``from_hf``, its own
+              tokenizer kept unchanged (byte-level BPE, stored in the run as tokenizer.json)
+    identity  the SHA-256 of its weight files, recorded in train_config.json: ``--resume`` (and a
+              LoRA run, which stores only its adapters) refuses any other base
+    LoRA      h = W x + (α / r) · B A x, W frozen, A (r × in) and B (out × r, zero at the start)
+              trained, in the blocks' nn.Linear layers that ``targets`` name (Hu et al. 2021);
+              ``peft`` injects them into qkv's own module tree; a run stores A and B only
+              (adapters.safetensors) and loading merges them: W ← W + (α / r) · B A
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from ..data import BPETokenizer, tokenizer_from_json
+from ..models import GPT
+
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, as in the LoRA paper
+
+
+@dataclass
+class Base:
+    """A checkpoint to fine-tune: model (qkv.GPT), the run's tokenizer, and the weights' SHA-256."""
+
+    model: GPT
+    tokenizer: BPETokenizer
+    sha256: str
+    path: str
+
+
+def weights_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 over a checkpoint directory's ``*.safetensors`` files (by name, then content)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no .safetensors weights")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def run_tokenizer(tokenizer, where: str) -> BPETokenizer:
+    """A checkpoint's tokenizer (``qkv.interop.hf.Tokenizer``) as a qkv BPETokenizer, which a run
+    saves as tokenizer.json; ValueError for one that is not BPE (WordPiece, Unigram …)."""
+    backend = tokenizer.backend
+    fast = getattr(backend, "backend_tokenizer", backend)  # transformers' fast tokenizer, or tokenizers' own
+    if not hasattr(fast, "to_str"):
+        raise ValueError(f"the tokenizer in {where} has no fast (tokenizer.json) form; a run keeps BPE tokenizers")
+    text = fast.to_str()
+    kind = json.loads(text).get("model", {}).get("type")
+    if kind != "BPE":
+        raise ValueError(f"the tokenizer in {where} is {kind}; a run keeps BPE tokenizers (GPT-2's, LLaMA's)")
+    return tokenizer_from_json(text)
+
+
+def load_base(path: str | os.PathLike, *, expect_sha256: str | None = None) -> Base:
+    """The checkpoint at ``path`` to fine-tune; ValueError for anything but a decoder with a matching
+    BPE tokenizer, or for weights whose SHA-256 is not ``expect_sha256`` (when given)."""
+    from ..interop.hf import load_pretrained
+
+    where = str(path)
+    if not Path(path).is_dir():
+        raise ValueError(f"the base {where}: no such directory")
+    model, tokenizer = load_pretrained(path)
+    if not isinstance(model, GPT):
+        raise ValueError(f"the base {where} is not a decoder (it loads as qkv.{type(model).__name__}); "
+                         "fine-tuning starts from a decoder-only checkpoint (GPT-2 or LLaMA family)")
+    if tokenizer is None:
+        raise ValueError(f"the base {where} has no tokenizer files (tokenizer.json …): a run needs its tokenizer")
+    sha = weights_sha256(path)
+    if expect_sha256 is not None and sha != expect_sha256:
+        raise ValueError(f"{where} is not the base this run was trained from: its weights' SHA-256 "
+                         f"is {sha[:16]}…, the run's base had {expect_sha256[:16]}…")
+    return Base(model=model, tokenizer=run_tokenizer(tokenizer, where), sha256=sha, path=where)
+
+
+# --- LoRA ---------------------------------------------------------------------------------------
+
+def lora_layers(model: nn.Module, targets: str) -> list[str]:
+    """The blocks' nn.Linear layers that the comma-separated ``targets`` name (a layer name such as
+    ``q_proj`` or a dotted suffix such as ``ff.up_proj``); ValueError for a target matching none."""
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("blocks.")]
+    wanted = [t.strip() for t in targets.split(",") if t.strip()]
+    hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in wanted}
+    unmatched = [t for t in wanted if not hits[t]]
+    if unmatched or not wanted:
+        names = sorted({n.split(".", 2)[2] for n in linears})  # blocks.0.attn.q_proj -> attn.q_proj
+        raise ValueError(f"--lora-targets {','.join(unmatched) if unmatched else '(none)'}: no linear layer of "
+                         f"the model's blocks has that name; choose among {', '.join(names)}")
+    return sorted({n for t in wanted for n in hits[t]})
+
+
+def add_lora(model: nn.Module, *, r: int, alpha: float, targets: str = DEFAULT_LORA_TARGETS) -> nn.Module:
+    """``model`` with rank-``r`` adapters on the ``targets`` layers (in place); every other weight frozen."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    layers = lora_layers(model, targets)
+    inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, target_modules=layers, lora_dropout=0.0), model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name)
+    return model
+
+
+def has_lora(model: nn.Module) -> bool:
+    return any(hasattr(m, "lora_A") for m in model.modules())
+
+
+def model_weights(model: nn.Module) -> dict[str, Tensor]:
+    """What a run saves of ``model``: its LoRA adapters (A, B) when it has some, else every weight."""
+    if not has_lora(model):
+        return model.state_dict()
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def set_model_weights(model: nn.Module, state: dict[str, Tensor], *, where: str) -> None:
+    """The inverse of ``model_weights``; ValueError when ``state`` is not this model's."""
+    if not has_lora(model):
+        model.load_state_dict(state)
+        return
+    from peft import set_peft_model_state_dict
+
+    expected = model_weights(model)
+    wrong = set(state) ^ set(expected)  # missing or unexpected, then wrong shapes
+    wrong |= {k for k in set(state) & set(expected) if state[k].shape != expected[k].shape}
+    if wrong:
+        raise ValueError(f"{where} does not hold this model's LoRA adapters ({', '.join(sorted(wrong)[:3])} …)")
+    set_peft_model_state_dict(model, state)
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """``model`` with each adapter folded into its layer (W ← W + (α / r) · B A) and the plain nn.Linear
+    put back: the same outputs, qkv's own module tree again."""
+    for name, module in list(model.named_modules()):
+        if hasattr(module, "lora_A"):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, module.get_base_layer())
+    return model
+
+
+def adapted_base(run, config) -> GPT:
+    """A LoRA run's base (found by train_config.json, checked by SHA-256) with empty adapters, ready for
+    the run's adapters (``checkpoint.load_weights``) and then ``merge_lora``."""
+    t = run.read_json(run.TRAIN_CONFIG) or {}
+    if not (t.get("init_from_hf") and t.get("init_sha256") and t.get("lora")):
+        raise ValueError(f"{run} holds LoRA adapters, but its {run.TRAIN_CONFIG} does not name their base")
+    base = load_base(t["init_from_hf"], expect_sha256=t["init_sha256"])
+    if base.model.config != config:
+        raise ValueError(f"{run}'s config.json does not describe its base {base.path}")
+    return add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])

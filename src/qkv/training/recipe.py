@@ -1,0 +1,699 @@
+"""The training recipe: AdamW, linear warmup + cosine decay, gradient clipping and accumulation,
+optional bf16 autocast and ``torch.compile``, periodic validation, checkpoints, DDP — for any task.
+
+    setup → restore → repeat { step → [evaluate → save] } → summarise
+
+Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured and applied by one pair
+of methods, so a field cannot be saved and forgotten on restore. What a batch, a loss and a
+validation metric are comes from the task (``qkv.tasks``): language modelling (``lm``) first.
+
+One process, or one per device under ``torchrun`` (DistributedDataParallel: gloo on CPU,
+nccl on CUDA; rank 0 alone writes, holding the run directory's lock). Every optimizer step draws
+one *global* batch from a seeded generator that every rank shares; micro-step m of rank r takes
+its slice, so N processes see exactly the batch one process would.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import ExitStack, nullcontext
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from .run_dir import RunDir
+from ..fileio import DiskFullError
+from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_weights
+from ..models import PRESETS, ModelConfig
+from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
+from .distributed import Dist
+from .tasks import make_task
+from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
+
+# Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
+RESUME_FIXED = ("task", "target_lang", "label_smoothing", "copy", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
+                "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
+# The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
+# lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
+# in 3 minutes 2048 tokens beat 1024 (README "Train and sample"). Every other preset: characters.
+PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
+# What each task trains by default (fields left None in a TrainConfig). translate copies (qkv.pointer):
+# side by side over 500 steps of 64 pairs, validation loss 5.07 nats where the plain decoder reached 6.20.
+# Its lr and batch (copying on, 0.72 M tokens each): 64 pairs at lr 1e-3 / 2e-3 / 5e-3 / 1e-2 reached
+# 4.95 / 4.73 / 5.07 / 5.20 nats; 32 pairs at 2e-3 4.45, at 3e-3 4.70; 16 pairs at 2e-3 4.39, at the
+# same tokens/s on one thread; 128 pairs were no faster per token and worse per token.
+TASK_DEFAULTS = {
+    "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50, "copy": False},
+    "translate": {"preset": "translate", "batch_size": 32, "lr": 2e-3, "warmup_steps": 40, "copy": True},
+}
+
+
+@dataclass
+class TrainConfig:
+    """How to train. A budget is required: ``max_steps``, ``max_tokens`` or ``max_minutes``
+    (the first reached ends the run; the cosine schedule follows whichever is furthest along)."""
+
+    task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.tasks
+    preset: str | None = None  # None: the task's (TASK_DEFAULTS): demo for lm, translate for translate
+    model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
+    init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
+    init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
+    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from_hf)
+    lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
+    lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
+    data: str | None = None  # None: the embedded standard-library corpus
+    out: str | None = None  # run directory; None: write nothing
+    resume: bool = False
+    overwrite: bool = False
+    tokenizer: str | None = None  # char | bpe; None: the preset's (PRESET_TOKENIZERS), else char
+    vocab_size: int | None = None  # BPE only; None: the preset's, else 1024
+    context: int | None = None  # T; None: the model's max_len
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_minutes: float | None = None
+    batch_size: int | None = None  # sequences (pairs) per optimizer step, over all ranks and micro-steps
+    grad_accum: int = 1
+    lr: float | None = None
+    min_lr_ratio: float = 0.1  # the cosine ends at lr · min_lr_ratio
+    warmup_steps: int | None = None
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables
+    eval_interval: int = 100  # steps between evaluations (and checkpoints)
+    eval_windows: int = 48  # validation windows per periodic evaluation; the final one uses all
+    final_eval: bool = True  # score the whole validation text at the end (summary.json's val_bpc)
+    seed: int = 1337
+    bf16: bool = False  # bfloat16 autocast
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
+    # translation only (task="translate"); ``data`` is then a pairs file or a directory of .po/.mo catalogs
+    target_lang: str = "zh_CN"
+    label_smoothing: float = 0.1  # the paper's ε (§5.4)
+    copy: bool | None = None  # the pointer-generator's copy mechanism (qkv.pointer); None: the task's default
+    num_beams: int = 4  # beam search for the final BLEU / chrF (the paper: 4, α = 0.6)
+    length_penalty: float = 0.6
+    progress: bool = True  # tqdm progress bar (rank 0)
+
+    def __post_init__(self) -> None:
+        from .tasks import TASKS
+
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of {sorted(TASKS)}")
+        for name, value in TASK_DEFAULTS[self.task].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.model is None and self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        if isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+        self.check_base()
+        if self.copy and self.task != "translate":
+            raise ValueError(f"copy (the pointer-generator) is for --task translate, not {self.task!r}")
+        if self.task == "translate" and self.tokenizer not in (None, "bpe"):
+            raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
+                             "is for language modelling")
+        if self.tokenizer is None:
+            key = "translate" if self.task == "translate" else self.preset if self.model is None else ""
+            self.tokenizer, default_vocab = PRESET_TOKENIZERS.get(key, ("char", None))
+            self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
+        if self.tokenizer not in ("char", "bpe"):
+            raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
+        for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_windows"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, min_lr_ratio={self.min_lr_ratio}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("warmup_steps, weight_decay and grad_clip must be >= 0")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite contradict each other; pass one")
+        if self.resume and not self.out:
+            raise ValueError("--resume needs --out (the run directory to continue)")
+
+    def check_base(self) -> None:
+        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE; --lora adapts it."""
+        self.check_lora()
+        if self.init_from_hf is None:
+            return
+        if self.task != "lm":
+            raise ValueError(f"--init-from-hf fine-tunes a decoder (task lm), not task {self.task!r}")
+        if self.model is not None:
+            raise ValueError("--init-from-hf takes the model's shape from the checkpoint; drop the shape flags")
+        if self.tokenizer not in (None, "bpe") or self.vocab_size is not None:
+            raise ValueError("--init-from-hf keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
+        self.tokenizer = "bpe"
+        self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
+
+    def check_lora(self) -> None:
+        """--lora R [--lora-alpha A] [--lora-targets NAMES] adapts a checkpoint; defaults α = 2r, attention."""
+        if self.lora is None:
+            if self.lora_alpha is not None or self.lora_targets is not None:
+                raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
+            return
+        if not isinstance(self.lora, int) or isinstance(self.lora, bool) or self.lora <= 0:
+            raise ValueError(f"lora (the adapters' rank) must be a positive int, got {self.lora!r}")
+        if self.init_from_hf is None:
+            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR too")
+        self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        self.lora_targets = self.lora_targets or DEFAULT_LORA_TARGETS
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["model"] = None if self.model is None else self.model.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig keys: {unknown}")
+        return cls(**({"copy": False} | d))  # runs saved before the copy mechanism had none
+
+    @classmethod
+    def for_resume(cls, out: str | os.PathLike, **overrides) -> "TrainConfig":
+        """The saved config of run ``out`` with ``overrides`` applied (train() refuses changes
+        to the fields that define the run; the budget and the device may change)."""
+        run = RunDir(out)
+        path = run / run.TRAIN_CONFIG
+        if not path.is_file():
+            run.check()
+            raise ValueError(f"{out} has no {run.TRAIN_CONFIG}: it cannot be resumed")
+        try:
+            saved = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise ValueError(f"{path} is corrupt: {e}") from None
+        saved.__dict__.update(out=str(out), resume=True, overwrite=False)
+        _check_same_run(saved, overrides)
+        return replace(saved, **overrides)
+
+    @property
+    def budget(self) -> str:
+        parts = [f"{self.max_steps} steps" if self.max_steps else "",
+                 f"{self.max_tokens} tokens" if self.max_tokens else "",
+                 f"{self.max_minutes:g} min" if self.max_minutes else ""]
+        return " / ".join(p for p in parts if p)
+
+
+def _check_same_run(saved: TrainConfig, new: dict | TrainConfig) -> None:
+    new = new if isinstance(new, dict) else {k: getattr(new, k) for k in RESUME_FIXED}
+    diffs = []
+    for k in RESUME_FIXED:
+        if k in new and new[k] != getattr(saved, k):
+            old, cur = getattr(saved, k), new[k]
+            if k == "model" and old is not None and cur is not None:
+                old, cur = old.to_dict(), cur.to_dict()
+                keys = [f for f in old if old[f] != cur[f]]
+                old, cur = {f: old[f] for f in keys}, {f: cur[f] for f in keys}
+            diffs.append(f"{k}: {old!r} -> {cur!r}")
+    if diffs:
+        raise ValueError(f"--resume with a changed config ({'; '.join(diffs)}); "
+                         "start a new run (--out elsewhere, or --overwrite) to train differently")
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns."""
+
+    model: nn.Module  # the trained model, in eval mode
+    tokenizer: object
+    config: ModelConfig
+    metrics: list[dict] = field(default_factory=list)  # one record per evaluation
+    summary: dict = field(default_factory=dict)  # final numbers (empty when stopped early)
+    path: Path | None = None
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores: counters, weights, optimizer and RNG states.
+
+    The weights are saved here too, beside model.safetensors: a kill between the two files
+    still resumes from one consistent snapshot.
+    """
+
+    step: int = 0
+    elapsed: float = 0.0  # wall-clock seconds of training so far (rank 0's clock)
+    train_time: float = 0.0  # seconds spent in optimizer steps (throughput)
+    tokens: int = 0  # training tokens consumed
+    running: list = field(default_factory=lambda: [0.0, 0])  # training-loss sum and count since the last evaluation
+    eval_cost: float = 0.0  # seconds per validation unit, from the latest evaluation
+    model: dict | None = None
+    optimizer: dict | None = None
+    batch_rng: Tensor | None = None
+    torch_rng: Tensor | None = None
+    cuda_rng: Tensor | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str) -> "TrainState":
+        known = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or not {"step", "model", "optimizer"} <= set(d) or set(d) - known:
+            raise ValueError(f"{where} is not a qkv training state (fields {sorted(d) if isinstance(d, dict) else d})")
+        return cls(**d)
+
+
+# --- pieces ----------------------------------------------------------------------------
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, those that train): fewer train when LoRA freezes the base."""
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+    """Linear warmup over ``warmup_steps``, then cosine from lr to lr · min_lr_ratio over the budget."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (weights, embeddings), none on biases and norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             fused=device.type == "cuda" or None)
+
+
+def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
+               autocast=nullcontext, ddp: bool = False) -> Tensor:
+    """One optimizer step over ``grad_accum`` micro-batches: gradients of the mean loss are accumulated
+    (DDP syncs on the last one only), clipped to ``grad_clip`` and applied. Returns the mean loss (detached)."""
+    micros = list(micros)
+    step_loss = None
+    for m, micro in enumerate(micros):
+        with model.no_sync() if ddp and m < len(micros) - 1 else nullcontext():
+            with autocast():
+                loss = loss_fn(model, micro)
+            (loss / len(micros)).backward()
+        step_loss = loss.detach() / len(micros) if step_loss is None else step_loss + loss.detach() / len(micros)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return step_loss
+
+
+def plot_losses(path: Path, records: list[dict], summary: dict | None = None) -> None:
+    """Loss curves (nats per token) and, for language modelling, validation bpc beside gzip's and xz's."""
+    from matplotlib.figure import Figure
+
+    from ..viz.figures import save_png
+
+    steps, bpc = [r["step"] for r in records], "val_bpc" in records[-1]
+    fig = Figure(figsize=(10 if bpc else 5, 4), layout="tight")
+    axes = fig.subplots(1, 2 if bpc else 1)
+    a = axes[0] if bpc else axes
+    a.plot(steps, [r["train_loss"] for r in records], label="train")
+    a.plot(steps, [r["val_loss"] for r in records], label="validation")
+    a.set(xlabel="step", ylabel="loss (nats / token)", title="cross-entropy")
+    a.legend()
+    if bpc:
+        b = axes[1]
+        b.plot(steps, [r["val_bpc"] for r in records], label="model (validation)")
+        for key, label, style in (("gzip_bpc", "gzip -9", "--"), ("xz_bpc", "xz -9e", ":")):
+            if summary and key in summary:
+                b.axhline(summary[key], color="gray", linestyle=style, label=f"{label} ({summary[key]:.2f})")
+        b.set(xlabel="step", ylabel="bits per character", title="validation bits per character")
+        b.legend()
+    save_png(fig, path, dpi=100)
+
+
+class Diverged(ValueError):
+    """The loss became NaN or infinite: the run stops and keeps its last good checkpoint."""
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) asks the loop to stop at the next step boundary, save a checkpoint and exit.
+
+    A second Ctrl-C interrupts at once (the last checkpoint on disk stays as it was).
+    """
+
+    def __init__(self) -> None:
+        self.requested, self._previous = False, None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C after saving a checkpoint."""
+
+
+
+# --- the recipe ----------------------------------------------------------------------------
+
+class Recipe:
+    """One training run of ``cfg.task``: setup, restore, step, evaluate, save, summarise."""
+
+    def __init__(self, cfg: TrainConfig, dist: Dist, *, stop_at: int | None = None, **task_inputs) -> None:
+        self.cfg, self.dist, self.stop_at = cfg, dist, stop_at
+        self.task = make_task(cfg.task, **task_inputs)
+        self.run = RunDir(cfg.out) if cfg.out else None
+        self.state, self.records = TrainState(), []
+        self.last_saved: int | None = None
+
+    # --- setup ---------------------------------------------------------------------------
+    def check_out(self) -> TrainState | None:
+        """Refuse a run directory that cannot take this run, before anything is read or written;
+        on --resume, the saved state (None when the run stopped before its first checkpoint)."""
+        cfg, run = self.cfg, self.run
+        if run is None:
+            return None
+        if not cfg.resume:
+            if run.path.exists() and not run.path.is_dir():
+                raise ValueError(f"--out {run} exists and is not a directory")
+            if not run.is_empty() and not cfg.overwrite:
+                raise ValueError(f"{run} already exists; pass --resume to continue it or --overwrite to start again")
+            return None
+        if not run.has(run.TRAIN_CONFIG) or run.has(run.STATE):
+            run.check()  # names what is missing; a run stopped before its first checkpoint passes
+        _check_same_run(TrainConfig.for_resume(run.path), self.cfg)
+        if run.has(run.STATE):
+            return TrainState.from_dict(run.load_state(), where=str(run / run.STATE))
+        if self.dist.is_main:
+            print(f"qkv: {run} has no checkpoint yet (stopped before its first one): starting from step 0",
+                  file=sys.stderr)
+        return None
+
+    def setup(self) -> TrainState | None:
+        """Device and threads, data and tokenizer (the task), model and optimizer."""
+        cfg, dist = self.cfg, self.dist
+        self.device = dist.device = resolve_device(cfg.device, dist.local_rank)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.threads or (cpu_threads() if dist.world == 1 else torch.get_num_threads()))
+        saved = self.check_out()
+        self.task.prepare(cfg, self.run, dist)
+        self.mconf = self.task.model_config(cfg)
+        if saved is not None and self.run.read_config() != self.mconf:
+            old, new = self.run.read_config().to_dict(), self.mconf.to_dict()
+            raise ValueError(f"--resume with a changed model config: "
+                             f"{ {k: (v, new[k]) for k, v in old.items() if new[k] != v} }")
+        if cfg.batch_size % (dist.world * cfg.grad_accum):
+            raise ValueError(f"batch_size {cfg.batch_size} must divide into {dist.world} processes x "
+                             f"{cfg.grad_accum} accumulation steps")
+        self.task.check(cfg, self.mconf, dist)
+        self.max_steps = cfg.max_steps
+        if cfg.max_tokens:
+            by_tokens = math.ceil(cfg.max_tokens / self.task.tokens_per_step)
+            self.max_steps = min(self.max_steps, by_tokens) if self.max_steps else by_tokens
+        torch.manual_seed(cfg.seed)
+        self.model = self.task.build_model(self.mconf)
+        if cfg.lora:
+            add_lora(self.model, r=cfg.lora, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
+        self.model.to(self.device)
+        self.opt = build_optimizer(self.model, cfg, self.device)
+        self.batch_gen = torch.Generator().manual_seed(cfg.seed)
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
+        return saved
+
+    def progress(self) -> float:
+        """Fraction of the budget spent; a time budget keeps back what the final evaluation will take."""
+        s, by_time = self.state, 0.0
+        if self.cfg.max_minutes:
+            budget_s = self.cfg.max_minutes * 60
+            reserve = min(0.5 * budget_s, s.eval_cost * self.task.final_units)
+            by_time = s.elapsed / (budget_s - reserve)
+        return max(s.step / self.max_steps if self.max_steps else 0.0, by_time)
+
+    # --- the one pair that saves and restores ----------------------------------------------------
+    def capture_state(self) -> TrainState:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return replace(self.state, model=model_weights(self.model), optimizer=self.opt.state_dict(),
+                       batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
+
+    def restore(self, saved: TrainState) -> None:
+        """Weights (checked against model.safetensors' checksum first), optimizer, RNGs, counters, metrics."""
+        from .run_dir import load_weights
+
+        load_weights(self.model, self.run.path, device=self.device)  # refuses a damaged model.safetensors
+        try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
+            set_model_weights(self.model, saved.model, where=str(self.run / self.run.STATE))
+            self.opt.load_state_dict(saved.optimizer)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"{self.run / self.run.STATE} does not match the model: {e}") from None
+        self.batch_gen.set_state(saved.batch_rng)
+        torch.set_rng_state(saved.torch_rng)
+        if self.device.type == "cuda" and saved.cuda_rng is not None:
+            torch.cuda.set_rng_state(saved.cuda_rng, self.device)
+        live = {"model": None, "optimizer": None, "batch_rng": None, "torch_rng": None, "cuda_rng": None}
+        self.state = replace(saved, running=list(saved.running), **live)  # the live objects hold the rest
+        self.records = self.run.read_metrics(saved.step)
+        self.last_saved = saved.step
+        if self.progress() >= 1:
+            raise ValueError(f"{self.run} already finished its budget ({self.cfg.budget}) at step {saved.step}; "
+                             "raise --max-steps or --max-minutes to train further")
+
+    def save(self) -> None:
+        """The model files, then the training state (rank 0); a full disk keeps the last complete checkpoint."""
+        if self.run is None or not self.dist.is_main:
+            return
+        try:
+            self.run.save_model(self.model, self.task.tokenizer, step=self.state.step)
+            self.run.save_state(asdict(self.capture_state()))
+        except DiskFullError as e:
+            kept = "no checkpoint was written yet" if self.last_saved is None else \
+                f"the last complete checkpoint (step {self.last_saved}) is kept; after freeing space, continue " \
+                f"with: qkv train --resume --out {self.run}"
+            raise ValueError(f"{e}; {kept}") from None
+        self.last_saved = self.state.step
+
+    def begin_writing(self) -> None:
+        if self.run is None or not self.dist.is_main:
+            return
+        if self.cfg.overwrite:
+            self.run.clear()
+        self.run.write_json(self.run.TRAIN_CONFIG, self.cfg.to_dict() | {"resume": False, "overwrite": False})
+        self.run.write_metrics(self.records)
+
+    # --- step and evaluate -------------------------------------------------------------------
+    def step(self, model: nn.Module) -> float:
+        """One optimizer step at the scheduled learning rate; Diverged on a NaN/Inf loss."""
+        cfg, s, t0 = self.cfg, self.state, time.perf_counter()
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(cfg, s.step, self.progress())
+        micros = self.task.draw(self.batch_gen, cfg, self.dist)
+        loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
+                                         autocast=self.autocast, ddp=self.dist.world > 1))
+        if not math.isfinite(float(loss)):  # every rank sees the same averaged loss
+            kept = "no checkpoint was written yet" if self.last_saved is None else \
+                f"the last good checkpoint (step {self.last_saved}) in {self.run} is kept"
+            raise Diverged(f"the training loss became {float(loss)} at step {s.step + 1}: stopped; {kept}. "
+                           "Try a lower --lr or a smaller --batch-size")
+        s.running = [s.running[0] + float(loss), s.running[1] + 1]
+        s.step += 1
+        s.tokens += self.task.tokens_per_step
+        s.train_time += time.perf_counter() - t0
+        return float(loss)
+
+    def evaluate(self) -> None:
+        """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
+        s, t0 = self.state, time.perf_counter()
+        fields_, units = self.task.evaluate(self.model, autocast=self.autocast, dist=self.dist)
+        s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * self.dist.world / max(1, units))
+        self.records.append({"step": s.step, "train_loss": s.running[0] / max(1, s.running[1])} | fields_ |
+                            {"lr": self.opt.param_groups[0]["lr"], "tokens": s.tokens, "elapsed_s": round(s.elapsed, 2)})
+        s.running = [0.0, 0]
+        if self.run is not None and self.dist.is_main:
+            self.run.write_metrics(self.records)
+
+    def header(self) -> str:
+        c, (n, k) = self.cfg, parameter_counts(self.model)
+        threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
+        source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
+        trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
+        return (f"qkv: training a {n / 1e6:.2f} M-parameter {type(self.model).__name__}{trains} "
+                f"({source}, {self.task.describe()}; prepared in "
+                f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
+                f" -> {self.run or '(not saved)'}")
+
+    def progress_bar(self):
+        if not (self.cfg.progress and self.dist.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        print(self.header(), file=sys.stderr)
+        return tqdm(total=100.0, initial=round(100 * self.progress(), 2), unit="%", dynamic_ncols=True,
+                    bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
+
+    # --- the loop --------------------------------------------------------------------------------
+    def loop(self, model: nn.Module, stop: "StopRequest") -> bool:
+        """Step until the budget, ``stop_at`` or Ctrl-C; True when the budget was reached."""
+        s, cfg, bar = self.state, self.cfg, self.progress_bar()
+        clock, start_elapsed = time.perf_counter(), s.elapsed
+        finished = done = False
+        model.train()
+        try:
+            while not done:
+                loss = self.step(model)
+                s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
+                finished = self.progress() >= 1
+                done = finished or s.step == self.stop_at or self.dist.any(stop.requested)
+                if bar is not None:
+                    bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
+                    bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, "
+                                        f"{s.tokens / max(s.train_time, 1e-9):.0f} tok/s", refresh=False)
+                if finished or s.step % cfg.eval_interval == 0:  # an interruption (stop_at) logs nothing extra
+                    self.evaluate()
+                if done or s.step % cfg.eval_interval == 0:
+                    self.save()
+                    s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
+        finally:
+            if bar is not None:
+                bar.close()
+        return finished
+
+    def summarise(self) -> dict:
+        """Final metrics on the whole validation split, the task's numbers; summary.json and loss.png."""
+        s, cfg = self.state, self.cfg
+        summary = {"task": self.task.name, "steps": s.step, "tokens": s.tokens,
+                   "tokens_per_s": s.tokens / max(s.train_time, 1e-9), "train_seconds": round(s.train_time, 2),
+                   "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.prepare_s, 2),
+                   "train_loss": self.records[-1]["train_loss"] if self.records else None}
+        if cfg.final_eval:
+            summary |= self.task.final_metrics(self.model, autocast=self.autocast, dist=self.dist,
+                                               progress=cfg.progress and self.dist.is_main)
+        elif self.records:
+            summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
+        n, k = parameter_counts(self.model)
+        summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
+                                          "device": str(self.device), "world_size": self.dist.world}
+        if self.run is not None and self.dist.is_main:
+            self.run.write_json(self.run.SUMMARY, summary)
+            if self.records:
+                plot_losses(self.run / self.run.LOSS_PLOT, self.records, summary)
+        return summary
+
+    def wrapped(self) -> nn.Module:
+        """The model the loop steps: compiled and/or wrapped in DDP (``self.model`` stays the plain one)."""
+        model = torch.compile(self.model) if self.cfg.compile else self.model
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def train(self) -> TrainResult:
+        t_begin = time.perf_counter()
+        saved = self.setup()
+        if saved is not None:
+            self.restore(saved)
+        self.begin_writing()
+        self.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
+        with StopRequest() as stop:
+            finished = self.loop(self.wrapped(), stop)
+        if stop.requested and not finished:
+            saved_msg = f"checkpoint saved; continue with: qkv train --resume --out {self.run}" if self.run \
+                else "nothing saved (no --out)"
+            raise Interrupted(f"interrupted at step {self.state.step}, {saved_msg}")
+        self.model.eval()
+        result = TrainResult(model=self.model, tokenizer=self.task.tokenizer, config=self.mconf,
+                             metrics=self.records, path=self.run.path if self.run else None)
+        if finished:  # else stopped early (stop_at): resume to finish
+            result.summary = self.summarise()
+        return result
+
+
+def train(cfg: TrainConfig, *, corpus=None, tokenizer=None, stop_at: int | None = None) -> TrainResult:
+    """Train as ``cfg`` says (task, model, data, budget, run directory) and return the model, its metrics
+    and a summary.
+
+    Args:
+        corpus, tokenizer: ready data and tokenizer for the task (default: read and fitted as ``cfg`` says).
+        stop_at: stop after this step as an interruption would (checkpoint, no summary), keeping the
+            schedule of the full budget; resume later with ``resume=True``.
+    """
+    if not (cfg.max_steps or cfg.max_tokens or cfg.max_minutes):
+        raise ValueError("give a budget: max_steps, max_tokens or max_minutes")
+    dist = Dist.from_env(cfg.device)
+    threads = torch.get_num_threads()
+    inputs = {k: v for k, v in (("corpus", corpus), ("tokenizer", tokenizer)) if v is not None}
+    recipe = Recipe(cfg, dist, stop_at=stop_at, **inputs)
+    try:
+        with ExitStack() as stack:
+            if recipe.run is not None and dist.is_main:
+                stack.enter_context(_writer(recipe.run, cfg))
+            return recipe.train()
+    finally:
+        torch.set_num_threads(threads)
+        dist.close()
+
+
+def _writer(run: RunDir, cfg: TrainConfig):
+    """The run's lock, taken before anything is written; a directory this call created is removed again
+    if training fails before writing into it (bad data, bad settings: nothing is left behind)."""
+    created = not run.path.exists()
+    stack = ExitStack()
+    if created:
+        stack.callback(lambda: run.is_empty() and _remove_empty(run))
+    stack.enter_context(run.lock())
+    return stack
+
+
+def _remove_empty(run: RunDir) -> None:
+    (run / run.LOCK).unlink(missing_ok=True)
+    try:
+        run.path.rmdir()
+    except OSError:
+        pass
+
+
+def run_info(path: str | os.PathLike) -> dict:
+    """What ``qkv info`` shows: model, tokenizer, training progress and results of a run."""
+    run = RunDir(path)
+    loaded = run.load()
+    c, n = loaded.config, sum(p.numel() for p in loaded.model.parameters())
+    info = {"run": str(run), "model": f"{type(loaded.model).__name__}, {n / 1e6:.3f} M parameters: "
+            f"d_model={c.d_model}, num_heads={c.num_heads}, num_layers={c.num_layers}, d_ff={c.ff_width}, "
+            f"max_len={c.max_len}, positional={c.positional}, norm_first={c.norm_first}, activation={c.activation}",
+            "tokenizer": f"{loaded.tokenizer.kind}, {loaded.tokenizer.vocab_size} tokens",
+            "step": int(run.weights_metadata().get("step", 0))}
+    t = run.read_json(run.TRAIN_CONFIG)
+    if isinstance(t, dict):
+        info["data"] = t.get("data") or t.get("pairs") or "the task's default data (embedded corpus)"
+        info["training"] = (f"task={t.get('task', 'lm')}, batch_size={t.get('batch_size')}, lr={t.get('lr')}, "
+                            f"seed={t.get('seed')}, budget: steps={t.get('max_steps')}, "
+                            f"minutes={t.get('max_minutes')}, tokens={t.get('max_tokens')}")
+        if t.get("init_from_hf"):
+            info["base"] = f"{t['init_from_hf']} (weights SHA-256 {str(t.get('init_sha256'))[:16]}…)"
+        if t.get("lora"):
+            info["lora"] = (f"rank {t['lora']}, alpha {t['lora_alpha']:g}, on {t['lora_targets']} "
+                            f"({run.ADAPTERS} over the base, merged on loading)")
+    s = run.read_json(run.SUMMARY)
+    if isinstance(s, dict):
+        for key, value in make_task(s.get("task", "lm")).info(s).items():
+            info[key] = f"{value} after {s['steps']} steps, {s['tokens_per_s']:.0f} tokens/s"
+    else:
+        info["status"] = "unfinished (continue with qkv train --resume --out RUN)"
+    return info

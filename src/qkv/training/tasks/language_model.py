@@ -1,0 +1,175 @@
+"""Decoder-only language modelling: predict each next token of a text.
+
+    loss = mean cross-entropy of next-token prediction (nats per token)
+    bits per character (bpc) = total nats / ln 2 / number of characters predicted
+
+A batch is ``batch_size`` windows of T + 1 tokens drawn uniformly from the training text;
+validation scores non-overlapping windows of the held-out text, beside gzip -9 and xz -9e.
+
+Shapes: B windows (a micro-batch), T context length, N tokens in a split, V vocabulary.
+"""
+from __future__ import annotations
+
+import gzip
+import lzma
+import math
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
+from ..finetune import Base, load_base
+from ...models import GPT, PRESETS, ModelConfig
+from .base import Task
+
+LN2 = math.log(2)
+
+
+def compressor_bpc(text: str) -> dict[str, float]:
+    """Bits per character of gzip -9 and xz -9e on ``text``: the floor a language model should beat."""
+    raw = text.encode("utf-8")
+    n = max(1, len(text))
+    return {"gzip_bpc": 8 * len(gzip.compress(raw, compresslevel=9, mtime=0)) / n,
+            "xz_bpc": 8 * len(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)) / n}
+
+
+def eval_starts(n_tokens: int, T: int, count: int | None) -> list[int]:
+    """Starts of non-overlapping windows over a split: every window (count None, the last one may be
+    shorter) or ``count`` full windows spread evenly over it."""
+    if count is None:
+        return list(range(0, n_tokens - 1, T))
+    full = (n_tokens - 1) // T
+    if full == 0:
+        return [0]
+    idx = torch.linspace(0, full - 1, min(count, full)).round().long().unique()
+    return (idx * T).tolist()
+
+
+def _window_groups(ids: Tensor, T: int, chunk: list[int]) -> list[Tensor]:
+    """Full windows stacked (B, T + 1); the last, shorter window alone (1, t + 1)."""
+    full = [s for s in chunk if s + T < len(ids)]
+    groups = [torch.stack([ids[s:s + T + 1] for s in full])] if full else []
+    return groups + [ids[s:][None] for s in chunk if s + T >= len(ids)]
+
+
+@torch.no_grad()
+def evaluate(model, ids: Tensor, T: int, starts: list[int], *, batch_size: int = 32, device="cpu",
+             autocast=nullcontext, rank: int = 0, world: int = 1) -> tuple[float, int]:
+    """Summed next-token cross-entropy (nats) and token count over the windows at ``starts``."""
+    was = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # nats, tokens
+    mine = starts[rank::world]
+    for lo in range(0, len(mine), batch_size):
+        for rows in _window_groups(ids, T, mine[lo:lo + batch_size]):
+            rows = rows.to(device)
+            with autocast():
+                logits = model(rows[:, :-1]).logits  # (B, T, V)
+            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum").double()
+            total[1] += rows[:, 1:].numel()
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    model.train(was)
+    return float(total[0]), int(total[1])
+
+
+def predicted_chars(tokenizer, text: str, ids: Tensor) -> int:
+    """Characters of ``text`` that its next-token predictions cover: all but the first token's."""
+    return len(text) - len(tokenizer.decode(ids[:1].tolist()))
+
+
+def held_out_bpc(model, tokenizer, text: str, T: int, **kwargs) -> float:
+    """Bits per character of ``model`` on the whole of ``text`` in non-overlapping windows of T tokens:
+    a run's final ``val_bpc`` when ``text`` is its held-out split (``kwargs`` as ``evaluate``)."""
+    ids = encode_corpus(tokenizer, text)  # (N,)
+    nats, _ = evaluate(model, ids, T, eval_starts(len(ids), T, None), **kwargs)
+    return nats / LN2 / predicted_chars(tokenizer, text, ids)
+
+
+class LanguageModelTask(Task):
+    """Next-token prediction on a text corpus with a GPT."""
+
+    name = "lm"
+    model_class = GPT
+
+    base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
+
+    def prepare(self, cfg, run, dist) -> None:
+        self.corpus = self.corpus if self.corpus is not None else load_corpus(cfg.data)
+        text = self.corpus.train + self.corpus.val if cfg.tokenizer == "char" else self.corpus.train
+        if cfg.init_from_hf:  # its weights, shape and tokenizer; on --resume it must be the same checkpoint
+            self.base = load_base(cfg.init_from_hf, expect_sha256=cfg.init_sha256)
+            cfg.init_sha256 = self.base.sha256
+        fit = (lambda: self.base.tokenizer) if self.base else \
+            (lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size))
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)
+        self.train_ids = encode_corpus(self.tokenizer, self.corpus.train)  # (N,)
+        self.val_ids = encode_corpus(self.tokenizer, self.corpus.val)  # (N_val,)
+        self.compressors = compressor_bpc(self.corpus.val)
+        self.val_chars = predicted_chars(self.tokenizer, self.corpus.val, self.val_ids)
+        self.chars_per_token = self.val_chars / max(1, len(self.val_ids) - 1)
+
+    def model_config(self, cfg) -> ModelConfig:
+        if self.base is not None:
+            return self.base.model.config  # vocab_size: the checkpoint's embeddings (its tokenizer may use fewer)
+        base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
+        return replace(base, vocab_size=self.tokenizer.vocab_size)
+
+    def build_model(self, mconf: ModelConfig) -> nn.Module:
+        return self.base.model if self.base is not None else super().build_model(mconf)
+
+    def check(self, cfg, mconf: ModelConfig, dist) -> None:
+        T = self.T = cfg.context or mconf.max_len
+        if T > mconf.max_len and mconf.positional == "learned":
+            raise ValueError(f"context {T} exceeds max_len {mconf.max_len} of learned positions")
+        if len(self.train_ids) < T + 1:
+            raise ValueError(f"training text is {len(self.train_ids)} tokens, shorter than one window of "
+                             f"context {T} + 1")
+        if len(self.val_ids) < 2:
+            raise ValueError(f"validation text is {len(self.val_ids)} tokens; need at least 2")
+        self.windows = self.train_ids.unfold(0, T + 1, 1)  # (N - T, T + 1), a view
+        self.val_sample = eval_starts(len(self.val_ids), T, cfg.eval_windows)
+        self.final_units = len(eval_starts(len(self.val_ids), T, None)) if cfg.final_eval else 0
+        self.tokens_per_step = cfg.batch_size * T
+        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.device = dist.device
+
+    def draw(self, generator: torch.Generator, cfg, dist) -> Tensor:
+        starts = torch.randint(len(self.windows), (cfg.batch_size,), generator=generator)  # the global batch
+        mine = starts.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B): this rank's slices
+        return self.windows[mine].to(self.device, non_blocking=True)  # (accum, B, T + 1)
+
+    def loss(self, model: nn.Module, micro: Tensor) -> Tensor:
+        return model(micro[:, :-1], targets=micro[:, 1:]).loss  # micro (B, T + 1)
+
+    def _score(self, model, starts, autocast, dist) -> tuple[float, int]:
+        return evaluate(model, self.val_ids, self.T, starts, device=self.device, autocast=autocast,
+                        rank=dist.rank, world=dist.world)
+
+    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
+        nats, n = self._score(model, self.val_sample, autocast, dist)
+        return {"val_loss": nats / n, "val_bpc": nats / n / LN2 / self.chars_per_token}, len(self.val_sample)
+
+    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
+        nats, n = self._score(model, eval_starts(len(self.val_ids), self.T, None), autocast, dist)
+        return {"val_loss": nats / n, "val_bpc": nats / LN2 / self.val_chars}
+
+    def describe(self) -> str:
+        return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
+                f"{self.corpus.source}: {len(self.train_ids) / 1e6:.2f} M training tokens, "
+                f"{len(self.corpus.val) / 1e6:.2f} M validation characters")
+
+    def summary(self) -> dict:
+        return self.compressors | {
+            "val_chars": len(self.corpus.val), "train_chars": len(self.corpus.train), "corpus": self.corpus.source,
+            "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
+
+    def info(self, s: dict) -> dict[str, str]:
+        return {"val_bpc": f"{s['val_bpc']:.4f} (gzip -9 {s['gzip_bpc']:.4f}, xz -9e {s['xz_bpc']:.4f})"}
+
+    def result_lines(self, s: dict) -> list[str]:
+        return [f"validation bits per character: model {s['val_bpc']:.3f} | gzip -9 {s['gzip_bpc']:.3f} | "
+                f"xz -9e {s['xz_bpc']:.3f}   ({s['val_chars']} characters held out)"]

@@ -1,0 +1,224 @@
+"""Translation with the paper's encoder-decoder: English → another language, from sentence pairs.
+
+    model = qkv.pointer.PointerTransformer: the Transformer that may also copy a source token (the
+            default, ``copy``; UI strings keep placeholders, options and paths verbatim), or qkv.Transformer
+    loss = label-smoothed cross-entropy of the next target token (ε = 0.1, the paper's §5.4)
+    decoding = beam search (K = 4, α = 0.6, §6.1) over a shared source/target vocabulary (§3.4)
+    scores = BLEU and chrF (sacrebleu) of the held-out pairs, beside copying the source and a
+             translation memory (the nearest training source's translation)
+
+A batch is ``batch_size`` pairs of similar length: pairs are sorted by length once and a batch is
+a random run of neighbours, so padding wastes little.
+
+Shapes: B pairs, S source length, T target length, V vocabulary.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+
+from ...generation.beam_search import Special, decode
+from ...data.catalogs import load_pairs
+from ...data import SPECIAL_TOKENS, BPETokenizer
+from ...models import PRESETS, ModelConfig, Transformer
+from ...models.pointer import PointerTransformer
+from .base import Task
+
+EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
+DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs (measured: 3–8)
+
+
+def special_tokens(tokenizer) -> Special:
+    """Start, end and padding of a sequence-to-sequence tokenizer; ValueError if it lacks them.
+
+    A checkpoint's tokenizer that carries its own (``qkv.interop.hf.load_pretrained``'s, for
+    Marian) gives those; qkv's BPE gives BOS, EOS and PAD, BOS and PAD never generated.
+    """
+    if getattr(tokenizer, "special", None) is not None:
+        return tokenizer.special
+    ids = [getattr(tokenizer, name, None) for name in ("bos_id", "eos_id", "pad_id")]
+    if any(i is None for i in ids):
+        raise ValueError(f"a translation tokenizer needs the special tokens {SPECIAL_TOKENS}; this one has none")
+    bos, eos, pad = ids
+    return Special(start=bos, eos=eos, pad=pad, suppress=(pad, bos))
+
+
+def pad_batch(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-pad token lists -> ids (B, L) and mask (B, L), True on real tokens."""
+    L = max(map(len, rows))
+    ids = torch.tensor([r + [pad] * (L - len(r)) for r in rows], dtype=torch.long)
+    return ids, ids.new_tensor([[True] * len(r) + [False] * (L - len(r)) for r in rows], dtype=torch.bool)
+
+
+def translate_texts(model: nn.Module, tokenizer, texts: list[str], *, num_beams: int = 4, length_penalty: float = 0.6,
+                    max_new_tokens: int | None = None, batch_size: int = 32, special: Special | None = None) -> list[str]:
+    """Translate each text with a ``qkv.Transformer`` (batched, sorted by length).
+
+    ``tokenizer.encode(text)`` gives the text's ids without EOS (appended here) and
+    ``tokenizer.decode`` reads the ids between start and EOS. ``special``: the decoding tokens,
+    by default ``special_tokens(tokenizer)``. Hugging Face's Marian decodes with
+    ``length_penalty=1.0`` and its generation_config's ``num_beams``.
+    """
+    if not isinstance(model, Transformer):
+        raise ValueError(f"translation needs an encoder-decoder qkv.Transformer, got {type(model).__name__}")
+    special, limit = special or special_tokens(tokenizer), model.config.max_len
+    device = next(model.parameters()).device
+    encoded = [tokenizer.encode(t)[: limit - 1] + [special.eos] for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    out = [""] * len(texts)
+    for lo in range(0, len(order), batch_size):
+        chunk = order[lo:lo + batch_size]
+        src, mask = pad_batch([encoded[i] for i in chunk], special.pad)
+        n = max_new_tokens or min(limit - 1, 2 * src.size(1) + 10)
+        ids = decode(model, src.to(device), src_mask=mask.to(device), max_new_tokens=n, special=special,
+                     num_beams=num_beams, length_penalty=length_penalty)
+        for i, row in zip(chunk, ids.tolist()):
+            out[i] = tokenizer.decode(row[1:row.index(special.eos)] if special.eos in row else row[1:])
+    return out
+
+
+def shared_vocabulary(pairs: list[tuple[str, str]], vocab_size: int, *, max_chars: int = 2_000_000) -> BPETokenizer:
+    """One byte-level BPE for both languages (the paper's shared vocabulary, §3.4), with SPECIAL_TOKENS.
+
+    Sources first, then targets: the trainer keeps every k-th piece of a long list, and on
+    interleaved (source, target) pieces k = 2 once kept English only.
+    """
+    texts = [s for s, _ in pairs] + [t for _, t in pairs]
+    return BPETokenizer.train(texts, vocab_size, max_chars=max_chars, special_tokens=SPECIAL_TOKENS)
+
+
+class TranslationTask(Task):
+    """Sentence pairs (default: the system's gettext catalogs, English → Simplified Chinese) with a Transformer."""
+
+    name = "translate"
+    model_class = Transformer
+
+    # --- data ------------------------------------------------------------------------------------
+    def prepare(self, cfg, run, dist) -> None:
+        if self.corpus is None:
+            self.corpus = load_pairs(cfg.data, target_lang=cfg.target_lang)  # data: a pairs file or catalogs
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist, lambda: shared_vocabulary(self.corpus.train,
+                                                                                       cfg.vocab_size))
+        self.special = special_tokens(self.tokenizer)
+        self.model_class = PointerTransformer if cfg.copy else Transformer
+        self.train_pairs = self.encode(self.corpus.train)
+        self.val_pairs = self.encode(self.corpus.val)
+
+    def encode(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """(source ids + EOS, BOS + target ids + EOS) for each pair."""
+        enc = self.tokenizer.tokenizer.encode_batch([s for pair in pairs for s in pair])
+        e, b = self.special.eos, self.special.start
+        return [(enc[2 * i].ids + [e], [b] + enc[2 * i + 1].ids + [e]) for i in range(len(pairs))]
+
+    def model_config(self, cfg) -> ModelConfig:
+        base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
+        return replace(base, vocab_size=self.tokenizer.vocab_size)
+
+    def check(self, cfg, mconf: ModelConfig, dist) -> None:
+        fits = lambda p: len(p[0]) <= mconf.max_len and len(p[1]) <= mconf.max_len + 1  # noqa: E731
+        dropped = sum(not fits(p) for p in self.train_pairs)
+        self.train_pairs = sorted((p for p in self.train_pairs if fits(p)), key=lambda p: (len(p[0]) + len(p[1]), p))
+        self.val_fit = [i for i, p in enumerate(self.val_pairs) if fits(p)]
+        if len(self.train_pairs) < cfg.batch_size:
+            raise ValueError(f"{len(self.train_pairs)} training pairs fit max_len {mconf.max_len}; "
+                             f"need at least batch_size={cfg.batch_size}")
+        if dropped and dist.is_main and cfg.progress:
+            print(f"qkv: {dropped} training pairs longer than max_len {mconf.max_len} tokens left out", file=sys.stderr)
+        mean = sum(len(s) + len(t) - 1 for s, t in self.train_pairs) / len(self.train_pairs)
+        self.tokens_per_step = round(cfg.batch_size * mean)
+        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.eval_sample = self.val_fit[:: max(1, len(self.val_fit) // EVAL_PAIRS)][:EVAL_PAIRS]
+        self.final_units = DECODE_COST * len(self.val_pairs) if cfg.final_eval else 0
+        self.device, self.label_smoothing, self.cfg = dist.device, cfg.label_smoothing, cfg
+
+    # --- training --------------------------------------------------------------------------------
+    def batch(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[Tensor, ...]:
+        """src (B, S), src_mask (B, S), tgt_in (B, T), targets (B, T) with -100 on padding."""
+        src, src_mask = pad_batch([s for s, _ in pairs], self.special.pad)
+        tgt, tgt_mask = pad_batch([t for _, t in pairs], self.special.pad)
+        targets = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)
+        return tuple(x.to(self.device, non_blocking=True) for x in (src, src_mask, tgt[:, :-1], targets))
+
+    def draw(self, generator: torch.Generator, cfg, dist) -> list:
+        n = len(self.train_pairs)
+        start = int(torch.randint(n - cfg.batch_size + 1, (1,), generator=generator))  # neighbours in length
+        idx = torch.arange(start, start + cfg.batch_size)[torch.randperm(cfg.batch_size, generator=generator)]
+        slices = idx.view(cfg.grad_accum, dist.world, self.micro)  # (accum, world, B)
+        tokens = torch.tensor([len(t) - 1 for _, t in self.train_pairs[start:start + cfg.batch_size]])
+        counts = tokens[slices - start].sum(-1)  # (accum, world): target tokens of each micro-batch
+        weights = (counts * counts.numel() / counts.sum())[:, dist.rank]  # (accum,): see ``loss``
+        return [self.batch([self.train_pairs[i] for i in row.tolist()]) + (float(w),)
+                for row, w in zip(slices[:, dist.rank], weights)]
+
+    def loss(self, model: nn.Module, micro) -> Tensor:
+        """The micro-batch's mean token loss × its weight: the recipe's mean over micro-batches and
+        processes is then the mean over every target token of the step, as in one process."""
+        src, src_mask, tgt_in, targets, weight = micro
+        out = model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.label_smoothing)
+        return out.loss * weight
+
+    # --- validation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def nll(self, model: nn.Module, indices: list[int], autocast, dist) -> float:
+        """Mean cross-entropy (nats per target token, no smoothing) of held-out pairs ``indices``."""
+        was, total = model.training, torch.zeros(2, dtype=torch.float64, device=self.device)
+        model.eval()
+        mine = indices[dist.rank::dist.world]
+        for lo in range(0, len(mine), 64):
+            src, src_mask, tgt_in, targets = self.batch([self.val_pairs[i] for i in mine[lo:lo + 64]])
+            with autocast():
+                logits = model(src, tgt_in, src_mask=src_mask).logits  # (B, T, V)
+            total[0] += nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                                    ignore_index=-100, reduction="sum").double()
+            total[1] += (targets != -100).sum()
+        model.train(was)
+        total = dist.sum(total)
+        return float(total[0] / total[1])
+
+    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
+        return {"val_loss": self.nll(model, self.eval_sample, autocast, dist)}, len(self.eval_sample)
+
+    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
+        from ..metrics import baselines, bleu, chrf
+
+        sources = [s for s, _ in self.corpus.val]
+        refs = [t for _, t in self.corpus.val]
+        lang = self.corpus.target_lang
+        with autocast():
+            beam = translate_texts(model, self.tokenizer, sources, num_beams=self.cfg.num_beams,
+                                   length_penalty=self.cfg.length_penalty)
+            greedy = translate_texts(model, self.tokenizer, sources, num_beams=1)
+        examples = [{"source": s, "reference": r, "translation": h} for s, r, h in list(zip(sources, refs, beam))[:8]]
+        return {"val_loss": self.nll(model, self.val_fit, autocast, dist), "bleu": bleu(beam, refs, target_lang=lang),
+                "chrf": chrf(beam, refs), "greedy_bleu": bleu(greedy, refs, target_lang=lang),
+                "greedy_chrf": chrf(greedy, refs)} | baselines(self.corpus) | {"examples": examples}
+
+    # --- reporting ---------------------------------------------------------------------------------
+    def describe(self) -> str:
+        c = self.corpus
+        return (f"{self.tokenizer.vocab_size}-token shared BPE) on {c.source}: {len(self.train_pairs)} training "
+                f"pairs, {len(c.val)} held out, from {c.catalogs} catalogs")
+
+    def summary(self) -> dict:
+        c = self.corpus
+        return {"corpus": c.source, "target_lang": c.target_lang, "catalogs": c.catalogs,
+                "skipped_catalogs": c.skipped_catalogs, "train_pairs": len(c.train), "val_pairs": len(c.val),
+                "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size,
+                "num_beams": self.cfg.num_beams, "length_penalty": self.cfg.length_penalty,
+                "architecture": self.model_class.__name__}
+
+    def info(self, s: dict) -> dict[str, str]:
+        return {"scores": f"BLEU {s['bleu']:.1f}, chrF {s['chrf']:.1f} (beam {s['num_beams']}); greedy chrF "
+                          f"{s['greedy_chrf']:.1f}; copy {s['copy_bleu']:.1f} / {s['copy_chrf']:.1f}; translation "
+                          f"memory {s['memory_bleu']:.1f} / {s['memory_chrf']:.1f}"}
+
+    def result_lines(self, s: dict) -> list[str]:
+        return [f"held-out translation ({s['val_pairs']} pairs, {s['target_lang']}): "
+                f"BLEU {s['bleu']:.1f}  chrF {s['chrf']:.1f}  (beam {s['num_beams']}, greedy chrF "
+                f"{s['greedy_chrf']:.1f})",
+                f"  baselines: copy the source BLEU {s['copy_bleu']:.1f} chrF {s['copy_chrf']:.1f} | translation "
+                f"memory BLEU {s['memory_bleu']:.1f} chrF {s['memory_chrf']:.1f}"]
