@@ -1,13 +1,15 @@
-"""Greedy decoding against the memory roofline: qkv eager and compiled vs Hugging Face ``generate``.
+"""Greedy decoding against the memory roofline: qkv's backends (auto, compiled, eager) vs Hugging Face ``generate``.
 
     python -m benchmarks.generation [--quick] [--no-compile] [--compile-cost] [--batches N ...]
 
 Model: GPT-2's shape at CPU size (6 layers, d_model 512, 8 heads, vocabulary 8192, 23.6 M parameters,
 fp32), HF ``GPT2LMHeadModel`` on the identical weights (``qkv.interop.to_hf``). Prompt 16 tokens, 128 new
 (32 with --quick), batch 1, 8 and 32; contenders interleaved, median tokens/s; every contender's tokens
-equal qkv eager's (asserted). At batch 1 also qkv without its KV cache. "compiled" is
-``generate(compile=True)``: qkv's fused C++ step (``qkv.decoder_step``) at batch 1 (up to 4 rows), where
-"inductor" (``compile="inductor"``, torch.compile's step) is timed beside it; inductor's beyond.
+equal qkv auto's (asserted). "auto" is ``generate``'s default backend (the model's forward with its linears
+served by ``qkv.kernels``); "compiled" is ``backend="fused"`` (qkv's C++ step, ``qkv.kernels.fused_step``) up
+to 4 rows, where "inductor" (``backend="inductor"``, torch.compile's step) is timed beside it, and inductor's
+beyond. At batch 1 also "eager" (``backend="eager"``: the reference modules as written) and qkv without its
+KV cache.
 
 Roofline: at batch 1 each new token reads every weight once, so tokens/s ≤ bandwidth / weight bytes.
 The bandwidth is measured in the same run, twice. First the peak: the fastest that any of five kernels
@@ -24,7 +26,7 @@ table's "of roofline" is the median of those calls' fractions, the rounds' figur
 to back and nothing else — eagerly and compiled into one function —: the best a decoder that calls
 one kernel per weight matrix can do here.
 
---compile-cost times ``generate(compile="inductor")``'s first call in two fresh processes sharing an empty
+--compile-cost times ``generate(backend="inductor")``'s first call in two fresh processes sharing an empty
 inductor cache directory (the first compiles, the second reads inductor's on-disk cache), then the fused
 step's in two sharing an empty qkv cache (the first builds qkv's C++ kernels, the second loads them).
 """
@@ -43,11 +45,10 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.kernels import fused_step as decoder_step
+from qkv.kernels import fused_step
 from qkv.kernels import build as matvec
 from qkv.generation.backends import unguarded
 from qkv.interop import to_hf
-from qkv.kernels.linear import end_to_end
 from qkv.kernels.linear import linear as qkv_linear
 
 from .common import bandwidths, machine_info, stream_matrix, stream_reads, table, time_interleaved
@@ -75,36 +76,24 @@ def weight_bytes(model) -> int:
     return total
 
 
-def products(model, packed: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(weight, bias) of each matrix-vector product of a decoding step, in the model's order: with
-    ``packed``, each self-attention's q, k and v as the one product the eager model computes
-    (``qkv.kernels.linear.end_to_end``); without, every Linear on its own (as the compiled step reads them)."""
-    out, done = [], set()
-    with torch.no_grad():
-        for m in model.modules():
-            attention = packed and isinstance(m, qkv.MultiHeadAttention)
-            block = end_to_end(m.q_proj, m.k_proj, m.v_proj) if attention else None
-            if block is not None:
-                out.append(block)
-                done |= {m.q_proj, m.k_proj, m.v_proj}
-            elif isinstance(m, torch.nn.Linear) and m not in done:
-                out.append((m.weight, m.bias))
-    return out
+def products(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of each matrix-vector product of a decoding step, in the model's order."""
+    return [(m.weight, m.bias) for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def weights_only(model, tokens: int, compile: bool = True) -> dict[str, tuple[int, object]]:
     """{name: (tokens, fn)}: ``fn`` runs the model's matrix-vector products alone, in the model's order,
-    ``tokens`` times: through ``qkv.kernels.linear.linear`` (what the eager model runs, q, k and v as one), through
-    ``F.linear`` (MKL's, one core) and, with ``compile``, ``qkv.kernels.linear.linear`` compiled into one function
-    (what the compiled step runs: qkv's kernel where it is built, else inductor's fused reductions)."""
-    def one_pass(fn, packed):
-        weights = products(model, packed)
+    ``tokens`` times: through ``qkv.kernels.linear.linear`` (what backend "auto" runs), through ``F.linear``
+    (MKL's, one core: backend "eager") and, with ``compile``, ``qkv.kernels.linear.linear`` compiled into one
+    function (what inductor's step runs: qkv's kernel where it is built, else inductor's fused reductions)."""
+    def one_pass(fn):
+        weights = products(model)
         inputs = [torch.randn(1, w.size(1)) for w, _ in weights]
         return lambda: [fn(x, w, b) for (w, b), x in zip(weights, inputs)]
 
-    passes = {"qkv.linear": one_pass(qkv_linear, True), "F.linear": one_pass(F.linear, False)}
+    passes = {"qkv.kernels.linear": one_pass(qkv_linear), "F.linear": one_pass(F.linear)}
     if compile:
-        compiled = torch.compile(one_pass(qkv_linear, False), dynamic=False)
+        compiled = torch.compile(one_pass(qkv_linear), dynamic=False)
         with torch.inference_mode():
             compiled()  # compiles
         passes["compiled"] = lambda: unguarded_call(compiled)  # as generate's steps: guards checked once
@@ -123,12 +112,18 @@ def unguarded_call(compiled):
 
 
 def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
-    calls = {"qkv eager": lambda: model.generate(ids, new, temperature=0)}
-    if compile:  # True: qkv's fused step where it runs the batch, else inductor's; and inductor's beside it
-        calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0, compile=True)
-        if not decoder_step.unsupported(model, ids.size(0)):
-            calls["qkv inductor"] = lambda: model.generate(ids, new, temperature=0, compile="inductor")
-    if ids.size(0) == 1:  # what the KV cache buys: a full forward over the whole sequence per token
+    """{name: a call of generate}: "qkv auto" (the default backend: the forward, linears through the kernels),
+    "qkv compiled" (the fused step where it runs the batch, else inductor's) with "qkv inductor" beside it, and
+    at batch 1 "qkv eager" (the reference modules as written) and "qkv no cache"."""
+    calls = {"qkv auto": lambda: model.generate(ids, new, temperature=0)}
+    if compile:
+        fused = fused_step.unsupported(model, ids.size(0)) is None
+        calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0,
+                                                       backend="fused" if fused else "inductor")
+        if fused:
+            calls["qkv inductor"] = lambda: model.generate(ids, new, temperature=0, backend="inductor")
+    if ids.size(0) == 1:  # the reference modules, and what the KV cache buys: a full forward per token
+        calls["qkv eager"] = lambda: model.generate(ids, new, temperature=0, backend="eager")
         calls["qkv no cache"] = lambda: model.generate(ids, new, temperature=0, use_cache=False)
     calls["HF generate"] = lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                                min_new_tokens=new, do_sample=False, pad_token_id=0)
@@ -140,13 +135,13 @@ def prompt(batch: int) -> torch.Tensor:
 
 
 def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, beside: dict = None) -> dict:
-    """Tokens/s of each contender at this batch size; asserts they all produce qkv eager's tokens.
+    """Tokens/s of each contender at this batch size; asserts they all produce qkv auto's tokens.
     ``beside`` {name: (units, fn)} are timed in the same rounds, their rate in units/s."""
     calls = contenders(model, hf, prompt(batch), new, compile)
     with torch.inference_mode():
-        reference = calls["qkv eager"]()
+        reference = calls["qkv auto"]()
         for name, fn in calls.items():
-            assert torch.equal(fn(), reference), f"{name} generated different tokens from qkv eager"
+            assert torch.equal(fn(), reference), f"{name} generated different tokens from qkv auto"
         units = dict.fromkeys(calls, batch * new)
         for name, (n, fn) in (beside or {}).items():
             units[name], calls[name] = n, fn
@@ -154,7 +149,7 @@ def run_batch(model, hf, batch: int, new: int, *, compile: bool, repeats: int, b
     return {name: units[name] / s for name, s in seconds.items()}
 
 
-DECODERS = ("qkv eager", "qkv compiled", "qkv inductor")
+DECODERS = ("qkv auto", "qkv compiled", "qkv inductor", "qkv eager")
 
 
 def paired_roofline(model, hf, new: int, nbytes: int, compile: bool, repeats: int) -> dict[str, list[float]]:
@@ -206,7 +201,7 @@ def compile_child(mode: str) -> None:
     model, _ = build()
     ids = torch.randint(0, CONFIG.vocab_size, (1, PROMPT))
     t0 = time.perf_counter()
-    model.generate(ids, 8, temperature=0, compile=mode)
+    model.generate(ids, 8, temperature=0, backend=mode)
     print(f"{time.perf_counter() - t0:.2f}")
 
 
@@ -220,9 +215,9 @@ def floor_decoders(new: int, compile: bool) -> dict[str, tuple[int, object]]:
     torch.manual_seed(0)
     small = qkv.GPT(FLOOR).eval()
     ids = torch.randint(0, FLOOR.vocab_size, (1, PROMPT))
-    out = {"floor, eager": (new, lambda: small.generate(ids, new, temperature=0))}
+    out = {"floor, auto": (new, lambda: small.generate(ids, new, temperature=0))}
     if compile:
-        out["floor, compiled"] = (new, lambda: small.generate(ids, new, temperature=0, compile=True))
+        out["floor, compiled"] = (new, lambda: small.generate(ids, new, temperature=0, backend="fused"))
     with torch.inference_mode():
         for _, fn in out.values():
             fn()  # compiles
@@ -274,7 +269,7 @@ def roofline_rows(results: dict, roofline: float, paired: dict | None = None) ->
         row = [batch] + [rate(n) for n in DECODERS + ("HF generate",)]
         row += [f"{tps[n] / hf:.2f}x" if n in tps else "-" for n in DECODERS]
         row += [" / ".join(f"{fraction(n):.2f}" for n in DECODERS if n in tps) if batch == 1 else "-"]
-        row += [f"{tps['qkv eager'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
+        row += [f"{tps['qkv auto'] / tps['qkv no cache']:.1f}x" if "qkv no cache" in tps else "-"]
         rows.append(row)
     return rows
 
@@ -287,8 +282,9 @@ def report_paired(paired: dict, results: dict, roofline: float) -> None:
               f"{name} {results[1][name] / roofline:.2f}" for name in paired))
 
 
-HEADER = ["batch", "qkv eager tok/s", "qkv compiled tok/s", "inductor tok/s", "HF tok/s", "eager / HF",
-          "compiled / HF", "inductor / HF", "of roofline (eager / compiled / inductor)", "eager / no cache"]
+HEADER = ["batch", "qkv auto tok/s", "qkv compiled tok/s", "inductor tok/s", "qkv eager tok/s", "HF tok/s",
+          "auto / HF", "compiled / HF", "inductor / HF", "eager / HF",
+          "of roofline (auto / compiled / inductor / eager)", "auto / no cache"]
 
 
 def main(argv=None) -> str:

@@ -1,5 +1,6 @@
 """qkv.decoder_step: the fused C++ decode step against the model's own forward (the reference): logits,
 KV caches and tokens, for every architecture it takes; what it refuses and why; its errors."""
+import dataclasses
 import importlib
 import re
 import warnings
@@ -26,6 +27,10 @@ CONFIGS = {  # every norm, activation, positional encoding and head grouping the
     # dot.h's vector paths: head_dim 80 = 64 + 16 (and d_model 160), head_dim 72 = 64 + 8 left to the reference loop
     "head_dim 80, d_model 160": dict(d_model=160, num_heads=2),
     "head_dim 72, rope": dict(d_model=144, num_heads=2, positional="rope"),
+    # the sections' own: a head width apart from d_model / heads (Qwen3, Gemma), a bias on q, k, v only (Qwen2)
+    "head_dim 16 of d_model 32 at 4 heads": dict(attention=qkv.models.AttentionConfig(num_heads=4, head_dim=16)),
+    "q/k/v biased, out and MLP not, rope": dict(positional="rope", attention=qkv.models.AttentionConfig(
+        num_heads=4, out_bias=False), feed_forward=qkv.models.FeedForwardConfig(bias=False)),
 }
 
 
@@ -317,3 +322,97 @@ def test_activations_far_outside_exp_range_give_their_limits(activation):
     with torch.no_grad():
         got = decoder_step.FusedStep(model)(logits.argmax(-1)[:, None], cache.slots, cache.layers, cache.slot_ids[5:6])
     assert torch.isfinite(got).all()
+
+
+# --- the allow-list: what the step was not built for falls back, decoded the reference way -------------------
+
+class ScaledAttention(qkv.MultiHeadAttention):
+    """The same weights, the output scaled: what a user's variant of a block's attention looks like."""
+
+    def forward(self, x, *args, **kwargs):
+        out = super().forward(x, *args, **kwargs)
+        return (out[0] * 30, out[1]) if isinstance(out, tuple) else out * 30
+
+
+class ScaledFeedForward(qkv.FeedForward):
+    def forward(self, x):
+        return 30 * super().forward(x)
+
+
+class NormedFeedForward(torch.nn.Module):
+    """A feed-forward behind an added norm (in the spirit of a QK-norm or a sandwich norm)."""
+
+    def __init__(self, ff, d_model):
+        super().__init__()
+        self.norm, self.ff = torch.nn.LayerNorm(d_model), ff
+
+    def forward(self, x):
+        return 30 * self.ff(self.norm(x))
+
+
+def subclassed_attention(model):
+    model.blocks[1].attn.__class__ = ScaledAttention
+    return model
+
+
+def subclassed_feed_forward(model):
+    model.blocks[0].ff.__class__ = ScaledFeedForward
+    return model
+
+
+def added_norm(model):
+    model.blocks[0].ff = NormedFeedForward(model.blocks[0].ff, model.config.d_model)
+    return model
+
+
+def extra_module(model):
+    model.blocks[0].attn.q_norm = torch.nn.RMSNorm(model.config.head_dim)  # held, though this forward ignores it
+    return model
+
+
+@built
+@pytest.mark.parametrize("change, reason", [
+    (subclassed_attention, "blocks.1.attn is a ScaledAttention where a qkv.GPT of this config has a MultiHeadAttention"),
+    (subclassed_feed_forward, "blocks.0.ff is a ScaledFeedForward where a qkv.GPT of this config has a FeedForward"),
+    (added_norm, "blocks.0.ff is a NormedFeedForward where a qkv.GPT of this config has a FeedForward"),
+    (extra_module, "blocks.0.attn.q_norm is a RMSNorm where a qkv.GPT of this config has nothing of the kind"),
+])
+def test_a_module_it_does_not_know_falls_back_to_the_reference_tokens(change, reason, monkeypatch):
+    """The issue's experiment: a block's attention or feed-forward subclassed (same weights, output scaled), or a
+    norm added. A deny-list decoded these as the unmodified model; the allow-list refuses them, generate says why
+    once, and the greedy tokens are the model's own."""
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
+    plain, model = tiny(), change(tiny())
+    ids = torch.randint(0, 64, (1, 5))
+    assert decoder_step.unsupported(model, 1) == reason
+    want = model.generate(ids, 12, temperature=0)
+    assert change is extra_module or not torch.equal(want, plain.generate(ids, 12, temperature=0))  # really another model
+    with pytest.warns(BackendFallback, match=re.escape(reason)):
+        assert torch.equal(model.generate(ids, 12, temperature=0, compile=True), want)
+    assert decoder_step.unsupported(plain, 1) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionWithQKNorm(qkv.models.AttentionConfig):
+    """A ModelConfig section that has grown a field (as a later issue will add one)."""
+
+    qk_norm: bool = False
+
+
+@built
+def test_a_config_field_it_does_not_declare_is_refused_until_it_does(monkeypatch):
+    new = qkv.models.ModelConfig.preset("tiny", attention=AttentionWithQKNorm(num_heads=4, qk_norm=True))
+    assert decoder_step.unsupported(qkv.GPT(new), 1) == (
+        "config field attention.qk_norm=True, which the fused step does not declare")
+    at_default = new.replace(attention=AttentionWithQKNorm(num_heads=4))
+    assert decoder_step.unsupported(qkv.GPT(at_default), 1) is None  # its default: what the step computes
+    monkeypatch.setitem(decoder_step.CONFIG, "attention.qk_norm", {True})
+    assert decoder_step.unsupported(qkv.GPT(new), 1) is None  # declared: accepted
+
+
+@built
+def test_every_config_field_is_declared_or_at_its_default():
+    """The fused step's CONFIG names no field that ModelConfig lacks, and every field it leaves out is one
+    whose default value it computes."""
+    fields = decoder_step.config_fields(qkv.models.ModelConfig())
+    assert set(decoder_step.CONFIG) <= set(fields), set(decoder_step.CONFIG) - set(fields)

@@ -31,8 +31,8 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
 def cpu_threads() -> int:
     """Threads for CPU work: the cores that other processes leave free (at least one).
 
-    On a busy machine OpenMP's threads wait on each other at every operation: two threads on two
-    cores shared with other jobs ran 10x slower than one thread here. OMP_NUM_THREADS wins if set.
+    On a busy machine OpenMP's threads wait on each other at every operation, so threads on cores that
+    other jobs share run slower than fewer threads. OMP_NUM_THREADS wins if set.
     """
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..checks import check_positive_int
 from ..nn.kv_cache import reorder_kv
 from .backends import speed_layer
 
@@ -218,10 +219,8 @@ def decode(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_to
     the model as written; the same tokens either way."""
     if backend not in ("auto", "eager"):
         raise ValueError(f"backend must be 'auto' or 'eager' for the encoder-decoder, got {backend!r}")
-    if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive int, got {num_beams!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    check_positive_int("num_beams", num_beams)
+    check_positive_int("max_new_tokens", max_new_tokens)
     if src_mask is not None and (src_mask.dtype != torch.bool or src_mask.shape != src_ids.shape):
         raise ValueError(f"src_mask must be bool with the shape of src_ids {tuple(src_ids.shape)}, "
                          f"got {src_mask.dtype} {tuple(src_mask.shape)}")

@@ -10,6 +10,7 @@ import functools
 import torch
 from torch import Tensor
 
+from ..checks import check_positive_int
 from ..kernels import fused_step
 from . import backends
 from .sampling import next_token
@@ -23,8 +24,7 @@ def check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    check_positive_int("top_k", top_k, optional=True)
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if mask is not None and (mask.dtype != torch.bool or mask.shape != ids.shape):
@@ -44,7 +44,7 @@ class StaticCache:
         self.slots = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, M)
         self.slot_ids = torch.arange(capacity, device=device)  # a step's input_pos is a view of this: no allocation
         # Each step's input_pos (1,) and column of slots (B,), views made once: on a CPU, after a token's
-        # weights have streamed through its caches, each indexing op of a step costs 10-30 µs (measured).
+        # weights have streamed through its caches, each small op of a step costs several times its usual time.
         self.step_pos, self.slot_columns = self.slot_ids.split(1), self.slots.unbind(1)
         self.forward = backends.last_logits(model)  # the prefill, and every step unless compiled
         self.step_fn = backends.step_function(model, batch, backend)
@@ -83,7 +83,7 @@ class StaticCache:
         """Up to n greedy steps, the first feeding tok (B,) into ``slot``, the tokens ``step`` and argmax
         would give one at a time (eos as ``generate``'s, ``finished`` (B,) updated) -> (B, k), k ≤ n.
         One call from Python for all of them: on a CPU, after a token's weights have streamed through its
-        caches, each op of Python's loop (the argmax, the token's write) costs 10-30 µs (measured)."""
+        caches, each op of Python's loop (the argmax, the token's write) costs several times its usual time."""
         return self.step_fn.greedy(tok.view(-1, 1), self.slots, self.layers, slot, n, eos_id, finished)
 
 

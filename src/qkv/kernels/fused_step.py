@@ -18,6 +18,7 @@ default value only, so a field added to ``ModelConfig`` later is refused until t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import Tensor, nn
@@ -84,13 +85,22 @@ def describe(accepts) -> str:
     return "full attention in every layer" if callable(accepts) else " or ".join(repr(v) for v in sorted(accepts, key=str))
 
 
+@functools.lru_cache(maxsize=8)
+def skeleton(config: ModelConfig) -> dict[str, type]:
+    """Every module a ``qkv.GPT`` of this config holds, by name, and its type (built on the meta device)."""
+    with torch.device("meta"):
+        return {name: type(m) for name, m in GPT(config).named_modules()}
+
+
 def refused_module(model: GPT) -> str | None:
-    """The first module of a type the step was not built for (or hooked, or not as the config says); None when all pass."""
-    c, rope = model.config, model.blocks[0].attn.rope
+    """The first module not exactly as a GPT of its config holds it (another type, an extra or a missing one,
+    hooks, settings apart from the config); None when all pass."""
+    c, rope, expected = model.config, model.blocks[0].attn.rope, skeleton(model.config)
     for name, m in model.named_modules():
         where = name or "the model"
-        if type(m) not in MODULES:
-            return f"{where} is a {type(m).__name__}, which the fused step was not built for"
+        if type(m) not in MODULES or name not in expected or not same_kind(type(m), expected[name]):
+            want = f"a {expected[name].__name__}" if name in expected else "nothing of the kind"
+            return f"{where} is a {type(m).__name__} where a qkv.GPT of this config has {want}"
         if m._forward_hooks or m._forward_pre_hooks:
             return f"{where} has hooks (the fused step would not call them)"
         if type(m) in NORMS and getattr(m, "weight", None) is None:
@@ -99,7 +109,14 @@ def refused_module(model: GPT) -> str | None:
             return f"{where} has eps {m.eps} where the config says {c.normalization.eps}"
         if type(m) is MultiHeadAttention and (m.rope is not rope or m.alibi is not None or m.kv_dim != c.d_model):
             return f"{where}: attention whose position or key width differs from the model's"
-    return None
+    missing = sorted(set(expected) - {name for name, _ in model.named_modules()})
+    return f"the model lacks {missing[0]}, which a qkv.GPT of this config has" if missing else None
+
+
+def same_kind(got: type, want: type) -> bool:
+    """The type a GPT holds there; a linear the speed layer swapped in (KernelLinear) counts as nn.Linear."""
+    linear = (nn.Linear, KernelLinear)
+    return got is want or (got in linear and want in linear)
 
 
 def unsupported(model, batch: int) -> str | None:
