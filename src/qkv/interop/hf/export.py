@@ -1,0 +1,82 @@
+"""``to_hf``: a qkv model as the ``transformers`` model of the family that can hold it, with exact copies
+of its weights (the family's rule table, read backwards).
+
+Which family: the ones whose qkv model class matches, told apart by one config value
+(``Family.export_when``: GPT-2 for learned PE, LLaMA for RoPE). Whatever that family has no
+counterpart for is listed in one ValueError before ``transformers`` is imported.
+"""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ...models import GPT, ModelConfig, Transformer
+from ...models.pointer import PointerTransformer
+from .families import FAMILIES
+from .family import Family
+
+
+def exporting_families() -> list[Family]:
+    return [f for f in FAMILIES.values() if f.export is not None]
+
+
+def family_to_write(model_class: type, c: ModelConfig) -> Family:
+    """The family ``to_hf`` writes a ``model_class`` of config ``c`` as; TypeError/ValueError naming the choices."""
+    mine = [f for f in exporting_families() if issubclass(model_class, f.model)]
+    if not mine:
+        offers = {}
+        for f in exporting_families():
+            offers.setdefault(f.model.__name__, []).append(f.name)
+        raise TypeError("to_hf converts " + " or ".join(f"a qkv.{cls} (to {' or '.join(names)})"
+                                                        for cls, names in offers.items())
+                        + f", got {model_class.__name__}")
+    chosen = [f for f in mine if f.export_when is None or getattr(c, f.export_when[0]) == f.export_when[1]]
+    if not chosen:
+        field = mine[0].export_when[0]
+        wants = " or ".join(f"{f.export_when[1]!r} ({f.name})" for f in mine)
+        raise ValueError(f"to_hf needs {field}={wants}, got {getattr(c, field)!r}")
+    return chosen[0]
+
+
+def hf_config(c: ModelConfig, model_class: type = GPT) -> tuple[Family, dict]:
+    """The family and the HF config fields ``to_hf`` writes for a ``model_class`` of config ``c``;
+    ValueError listing whatever has no counterpart in that family."""
+    family, problems = family_to_write(model_class, c), []
+    fields = family.export(c, problems)
+    if problems:
+        raise ValueError(f"no Hugging Face {family.name} counterpart for this model: " + "; ".join(problems))
+    return family, fields
+
+
+def hf_state(model: nn.Module, family: Family, hf: nn.Module) -> dict[str, Tensor]:
+    """The HF model's state dict, every weight from ``model`` through the family's rules."""
+    c, own, prefix = model.config, model.state_dict(), family.base + "."
+    state = {family.full_key(r.hf, prefix): r.to_hf(tuple(own[q] for q in r.qkv)).contiguous() for r in family.rules(c)}
+    state |= {family.full_key(k, prefix): state[family.full_key(src, prefix)]
+              for k, src in family.copies(c).items()}  # tied names
+    state |= {k: v for k, v in hf.state_dict().items() if family.ignored.fullmatch(k)}  # tables HF computes itself
+    return state
+
+
+def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
+    """A ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel holding exact copies of ``model``'s weights.
+
+    learned PE + LayerNorm → GPT-2; RoPE + RMSNorm + swiglu/geglu → LLaMA (interleaved RoPE is
+    stored half-split, q/k rows permuted; its head_dim and attention/MLP biases as they are); a
+    post-LN Transformer with split sinusoids → Marian (no logits bias: a zero final_logits_bias).
+    ``config_kwargs`` go to the HF config (e.g. ``eos_token_id=…``, ``attn_implementation="eager"``);
+    special-token ids default to None.
+    """
+    if isinstance(model, PointerTransformer):
+        raise TypeError(f"{type(model).__name__}'s copy mechanism has no Hugging Face counterpart; "
+                        "to_hf converts a plain qkv.Transformer (train with --no-copy)")
+    family, fields = hf_config(getattr(model, "config", None), type(model))
+    import transformers
+
+    config_name, model_name = family.hf_classes
+    hf = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**fields, **config_kwargs}))
+    try:
+        hf.load_state_dict(hf_state(model, family, hf), strict=True)
+    except RuntimeError as e:  # an older transformers whose config lacks a field written here (head_dim < 4.45)
+        raise ValueError(f"transformers {transformers.__version__}'s {model_name} cannot hold this model: "
+                         f"{str(e).splitlines()[-1].strip()}") from None
+    return hf.to(device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype).eval()

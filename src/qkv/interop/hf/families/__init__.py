@@ -1,0 +1,24 @@
+"""The Hugging Face families qkv reads and writes, one module each, registered in ``FAMILIES`` by model_type.
+
+A family module holds what is particular to it — its HF config -> ModelConfig mapping, its weight
+rule table, its export config, its ignored keys, its HF class names — and ends with ``FAMILY``, a
+``Family``. Adding one is writing that module and adding it to ``BUILT_IN`` (or, from outside qkv,
+calling ``register_family``); neither the loader nor the exporter changes.
+"""
+from __future__ import annotations
+
+from ..family import Family
+from . import bert, gpt2, llama, marian
+
+BUILT_IN = (gpt2.FAMILY, llama.FAMILY, bert.FAMILY, marian.FAMILY)
+FAMILIES: dict[str, Family] = {f.model_type: f for f in BUILT_IN}
+
+
+def register_family(family: Family, *, replace: bool = False) -> None:
+    """Make ``from_hf`` load checkpoints of ``family.model_type`` (and ``to_hf`` write them, if it exports)."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a qkv.interop.hf.Family, got {type(family).__name__}")
+    if family.model_type in FAMILIES and not replace:
+        raise ValueError(f"model_type {family.model_type!r} is already registered (pass replace=True to replace it)")
+    FAMILIES[family.model_type] = family
+

@@ -1,0 +1,85 @@
+"""LLaMA (Touvron et al. 2023): RoPE half-split (rope_theta) · RMSNorm · SwiGLU · grouped K/V heads.
+
+Also as the config allows: a head width apart from hidden_size / heads (``head_dim``), a bias on
+the attention projections (``attention_bias``) and on the MLP's (``mlp_bias``), each on its own.
+"""
+from __future__ import annotations
+
+import re
+
+from ....models import GPT, ModelConfig
+from ..family import Family
+from ..rules import Rule, embedding_and_head, rope_rows, same, tied_head
+from ..settings import (expect, expect_plain_blocks, export_activation, plain_rope_base, read_activation,
+                        uniform_biases)
+
+ATTENTION = (("q_proj", "q_proj", "q_bias"), ("k_proj", "k_proj", "k_bias"), ("v_proj", "v_proj", "v_bias"),
+             ("o_proj", "out_proj", "out_bias"))  # HF's name, qkv's, the AttentionConfig field of its bias
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def head_dim(hf: dict) -> int | None:
+    """``head_dim`` (transformers ≥ 4.45 writes it), None where it is hidden_size / heads as before."""
+    heads, width, dim = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096), hf.get("head_dim")
+    sizes = all(isinstance(n, int) and n > 0 for n in (heads, width))
+    return None if dim is None or (sizes and dim * heads == width) else dim
+
+
+def config(hf: dict, problems: list[str]) -> dict:
+    """LlamaConfig (4.x or 5.x spelling) -> ModelConfig arguments."""
+    heads = hf.get("num_attention_heads", 32)
+    kv_heads = hf.get("num_key_value_heads") or heads  # absent before 4.31: no grouping
+    return dict(
+        vocab_size=hf.get("vocab_size", 32000), d_model=hf.get("hidden_size", 4096),
+        num_layers=hf.get("num_hidden_layers", 32), max_len=hf.get("max_position_embeddings", 2048),
+        attention=dict(num_heads=heads, num_kv_heads=None if kv_heads == heads else kv_heads, head_dim=head_dim(hf),
+                       **uniform_biases(hf.get("attention_bias", False))),
+        position=dict(kind="rope", base=plain_rope_base(hf, problems)),
+        feed_forward=dict(d_ff=hf.get("intermediate_size", 11008), bias=hf.get("mlp_bias", False),
+                          activation=read_activation(hf, "hidden_act", "silu", problems, gated=True)),
+        normalization=dict(kind="rmsnorm", eps=hf.get("rms_norm_eps", 1e-6), first=True, final=True),
+        head=dict(tie=hf.get("tie_word_embeddings", False)),
+    )
+
+
+def rules(c: ModelConfig) -> list[Rule]:
+    out = embedding_and_head(c, "embed_tokens.weight") + [same("norm.weight", "final_norm.weight")]
+    rope_heads = {"attn.q_proj": c.attention.num_heads, "attn.k_proj": c.kv_heads} if c.position.interleaved else {}
+    projections = [(f"self_attn.{hf}", f"attn.{q}", getattr(c.attention, bias)) for hf, q, bias in ATTENTION]
+    projections += [(f"mlp.{name}", f"ff.{name}", c.feed_forward.bias) for name in MLP]
+    for i in range(c.num_layers):
+        l, b = f"layers.{i}.", f"blocks.{i}."
+        out += [same(l + "input_layernorm.weight", b + "attn_norm.weight"),
+                same(l + "post_attention_layernorm.weight", b + "ff_norm.weight")]
+        for hf, q, bias in projections:
+            heads = rope_heads.get(q)  # interleaved RoPE: q/k rows stored half-split
+            for p in ("weight", "bias") if bias else ("weight",):
+                key, name = f"{l}{hf}.{p}", f"{b}{q}.{p}"
+                out.append(rope_rows(key, name, heads) if heads else same(key, name))
+    return out
+
+
+def export(c: ModelConfig, problems: list[str]) -> dict:
+    """ModelConfig -> LlamaConfig fields, appending whatever LLaMA has no counterpart for."""
+    expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, scale_embeddings=False,
+           norm="rmsnorm")
+    problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
+    activation = export_activation(c, problems, gated=True)
+    expect_plain_blocks(c, problems)
+    a = c.attention
+    if len(set(a.biases)) > 1:
+        problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (LLaMA's attention_bias sets all four)")
+    return dict(vocab_size=c.vocab_size, tie_word_embeddings=c.head.tie, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None, hidden_size=c.d_model, intermediate_size=c.ff_width, num_hidden_layers=c.num_layers,
+                num_attention_heads=a.num_heads, num_key_value_heads=c.kv_heads, head_dim=c.head_dim,
+                hidden_act=activation, max_position_embeddings=c.max_len, rms_norm_eps=c.normalization.eps,
+                rope_theta=c.position.base,  # both versions take it (5.x moves it into rope_parameters)
+                attention_bias=a.q_bias, mlp_bias=c.feed_forward.bias, attention_dropout=c.dropout)
+
+
+FAMILY = Family(
+    model_type="llama", name="LLaMA", model=GPT, base="model", config=config, rules=rules,
+    ignored=re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq"),
+    hf_classes=("LlamaConfig", "LlamaForCausalLM"), copies=tied_head("embed_tokens.weight"),
+    export=export, export_when=("positional", "rope"),
+)

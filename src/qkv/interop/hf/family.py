@@ -1,0 +1,45 @@
+"""``Family``: everything that is particular to one Hugging Face ``model_type``, as data.
+
+The loader (``load.from_hf``) and the exporter (``export.to_hf``) hold no family's name: each reads
+the family's config mapping, rule table, ignored keys and class names from here. A family is one
+module of ``qkv.interop.hf.families`` that builds a ``Family`` and is registered there.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ...generation.beam_search import Special
+from ...models import ModelConfig
+from .rules import HEAD, Rule, no_copies
+
+
+def same_name(key: str) -> str:
+    """A family whose checkpoints need no key renamed."""
+    return key
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF model_type maps onto qkv, in both directions."""
+
+    model_type: str  # HF's config.model_type ("gpt2")
+    name: str  # for messages ("GPT-2")
+    model: type  # qkv.GPT, qkv.Encoder or qkv.Transformer
+    base: str  # the base model's attribute in HF's task models (GPT2LMHeadModel.transformer, …)
+    config: Callable[[dict, list[str]], dict]  # HF config -> ModelConfig arguments, appending problems
+    rules: Callable[[ModelConfig], list[Rule]]  # the weight table, both directions
+    ignored: re.Pattern  # keys that are no weights of qkv's model: buffers, heads qkv does not model
+    hf_classes: tuple[str, str]  # transformers' config class and the model class to_hf builds (or from_hf reads)
+    copies: Callable[[ModelConfig], dict[str, str]] = no_copies  # tied key -> the rule key it must equal
+    top_level: tuple[str, ...] = (HEAD,)  # rule keys outside the base model
+    rename: Callable[[str], str] = same_name  # a checkpoint's key -> today's name (TF-era spellings)
+    export: Callable[[ModelConfig, list[str]], dict] | None = None  # ModelConfig -> HF config fields; None: no to_hf
+    export_when: tuple[str, object] | None = None  # (flat ModelConfig name, value) choosing it among one model's
+    special: Callable[[Path], Special] | None = None  # an encoder-decoder's decoding tokens, from its directory
+
+    def full_key(self, key: str, prefix: str) -> str:
+        """A rule's key as it appears in the task model's state dict."""
+        return key if key in self.top_level else prefix + key

@@ -1,0 +1,136 @@
+"""What a Hugging Face config says, and what a ``ModelConfig`` must say to be written as one.
+
+Reading appends every problem to a list instead of raising, so that one ValueError can name them all.
+transformers 4.x and 5.x spell some settings differently; both are read (``rope_parameters``):
+
+    4.x   rope_theta and partial_rotary_factor at the top level, scaling in rope_scaling
+          ({"type": …} before 4.43, {"rope_type": …} after); head_dim absent before 4.45
+    5.x   one rope_parameters object holding rope_type, rope_theta (and partial_rotary_factor)
+
+Activation names are derived from ``qkv.nn.layers.ACTIVATIONS``: HF names an elementwise function
+(``HF_ACTIVATIONS``), and a family either applies it (GPT-2, BERT, Marian) or gates with it (LLaMA).
+"""
+from __future__ import annotations
+
+from ...models import ModelConfig
+from ...nn.layers import ACTIVATIONS
+
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "silu": "silu", "swish": "silu"}  # HF's ACT2FN name -> the function's qkv name (Activation.base)
+ROPE_THETA = 10000.0  # RoPE's base when a config names none (HF's default_theta, RoFormer's)
+
+
+def require(hf: dict, problems: list[str], **needed) -> None:
+    """Settings qkv has no counterpart for must keep their default."""
+    for key, want in needed.items():
+        if hf.get(key, want) != want:
+            problems.append(f"{key}={hf[key]!r} is not supported (qkv needs {want!r})")
+
+
+def hf_to_qkv(*, gated: bool) -> dict[str, str]:
+    """HF activation name -> qkv activation: the ungated function of that name (GPT-2's activation_function,
+    BERT's hidden_act), or, ``gated``, the GLU variant that gates with it (LLaMA's hidden_act)."""
+    by_base = {a.base: name for name, a in ACTIVATIONS.items() if a.gated == gated}
+    return {hf: by_base[base] for hf, base in HF_ACTIVATIONS.items() if base in by_base}
+
+
+def qkv_to_hf(*, gated: bool, prefer: tuple[str, ...] = ()) -> dict[str, str]:
+    """qkv activation -> the HF name a family writes for it: the first of ``prefer``, then of
+    ``HF_ACTIVATIONS``, that names its function."""
+    names, out = hf_to_qkv(gated=gated), {}
+    for hf in (*prefer, *HF_ACTIVATIONS):
+        if hf in names:
+            out.setdefault(names[hf], hf)
+    return out
+
+
+def read_activation(hf: dict, key: str, default: str, problems: list[str], *, gated: bool = False) -> str:
+    """The qkv activation ``hf[key]`` names (see ``hf_to_qkv``); a problem when qkv has none."""
+    table, name = hf_to_qkv(gated=gated), hf.get(key, default)
+    if not isinstance(name, str) or name not in table:
+        problems.append(f"{key}={name!r} is not supported (qkv knows {sorted(table)})")
+        return next(iter(table.values()))
+    return table[name]
+
+
+def rope_parameters(hf: dict, problems: list[str]) -> dict:
+    """RoPE's settings as transformers 5 spells them (rope_type, rope_theta, …), from either version's config."""
+    given = {}
+    for key in ("rope_scaling", "rope_parameters"):  # 4.x, 5.x
+        value = hf.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or any(isinstance(v, dict) for v in value.values()):
+            problems.append(f"{key}={value!r:.80} is not supported (expected one JSON object of RoPE settings, "
+                            "the same for every layer)")
+            continue
+        given[key] = {("rope_type" if k == "type" else k): v for k, v in value.items()}  # "type": before 4.43
+    if len(given) == 2 and any(given["rope_scaling"].get(k, v) != v for k, v in given["rope_parameters"].items()):
+        problems.append(f"rope_scaling={hf['rope_scaling']!r:.80} and rope_parameters={hf['rope_parameters']!r:.80} "
+                        "disagree (expected one of them, or the same settings in both)")
+    rope = {**given.get("rope_scaling", {}), **given.get("rope_parameters", {})}
+    rope.setdefault("rope_type", "default")
+    rope.setdefault("rope_theta", hf.get("rope_theta", ROPE_THETA))  # 4.x: at the top level
+    if "partial_rotary_factor" in hf:
+        rope.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    return rope
+
+
+def plain_rope_base(hf: dict, problems: list[str]) -> float:
+    """RoPE's θ base; RoPE scaling (llama3, yarn, linear, dynamic, …) and partial rotation are problems."""
+    rope = rope_parameters(hf, problems)
+    if rope["rope_type"] != "default":
+        problems.append(f"RoPE scaling {rope['rope_type']!r} is not supported (qkv implements plain RoPE: "
+                        "rope_type 'default')")
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        problems.append(f"partial_rotary_factor={partial!r} is not supported (qkv rotates the whole head: 1.0)")
+    return rope["rope_theta"]
+
+
+def uniform_biases(bias: bool) -> dict[str, bool]:
+    """The attention section's four bias fields set alike (HF's attention_bias and its GPT-2/BERT/Marian)."""
+    return dict(q_bias=bias, k_bias=bias, v_bias=bias, out_bias=bias)
+
+
+# --- writing: a ModelConfig's settings that a family has no counterpart for --------------------------
+
+def expect(c: ModelConfig, problems: list[str], **needed) -> None:
+    """Flat ModelConfig names (``norm_first=True``) that must have these values."""
+    problems += [f"{k}={getattr(c, k)!r} (needs {want!r})" for k, want in needed.items() if getattr(c, k) != want]
+
+
+def expect_plain_blocks(c: ModelConfig, problems: list[str]) -> None:
+    """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of."""
+    if c.attention.kind != "mha":
+        problems.append(f"attention.kind={c.attention.kind!r} (needs 'mha')")
+    if c.layer_types and set(c.layer_types) != {"full_attention"}:
+        problems.append(f"layer_types={sorted(set(c.layer_types))} (needs full_attention in every layer)")
+
+
+def expect_whole_heads(c: ModelConfig, problems: list[str], family: str) -> None:
+    """No grouped K/V heads and D = C / H: a family whose attention has neither."""
+    if c.kv_heads != c.attention.num_heads:
+        problems.append(f"num_kv_heads={c.attention.num_kv_heads} ({family} has none)")
+    if c.head_dim * c.attention.num_heads != c.d_model:
+        problems.append(f"head_dim={c.head_dim} with {c.attention.num_heads} heads (needs d_model / num_heads = "
+                        f"{c.d_model // c.attention.num_heads} in {family})")
+
+
+def expect_biases(c: ModelConfig, problems: list[str], family: str) -> None:
+    """A bias on every projection, attention's and the feed-forward's."""
+    named = dict(zip(("q_bias", "k_bias", "v_bias", "out_bias"), c.attention.biases), ff_bias=c.feed_forward.bias)
+    missing = [name for name, has in named.items() if not has]
+    if len(missing) == len(named):
+        problems.append(f"bias=False ({family} has biases)")
+    elif missing:
+        problems.append(f"no {', '.join(missing)} ({family} has a bias on every projection)")
+
+
+def export_activation(c: ModelConfig, problems: list[str], *, gated: bool, prefer: tuple[str, ...] = ()) -> str:
+    """The HF name a family writes for ``c``'s activation (see ``qkv_to_hf``); a problem when it has none."""
+    names = qkv_to_hf(gated=gated, prefer=prefer)
+    if c.activation not in names:
+        problems.append(f"activation={c.activation!r} (needs one of {sorted(names)})")
+        return ""
+    return names[c.activation]
