@@ -7,6 +7,9 @@ transformers 4.x and 5.x spell some settings differently; both are read (``rope_
           ({"type": …} before 4.43, {"rope_type": …} after); head_dim absent before 4.45
     5.x   one rope_parameters object holding rope_type, rope_theta (and partial_rotary_factor)
 
+Keys absent in one version take their default (head_dim: hidden_size / heads; mlp_bias: False).
+torch_dtype (4.x) and dtype (5.x) are accepted and read by neither: ``from_hf(dtype=…)`` decides.
+
 Activation names are derived from ``qkv.nn.layers.ACTIVATIONS``: HF names an elementwise function
 (``HF_ACTIVATIONS``), and a family either applies it (GPT-2, BERT, Marian) or gates with it (LLaMA).
 """
