@@ -116,8 +116,9 @@ def test_a_run_saved_before_the_copy_mechanism_resumes_without_it(pairs_file, tm
 
     train(cfg(pairs_file, out=str(tmp_path / "old"), copy=False), stop_at=2)
     path = tmp_path / "old" / "train_config.json"
-    saved = json.loads(path.read_text())
-    path.write_text(json.dumps({k: v for k, v in saved.items() if k != "copy"}))
+    saved = json.loads(path.read_text())  # written flat then, without the copy option
+    flat = {k: v for k, v in saved.items() if k != "task_options"} | saved["task_options"]
+    path.write_text(json.dumps({k: v for k, v in flat.items() if k != "copy"}))
     assert TrainConfig.for_resume(tmp_path / "old").copy is False
     assert type(train(TrainConfig.for_resume(tmp_path / "old", progress=False)).model) is Transformer
 

@@ -9,7 +9,7 @@ from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .sources import add_model_source, load_model_source
 
-TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig flag is one line here
+TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
     "--task": ("task", str, "lm (a GPT learns the next token; default) or translate (the paper's encoder-decoder "
                "learns English -> --target-lang from sentence pairs)"),
     "--preset": ("preset", str, "model preset (default: demo for lm, translate for translate)"),
@@ -44,7 +44,6 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a new TrainConfig fl
     "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
 }
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
-DEFAULT_MINUTES = {"lm": 3.0, "translate": 10.0}  # the budget when none is given (see README for what each reaches)
 
 
 def add_train(sub) -> argparse.ArgumentParser:
@@ -80,8 +79,9 @@ def fresh_run_dir(preset: str) -> str:
 
 
 def train_config(args: argparse.Namespace):
-    """The TrainConfig the flags ask for: a resumed run's own, or a new one with a 3-minute default."""
+    """The TrainConfig the flags ask for: a resumed run's own, or a new one with the task's default budget."""
     from ..training.recipe import TrainConfig
+    from ..training.tasks import task_type
 
     given: dict = {}
     for flag, (field, _, _) in TRAIN_FLAGS.items():
@@ -99,7 +99,7 @@ def train_config(args: argparse.Namespace):
             given["model"] = shaped(TrainConfig.for_resume(args.out, **given), overrides)
         return TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
     if not any(k in given for k in ("max_steps", "max_minutes", "max_tokens")):
-        given["max_minutes"] = DEFAULT_MINUTES.get(given.get("task", "lm"), 3.0)
+        given["max_minutes"] = task_type(given.get("task", "lm")).defaults.minutes
     if overrides:
         given |= {"model": shaped(TrainConfig(**given), overrides)} | preset_tokenizer(TrainConfig(**given), given)
     cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
@@ -124,6 +124,7 @@ def preset_tokenizer(cfg, given: dict) -> dict:
 
 def run_train(args: argparse.Namespace) -> int:
     """Train, print the summary and a sample."""
+    from ..models import GPT
     from ..training.recipe import train
 
     cfg = train_config(args)
@@ -138,10 +139,7 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters{trained}, {s['tokenizer']} tokenizer, "
           f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
     print("\n".join(make_task(cfg.task).result_lines(s)))
-    if cfg.task == "translate":
-        for e in s.get("examples", [])[:3]:
-            print(f"  {e['source'].strip()!r} -> {e['translation'].strip()!r}  (reference {e['reference'].strip()!r})")
-    elif args.sample_tokens > 0:
+    if args.sample_tokens > 0 and isinstance(result.model, GPT):
         print_sample(result, cfg, args.sample_tokens)
     return 0
 

@@ -5,7 +5,7 @@ optional bf16 autocast and ``torch.compile``, periodic validation, checkpoints, 
 
 Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured and applied by one pair
 of methods, so a field cannot be saved and forgotten on restore. What a batch, a loss and a
-validation metric are comes from the task (``qkv.tasks``): language modelling (``lm``) first.
+validation metric are, and the task's own settings, come from the task (``qkv.training.tasks``).
 
 One process, or one per device under ``torchrun`` (DistributedDataParallel: gloo on CPU,
 nccl on CUDA; rank 0 alone writes, holding the run directory's lock). Every optimizer step draws
@@ -22,58 +22,55 @@ import sys
 import threading
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_positive_int
 from .run_dir import RunDir
 from ..fileio import DiskFullError
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
 from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
-from .tasks import make_task
+from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
-# Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not).
-RESUME_FIXED = ("task", "target_lang", "label_smoothing", "copy", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets", "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum",
-                "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
-# The demo trains byte-level BPE: at equal compute (1 M tokens, d_model 128, 4 layers, batch 32,
-# lr 3e-3) 1024 BPE tokens reached 1.85 bits per character, 512 reached 2.04, characters 2.49;
-# in 3 minutes 2048 tokens beat 1024 (README "Train and sample"). Every other preset: characters.
-PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
-# What each task trains by default (fields left None in a TrainConfig). translate copies (qkv.pointer):
-# side by side over 500 steps of 64 pairs, validation loss 5.07 nats where the plain decoder reached 6.20.
-# Its lr and batch (copying on, 0.72 M tokens each): 64 pairs at lr 1e-3 / 2e-3 / 5e-3 / 1e-2 reached
-# 4.95 / 4.73 / 5.07 / 5.20 nats; 32 pairs at 2e-3 4.45, at 3e-3 4.70; 16 pairs at 2e-3 4.39, at the
-# same tokens/s on one thread; 128 pairs were no faster per token and worse per token.
-TASK_DEFAULTS = {
-    "lm": {"preset": "demo", "batch_size": 16, "lr": 6e-3, "warmup_steps": 50, "copy": False},
-    "translate": {"preset": "translate", "batch_size": 32, "lr": 2e-3, "warmup_steps": 40, "copy": True},
-}
+# Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not). The
+# task's options are compared one by one, but for those its options type leaves free (FREE_ON_RESUME).
+RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets",
+                "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum", "lr", "min_lr_ratio",
+                "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
+TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
 
 
-@dataclass
+@dataclass(init=False)
 class TrainConfig:
     """How to train. A budget is required: ``max_steps``, ``max_tokens`` or ``max_minutes``
-    (the first reached ends the run; the cosine schedule follows whichever is furthest along)."""
+    (the first reached ends the run; the cosine schedule follows whichever is furthest along).
 
-    task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.tasks
-    preset: str | None = None  # None: the task's (TASK_DEFAULTS): demo for lm, translate for translate
+    What only one task uses lives in ``task_options``, that task's ``options_type`` (e.g.
+    ``TranslationOptions``), validated by it. Its options' own names also construct and read a config:
+    ``TrainConfig(task="translate", copy=False).copy`` is ``cfg.task_options.copy``. Fields are keywords.
+    """
+
+    task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.training.tasks
+    task_options: TaskOptions | dict | None = None  # None: the task's defaults (lm has none)
+    preset: str | None = None  # None: the task's (Task.defaults): demo for lm, translate for translate
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
     init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
     init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
     lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from_hf)
     lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
     lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
-    data: str | None = None  # None: the embedded standard-library corpus
+    data: str | None = None  # None: the task's (the embedded corpus; the system's gettext catalogs)
     out: str | None = None  # run directory; None: write nothing
     resume: bool = False
     overwrite: bool = False
-    tokenizer: str | None = None  # char | bpe; None: the preset's (PRESET_TOKENIZERS), else char
+    tokenizer: str | None = None  # char | bpe; None: the task's for its preset (Task.defaults), else char
     vocab_size: int | None = None  # BPE only; None: the preset's, else 1024
     context: int | None = None  # T; None: the model's max_len
     max_steps: int | None = None
@@ -96,52 +93,62 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
-    # translation only (task="translate"); ``data`` is then a pairs file or a directory of .po/.mo catalogs
-    target_lang: str = "zh_CN"
-    label_smoothing: float = 0.1  # the paper's ε (§5.4)
-    copy: bool | None = None  # the pointer-generator's copy mechanism (qkv.pointer); None: the task's default
-    num_beams: int = 4  # beam search for the final BLEU / chrF (the paper: 4, α = 0.6)
-    length_penalty: float = 0.6
     progress: bool = True  # tqdm progress bar (rank 0)
 
-    def __post_init__(self) -> None:
-        from .tasks import TASKS
+    def __init__(self, **given) -> None:
+        """Every field by keyword, and the task's options by their own names (``label_smoothing=0.2``)."""
+        names = {f.name for f in fields(TrainConfig)}
+        flat = {k: v for k, v in given.items() if k not in names}
+        for f in fields(TrainConfig):
+            object.__setattr__(self, f.name, given.get(f.name, f.default))
+        task = task_type(self.task)
+        self.task_options = task_options(self.task, self.task_options, flat)
+        self.validate(task)
 
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; choose one of {sorted(TASKS)}")
-        for name, value in TASK_DEFAULTS[self.task].items():
+    def __getattr__(self, name: str):
+        """An option of the task, read by its own name (``cfg.copy`` is ``cfg.task_options.copy``)."""
+        options = self.__dict__.get("task_options")
+        if isinstance(options, TaskOptions) and name in options.names():
+            return getattr(options, name)
+        owner = option_owner(name) if not name.startswith("__") else None
+        hint = f" ({name} is an option of --task {owner}, not of --task {self.__dict__.get('task')})" if owner else ""
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{hint}")
+
+    def __setattr__(self, name: str, value) -> None:
+        """An option set by its own name replaces ``task_options`` with a copy, validated again."""
+        options = self.__dict__.get("task_options")
+        if isinstance(options, TaskOptions) and name in options.names():
+            name, value = "task_options", replace(options, **{name: value})
+        object.__setattr__(self, name, value)
+
+    def validate(self, task: type[Task] | None = None) -> None:
+        """Fill in the task's defaults, then check every field (the options checked themselves)."""
+        task = task or task_type(self.task)
+        for name in TASK_DEFAULTED:
             if getattr(self, name) is None:
-                setattr(self, name, value)
+                setattr(self, name, getattr(task.defaults, name))
         if self.model is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
         self.check_base()
-        if self.copy and self.task != "translate":
-            raise ValueError(f"copy (the pointer-generator) is for --task translate, not {self.task!r}")
-        if self.task == "translate" and self.tokenizer not in (None, "bpe"):
-            raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {self.tokenizer} "
-                             "is for language modelling")
+        task.check_config(self)
         if self.tokenizer is None:
-            key = "translate" if self.task == "translate" else self.preset if self.model is None else ""
-            self.tokenizer, default_vocab = PRESET_TOKENIZERS.get(key, ("char", None))
+            self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
         for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name), optional=True)
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_windows"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name))
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, min_lr_ratio={self.min_lr_ratio}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("warmup_steps, weight_decay and grad_clip must be >= 0")
+            raise ValueError(f"warmup_steps, weight_decay and grad_clip must be >= 0, got {self.warmup_steps}, "
+                             f"{self.weight_decay} and {self.grad_clip}")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite contradict each other; pass one")
         if self.resume and not self.out:
@@ -167,8 +174,7 @@ class TrainConfig:
             if self.lora_alpha is not None or self.lora_targets is not None:
                 raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
             return
-        if not isinstance(self.lora, int) or isinstance(self.lora, bool) or self.lora <= 0:
-            raise ValueError(f"lora (the adapters' rank) must be a positive int, got {self.lora!r}")
+        check_positive_int("lora (the adapters' rank)", self.lora)
         if self.init_from_hf is None:
             raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR too")
         self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
@@ -177,17 +183,29 @@ class TrainConfig:
         self.lora_targets = self.lora_targets or DEFAULT_LORA_TARGETS
 
     def to_dict(self) -> dict:
+        """A JSON-ready dict: the general fields, the task's options as one object, the model's sections."""
         d = asdict(self)
         d["model"] = None if self.model is None else self.model.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
+        """Build from a saved train_config.json: today's (the options in ``task_options``), or the flat one
+        written before tasks owned their options, which carried the translation options in every run (another
+        task's are dropped). An option a run saved before it existed takes its ``SAVED_BEFORE`` value."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a train config must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig keys: {unknown}")
-        return cls(**({"copy": False} | d))  # runs saved before the copy mechanism had none
+        options_type = task_type(d.get("task", "lm")).options_type
+        flat = {k: v for k, v in d.items() if k not in known}
+        stray = [k for k in flat if option_owner(k) is None or "task_options" in d]
+        if stray:
+            raise ValueError(f"unknown TrainConfig keys: {sorted(stray)}")
+        saved = d.get("task_options") or {k: v for k, v in flat.items() if k in options_type.names()}
+        if not isinstance(saved, dict):
+            raise ValueError(f"task_options must be a JSON object, got {type(saved).__name__}")
+        general = {k: v for k, v in d.items() if k in known}
+        return cls(**(general | {"task_options": options_type.SAVED_BEFORE | saved}))
 
     @classmethod
     def for_resume(cls, out: str | os.PathLike, **overrides) -> "TrainConfig":
@@ -214,17 +232,38 @@ class TrainConfig:
         return " / ".join(p for p in parts if p)
 
 
-def _check_same_run(saved: TrainConfig, new: dict | TrainConfig) -> None:
+def run_changes(saved: TrainConfig, new: dict | TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(name, saved value, new value) of each field of RESUME_FIXED that ``new`` changes: the model's fields
+    that differ, the task's options by their own names (a dict ``new`` may name them so, as ``copy=True``)."""
     new = new if isinstance(new, dict) else {k: getattr(new, k) for k in RESUME_FIXED}
-    diffs = []
+    changes = []
     for k in RESUME_FIXED:
-        if k in new and new[k] != getattr(saved, k):
+        if k == "task_options":
+            changes += option_changes(saved.task_options, new)
+        elif k in new and new[k] != getattr(saved, k):
             old, cur = getattr(saved, k), new[k]
             if k == "model" and old is not None and cur is not None:
                 old, cur = old.to_dict(), cur.to_dict()
                 keys = [f for f in old if old[f] != cur[f]]
                 old, cur = {f: old[f] for f in keys}, {f: cur[f] for f in keys}
-            diffs.append(f"{k}: {old!r} -> {cur!r}")
+            changes.append((k, old, cur))
+    return changes
+
+
+def option_changes(saved: TaskOptions, new: dict) -> list[tuple[str, Any, Any]]:
+    """The options ``new`` changes (its ``task_options``, then options by name), but for the free ones;
+    none when ``new`` holds another task's options (the task's change says it)."""
+    given = new.get("task_options")
+    if is_dataclass(given) and type(given) is not type(saved):
+        return []
+    cur = asdict(given) if is_dataclass(given) else dict(given or {})
+    cur |= {k: v for k, v in new.items() if k in saved.names() and v is not None}
+    return [(k, getattr(saved, k), cur[k]) for k in saved.names()
+            if k in cur and k not in saved.FREE_ON_RESUME and cur[k] != getattr(saved, k)]
+
+
+def _check_same_run(saved: TrainConfig, new: dict | TrainConfig) -> None:
+    diffs = [f"{k}: {old!r} -> {cur!r}" for k, old, cur in run_changes(saved, new)]
     if diffs:
         raise ValueError(f"--resume with a changed config ({'; '.join(diffs)}); "
                          "start a new run (--out elsewhere, or --overwrite) to train differently")

@@ -1,12 +1,18 @@
 """The interface between the training recipe and a task.
 
+A task declares what is its own: ``options_type``, its settings (a ``TaskOptions`` dataclass, stored in
+``TrainConfig.task_options``), and ``defaults``, what a ``TrainConfig`` left None takes from it (preset,
+batch, learning rate, warmup, tokenizer, the command's budget).
+
 The recipe calls, in order: ``prepare`` (data, tokenizer), ``model_config`` and ``build_model``
 (the model), then per step ``draw`` + ``loss``, every ``eval_interval`` steps ``evaluate``, at the
 end ``final_metrics``; ``describe``/``summary`` feed the progress header and summary.json.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -15,11 +21,88 @@ from ...data import load_tokenizer, tokenizer_from_json
 from ...models import ModelConfig
 
 
+def check_option_type(name: str, value, default) -> None:
+    """``value`` has the type of the option's ``default``: a bool, a str, an int or a (finite) number."""
+    if isinstance(default, bool):
+        ok, expected = isinstance(value, bool), "True or False"
+    elif isinstance(default, str):
+        ok, expected = isinstance(value, str), "a str"
+    elif isinstance(default, int):
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an int"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        expected = "a finite number"
+    else:
+        return
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task's own settings, validated once when made; this base has none (language modelling needs none).
+
+    A subclass declares each option as a field with its default; a value must have the default's type
+    (``check_option_type``), and ``__post_init__`` may check more. Options define the run: ``--resume``
+    refuses to change them, except those named in ``FREE_ON_RESUME`` (they only shape the final report).
+    """
+
+    FREE_ON_RESUME: ClassVar[tuple[str, ...]] = ()
+    SAVED_BEFORE: ClassVar[dict[str, Any]] = {}  # what a saved run that lacks an option meant (the option came later)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_option_type(f.name, getattr(self, f.name), f.default)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls, value, *, task: str) -> "TaskOptions":
+        """These options from themselves, a dict of their fields (a saved run's), or None (the defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.names()))
+            if unknown:
+                raise ValueError(f"unknown options of task {task!r}: {unknown}; it takes {list(cls.names())}")
+            return cls(**value)
+        raise ValueError(f"task_options of task {task!r} must be a {cls.__name__} or a dict of its fields, "
+                         f"got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What a ``TrainConfig`` left None takes from its task, and the budget ``qkv train`` gives when none is."""
+
+    preset: str
+    batch_size: int  # sequences (pairs) per optimizer step
+    lr: float
+    warmup_steps: int
+    tokenizer: tuple[str, int | None] = ("char", None)  # (kind, BPE vocabulary) unless the preset has its own
+    preset_tokenizers: dict[str, tuple[str, int]] = field(default_factory=dict)  # by preset (a preset's model only)
+    minutes: float = 3.0
+
+    def tokenizer_for(self, preset: str | None) -> tuple[str, int | None]:
+        """(kind, vocabulary) for a run of ``preset`` (None: a model of its own shape)."""
+        return self.preset_tokenizers.get(preset, self.tokenizer)
+
+
 class Task:
-    """One kind of training. Subclasses fill in every method below."""
+    """One kind of training. Subclasses fill in every method below and declare ``defaults``
+    (and ``options_type`` if the task has settings of its own)."""
 
     name: str = ""
     model_class: type[nn.Module]
+    options_type: type[TaskOptions] = TaskOptions
+    defaults: TaskDefaults
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse general settings this task cannot train with, before the defaults fill ``cfg`` in."""
 
     def __init__(self, *, corpus: Any = None, tokenizer: Any = None) -> None:
         """``corpus``, ``tokenizer``: ready data the task would otherwise read or fit."""

@@ -23,9 +23,12 @@ from torch import Tensor, nn
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
 from ..finetune import Base, load_base
 from ...models import GPT, PRESETS, ModelConfig
-from .base import Task
+from .base import Task, TaskDefaults
 
 LN2 = math.log(2)
+# The demo trains byte-level BPE, its vocabulary sized for its budget (README "Train and sample" has the runs);
+# a run of the translate preset, its shared vocabulary; every other preset and a model of its own shape: characters.
+PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
 
 
 def compressor_bpc(text: str) -> dict[str, float]:
@@ -94,6 +97,8 @@ class LanguageModelTask(Task):
 
     name = "lm"
     model_class = GPT
+    defaults = TaskDefaults(preset="demo", batch_size=16, lr=6e-3, warmup_steps=50,
+                            preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0)
 
     base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
 

@@ -14,9 +14,8 @@ Shapes: B pairs, S source length, T target length, V vocabulary.
 """
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +25,8 @@ from ...data.catalogs import load_pairs
 from ...data import SPECIAL_TOKENS, BPETokenizer
 from ...models import PRESETS, ModelConfig, Transformer
 from ...models.pointer import PointerTransformer
-from .base import Task
+from ...checks import check_fraction, check_positive_int
+from .base import Task, TaskDefaults, TaskOptions
 
 EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
 DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs (measured: 3–8)
@@ -91,20 +91,53 @@ def shared_vocabulary(pairs: list[tuple[str, str]], vocab_size: int, *, max_char
     return BPETokenizer.train(texts, vocab_size, max_chars=max_chars, special_tokens=SPECIAL_TOKENS)
 
 
+@dataclass(frozen=True)
+class TranslationOptions(TaskOptions):
+    """What translation alone is trained and scored with (``data`` is then a pairs file or a directory of
+    .po/.mo catalogs)."""
+
+    target_lang: str = "zh_CN"  # the catalogs' language (any locale under /usr/share/locale)
+    label_smoothing: float = 0.1  # the paper's ε (§5.4)
+    copy: bool = True  # the pointer-generator's copy mechanism (qkv.models.pointer); False: the plain Transformer
+    num_beams: int = 4  # beam search of the final BLEU / chrF (the paper: 4, α = 0.6, §6.1)
+    length_penalty: float = 0.6
+
+    FREE_ON_RESUME = ("num_beams", "length_penalty")  # they only decode the final scores
+    SAVED_BEFORE = {"copy": False}  # runs saved before the copy mechanism had none
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.target_lang:
+            raise ValueError(f"target_lang must name a locale such as 'zh_CN', got {self.target_lang!r}")
+        check_fraction("label_smoothing", self.label_smoothing)
+        check_positive_int("num_beams", self.num_beams)
+
+
 class TranslationTask(Task):
     """Sentence pairs (default: the system's gettext catalogs, English → Simplified Chinese) with a Transformer."""
 
     name = "translate"
     model_class = Transformer
+    options_type = TranslationOptions
+    # Copying on by default (TranslationOptions.copy); the batch, lr and budget that serve it best on CPU
+    # (README "Translate" has the runs behind them). Always a shared byte-level BPE (§3.4).
+    defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
+                            minutes=10.0)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.tokenizer not in (None, "bpe"):
+            raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {cfg.tokenizer} "
+                             "is for language modelling")
 
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
         if self.corpus is None:
-            self.corpus = load_pairs(cfg.data, target_lang=cfg.target_lang)  # data: a pairs file or catalogs
+            self.corpus = load_pairs(cfg.data, target_lang=cfg.task_options.target_lang)  # a pairs file or catalogs
         self.tokenizer = self.ready_tokenizer(cfg, run, dist, lambda: shared_vocabulary(self.corpus.train,
                                                                                        cfg.vocab_size))
         self.special = special_tokens(self.tokenizer)
-        self.model_class = PointerTransformer if cfg.copy else Transformer
+        self.model_class = PointerTransformer if cfg.task_options.copy else Transformer
         self.train_pairs = self.encode(self.corpus.train)
         self.val_pairs = self.encode(self.corpus.val)
 
@@ -133,7 +166,7 @@ class TranslationTask(Task):
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = self.val_fit[:: max(1, len(self.val_fit) // EVAL_PAIRS)][:EVAL_PAIRS]
         self.final_units = DECODE_COST * len(self.val_pairs) if cfg.final_eval else 0
-        self.device, self.label_smoothing, self.cfg = dist.device, cfg.label_smoothing, cfg
+        self.device, self.options = dist.device, cfg.task_options
 
     # --- training --------------------------------------------------------------------------------
     def batch(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[Tensor, ...]:
@@ -158,7 +191,7 @@ class TranslationTask(Task):
         """The micro-batch's mean token loss × its weight: the recipe's mean over micro-batches and
         processes is then the mean over every target token of the step, as in one process."""
         src, src_mask, tgt_in, targets, weight = micro
-        out = model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.label_smoothing)
+        out = model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.options.label_smoothing)
         return out.loss * weight
 
     # --- validation --------------------------------------------------------------------------------
@@ -189,8 +222,8 @@ class TranslationTask(Task):
         refs = [t for _, t in self.corpus.val]
         lang = self.corpus.target_lang
         with autocast():
-            beam = translate_texts(model, self.tokenizer, sources, num_beams=self.cfg.num_beams,
-                                   length_penalty=self.cfg.length_penalty)
+            beam = translate_texts(model, self.tokenizer, sources, num_beams=self.options.num_beams,
+                                   length_penalty=self.options.length_penalty)
             greedy = translate_texts(model, self.tokenizer, sources, num_beams=1)
         examples = [{"source": s, "reference": r, "translation": h} for s, r, h in list(zip(sources, refs, beam))[:8]]
         return {"val_loss": self.nll(model, self.val_fit, autocast, dist), "bleu": bleu(beam, refs, target_lang=lang),
@@ -208,7 +241,7 @@ class TranslationTask(Task):
         return {"corpus": c.source, "target_lang": c.target_lang, "catalogs": c.catalogs,
                 "skipped_catalogs": c.skipped_catalogs, "train_pairs": len(c.train), "val_pairs": len(c.val),
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size,
-                "num_beams": self.cfg.num_beams, "length_penalty": self.cfg.length_penalty,
+                "num_beams": self.options.num_beams, "length_penalty": self.options.length_penalty,
                 "architecture": self.model_class.__name__}
 
     def info(self, s: dict) -> dict[str, str]:
@@ -217,8 +250,11 @@ class TranslationTask(Task):
                           f"memory {s['memory_bleu']:.1f} / {s['memory_chrf']:.1f}"}
 
     def result_lines(self, s: dict) -> list[str]:
+        """The scores beside the two baselines, then three held-out examples."""
+        examples = [f"  {e['source'].strip()!r} -> {e['translation'].strip()!r}  (reference {e['reference'].strip()!r})"
+                    for e in s.get("examples", [])[:3]]
         return [f"held-out translation ({s['val_pairs']} pairs, {s['target_lang']}): "
                 f"BLEU {s['bleu']:.1f}  chrF {s['chrf']:.1f}  (beam {s['num_beams']}, greedy chrF "
                 f"{s['greedy_chrf']:.1f})",
                 f"  baselines: copy the source BLEU {s['copy_bleu']:.1f} chrF {s['copy_chrf']:.1f} | translation "
-                f"memory BLEU {s['memory_bleu']:.1f} chrF {s['memory_chrf']:.1f}"]
+                f"memory BLEU {s['memory_bleu']:.1f} chrF {s['memory_chrf']:.1f}", *examples]
