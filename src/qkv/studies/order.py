@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import check_positive_int
 from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
@@ -64,9 +65,7 @@ class OrderStudyConfig:
             raise ValueError(f"tasks must be a non-empty subset of {TASKS}, got {self.tasks}")
         for name in ("threads", "seq_len", "vocab_size", "d_model", "num_heads", "num_layers", "steps", "batch_size",
                      "test_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name))
         if self.seq_len < 2 or self.vocab_size < 2:
             raise ValueError(f"need seq_len >= 2 and vocab_size >= 2, got {self.seq_len} and {self.vocab_size}")
         self.schemes = tuple(self.schemes)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import check_positive_int
 from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_json, atomic_write
 from ..models import POSITIONAL, ModelConfig
@@ -65,13 +66,10 @@ class PEStudyConfig:
     threads: int | None = None  # CPU threads; None: the cores other processes leave free, fixed for the whole study
 
     def __post_init__(self) -> None:
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
-            raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
+        check_positive_int("threads", self.threads, optional=True)
         for name in ("train_len", "d_model", "num_heads", "num_layers", "max_tokens", "batch_size",
                      "eval_chunks", "seeds"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_positive_int(name, getattr(self, name))
         self.schemes = tuple(self.schemes)
         bad = [s for s in self.schemes if s not in SCHEMES]
         if bad or not self.schemes:
