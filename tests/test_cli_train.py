@@ -143,3 +143,25 @@ def test_corrupt_checkpoint(run, tmp_path, capsys):
         (broken / name).write_bytes(content[: len(content) // 2] if name == "model.safetensors" else content)
     fails(capsys, ["sample", "--run", str(broken), "--prompt", "def"], "corrupt or truncated")
     fails(capsys, ["train", "--resume", "--out", str(broken), "--max-steps", "8", "--quiet"], "corrupt or truncated")
+
+
+def test_sample_says_which_backend_ran_and_why_it_fell_back(run, capsys, monkeypatch):
+    """--backend chooses what computes the tokens (the same greedy text from each); stderr names the one that
+    ran, and a fused step that cannot run the model says why before naming inductor."""
+    monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
+    argv = ["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "8", "--temperature", "0"]
+    texts = {}
+    for backend in ("auto", "eager", "inductor"):
+        assert main([*argv, "--backend", backend]) == 0
+        out, err = capsys.readouterr()
+        texts[backend] = out
+        assert err.strip().splitlines()[-1].startswith(f"qkv: decoded with the {backend} backend ("), err
+    assert len(set(texts.values())) == 1
+    fused = importlib.import_module("qkv.kernels.fused_step")
+    monkeypatch.setattr(fused, "unsupported", lambda model, batch: "a reason the test gives")
+    assert main([*argv, "--compile"]) == 0
+    out, err = capsys.readouterr()
+    assert out == texts["auto"]
+    assert err.strip().splitlines()[-1] == ("qkv: the fused step cannot decode this model at batch 1: a reason the "
+                                            "test gives; decoded with the inductor backend (the one-token step "
+                                            "compiled by torch.compile)")

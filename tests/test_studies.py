@@ -176,10 +176,10 @@ def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
     want = 4.0 * plain.embed.tok(ids) + plain.embed.pos(pos)
     torch.testing.assert_close(scaled.embed(ids, pos), want)
     torch.testing.assert_close(plain.embed(ids, pos), plain.embed.tok(ids) + plain.embed.pos(pos))
-    from qkv.interop.hf import _hf_config
+    from qkv.interop.hf import hf_config
 
     with pytest.raises(ValueError, match="scale_embeddings"):
-        _hf_config(ModelConfig(positional="rope", norm="rmsnorm", activation="swiglu", scale_embeddings=True))
+        hf_config(ModelConfig(positional="rope", norm="rmsnorm", activation="swiglu", scale_embeddings=True))
 
 
 def test_cli_study_pe_quick_end_to_end_on_the_embedded_corpus(capsys, tmp_path):

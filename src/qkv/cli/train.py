@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
+from ..generation.backends import BACKENDS
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .sources import add_model_source, load_model_source
@@ -184,8 +186,12 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the weights' type while decoding: bfloat16 halves the bytes each token reads "
                         "(opt-in: the README's Speed section gives its speed and its cost in bits per character)")
-    p.add_argument("--compile", action="store_true", help="compile the one-token decode step: qkv's fused C++ step on "
-                   "a CPU (built once per machine), else torch.compile (compiles once)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="what computes each token: auto (default: the model's forward, its linear products through "
+                        "qkv's CPU kernels), eager (the modules as written), inductor (the one-token step compiled "
+                        "by torch.compile) or fused (qkv's C++ step, built once per machine; a model it was not "
+                        "built for falls back to inductor, saying why). The backend that ran is printed on stderr")
+    p.add_argument("--compile", action="store_true", help="the older name of --backend fused")
     return p
 
 
@@ -196,6 +202,7 @@ def run_sample(args: argparse.Namespace) -> int:
     import torch
 
     from ..generation import generate_text
+    from ..generation.backends import BACKEND_NOTES, pick, resolve
     from ..models import GPT
     from ..runtime import cpu_threads, resolve_device
 
@@ -206,11 +213,14 @@ def run_sample(args: argparse.Namespace) -> int:
     if not isinstance(model, GPT):
         raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
     model = model.to(getattr(torch, args.dtype))
+    backend, why = pick(model, 1, resolve(args.backend, "fused" if args.compile else False)[0])
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     with autocast:
         text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile)
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, backend=backend)
     print(text)
+    print(f"qkv: {why + '; ' if why else ''}decoded with the {backend} backend ({BACKEND_NOTES[backend]})",
+          file=sys.stderr)
     return 0
 
 

@@ -21,6 +21,12 @@ from torch import Tensor
 from ..kernels import accelerated, build, fused_step
 
 BACKENDS = ("auto", "eager", "inductor", "fused")
+BACKEND_NOTES = {  # one line each, for the command to say which ran
+    "auto": "the model's forward, its linears through qkv's CPU kernels",
+    "eager": "the modules as written",
+    "inductor": "the one-token step compiled by torch.compile",
+    "fused": "qkv's C++ decode step",
+}
 COMPILE_MODES = (False, True, "fused", "inductor")
 COMPILE_BACKEND = "inductor"  # torch.compile's backend; tests use "eager" (graph capture without code generation)
 

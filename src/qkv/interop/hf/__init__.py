@@ -44,7 +44,6 @@ GPT2_ACT_NAME = qkv_to_hf(gated=False)  # qkv -> HF
 LLAMA_ACT_NAME = qkv_to_hf(gated=True)
 MARIAN_ACT_NAME = qkv_to_hf(gated=False, prefer=("swish",))
 HF_TASK_MODELS = {t: f.hf_classes for t, f in FAMILIES.items() if f.export is not None}
-_hf_config = hf_config  # the old private name (tests/test_studies.py); qkv.interop.hf.export.hf_config
 
 __all__ = ["from_hf", "to_hf", "load_pretrained", "marian_special", "Tokenizer", "find_tokenizer", "load_tokenizer",
            "Rule", "Family", "FAMILIES", "register_family", "hf_config", "interleaved_to_half_split",
