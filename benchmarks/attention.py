@@ -3,7 +3,9 @@
     python -m benchmarks.attention [--quick] [--breakdown]
 
 Same weights, same input, calls interleaved, medians; forward and forward+backward; achieved
-GFLOP/s as a fraction of this machine's fp32 matmul peak measured in the same run.
+GFLOP/s as a fraction of this machine's fp32 matmul peak measured in the same run. qkv's module runs as
+inference runs it, with the speed layer on top (``qkv.kernels.accelerate``: its linears' products at
+inference through oneDNN on a CPU; the backward is ``F.linear``'s either way).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from torch import nn
 import qkv
 import qkv.nn.flash
 from qkv.interop.torch_nn import mha_to_torch
+from qkv.kernels import accelerate
 
 from .common import machine_info, matmul_peak_gflops, table, time_interleaved
 
@@ -46,7 +49,7 @@ def attention_flops(B: int, n: int, d: int) -> float:
 
 
 def modules(d: int, h: int, device):
-    ours = qkv.MultiHeadAttention(d, h).to(device)
+    ours = accelerate(qkv.MultiHeadAttention(d, h).to(device))
     theirs = mha_to_torch(ours)
     naive = NaiveMHA(d, h).to(device)
     with torch.no_grad():
