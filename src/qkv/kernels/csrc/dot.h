@@ -2,16 +2,20 @@
 // step in, one weight row against one row of x held in L1; and its transpose, the attention's weighted sum.
 //
 // A row is streamed from memory, so the loop must keep up with the memory: with one vector sum (what the
-// compiler makes of the reference loop) each fused multiply-add waits for the one before it, and on 2 Zen 5
-// cores the product streamed at 0.67-0.79 of a plain read while the host's memory ran at 100-120 GB/s;
-// with four independent sums, at 0.88-0.93 (measured side by side, interleaved). Where the memory is
-// slower (45-75 GB/s) the two are alike: the loop waits for the memory either way.
+// compiler makes of the reference loop) each fused multiply-add waits for the one before it, and the product
+// streams well below a plain read; with four independent sums it keeps up (measured side by side,
+// interleaved). Where the memory is slow the two are alike: the loop waits for the memory either way.
+//
+// The four sums are written once over a vector of LANES floats: AVX-512's 16 or AVX2's 8 (with FMA), chosen
+// by the flags the file is built with (qkv.kernels.build builds an AVX2 variant with -mno-avx512f for CPUs
+// without AVX-512); with neither, the reference loops alone.
 #pragma once
 
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define QKV_VECTOR 1
 #endif
 
 namespace qkv {
@@ -25,32 +29,60 @@ inline float dot_reference(const float* __restrict w, const float* __restrict x,
 }
 
 #if defined(__AVX512F__)
-// Four sums of 16 lanes over w · x for k in [0, whole), whole a multiple of 64, each taking every fourth
-// 64-byte piece: four chains of multiply-adds, none waiting for another.
+using Vec = __m512;
+constexpr int64_t LANES = 16;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset1(float v) { return _mm512_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(QKV_VECTOR)
+using Vec = __m256;
+constexpr int64_t LANES = 8;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) {  // the two halves added, then the four lanes pairwise, as AVX-512's reduction does
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
+#if defined(QKV_VECTOR)
+constexpr int64_t PIECE = 4 * LANES;  // floats the four sums take in one step: 64 on AVX-512, 32 on AVX2
+
+// Four sums of LANES lanes over w · x for k in [0, whole), whole a multiple of PIECE, each taking every
+// fourth vector: four chains of multiply-adds, none waiting for another.
 struct Sums {
-  __m512 a0, a1, a2, a3;
-  __m512 folded() const { return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)); }
+  Vec a0, a1, a2, a3;
+  Vec folded() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
 };
-inline Sums sums64(const float* __restrict w, const float* __restrict x, int64_t whole) {
-  Sums s{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t k = 0; k < whole; k += 64) {
-    s.a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s.a0);
-    s.a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), s.a1);
-    s.a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), s.a2);
-    s.a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), s.a3);
+inline Sums sums(const float* __restrict w, const float* __restrict x, int64_t whole) {
+  Sums s{vzero(), vzero(), vzero(), vzero()};
+  for (int64_t k = 0; k < whole; k += PIECE) {
+    s.a0 = vfmadd(vload(w + k), vload(x + k), s.a0);
+    s.a1 = vfmadd(vload(w + k + LANES), vload(x + k + LANES), s.a1);
+    s.a2 = vfmadd(vload(w + k + 2 * LANES), vload(x + k + 2 * LANES), s.a2);
+    s.a3 = vfmadd(vload(w + k + 3 * LANES), vload(x + k + 3 * LANES), s.a3);
   }
   return s;
 }
 #endif
 
-// sums64's four sums, then the 16-float pieces left into the first, then the rest (K mod 16) by the
-// reference loop. Without AVX-512, the reference loop alone.
+// sums' four sums, then the vectors left into the first, then the rest (K mod LANES) by the reference
+// loop. Without a vector ISA, the reference loop alone.
 inline float dot(const float* __restrict w, const float* __restrict x, int64_t K) {
-#if defined(__AVX512F__)
-  int64_t k = K - K % 64;
-  Sums s = sums64(w, x, k);
-  for (; k + 16 <= K; k += 16) s.a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s.a0);
-  const float sum = _mm512_reduce_add_ps(s.folded());
+#if defined(QKV_VECTOR)
+  int64_t k = K - K % PIECE;
+  Sums s = sums(w, x, k);
+  for (; k + LANES <= K; k += LANES) s.a0 = vfmadd(vload(w + k), vload(x + k), s.a0);
+  const float sum = vsum(s.folded());
   return k == K ? sum : sum + dot_reference(w + k, x + k, K - k);
 #else
   return dot_reference(w, x, K);
@@ -72,20 +104,20 @@ inline __m512 add_lanes(__m512 a, __m512 b) {
 
 inline void dot16(const float* __restrict W, const float* __restrict x, int64_t K, float* __restrict y) {
   __m512 v[16];
-  for (int r = 0; r < 16; r++) v[r] = sums64(W + r * K, x, K).folded();
+  for (int r = 0; r < 16; r++) v[r] = sums(W + r * K, x, K).folded();
   for (int r = 0; r < 8; r++) v[r] = add_quarters<0x44, 0xEE>(v[2 * r], v[2 * r + 1]);  // rows 2r, 2r+1: halves
   for (int r = 0; r < 4; r++) v[r] = add_quarters<0x88, 0xDD>(v[2 * r], v[2 * r + 1]);  // rows 4r..4r+3: a quarter each
   for (int r = 0; r < 2; r++) v[r] = add_lanes<0x44, 0xEE>(v[2 * r], v[2 * r + 1]);  // in quarter q: rows q, 4 + q
-  const __m512 sums = add_lanes<0x88, 0xDD>(v[0], v[1]);
+  const __m512 total = add_lanes<0x88, 0xDD>(v[0], v[1]);
   // lane 4q + i now holds row 4i + q: back in row order
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(y, _mm512_permutexvar_ps(order, sums));
+  _mm512_storeu_ps(y, _mm512_permutexvar_ps(order, total));
 }
 #endif
 
 // put(n, Σ_k W[n, k] x[k]) for the rows n in [begin, end) of W (·, K) and one x: 16 rows at a time through
-// dot16 where it runs (measured in the decode step: 0.87-0.96 of the time a token of one row at a time), the
-// rest one at a time through dot.
+// dot16 where it runs (AVX-512; measured faster in the decode step than one row at a time), the rest one at a
+// time through dot.
 template <typename Put>
 void dot_rows(const float* W, const float* x, int64_t K, int64_t begin, int64_t end, Put put) {
   int64_t n = begin;
@@ -111,21 +143,21 @@ inline void weighted_sum_reference(const float* __restrict p, const float* __res
   }
 }
 
-// The same with the sums in registers, 16 lanes at a time (D a multiple of 16 on AVX-512): two sets of
-// them, for the even and the odd j, so that each multiply-add waits for the one two rows back.
+// The same with the sums in registers, LANES lanes at a time (D a multiple of LANES): two sets of them, for
+// the even and the odd j, so that each multiply-add waits for the one two rows back.
 inline void weighted_sum(const float* __restrict p, const float* __restrict V, int64_t n, int64_t D,
                          float* __restrict out) {
-#if defined(__AVX512F__)
-  if (D % 16 == 0) {
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 even = _mm512_setzero_ps(), odd = even;
+#if defined(QKV_VECTOR)
+  if (D % LANES == 0) {
+    for (int64_t d = 0; d < D; d += LANES) {
+      Vec even = vzero(), odd = even;
       int64_t j = 0;
       for (; j + 2 <= n; j += 2) {
-        if (p[j] != 0.f) even = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(V + j * D + d), even);
-        if (p[j + 1] != 0.f) odd = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 1]), _mm512_loadu_ps(V + (j + 1) * D + d), odd);
+        if (p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
+        if (p[j + 1] != 0.f) odd = vfmadd(vset1(p[j + 1]), vload(V + (j + 1) * D + d), odd);
       }
-      if (j < n && p[j] != 0.f) even = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(V + j * D + d), even);
-      _mm512_storeu_ps(out + d, _mm512_add_ps(even, odd));
+      if (j < n && p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
+      vstore(out + d, vadd(even, odd));
     }
     return;
   }
