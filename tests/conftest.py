@@ -78,5 +78,4 @@ def kernels():
     from qkv.kernels import build as matvec
 
     if not matvec.available():
-        pytest.skip("qkv's C++ kernels could not be built here: they need a C++ compiler and ninja (a dependency "
-                    "of qkv); the RuntimeWarning from qkv.kernels.build.load says what failed")
+        pytest.skip(f"qkv's C++ kernels are not available here: {matvec.why_not()}")

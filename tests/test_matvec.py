@@ -152,18 +152,25 @@ def test_flop_counter_counts_it():
     assert counter.get_total_flops() == 2 * 2 * 7 * 5
 
 
-def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch):
-    """QKV_MATVEC=0 is quiet; a failed build warns once and qkv.linear keeps the reference's results."""
+def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch, tmp_path):
+    """QKV_MATVEC=0 is quiet; a failed build warns once and qkv.linear keeps the reference's results
+    (tests/test_kernel_build.py: what the failure leaves behind, the platforms not attempted)."""
+    monkeypatch.setattr(matvec, "WHY_NOT", matvec.WHY_NOT)
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))  # the failure's marker goes there, not in the real cache
     monkeypatch.setenv("QKV_MATVEC", "0")
     monkeypatch.setattr(matvec, "LOADED", None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert matvec.available() is False
+    assert matvec.why_not() == "QKV_MATVEC=0 turns them off"
     monkeypatch.delenv("QKV_MATVEC")
     monkeypatch.setattr(matvec, "LOADED", None)
+    monkeypatch.setattr(matvec, "not_for_this_machine", lambda: "")  # a machine it is built for,
+    monkeypatch.setattr(matvec, "missing_tools", lambda: "")  # with the tools, whatever runs the test
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "load", mock.Mock(side_effect=RuntimeError("Error building extension")))
-    with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels \(RuntimeError: Error building"):
+    with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels \(the build failed \(RuntimeError: "
+                      "Error building"):
         assert matvec.available() is False
     layer, x = lin.KernelLinear(5, 7), torch.randn(1, 5)
     with warnings.catch_warnings():
@@ -176,6 +183,7 @@ def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch):
 def test_build_folder_follows_the_cache_setting(monkeypatch, tmp_path):
     monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))
     assert matvec.build_folder().parent == tmp_path / "kernels"
+    assert matvec.failure_marker().parent == matvec.build_folder()  # a failed build is remembered beside it
     monkeypatch.setenv("QKV_CACHE_DIR", "off")
     assert tmp_path not in matvec.build_folder().parents
     assert matvec.build_name().startswith("qkv_matvec_")

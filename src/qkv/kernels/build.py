@@ -1,34 +1,45 @@
-"""qkv's matrix-vector kernel, ``torch.ops.qkv.matvec(x, weight, bias)``: ``F.linear`` for a few rows
-of x (batch-1 decoding, a small beam), in one pass over the weight at the rate the memory allows.
+"""qkv's C++ kernels for the CPU: built once per machine where they can run and pay, loaded afterwards, and the
+reason said where they are not.
 
-    x (..., K) with at most MAX_ROWS rows, W (N, K), b (N,) or None  ->  (..., N), fp32 or bf16, CPU
+    torch.ops.qkv.matvec(x, weight, bias)   F.linear for x (..., K) of at most MAX_ROWS rows, W (N, K), b (N,)
+                                            or None -> (..., N), fp32 or bf16, in one pass over W (matvec.cpp)
+    MODULE.DecoderState                     the fused decode step (decoder_step.cpp, qkv.kernels.fused_step)
 
-Neither of PyTorch's CPU products streams a weight that fast: MKL's ``F.linear`` runs one row on one
-core, and oneDNN's costs ~12 µs a call and, on 2 Zen 5 cores, read 1.5–3 MB weights at 0.55–0.75 of a
-plain read; this kernel streamed a 92.4 MB matrix at 0.96–1.15 of a plain ``sum`` over this round's runs of
-``python -m benchmarks --only generation`` (its dot products, ``dot.h``, keep four AVX-512 sums a row and
-reduce sixteen rows' sums together).
+Both are one extension, built at first use by ``torch.utils.cpp_extension`` for this CPU (``-march=native``)
+into ``cache_dir()/kernels``, saying so on stderr, and loaded from there silently afterwards. Its name hashes
+what the binary depends on (sources, flags, torch version, CPU), and a build that fails leaves a marker under
+that name (``<name>.failed``, beside where the library would be): later processes do not build again until
+something in the name changes, the marker is deleted, or QKV_KERNELS_REBUILD=1.
 
-The kernel (``matvec.cpp``, 89 lines, with ``dot.h``) is built at first use with ``torch.utils.cpp_extension`` for
-this CPU (``-march=native``), in one extension with the fused decode step (``decoder_step.cpp``,
-``qkv.decoder_step``): 13–20 s once, then loaded from ``cache_dir()/kernels``. Where they cannot be
-built (no C++ compiler, no ``ninja``), a warning says why; then, and with ``QKV_MATVEC=0``,
-``available()`` is False, ``qkv.linear`` uses oneDNN and ``F.linear`` and ``generate(compile=True)`` inductor.
+Not attempted (``available()`` False, ``why_not()`` saying which): QKV_MATVEC=0; a CPU that is not x86-64;
+macOS (Apple's clang has no -fopenmp) and Windows (the flags are GCC's and Clang's); no C++ compiler or no
+``ninja``; a CPU whose vector instructions the kernels were not measured faster than oneDNN's product on
+(``USED_ON``; the measurements are in docs/kernels-isa.md). Then ``qkv.kernels.linear`` uses oneDNN and
+``F.linear``, and ``generate`` the inductor step.
+
+The kernels' dot products (``dot.h``) have an AVX-512 and an AVX2 path; the AVX2 one is what a CPU without
+AVX-512 builds. QKV_KERNELS_ISA=avx2 builds it on a CPU that has AVX-512 (``-mno-avx512f``): such a CPU
+simulated, for tests and ``python -m benchmarks.kernels_isa``.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import platform
+import shlex
+import shutil
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ..fileio import atomic_json
 from ..runtime import cache_dir
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("matvec.cpp", "decoder_step.cpp"))  # one build: qkv's kernels
@@ -36,18 +47,25 @@ HEADERS = (Path(__file__).parent / "csrc" / "dot.h",)  # included by both: part 
 # -fno-trapping-math: without it GCC leaves the activations' and softmax's exp_vec loops scalar ("control flow in
 # loop": the clamps); it changes no result, only lets a comparison become a select. Part of the build's name too.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math")
+ISA_FLAGS = {"avx512": (), "avx2": ("-mno-avx512f",)}  # added to FLAGS; -mno-avx512f turns off every AVX-512 subset
+ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
+# The vector instructions the kernels are used with: those where they measured faster than oneDNN's product
+# (benchmarks/kernels_isa.py, docs/kernels-isa.md). An ISA missing here is built for tests, never used.
+USED_ON = ("avx512", "avx2")
+X86 = ("x86_64", "amd64", "x64")  # platform.machine(), lowered: Linux and macOS say x86_64, Windows AMD64
+OFF, ISA_ENV, REBUILD_ENV = "QKV_MATVEC", "QKV_KERNELS_ISA", "QKV_KERNELS_REBUILD"
 MAX_ROWS = 4  # measured: from 8 rows on, oneDNN's blocked product is as fast or faster
 DTYPES = (torch.float32, torch.bfloat16)  # bf16: half the bytes, summed in fp32 (as oneDNN's bf16 product)
 LOADED: bool | None = None  # None: not tried yet; read by qkv.linear (also while compiling, as a constant)
 WHY_NOT = ""  # why the kernels are not available, once load() has said no
-MODULE = None  # the built extension, as a Python module (qkv.decoder_step's DecoderState is in it)
+MODULE = None  # the built extension, as a Python module (qkv.kernels.fused_step's DecoderState is in it)
 REGISTERED = False
 LOADING = threading.Lock()
 
 
 def available() -> bool:
-    """Whether ``torch.ops.qkv.matvec`` (and ``qkv.decoder_step``'s ``MODULE.DecoderState``) can be called: builds
-    or loads them on the first call."""
+    """Whether ``torch.ops.qkv.matvec`` (and ``MODULE.DecoderState``) can be called: builds or loads them on
+    the first call."""
     global LOADED
     if LOADED is None:
         with LOADING:  # one thread builds and registers; the others wait for its answer
@@ -57,30 +75,25 @@ def available() -> bool:
 
 
 def load() -> bool:
-    """Build (once per sources, torch and Python version and CPU) and load the kernels; False, with a warning, if they
-    cannot."""
-    global WHY_NOT
-    if os.environ.get("QKV_MATVEC", "1") == "0":
-        WHY_NOT = "QKV_MATVEC=0 turns them off"
-        return False
+    """Build (once per build name) and load the kernels; False where they are not for this machine (quietly) or
+    cannot be built here (with one warning), ``why_not()`` saying why."""
+    global WHY_NOT, MODULE
     try:
-        from torch.utils import cpp_extension
-
-        name, folder = build_name(), build_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        if not (folder / f"{name}.so").exists():
-            print(f"qkv: building its C++ kernels for this CPU (once, 10-30 s) in {folder}",
-                  file=sys.stderr, flush=True)
-        module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(FLAGS),
-                                    extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
-    except Exception as e:  # a missing compiler or ninja, a failed build: the reference paths still work
-        WHY_NOT = f"the build failed: {type(e).__name__}: {str(e)[:200]}"
-        warnings.warn(f"qkv: could not build its C++ kernels ({type(e).__name__}: {str(e)[:300]}); decoding "
-                      "uses oneDNN's product and inductor instead (about 1.3x slower at batch 1)",
-                      RuntimeWarning, stacklevel=3)
+        WHY_NOT = not_for_this_machine()
+        if WHY_NOT:  # by design, not a fault: why_not() and generate's fallback say it
+            return False
+        WHY_NOT = missing_tools() or remembered_failure()
+    except ValueError as e:  # a QKV_KERNELS_ISA this CPU cannot run
+        WHY_NOT = str(e)
+    if not WHY_NOT:
+        try:
+            MODULE = compile_extension()
+        except Exception as e:  # a failed build: the reference paths still work
+            WHY_NOT = remember_failure(e)
+    if WHY_NOT:
+        warnings.warn(f"qkv: could not build its C++ kernels ({WHY_NOT}); decoding uses oneDNN's product and "
+                      "inductor instead", RuntimeWarning, stacklevel=3)
         return False
-    global MODULE
-    MODULE = module
     register()
     return True
 
@@ -90,10 +103,131 @@ def why_not() -> str:
     return WHY_NOT
 
 
+def not_for_this_machine() -> str:
+    """Why the kernels are not built here by design ("" where they are): turned off, a platform they cannot be
+    built on, or a CPU they would not pay on."""
+    if os.environ.get(OFF, "1") == "0":
+        return f"{OFF}=0 turns them off"
+    machine, system = platform.machine(), platform.system()
+    if machine.lower() not in X86:
+        return f"this CPU is {machine or 'unknown'}, not x86-64: the kernels are written for x86-64's AVX-512 and AVX2"
+    if system == "Darwin":
+        return "macOS: Apple's clang has no -fopenmp, which the kernels are built with"
+    if system == "Windows":
+        return "Windows: the kernels' build flags are GCC's and Clang's, not MSVC's"
+    chosen = isa()
+    if chosen is None:
+        return ("no AVX-512 or AVX2 with FMA on this CPU: qkv's kernel was not measured faster than oneDNN's "
+                "product there")
+    if chosen not in USED_ON:
+        return "no AVX-512 on this CPU: qkv's kernel would be slower than oneDNN's product"
+    return ""
+
+
+def missing_tools() -> str:
+    """What ``torch.utils.cpp_extension`` needs (even to load a built extension: it runs ninja) that is not
+    installed ("" when nothing is)."""
+    from torch.utils import cpp_extension
+
+    compiler = shlex.split(os.environ.get("CXX", "c++"))[:1] or ["c++"]
+    if shutil.which(compiler[0]) is None:
+        return f"no C++ compiler: {compiler[0]!r} (from $CXX, else c++) is not on PATH"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (pip install ninja): torch.utils.cpp_extension builds with it"
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags from /proc/cpuinfo (Linux); empty where there is none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+
+
+def isa() -> str | None:
+    """The vector instructions the kernels are built for: this CPU's best of AVX-512 and AVX2 (with FMA), None
+    with neither; $QKV_KERNELS_ISA (avx512 or avx2) chooses one, the CPU permitting (avx2 on an AVX-512 CPU
+    simulates a CPU without it)."""
+    flags = cpu_flags()
+    has = [name for name, needs in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if needs <= flags]
+    asked = os.environ.get(ISA_ENV, "")
+    if not asked:
+        return has[0] if has else None
+    if asked not in ISA_FLAGS:
+        raise ValueError(f"{ISA_ENV} must be one of {sorted(ISA_FLAGS)} or unset, got {asked!r}")
+    if flags and asked not in has:
+        raise ValueError(f"{ISA_ENV}={asked} asks for instructions this CPU lacks (it has {has or 'neither'})")
+    return asked
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler flags of this machine's build: ``FLAGS`` and its ISA's (none when no ISA is used)."""
+    chosen = isa()
+    return FLAGS + (ISA_FLAGS[chosen] if chosen else ())
+
+
+def compile_extension():
+    """Build (first time: saying so on stderr, with how long it took) or load the extension, as a module."""
+    from torch.utils import cpp_extension
+
+    name, folder = build_name(), build_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    fresh = not (folder / f"{name}.so").exists()
+    if fresh:
+        print(f"qkv: building its C++ kernels for this CPU ({ISA_NAMES[isa()]}; once per machine and torch "
+              f"version) in {folder}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(flags()),
+                                extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
+    if fresh:
+        print(f"qkv: built in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    failure_marker().unlink(missing_ok=True)  # a retried build that worked
+    return module
+
+
+def failure_marker() -> Path:
+    """Where a failed build of this build name is remembered: beside where its library would be."""
+    return build_folder() / f"{build_name()}.failed"
+
+
+def retry_hint(marker: Path) -> str:
+    return f"remembered in {marker}: delete it or set {REBUILD_ENV}=1 to build again"
+
+
+def remember_failure(error: Exception) -> str:
+    """Write the failure's marker (atomically) and return the reason to give."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    summary = next((line for line in lines if "error" in line.lower() and "Error building" not in line), "")
+    summary = f"{type(error).__name__}: {(summary or (lines or [''])[0]).strip()[:300]}"
+    marker = failure_marker()
+    record = {"error": summary, "first_lines": lines[:40], "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "flags": list(flags()), "isa": isa(), "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_json(marker, record)
+    except OSError as e:
+        return f"the build failed ({summary}); it could not be remembered ({type(e).__name__}: {e})"
+    return f"the build failed ({summary}); {retry_hint(marker)}"
+
+
+def remembered_failure() -> str:
+    """The reason a build of this build name failed before ("" when none did, or QKV_KERNELS_REBUILD=1)."""
+    marker = failure_marker()
+    if os.environ.get(REBUILD_ENV, "0") == "1" or not marker.exists():
+        return ""
+    try:
+        summary = json.loads(marker.read_text())["error"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        summary = f"its marker is unreadable: {type(e).__name__}"
+    return f"the build failed before ({summary}); {retry_hint(marker)}"
+
+
 def build_name() -> str:
-    """The extension's name: one per source texts and flags, torch version (its ABI changes between releases)
-    and CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
-    key = b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(FLAGS).encode()
+    """The extension's name: one per source texts and flags (the ISA's too), torch version (its ABI changes
+    between releases) and CPU (``-march=native`` code may not run on another, should a cache folder be shared)."""
+    key = b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(flags()).encode()
     key += torch.__version__.encode() + cpu_signature().encode()
     return f"qkv_matvec_{hashlib.sha256(key).hexdigest()[:12]}"
 
