@@ -169,7 +169,7 @@ def test_off_or_unbuildable_falls_back_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setattr(matvec, "missing_tools", lambda: "")  # with the tools, whatever runs the test
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "load", mock.Mock(side_effect=RuntimeError("Error building extension")))
-    with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels \(the build failed \(RuntimeError: "
+    with pytest.warns(RuntimeWarning, match=r"could not build its C\+\+ kernels: the build failed \(RuntimeError: "
                       "Error building"):
         assert matvec.available() is False
     layer, x = lin.KernelLinear(5, 7), torch.randn(1, 5)

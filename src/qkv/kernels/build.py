@@ -49,6 +49,7 @@ HEADERS = (Path(__file__).parent / "csrc" / "dot.h",)  # included by both: part 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math")
 ISA_FLAGS = {"avx512": (), "avx2": ("-mno-avx512f",)}  # added to FLAGS; -mno-avx512f turns off every AVX-512 subset
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
+ISA_NEEDS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}}  # /proc/cpuinfo flags each needs, best first
 # The vector instructions the kernels are used with: those where they measured faster than oneDNN's product
 # (benchmarks/kernels_isa.py, docs/kernels-isa.md). An ISA missing here is built for tests, never used.
 USED_ON = ("avx512", "avx2")
@@ -91,7 +92,7 @@ def load() -> bool:
         except Exception as e:  # a failed build: the reference paths still work
             WHY_NOT = remember_failure(e)
     if WHY_NOT:
-        warnings.warn(f"qkv: could not build its C++ kernels ({WHY_NOT}); decoding uses oneDNN's product and "
+        warnings.warn(f"qkv: could not build its C++ kernels: {WHY_NOT}. Decoding uses oneDNN's product and "
                       "inductor instead", RuntimeWarning, stacklevel=3)
         return False
     register()
@@ -146,18 +147,23 @@ def cpu_flags() -> set[str]:
     return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
 
 
+def cpu_isas() -> list[str]:
+    """The instruction sets of ``ISA_NEEDS`` this CPU has, best first."""
+    flags = cpu_flags()
+    return [name for name, needs in ISA_NEEDS.items() if needs <= flags]
+
+
 def isa() -> str | None:
     """The vector instructions the kernels are built for: this CPU's best of AVX-512 and AVX2 (with FMA), None
     with neither; $QKV_KERNELS_ISA (avx512 or avx2) chooses one, the CPU permitting (avx2 on an AVX-512 CPU
     simulates a CPU without it)."""
-    flags = cpu_flags()
-    has = [name for name, needs in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if needs <= flags]
+    has, known = cpu_isas(), bool(cpu_flags())
     asked = os.environ.get(ISA_ENV, "")
     if not asked:
         return has[0] if has else None
     if asked not in ISA_FLAGS:
         raise ValueError(f"{ISA_ENV} must be one of {sorted(ISA_FLAGS)} or unset, got {asked!r}")
-    if flags and asked not in has:
+    if known and asked not in has:
         raise ValueError(f"{ISA_ENV}={asked} asks for instructions this CPU lacks (it has {has or 'neither'})")
     return asked
 
