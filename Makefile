@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install bench clean browser fonts
+.PHONY: demo test install bench clean browser fonts docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,16 @@ fonts:
 	    || echo "make: could not install fonts-wqy-microhei; the CJK figure test will skip"; \
 	  else echo "make: no CJK font and no apt-get; install one (e.g. Noto Sans CJK) or the CJK figure test will skip"; fi; fi
 
+# The documentation site (mkdocs.yml): English at site/index.html, Chinese at site/zh/. The chapter
+# notebooks are executed during the build; QKV_DOCS_NOTEBOOKS=none skips that.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(PY) -m mkdocs serve
+
 bench: $(STAMP)
 	$(PY) -m benchmarks --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info
