@@ -8,6 +8,10 @@ points the page at an executed copy (execute_notebooks.py), so docs/ itself is n
 - ``QKV_DOCS_NOTEBOOKS=DIR``: ``DIR/NAME.ipynb`` is used where it exists, and written there otherwise.
   tests/test_docs.py points this at its session's directory, where tests/test_notebooks.py finds them.
 - ``QKV_DOCS_NOTEBOOKS=none``: rendered as committed, without outputs (a quick look at the pages).
+
+mkdocs-static-i18n rebuilds every file as a plain mkdocs File, which takes a notebook for an asset
+(copied as is, and not under zh/): its issue #198. Counting .ipynb among mkdocs' page extensions lets
+it place a notebook as a page in each language, and mkdocs-jupyter renders it there.
 """
 from __future__ import annotations
 
@@ -19,10 +23,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mkdocs import utils
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 
 from execute_notebooks import execute  # beside this file; mkdocs puts a hook's folder on the path
+
+if ".ipynb" not in utils.markdown_extensions:  # a page, for the i18n plugin too (see above)
+    utils.markdown_extensions = (*utils.markdown_extensions, ".ipynb")
 
 log = logging.getLogger("mkdocs.hooks.notebooks")
 executed: dict[str, Path] = {}  # digest of a notebook's text -> its executed copy, for this process
