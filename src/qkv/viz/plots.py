@@ -163,6 +163,19 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
     height = N * (cell + 0.4) + 1.0 + top_margin  # 0.4 in per row for panel titles, 1 in for the key labels
     fig = Figure(figsize=(width, height))
     axes = fig.subplots(N, H, squeeze=False)
+    im = draw_heads(axes, att, labels, cell)
+    fig.suptitle(heading, fontsize=12, y=1 - 0.15 / height, va="top")
+    left, right, bottom, top = 1.0 / width, 1 - 0.6 / width, 1.0 / height, 1 - top_margin / height
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.4 / cell)
+    cax = fig.add_axes((right + 0.12 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
+    fig.colorbar(im, cax=cax, ticks=[0, 0.05, 0.2, 0.5, 1])
+    cax.tick_params(labelsize=8)
+    return save_png(fig, path)
+
+
+def draw_heads(axes, att: Tensor, labels: Sequence[str], cell: float):
+    """One heatmap per (layer, head) of att (N, H, T, T) into the grid ``axes``, ticks labelled; the last image."""
+    N, H, T, _ = att.shape
     step = max(1, math.ceil(T / 64))  # label every token up to 64, then every step-th
     ticks = list(range(0, T, step))
     names = [_label(labels[i]) for i in ticks]
@@ -180,13 +193,7 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
                 ax.set_xlabel("key (attended to)", fontsize=9)
             if head == 0:
                 ax.set_ylabel("query", fontsize=9)
-    fig.suptitle(heading, fontsize=12, y=1 - 0.15 / height, va="top")
-    left, right, bottom, top = 1.0 / width, 1 - 0.6 / width, 1.0 / height, 1 - top_margin / height
-    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.4 / cell)
-    cax = fig.add_axes((right + 0.12 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
-    fig.colorbar(im, cax=cax, ticks=[0, 0.05, 0.2, 0.5, 1])
-    cax.tick_params(labelsize=8)
-    return save_png(fig, path)
+    return im
 
 
 def plot_head_diversity(claim: Claim, path: str | os.PathLike) -> Path:
