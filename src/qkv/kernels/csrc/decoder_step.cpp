@@ -2,8 +2,8 @@
 // parallel region: the threads stream the weights of every layer back to back and wait for each other
 // only where a result is needed whole (5 barriers a layer, 6 with a gate); a thread done early with its
 // rows of a product takes over rows of a slower one (``Share``). A decoder that calls one kernel per weight
-// matrix, 25-37 times a token, streams its weights at ~0.74 of a plain read on this machine; in one
-// region the same products stream at 0.95-1.0 of it (measured side by side, interleaved).
+// matrix stops and restarts its threads and its memory streams dozens of times a token; in one region the
+// products stream back to back (docs/design-notes.md has the measurements).
 //
 //   ids (B, 1), the new tokens  ->  logits (B, V)      B ≤ a few rows, fp32, CPU
 //   greedy: up to n such steps, each feeding back its logits' argmax  ->  tokens (B, k)
@@ -60,8 +60,7 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
 constexpr int64_t PER_LAYER = 18;  // tensors a layer hands in, in Layer's order
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
-// 64-byte pieces, and one that straddles two lines costs two reads (measured: the product streamed at 0.73
-// of a plain read with x 32 bytes off a line, 0.93 on one).
+// 64-byte pieces, and one that straddles two lines costs two reads.
 template <typename T>
 struct LineAligned {
   using value_type = T;
@@ -218,8 +217,8 @@ inline float activate(float v, int64_t act) {
 
 // The rows [0, N) of one product, shared out. Each thread opens its share and takes rows from its front,
 // a few at a time; one that is done early takes rows from the back of the others' shares. Each thread's
-// reads stay one stream in order, and none waits long at the next barrier for a slower one (on this
-// shared host one core was often 5-10 % slower than the other for a whole token: measured).
+// reads stay one stream in order, and none waits long at the next barrier for a slower one (on a shared
+// host one core is often slower than the other for a whole token).
 struct alignas(64) Share {
   std::atomic<uint64_t> rows{0};  // begin << 32 | end: empty until its thread opens it
 };
@@ -356,7 +355,7 @@ void activate_rows(float* __restrict y, const float* __restrict gate, int64_t be
 
 // The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate. The products are stored
 // as they come and activated a chunk at a time, vectorised: one output at a time inside the product, the
-// activation's scalar arithmetic slowed the up product's stream to 0.67 of the down product's (measured).
+// activation's scalar arithmetic would slow the up product's stream below the down product's.
 struct Activate {
   float* y;
   const float* gate;
@@ -543,7 +542,7 @@ at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, 
 }  // namespace
 
 // A pybind11 class, not a torch.ops op and custom class: called after a token's weights have streamed
-// through the caches, the op's dispatch of a custom class cost 98 µs, a pybind11 method 11 (measured).
+// through the caches, a torch.ops op's dispatch of a custom class costs several times a pybind11 method's.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecoderState>(m, "DecoderState")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, std::vector<int64_t>, double,

@@ -4,7 +4,7 @@
 //   x (M, K), W (N, K), b (N,) or none  ->  y (M, N)      M small (1 to a beam); fp32 or bf16, summed in fp32
 //
 // Each thread (at::parallel_for, torch's own) takes a run of W's rows and reads them in order, one
-// stream, as a plain sum does (measured: reading 4 rows side by side streams slower). Row n,
+// stream, as a plain sum does (reading 4 rows side by side streams slower). Row n,
 // K numbers, is read from memory once: for the second and later rows of x it is still in the L1 cache.
 // bf16 weights are half the bytes, so half the time: each is widened to fp32 (exactly) in registers,
 // the sums are fp32's and each output is rounded to bf16 once, as F.linear (oneDNN) does.
