@@ -2,14 +2,13 @@
 is committed with its outputs stripped (``python docs/notebooks/strip_outputs.py``).
 
 Select with ``pytest -k notebooks``. Executing needs the ``notebooks`` extra (nbclient, nbformat,
-ipykernel) and matplotlib; the kernel is this interpreter, through a kernel spec in a temporary
-Jupyter data directory, so nothing is registered with Jupyter and no other Python is picked up.
+ipykernel) and matplotlib; the kernel is this interpreter (docs/hooks/execute_notebooks.py). The docs
+build (tests/test_docs.py, which runs first) executes them into this session's directory, and the
+copies found there are checked here rather than executed again.
 """
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,10 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the notebooks extra: pip install -e '.[notebooks]'")
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "docs" / "notebooks"
+HOOKS = NOTEBOOK_DIR.parent / "hooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 CHAPTERS = {"01_self_attention", "02_multi_head_attention", "03_positional_encoding", "04_transformer_block",
             "05_train_and_inspect"}
-KERNEL = "qkv-test-python"  # a name no user has registered
 
 
 def test_notebooks_one_per_chapter():
@@ -38,30 +37,24 @@ def test_notebooks_are_stripped(path):
 
 
 @pytest.fixture(scope="module")
-def jupyter_path(tmp_path_factory):
-    """A Jupyter data directory holding one kernel spec: this interpreter's ipykernel."""
+def execute(tmp_path_factory):
+    """Executes a notebook into the session's directory, or finds the docs build's copy there."""
     pytest.importorskip("nbclient", reason="the notebooks extra: pip install -e '.[notebooks]'")
     pytest.importorskip("ipykernel", reason="the notebooks extra: pip install -e '.[notebooks]'")
     pytest.importorskip("matplotlib", reason="the train extra")
-    data = tmp_path_factory.mktemp("jupyter")
-    (data / "kernels" / KERNEL).mkdir(parents=True)
-    (data / "kernels" / KERNEL / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "qkv tests (this interpreter)",
-        "language": "python",
-    }))
-    return data
+    sys.path.insert(0, str(HOOKS))
+    try:
+        import execute_notebooks
+    finally:
+        sys.path.remove(str(HOOKS))
+    shared = tmp_path_factory.getbasetemp() / execute_notebooks.SESSION_DIR
+    return lambda path: execute_notebooks.execute(path, shared)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebooks_execute(path, jupyter_path, monkeypatch):
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))  # searched first; the client starts and stops the kernel
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, kernel_name=KERNEL, timeout=240, resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    start = time.perf_counter()
-    client.execute()  # raises CellExecutionError, naming the cell, on any error
-    print(f"{path.name}: {time.perf_counter() - start:.1f} s")
+def test_notebooks_execute(path, execute):
+    executed, seconds = execute(path)  # raises CellExecutionError, naming the cell, on any error
+    print(f"{path.name}: {seconds:.1f} s" if seconds else f"{path.name}: executed by the docs build")
+    nb = nbformat.read(executed, as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
