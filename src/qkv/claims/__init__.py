@@ -3,7 +3,7 @@
 Each check returns a ``Claim`` record {name, claim, section, measured, holds, summary, claim_zh}.
 Its core takes the function or module under test (qkv's by default), so a test can hand it a
 broken one and watch it fail: a check that cannot fail proves nothing. Sections (§1.3 …) and
-FAQ numbers (Q3 …) are those of the spec (seed/000_e6b97a1375c22a3f.txt); ``claim_zh`` quotes
+FAQ numbers (Q3 …) are those of the spec (the Chinese tutorial qkv implements; docs/conventions.md); ``claim_zh`` quotes
 its sentence. The fast checks are seeded and run in about a second each on a CPU; the heavy
 ones run with ``run_claims(full=True)``; what cannot be measured is a row with ``holds`` None
 and the reason (``run_claims(unmeasurable=True)``).

@@ -52,8 +52,8 @@ NOT_MEASURABLE: dict[str, Claim] = {}  # name -> a row with holds None and the r
 def seeded(seed: int) -> Iterator[None]:
     """Seeded, on one intra-op thread, leaving the caller's RNG and thread count as they were.
 
-    The checks' tensors are tiny: one thread beats a thread pool (4× faster on a busy 2-core
-    machine) and makes the numbers independent of the core count.
+    The checks' tensors are tiny: one thread beats a thread pool (above all on a busy machine) and
+    makes the numbers independent of the core count.
     """
     with fixed_threads(1), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

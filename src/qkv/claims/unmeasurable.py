@@ -27,12 +27,13 @@ not_measurable(
 not_measurable(
     "sinusoidal-extrapolates", "§3.3 / Q9",
     "sinusoidal PE extrapolates: trained at 512, it roughly works at 1024",
-    "needs models trained at one length and scored at longer ones (24 min here), beyond verify's budget; "
-    "`qkv study pe` measures it: sinusoidal +34 % bits per character at 2L, so the claim is contradicted "
-    "(Press et al. 2022, Table 2: 2.2× perplexity at ≈2L)",
+    "needs models trained at one length and scored at longer ones (tens of minutes), beyond verify's budget; "
+    "`qkv study pe` measures it (its results.md: bits per character at 2L and beyond); Press et al. 2022, "
+    "Table 2, found sinusoidal PE's perplexity to rise sharply past the training length",
     claim_zh="「Sinusoidal 的最大优势是可外推：训练时用了 512 长度，推理时给 1024 也大致能跑」",
-    reason_zh="需要在一个长度上训练、在更长的长度上评估（此机器约 24 分钟），超出 verify 的时间预算；`qkv study pe` "
-              "测量了它：sinusoidal 在 2L 时每字符比特数上升 34 %，论断不成立（Press et al. 2022 表 2：≈2L 时困惑度 2.2 倍）")
+    reason_zh="需要在一个长度上训练、在更长的长度上评估（需要数十分钟），超出 verify 的时间预算；`qkv study pe` "
+              "测量了它（见它的 results.md：2L 及更长时的每字符比特数）；Press et al. 2022 表 2 发现 sinusoidal 的困惑度"
+              "在超过训练长度后急剧上升")
 
 not_measurable(
     "only-multi-head-in-a-block", "§4 (view 2)",

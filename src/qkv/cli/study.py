@@ -13,7 +13,7 @@ def add_study_pe(studies) -> argparse.ArgumentParser:
                            "sinusoidal, learned, rope, alibi) at length L with one token budget and seed, and score "
                            "validation bits per character at L, 2L, 4L, 8L on non-overlapping windows. Writes "
                            "results.csv, results.md, positions.csv (loss per position), pe.png and summary.json. "
-                           "Default: about 20 minutes on 2 free CPU cores; --quick: about a minute.")
+                           "Default: tens of minutes on two CPU cores; --quick: about a minute.")
     p.add_argument("--quick", action="store_true", help="a smaller model and budget (about a minute)")
     p.add_argument("--seeds", type=int, default=1, help="models per scheme; > 1 adds std columns (default 1)")
     p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")

@@ -185,7 +185,7 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the weights' type while decoding: bfloat16 halves the bytes each token reads "
-                        "(opt-in: the README's Speed section gives its speed and its cost in bits per character)")
+                        "(opt-in: docs/speed.md gives its speed and its cost in bits per character)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what computes each token: auto (default: the model's forward, its linear products through "
                         "qkv's CPU kernels), eager (the modules as written), inductor (the one-token step compiled "

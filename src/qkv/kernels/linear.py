@@ -4,7 +4,7 @@
 
 Decoding one token at batch 1 is one matrix-vector product per weight, so its speed is the rate at which
 the weights stream from memory. ``F.linear`` (MKL in PyTorch's CPU builds) computes such a product on one
-core, and more rows slower than oneDNN (the README's Speed section has the measurements), so:
+core, and more rows slower than oneDNN (docs/speed.md has the measurements), so:
 
 - under ``torch.compile``, one row: the product written as the reduction it is, ``(W * x).sum(-1)``,
   which inductor fuses with its neighbours into one vectorised pass over W on every core (``reduction_matvec``);

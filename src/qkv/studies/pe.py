@@ -145,7 +145,7 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
     """Train one GPT per scheme (and seed), score it at L, 2L, 4L, 8L; write the results to ``out``.
 
     Args:
-        config: the settings (default ``PEStudyConfig()``: about 20 minutes on 2 CPU cores).
+        config: the settings (default ``PEStudyConfig()``: tens of minutes on two CPU cores).
         out: a directory for results.csv, results.md, positions.csv, pe.png, summary.json (None: none).
         corpus: a ``qkv.data.Corpus`` (default ``load_corpus(config.data)``).
         progress: a progress bar across the schemes.
