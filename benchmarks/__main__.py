@@ -12,8 +12,12 @@ complexity time and memory against n, fitted exponents: reference, fused, flash,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import sys
 import time
+from pathlib import Path
 
 SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision"]
 
@@ -22,14 +26,50 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats (a few minutes)")
     p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    p.add_argument("--markdown", type=Path, metavar="DIR", help="also write DIR/speed.md and DIR/speed.zh.md from "
+                   "this run (date, commit, machine, command) and the READMEs' speed table (benchmarks.report)")
     args = p.parse_args(argv)
+    outputs = {}
     for name in args.only or SECTIONS:
         print(f"\n## {name}\n", flush=True)
         t0 = time.perf_counter()
         module = importlib.import_module(f"benchmarks.{name}")
-        module.main(["--quick"] if args.quick else [])
+        with tee() as seen:
+            module.main(["--quick"] if args.quick else [])
+        outputs[name] = seen.getvalue()
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.markdown:
+        from qkv.runtime import machine
+
+        from . import report
+
+        command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
+        for path in report.write(args.markdown, outputs, command.strip(), machine()):
+            print(f"wrote {path}")
     return 0
+
+
+class Tee(io.StringIO):
+    """A copy of what is printed, still printed."""
+
+    def __init__(self, out) -> None:
+        super().__init__()
+        self.out = out
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def tee():
+    """What a section prints, kept (for --markdown) and shown as it comes."""
+    seen = Tee(sys.stdout)
+    with contextlib.redirect_stdout(seen):
+        yield seen
 
 
 if __name__ == "__main__":

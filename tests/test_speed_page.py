@@ -1,0 +1,65 @@
+"""benchmarks.report: the speed page and the README's speed table are written from a run's own output (no
+number typed by hand), in both languages, with the date, commit, machine and command."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks is a package beside src/, run as python -m benchmarks
+
+from benchmarks import report  # noqa: E402
+
+GENERATION = """roofline: 46.0 GB/s -> 498 tok/s
+| batch | qkv auto tok/s | qkv compiled tok/s | inductor tok/s | qkv eager tok/s | HF tok/s | auto / HF | compiled / HF | inductor / HF | eager / HF | of roofline (auto / compiled / inductor / eager) | auto / no cache |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+| 1 | 236 | 448 | 265 | 120 | 108 | 2.18x | 4.13x | 2.45x | 1.11x | 0.55 / 0.86 / 0.67 / 0.30 | 9.0x |
+| 8 | 851 | 981 | - | - | 489 | 1.74x | 2.01x | - | - | - | - |
+prompt 16, 128 new tokens"""
+MARIAN = """| sentences | source len | beams | max new | qkv s | HF s | HF / qkv | qkv CPU s | HF CPU s |
+|---|---|---|---|---|---|---|---|---|
+| 8 | 12 | 4 | 40 | 1.10 | 2.20 | 2.00x | 2.1 | 4.3 |"""
+
+
+def test_tables_are_read_by_their_headers():
+    tables = report.parse_tables(GENERATION)
+    assert len(tables) == 1 and tables[0][0]["qkv compiled tok/s"] == "448" and tables[0][1]["batch"] == "8"
+
+
+def test_the_summary_takes_batch_one_and_each_section_present():
+    rows = report.summary_rows({"generation": GENERATION, "marian": MARIAN}, "en")
+    assert rows == [["greedy decoding, batch 1, tokens/s", "auto 236, fused 448", "HF generate 108", "2.18x, 4.13x"],
+                    ["beam search 4, 8 sentences, s", "1.10", "HF MarianMTModel 2.20", "2.00x"]]
+    assert report.summary_rows({}, "zh") == []
+
+
+@pytest.mark.parametrize("lang, title", [("en", "# Speed"), ("zh", "# 速度")])
+def test_the_page_says_when_where_and_how_and_keeps_the_output(lang, title):
+    text = report.page(lang, {"generation": GENERATION}, "python -m benchmarks --quick", "a test machine")
+    assert text.startswith(title) and "python -m benchmarks --quick" in text and "a test machine" in text
+    assert "| 1 | 236 | 448 |" in text and "- roofline: 46.0 GB/s -> 498 tok/s" in text
+    assert text.count(report.TEXT[lang]["missing"]) == len(report.SECTIONS) - 1  # the sections not run say so
+
+
+def test_the_readme_table_is_replaced_between_its_markers_only(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{report.MARKERS[0]}\nold table\n{report.MARKERS[1]}\nafter\n")
+    assert report.update_readme(readme, "NEW")
+    assert readme.read_text() == f"# x\n\nbefore\n{report.MARKERS[0]}\nNEW\n{report.MARKERS[1]}\nafter\n"
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    assert not report.update_readme(plain, "NEW") and plain.read_text() == "no markers\n"
+
+
+def test_both_readmes_hold_the_markers():
+    for path in report.README.values():
+        text = path.read_text(encoding="utf-8")
+        assert text.count(report.MARKERS[0]) == 1 and text.count(report.MARKERS[1]) == 1, path
+
+
+def test_the_prose_holds_no_figure():
+    """What each section measures is said without numbers: the numbers are the run's."""
+    import re
+
+    prose = " ".join(t for texts in report.SECTIONS.values() for t in texts)
+    assert not re.search(r"\d+(\.\d+)?\s*(x|×|%|ms|s\b|GB/s|tok/s)", prose)
