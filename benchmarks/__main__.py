@@ -29,7 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=Path, metavar="DIR", help="also write DIR/speed.md and DIR/speed.zh.md from "
                    "this run (date, commit, machine, command) and the READMEs' speed table (benchmarks.report)")
     args = p.parse_args(argv)
-    outputs = {}
+    from qkv.runtime import machine
+
+    where, outputs = machine(), {}  # before any section sets its own thread count
     for name in args.only or SECTIONS:
         print(f"\n## {name}\n", flush=True)
         t0 = time.perf_counter()
@@ -39,12 +41,10 @@ def main(argv=None) -> int:
         outputs[name] = seen.getvalue()
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     if args.markdown:
-        from qkv.runtime import machine
-
         from . import report
 
         command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
-        for path in report.write(args.markdown, outputs, command.strip(), machine()):
+        for path in report.write(args.markdown, outputs, command.strip(), where):
             print(f"wrote {path}")
     return 0
 

@@ -97,12 +97,10 @@ def section_markdown(output: str) -> str:
     """A section's printed output as Markdown: its tables as they are, every other line a list item."""
     lines = []
     for line in output.strip().splitlines():
-        if line.startswith("|") or not line.strip():
-            lines.append(line)
-        else:
-            if lines and lines[-1].startswith("|"):
-                lines.append("")
-            lines.append(f"- {line.strip()}")
+        table = line.startswith("|")
+        if lines and lines[-1].strip() and table != lines[-1].startswith("|"):
+            lines.append("")  # a table and a list each need a blank line before the other
+        lines.append(line if table or not line.strip() else f"- {line.strip()}")
     return "\n".join(lines)
 
 
@@ -133,8 +131,8 @@ def parse_tables(output: str) -> list[list[dict[str, str]]]:
 
 
 ROWS = {  # the README table's header
-    "en": ("measurement", "qkv", "beside it", "qkv's advantage"),
-    "zh": ("测量", "qkv", "对照", "qkv 的优势"),
+    "en": ("measurement", "qkv", "beside it", "ratio (> 1: qkv faster)"),
+    "zh": ("测量", "qkv", "对照", "比值（> 1：qkv 更快）"),
 }
 
 
@@ -193,3 +191,36 @@ def write(out: Path, outputs: dict[str, str], command: str, machine: str) -> lis
         if update_readme(README[lang], readme_table(outputs, lang, command)):
             written.append(README[lang])
     return written
+
+
+def outputs_from_log(text: str) -> dict[str, str]:
+    """Each section's output from the printed log of ``python -m benchmarks`` ("## name" … "(name: N s)")."""
+    outputs, name, lines = {}, None, []
+    for line in text.splitlines():
+        if line.startswith("## ") and line[3:].strip() in SECTIONS:
+            name, lines = line[3:].strip(), []
+        elif name and re.fullmatch(rf"\({name}: \d+ s\)", line):
+            outputs[name], name = "\n".join(lines).strip(), None
+        elif name and not line.startswith("[transformers]"):
+            lines.append(line)
+    return outputs
+
+
+def main(argv=None) -> int:
+    """Write the pages again from a saved log of a run (the same numbers, e.g. after the page's layout changed)."""
+    import argparse
+
+    from qkv.runtime import machine
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    p.add_argument("log", type=Path, help="the run's printed output (stdout)")
+    p.add_argument("--command", required=True, help="the command that produced the log")
+    p.add_argument("--markdown", type=Path, required=True, metavar="DIR")
+    args = p.parse_args(argv)
+    for path in write(args.markdown, outputs_from_log(args.log.read_text(encoding="utf-8")), args.command, machine()):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -63,3 +63,15 @@ def test_the_prose_holds_no_figure():
 
     prose = " ".join(t for texts in report.SECTIONS.values() for t in texts)
     assert not re.search(r"\d+(\.\d+)?\s*(x|×|%|ms|s\b|GB/s|tok/s)", prose)
+
+
+def test_a_saved_log_gives_each_section_its_output():
+    log = ("\n## generation\n\n" + GENERATION + "\n[transformers] a warning\n(generation: 64 s)\n"
+           "\n## marian\n\n" + MARIAN + "\n(marian: 3 s)\n")
+    outputs = report.outputs_from_log(log)
+    assert outputs == {"generation": GENERATION, "marian": MARIAN}
+
+
+def test_a_table_after_a_line_of_text_gets_its_blank_line():
+    md = report.section_markdown("a line\n| a | b |\n|---|---|\n| 1 | 2 |\nafter")
+    assert md == "- a line\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n- after"

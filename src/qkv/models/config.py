@@ -351,7 +351,7 @@ def check_section_dict(name: str, d) -> None:
         check_type(f"ModelConfig.{name}.{key}", value, getattr(defaults, key))
 
 
-PRESETS: dict[str, ModelConfig] = {  # why each is shaped so: README, "Train and sample" and "Translate"
+PRESETS: dict[str, ModelConfig] = {  # why each is shaped so: docs/design-notes.md
     "tiny": ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=64),  # unit tests
     # `qkv train`'s default, trained for 3 minutes on two CPU cores with a 2048-token byte-level BPE
     # (vocab_size always comes from the tokenizer).

@@ -169,7 +169,7 @@ class TrainConfig:
         self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
 
     def check_lora(self) -> None:
-        """--lora R [--lora-alpha A] [--lora-targets NAMES] adapts a checkpoint; defaults α = 2r, attention."""
+        """``--lora R [--lora-alpha A] [--lora-targets NAMES]`` adapts a checkpoint; defaults α = 2r, attention."""
         if self.lora is None:
             if self.lora_alpha is not None or self.lora_targets is not None:
                 raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
@@ -664,12 +664,16 @@ class Recipe:
         return result
 
 
-def train(cfg: TrainConfig, *, corpus=None, tokenizer=None, stop_at: int | None = None) -> TrainResult:
+def train(cfg: TrainConfig, *, corpus: object | None = None, tokenizer: object | None = None,
+          stop_at: int | None = None) -> TrainResult:
     """Train as ``cfg`` says (task, model, data, budget, run directory) and return the model, its metrics
     and a summary.
 
     Args:
-        corpus, tokenizer: ready data and tokenizer for the task (default: read and fitted as ``cfg`` says).
+        cfg: the task, model, data, budget and run directory.
+        corpus: ready data for the task (a ``qkv.data.Corpus``, or a translation task's pairs); default: read
+            as ``cfg`` says.
+        tokenizer: a ready tokenizer; default: fitted or loaded as ``cfg`` says.
         stop_at: stop after this step as an interruption would (checkpoint, no summary), keeping the
             schedule of the full budget; resume later with ``resume=True``.
     """

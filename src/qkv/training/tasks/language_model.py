@@ -26,7 +26,7 @@ from ...models import GPT, PRESETS, ModelConfig
 from .base import Task, TaskDefaults
 
 LN2 = math.log(2)
-# The demo trains byte-level BPE, its vocabulary sized for its budget (README "Train and sample" has the runs);
+# The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs);
 # a run of the translate preset, its shared vocabulary; every other preset and a model of its own shape: characters.
 PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
 

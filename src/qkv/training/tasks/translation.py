@@ -29,7 +29,7 @@ from ...checks import check_fraction, check_positive_int
 from .base import Task, TaskDefaults, TaskOptions
 
 EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
-DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs (measured: 3–8)
+DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs
 
 
 def special_tokens(tokenizer) -> Special:
@@ -120,7 +120,7 @@ class TranslationTask(Task):
     model_class = Transformer
     options_type = TranslationOptions
     # Copying on by default (TranslationOptions.copy); the batch, lr and budget that serve it best on CPU
-    # (README "Translate" has the runs behind them). Always a shared byte-level BPE (§3.4).
+    # (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
     defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
                             minutes=10.0)
 
