@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 NOTEBOOKS = DOCS / "notebooks"  # in Chinese, shown under both languages; their README is the section's page
 HOOKS = DOCS / "hooks"
+GENERATED = DOCS / "generated"  # a study's results.md, included by its page (qkv study ... --markdown docs)
 READMES = [ROOT / "README.md", ROOT / "README.zh-CN.md"]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -35,8 +36,8 @@ EXTERNAL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|#|//)")  # https:, mailto:,
 
 
 def pages() -> list[Path]:
-    """The site's Markdown pages, English and Chinese (not the notebooks' folder, not the hooks)."""
-    return sorted(p for p in DOCS.rglob("*.md") if not p.is_relative_to(NOTEBOOKS) and not p.is_relative_to(HOOKS))
+    """The site's Markdown pages, English and Chinese (not the notebooks' folder, the hooks, the included results)."""
+    return sorted(p for p in DOCS.rglob("*.md") if not any(p.is_relative_to(d) for d in (NOTEBOOKS, HOOKS, GENERATED)))
 
 
 def english(page: Path) -> Path:

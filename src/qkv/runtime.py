@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -75,6 +76,21 @@ def machine() -> str:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     return (f"{dev}; {cpu}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads; "
             f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
+
+
+def source_commit() -> str:
+    """The git commit qkv's source was loaded from, with "+changes" when the tracked files differ from it;
+    "unknown" outside a git checkout (an installed wheel)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def prepare_output_dir(out: str | os.PathLike | None, outputs: Iterable[str], *, overwrite: bool,

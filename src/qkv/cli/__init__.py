@@ -53,6 +53,7 @@ def dispatch(argv: list[str] | None) -> int:
     """Parse ``argv`` and run its command."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for pages that cite it
     if args.command is None:
         parser.print_help()
         raise CommandError("choose a command (listed above)")

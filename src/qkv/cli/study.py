@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .errors import Parser
+from .errors import CommandError, Parser
 
 
 def add_study_pe(studies) -> argparse.ArgumentParser:
@@ -66,6 +67,8 @@ def study_order(args: argparse.Namespace):
     return result
 
 
+FIGURES = {"pe": ("pe.png",), "order": ()}  # what --markdown copies beside the page
+
 STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds)
     "pe": (add_study_pe, study_pe),
     "order": (add_study_order, study_order),
@@ -78,13 +81,26 @@ def add_study(sub) -> argparse.ArgumentParser:
                        description="Experiments on positional encodings, run on this machine.")
     studies = p.add_subparsers(dest="study", metavar="STUDY", required=True, parser_class=Parser)
     for add, _ in STUDIES.values():
-        add(studies).add_argument("--quiet", action="store_true", help="no progress bar")
+        p_study = add(studies)
+        p_study.add_argument("--quiet", action="store_true", help="no progress bar")
+        p_study.add_argument("--markdown", metavar="DIR", default=None,
+                             help="also write the results as the docs site's page: DIR/generated/study-STUDY.md "
+                             "and its figure in DIR (e.g. --markdown docs)")
     return p
 
 
 def run_study(args: argparse.Namespace) -> int:
-    """Run the study and say where its files are."""
+    """Run the study, say where its files are, and write its docs page when asked."""
+    if args.markdown is not None and not Path(args.markdown).is_dir():
+        raise CommandError(f"--markdown {args.markdown}: expected the documentation folder (e.g. docs), "
+                           "found no such directory")
     result = STUDIES[args.study][1](args)
     print(f"wrote {args.out}/ (results.csv, results.md{', pe.png' if args.study == 'pe' else ''}) "
           f"in {result.seconds / 60:.1f} min")
+    if args.markdown is not None:
+        from ..studies.pages import write_page
+
+        written = write_page(Path(args.out), args.study, args.markdown, "qkv " + " ".join(args.argv),
+                             FIGURES[args.study])
+        print("wrote " + ", ".join(str(p) for p in written))
     return 0

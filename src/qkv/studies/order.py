@@ -31,6 +31,7 @@ from ..models import Encoder, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
 from ..training.recipe import TrainConfig, build_optimizer, lr_at
 from .pe import SCHEMES
+from .pages import stamp
 from .progress import models_bar
 
 TASKS = ("reverse", "shift")
@@ -240,7 +241,7 @@ def _write(result: OrderStudyResult) -> None:
             f"Encoder: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers} layers, {cfg.steps} steps of "
             f"{cfg.batch_size} random sequences of {cfg.seq_len} symbols out of {cfg.vocab_size}; test on "
             f"{cfg.test_size} unseen sequences; seed {cfg.seed}.", f"Machine: {machine()}.",
-            f"Wall time: {result.seconds:.0f} s.", ""]
+            f"Wall time: {result.seconds:.0f} s.", stamp(), ""]
     atomic_write(out / "results.md", "\n".join(text).encode())
     atomic_json(out / "summary.json", {"config": asdict(cfg), "rows": result.rows, "chance": result.chance,
                                        "bag_baseline": result.bag_baseline, "sentences": result.sentences,

@@ -36,6 +36,7 @@ from ..fileio import atomic_json, atomic_write
 from ..models import POSITIONAL, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, train
+from .pages import stamp
 from .progress import models_bar
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
@@ -297,7 +298,7 @@ def _write(result: PEStudyResult, corpus, n_chunks: int) -> None:
             + (f" … {cfg.seed + cfg.seeds - 1} (mean ± std)" if cfg.seeds > 1 else "")
             + f"; learned PE has max_len = L = {L}, the others max_len = {FACTORS[-1] * L} (no parameters tied to it).",
             f"Parameters: " + ", ".join(f"{k} {v:,}" for k, v in result.parameters.items()) + ".",
-            f"Corpus: {corpus.source}.", f"Machine: {machine()}.", f"Wall time: {result.seconds / 60:.1f} min.", ""]
+            f"Corpus: {corpus.source}.", f"Machine: {machine()}.", f"Wall time: {result.seconds / 60:.1f} min.", stamp(), ""]
     atomic_write(out / "results.md", "\n".join(text).encode())
     plot(result, out / "pe.png")
     atomic_json(out / "summary.json", {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
