@@ -4,23 +4,31 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
+# torch is installed first, on its own, as TORCH_SPEC; TORCH_INDEX_URL, when set, is the only index pip
+# reads for it. Empty (the default): pip's own settings decide, which on Linux from PyPI means the CUDA
+# build (about 19 NVIDIA packages); where a CPU wheel lies in pip's find-links (as on our CI machine) it
+# is that one. For the CPU-only build anywhere: make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 
 .PHONY: demo test install bench clean browser fonts docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a multi-GB CUDA build).
-	$(PY) -m pip install -q torch==2.13.0
+	# torch first and pinned (a bare `torch` or a range lets pip pick any build): see TORCH_SPEC above.
+	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # About 3 minutes of training on the embedded corpus; ends with validation bits per character
-# beside gzip -9 and xz -9e on the same held-out text, then a sample.
+# beside gzip -9 and xz -9e on the same held-out text, then a sample from the run just written.
+# An earlier demo run is kept: the first is runs/demo, the next runs/demo-2, runs/demo-3, ...
 demo: $(STAMP)
-	$(VENV)/bin/qkv train --preset demo --out runs/demo --overwrite --sample-tokens 0
-	$(VENV)/bin/qkv sample --run runs/demo --prompt "def " --max-new-tokens 300 --temperature 0.8 --seed 0
+	$(VENV)/bin/qkv train --preset demo --sample-tokens 0
+	$(VENV)/bin/qkv sample --run "$$(ls -td runs/demo runs/demo-[0-9]* 2>/dev/null | head -n 1)" \
+	  --prompt "def " --max-new-tokens 300 --temperature 0.8 --seed 0
 
 test: $(STAMP) browser fonts
 	$(PY) -m pytest -q
