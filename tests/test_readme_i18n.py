@@ -1,14 +1,16 @@
 """README.md and README.zh-CN.md must not drift apart.
 
-The Chinese README is a translation of the English one: prose and table headers are
-translated, but every fenced code block is byte-identical and every ``qkv …`` command the
-English text shows appears in the Chinese text too. These tests fail, naming what is missing
-on which side, when one README gains a code block or a command the other lacks. They also
-check that the two files link to each other in their first lines.
+The Chinese README is a translation of the English one: prose, table headers and the comments
+inside code blocks are translated, but the code of every fenced block (its comments left out, as
+tests/test_code_blocks.py reads them) is the same and every ``qkv …`` command the English text
+shows appears in the Chinese text too. These tests fail, naming what is missing on which side,
+when one README gains a code block or a command the other lacks, or when a comment in a Chinese
+code block is left in English. They also check that the two files link to each other in their
+first lines. (That each python block runs as pasted is tests/test_code_blocks.py's test.)
 
-To re-sync after editing README.md: copy each new or changed fenced block verbatim into the
-same section of README.zh-CN.md, and write each new inline `qkv …` command into the Chinese
-prose unchanged (flags, paths and quoted text exactly as in English).
+To re-sync after editing README.md: copy each new or changed fenced block into the same section
+of README.zh-CN.md and translate its comments (code unchanged), and write each new inline `qkv …`
+command into the Chinese prose unchanged (flags, paths and quoted text exactly as in English).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+
+from test_code_blocks import blocks, untranslated
 
 ROOT = Path(__file__).resolve().parents[1]
 EN = ROOT / "README.md"
@@ -88,23 +92,35 @@ def test_readmes_link_to_each_other():
     )
 
 
-def test_fenced_code_blocks_are_identical():
-    en = Counter(fenced_blocks(_read(EN)))
-    zh = Counter(fenced_blocks(_read(ZH)))
+def _code(block) -> str:
+    """A block as the comparison sees it: its info string and its code without comments."""
+    return f"```{block.info}\n{block.code}\n```"
+
+
+def test_fenced_code_blocks_hold_the_same_code():
+    en = Counter(_code(b) for b in blocks(_read(EN), EN))
+    zh = Counter(_code(b) for b in blocks(_read(ZH), ZH))
     only_en = en - zh
     only_zh = zh - en
     if not only_en and not only_zh:
         return
     parts = [
-        "README.md and README.zh-CN.md must hold the same fenced code blocks, byte for byte "
-        "(comments inside code stay in English); copy the English block verbatim into the same "
-        "section of the Chinese README."
+        "README.md and README.zh-CN.md must hold the same fenced code blocks: the same code, comments "
+        "aside (comments are translated); copy the English block into the same section of the Chinese "
+        "README and translate its comments only. Blocks below are shown without their comments."
     ]
     for block, count in only_en.items():
         parts.append(f"\nin README.md but not in README.zh-CN.md (×{count}):\n{_show(block)}")
     for block, count in only_zh.items():
         parts.append(f"\nin README.zh-CN.md but not in README.md (×{count}):\n{_show(block)}")
     raise AssertionError("\n".join(parts))
+
+
+def test_comments_in_the_chinese_code_blocks_are_chinese():
+    zh = blocks(_read(ZH), ZH)
+    assert any(b.comments for b in zh), "found no comments in README.zh-CN.md's code blocks: the extraction is broken"
+    missing = untranslated(zh)
+    assert not missing, "translate these comments of README.zh-CN.md's code blocks into Chinese:\n" + "\n".join(missing)
 
 
 def test_qkv_commands_appear_in_both():
