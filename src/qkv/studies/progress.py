@@ -1,4 +1,5 @@
-"""A progress bar over a study's models (tqdm), shared by the studies.
+"""A progress bar over a study's models, shared by the studies (``qkv.training.progress``: a tqdm bar on a
+terminal, a line per model in a log).
 
 Shapes: none.
 """
@@ -14,9 +15,9 @@ def models_bar(jobs: Sequence[Job], *, desc: str, enabled: bool, label: Callable
     if not enabled:
         yield from jobs
         return
-    from tqdm.auto import tqdm
+    from ..training.progress import progress_bar
 
-    with tqdm(total=len(jobs), unit="model", desc=desc, dynamic_ncols=True) as bar:
+    with progress_bar(len(jobs), unit="model", desc=desc, interval=0) as bar:
         for job in jobs:
             bar.set_postfix_str(label(job))
             yield job

@@ -93,7 +93,7 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
-    progress: bool = True  # tqdm progress bar (rank 0)
+    progress: bool = True  # progress on stderr, rank 0 (qkv.training.progress: a bar, or lines in a log)
 
     def __init__(self, **given) -> None:
         """Every field by keyword, and the task's options by their own names (``label_smoothing=0.2``)."""
@@ -579,11 +579,11 @@ class Recipe:
     def progress_bar(self):
         if not (self.cfg.progress and self.dist.is_main):
             return None
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
         print(self.header(), file=sys.stderr)
-        return tqdm(total=100.0, initial=round(100 * self.progress(), 2), unit="%", dynamic_ncols=True,
-                    bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
+        return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
+                            bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 
     # --- the loop --------------------------------------------------------------------------------
     def loop(self, model: nn.Module, stop: "StopRequest") -> bool:
