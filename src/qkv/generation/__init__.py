@@ -3,12 +3,14 @@
     sampling.py      logits → filtered logits → next token
     decode.py        generate: prefill, then one cached step per token (a sliding window past max_len)
     backends.py      eager | auto | inductor | fused: which code computes the steps, chosen with a reason
+    streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text
     beam_search.py   greedy and beam search for qkv.Transformer (the paper's beam 4, length penalty 0.6)
 """
 from .backends import BACKENDS, BackendFallback, choose
 from .beam_search import Special, beam_search
 from .decode import generate, generate_text
 from .sampling import next_token, top_k_filter, top_p_filter
+from .streaming import TextStreamer
 
 __all__ = ["generate", "generate_text", "next_token", "top_k_filter", "top_p_filter", "BACKENDS", "BackendFallback",
-           "choose", "Special", "beam_search"]
+           "choose", "Special", "beam_search", "TextStreamer"]

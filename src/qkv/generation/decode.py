@@ -15,6 +15,8 @@ from ..kernels import fused_step
 from . import backends
 from .sampling import next_token
 
+STREAM_BURST = 8  # with a streamer, the fused step's greedy calls take at most this many tokens: text keeps coming
+
 
 def check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.size(1) == 0:
@@ -99,7 +101,7 @@ def window_logits(model, ids: Tensor, valid: Tensor, cache: StaticCache | None) 
 def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
-    mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False,
+    mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer=None,
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 
@@ -113,6 +115,10 @@ def generate(
             served by qkv's CPU kernels), "eager" (the forward as written), "inductor" (``torch.compile``'s
             step) or "fused" (qkv's C++ step; other models fall back to inductor with a warning saying why).
         compile: the older name of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
+        streamer: Hugging Face's protocol (``qkv.generation.streaming``): ``put(ids)`` with the prompt (B, T),
+            then each step's new tokens (B, k) as they are chosen, and ``end()`` when done (not after an
+            exception: Ctrl-C leaves it as it was); ``TextStreamer`` writes the text as it grows. The tokens
+            are the same with and without one.
     Returns:
         (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
 
@@ -129,13 +135,13 @@ def generate(
     try:
         with backends.speed_layer(model, backend):
             return sample(model, ids, max_new_tokens, backend, temperature=temperature, top_k=top_k, top_p=top_p,
-                          eos_id=eos_id, use_cache=use_cache, seed=seed, mask=mask)
+                          eos_id=eos_id, use_cache=use_cache, seed=seed, mask=mask, streamer=streamer)
     finally:
         model.train(was_training)
 
 
 def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature: float, top_k, top_p, eos_id,
-           use_cache: bool, seed: int | None, mask: Tensor | None) -> Tensor:
+           use_cache: bool, seed: int | None, mask: Tensor | None, streamer=None) -> Tensor:
     """``generate`` once its arguments are checked and its backend chosen: (B, T) -> (B, T + n)."""
     generator = None if seed is None else torch.Generator(device=ids.device).manual_seed(seed)
     limit, (B, T) = model.config.max_len, ids.shape
@@ -148,15 +154,23 @@ def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature
     cache = None if not use_cache else StaticCache(
         model, B, min(limit, end - start + max_new_tokens), device=ids.device, backend=backend)
     pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, eos_id, greedy=temperature == 0)
+    if streamer is not None:
+        streamer.put(ids)
+    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, eos_id, greedy=temperature == 0,
+                      streamer=streamer)
+    if streamer is not None:
+        streamer.end()
     return out[:, :end]
 
 
 def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache, pick,
-            eos_id: int | None, greedy: bool) -> int:
+                eos_id: int | None, greedy: bool, streamer=None) -> int:
     """``generate``'s loop: up to max_new_tokens tokens into out (B, T + n) after the window
-    out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end."""
+    out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end. Each new token
+    goes to ``streamer.put`` as soon as it is in ``out``."""
     limit, (start, end) = model.config.max_len, window
+    emit = streamer.put if streamer is not None else lambda ids: None
+    burst = STREAM_BURST if streamer is not None else max_new_tokens  # greedy tokens of one fused call
     finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
     greedy_steps = greedy and cache is not None and cache.greedy_steps
     logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
@@ -167,13 +181,15 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
             tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
             finished |= tok == eos_id
         out[:, end] = tok
+        emit(out[:, end:end + 1])  # (B, 1)
         end, new = end + 1, new + 1
         if finished_all(new, max_new_tokens, eos_id, finished):
             break
         if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
-            toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1), eos_id,
-                                finished)  # (B, k)
+            toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1, burst),
+                                eos_id, finished)  # (B, k)
             out[:, end:end + toks.size(1)] = toks
+            emit(toks)
             end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
             if finished_all(new, max_new_tokens, eos_id, finished):
                 break
