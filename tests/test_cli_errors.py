@@ -99,3 +99,53 @@ def test_bench_refuses_unknown_sections_and_missing_checkouts(checkout, monkeypa
 def test_a_bad_device_is_a_user_error(command, tmp_path, capsys):
     assert cli.main([*command, "--run", str(tmp_path), "--device", "abc"]) == 2
     assert capsys.readouterr().err.startswith("qkv: error: device must be auto, cpu or cuda")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "--max-minuts", "1"],
+     "qkv: error: train: unrecognized arguments: --max-minuts 1 (--max-minuts: did you mean --max-minutes?)"),
+    (["sample", "--run", "r", "--promt", "hi"],
+     "qkv: error: sample: the following arguments are required: --prompt (--promt: did you mean --prompt?)"),
+    (["study", "pe", "--quik"], "qkv: error: study pe: unrecognized arguments: --quik (--quik: did you mean --quick?)"),
+    (["sample", "--run", "r", "--prompt", "a", "--backend", "fusd"],
+     "qkv: error: sample: argument --backend: invalid choice: 'fusd' (choose from 'auto', 'eager', 'inductor', "
+     "'fused') (did you mean 'fused'?)"),
+    (["info", "--run", "r", "--zzzzzz"], "qkv: error: info: unrecognized arguments: --zzzzzz"),
+    (["--zzzzzz"], "qkv: error: unrecognized arguments: --zzzzzz"),
+])
+def test_a_mistyped_flag_is_named_once_with_the_close_match(argv, line, capsys):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_an_unknown_command_gets_the_close_match(capsys):
+    assert cli.main(["smaple"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkv: error: argument COMMAND: invalid choice: 'smaple'")
+    assert err.rstrip().endswith("(did you mean 'sample'?)")
+
+
+def test_a_flag_argparse_takes_as_an_abbreviation_gets_no_hint():
+    assert errors.flag_hints(["--max-new", "3", "--tempreature", "1"], ["--max-new-tokens", "--temperature"]) == \
+        ["--tempreature: did you mean --temperature?"]
+
+
+def test_train_help_lists_every_preset_with_a_line(capsys):
+    from qkv.models import PRESETS
+
+    assert cli.main(["train", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("presets (--preset NAME; why each is shaped so: docs/design-notes.md):") + 2:]
+    assert [ln.split()[0] for ln in table] == list(PRESETS)
+    for name, c in PRESETS.items():
+        row = next(ln for ln in table if ln.split()[0] == name).split()
+        assert row[1:6] == [str(c.num_layers), str(c.num_heads), str(c.d_model), str(c.max_len), c.positional]
+        assert len(row) > 6  # what it is for
+
+
+@pytest.mark.parametrize("argv", [["info", "--run", "F"], ["sample", "--run", "F", "--prompt", "a"]])
+def test_a_file_given_for_a_run_directory_is_called_a_file(argv, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert cli.main([str(tmp_path / "f") if a == "F" else a for a in argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and "no such" not in err[0], err

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.data import load_corpus
 
 FAST = ["--preset", "tiny", "--context", "32", "--batch-size", "4", "--eval-interval", "2", "--quiet",
         "--device", "cpu"]
@@ -50,8 +51,24 @@ def test_train_prints_bpc_beside_compressors_and_a_sample(data, tmp_path, capsys
     summary = json.loads((out / "summary.json").read_text())
     assert float(m[1]) == pytest.approx(summary["val_bpc"], abs=1e-3)
     assert float(m[2]) == pytest.approx(summary["gzip_bpc"], abs=1e-3)
-    assert "sample" in text and "\ndef " in text
+    prompt = summary["sample_prompt"]
+    assert prompt and load_corpus(str(data)).val.lstrip().startswith(prompt)  # the data's own start
+    assert f"sample (prompt {prompt!r}: the validation text's first characters; temperature 0.8" in text
+    assert f"seed 1337):\n{prompt}" in text and text.endswith("\n")
     assert (out / "loss.png").is_file() and (out / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_the_sample_after_training_starts_from_the_users_text(tmp_path, capsys):
+    """Trained on Chinese, the closing sample starts from Chinese characters of the data, not from `def `."""
+    text = "".join(f"第{i}天，狗咬人，人咬狗。今天天气很好，我们去公园散步。\n" for i in range(400))
+    (tmp_path / "zh.txt").write_text(text, encoding="utf-8")
+    assert main(["train", *FAST, "--data", str(tmp_path / "zh.txt"), "--max-steps", "2", "--out",
+                 str(tmp_path / "r"), "--sample-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("sample (prompt "))
+    prompt = json.loads((tmp_path / "r" / "summary.json").read_text(encoding="utf-8"))["sample_prompt"]
+    assert "def" not in line and prompt in text and "狗咬人" in prompt and repr(prompt) in line
+    assert out.split(line + "\n", 1)[1].startswith(prompt)
 
 
 def test_sample_and_info(run, capsys):

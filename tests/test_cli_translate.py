@@ -1,4 +1,5 @@
 """`qkv train --task translate`, `qkv translate`, `qkv info` on a translation run, end to end on a tiny budget."""
+import io
 import json
 import subprocess
 import sys
@@ -93,3 +94,65 @@ def test_explore_and_plot_show_a_translation_runs_three_attentions(run, tmp_path
         assert main(["plot", "attention", "--run", str(run), "--text", "open file", "--kind", kind,
                      "--num-beams", "1", "--out", str(tmp_path / kind)]) == 0
         assert (tmp_path / kind / "attention.png").stat().st_size > 1000
+
+
+def test_sample_on_a_translation_run_points_to_translate(run, capsys):
+    assert main(["sample", "--run", str(run), "--prompt", "open"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "None" not in err[0] and err[0].startswith(f"qkv: error: {run}: sampling needs a decoder")
+    assert "got PointerTransformer: use `qkv translate`" in err[0]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_typing_at_a_terminal_says_it_reads_stdin_and_translates_each_line(run, monkeypatch, capsys):
+    from qkv.training.tasks import translation
+
+    sizes, real = [], translation.translate_texts
+    monkeypatch.setattr(translation, "translate_texts", lambda m, t, texts, **k: sizes.append(len(texts)) or
+                        real(m, t, texts, **k))
+    monkeypatch.setattr(sys, "stdin", Terminal("open file\nclose network\n"))
+    assert main(["translate", "--run", str(run), "--num-beams", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and sizes == [1, 1]  # one line at a time, as typed
+    assert "reading the lines to translate from stdin" in err and "end with Ctrl-D" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("open file\nclose network\n"))  # a pipe: batches, no message
+    assert main(["translate", "--run", str(run), "--num-beams", "1"]) == 0
+    assert capsys.readouterr().err == "" and sizes[2:] == [2]
+
+
+def test_translations_come_as_each_batch_is_read(run):
+    """translate_lines reads a batch, yields its translations, then reads on: nothing waits for the end."""
+    from qkv.training.run_dir import load_run
+    from qkv.training.tasks.translation import translate_lines, translate_texts
+
+    r, read = load_run(run), []
+
+    def lines():
+        for text in ["open file", "close network", "copy error", "save user", "print user"]:
+            read.append(text)
+            yield text
+
+    got = translate_lines(r.model, r.tokenizer, lines(), batch_size=2, num_beams=1)
+    first = next(got)
+    assert len(read) == 2  # only the first batch was read
+    rest = list(got)
+    assert [first, *rest] == translate_texts(r.model, r.tokenizer, read, num_beams=1, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        next(translate_lines(r.model, r.tokenizer, ["a"], batch_size=0))
+
+
+def test_info_says_what_the_data_was(run, capsys):
+    from qkv.training.recipe import data_info
+
+    assert main(["info", "--run", str(run)]) == 0
+    data = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("data:"))
+    assert "pairs.tsv" in data and "target language zh_CN" in data and "embedded" not in data
+    catalogs = data_info({"task": "translate", "data": None}, {"corpus": "gettext catalogs in /usr/share/locale",
+                                                                "target_lang": "de"})
+    assert catalogs == "gettext catalogs in /usr/share/locale, target language de (the default: no --data given)"
+    assert "gettext catalogs" in data_info({"task": "translate", "task_options": {"target_lang": "fr"}}, {})
+    assert "Python standard library" in data_info({"task": "lm"}, {})

@@ -8,6 +8,8 @@ verify.FIGURES or study.STUDIES. Errors: see errors.py (user error 2, bug in qkv
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 from .bench import add_bench, run_bench
@@ -52,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 def dispatch(argv: list[str] | None) -> int:
     """Parse ``argv`` and run its command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the (sub)command's own error, which names it and suggests the flag meant
+        args.innermost_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for pages that cite it
     if args.command is None:
         parser.print_help()
@@ -61,12 +65,17 @@ def dispatch(argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console entry point: the command's exit status (0 done, 1 a check failed or a bug, 2 user error)."""
+    """The console entry point: the command's exit status (0 done, 1 a check failed or a bug, 2 user error,
+    130 Ctrl-C: one line saying so, 141 the output's reader went away)."""
     try:
         return dispatch(argv)
-    except KeyboardInterrupt as e:  # Ctrl-C; training saves a checkpoint first and says where
-        print(f"qkv: {e or 'interrupted'}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line (training saves a checkpoint first and says where)
+        print(f"qkv: {str(e).strip() or 'interrupted'}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`qkv sample … | head`): nothing to say
+        with contextlib.suppress(OSError):  # the exit's flush of what is left writes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a program stopped by a closed pipe
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except Exception as e:  # noqa: BLE001 - the policy in errors.py: one line, never a traceback

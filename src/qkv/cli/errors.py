@@ -7,7 +7,9 @@ message saying so. QKV_DEBUG=1 shows the traceback of every exception instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 
 
@@ -16,10 +18,56 @@ class CommandError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are CommandErrors (one line, exit status 2)."""
+    """An ArgumentParser whose errors are CommandErrors (one line, exit status 2) that name the subcommand
+    (``sample: …``, not ``qkv sample: …`` after ``qkv: error:``) and suggest the flag or choice meant."""
+
+    given: list[str] = []  # the strings it last parsed
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, and the namespace says which parser took the last subcommand (``innermost_parser``)."""
+        self.given = list(sys.argv[1:] if args is None else args)
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, "innermost_parser"):  # a subcommand's parser returns first and sets it
+            namespace.innermost_parser = self
+        return namespace, extras
 
     def error(self, message: str):
-        raise CommandError(f"{self.prog}: {message}")
+        where = self.prog.removeprefix("qkv").strip()
+        hints = flag_hints(self.given, self.flags()) + choice_hints(message)
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise CommandError(f"{where + ': ' if where else ''}{message}{hint}")
+
+    def flags(self) -> list[str]:
+        """Every option string of this parser, as its usage line shows them."""
+        return sorted(set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", self.format_usage())) | {"--help"})
+
+
+def close_match(word: str, choices) -> str | None:
+    """The one of ``choices`` closest to ``word`` (difflib), if any is close."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def flag_hints(given: list[str], flags: list[str]) -> list[str]:
+    """"--promt: did you mean --prompt?" for each flag in ``given`` that is not one of ``flags`` (nor the
+    start of exactly one, which argparse takes as that flag) but is close to one."""
+    hints = []
+    for word in dict.fromkeys(w.split("=", 1)[0] for w in given if w.startswith("--") and w != "--"):
+        if word in flags or len([f for f in flags if f.startswith(word)]) == 1:
+            continue
+        match = close_match(word, flags)
+        if match:
+            hints.append(f"{word}: did you mean {match}?")
+    return hints
+
+
+def choice_hints(message: str) -> list[str]:
+    """"did you mean 'sample'?" for argparse's "invalid choice: 'smaple' (choose from …)"."""
+    bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if not bad:
+        return []
+    match = close_match(bad[1], [c.strip().strip("'") for c in bad[2].split(",")])
+    return [f"did you mean {match!r}?"] if match else []
 
 
 # ValueError/TypeError: the library's input checks (RunLocked, Diverged, CatalogError are ValueErrors);

@@ -21,8 +21,10 @@ def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
     device = resolve_device(device)  # ValueError for a bad name or a missing GPU, before any loading
     path = args.run or args.hf
     if not os.path.isdir(path):
-        kind = "--run {}: no such run directory" if args.run else "--hf {}: no such model directory"
-        raise CommandError(kind.format(path))
+        flag, kind = ("--run", "run directory (qkv train writes one)") if args.run else \
+            ("--hf", "model directory (save_pretrained writes one)")
+        what = "is a file, not a" if os.path.exists(path) else "no such"
+        raise CommandError(f"{flag} {path}: {what} {kind}")
     if args.run:
         from ..training.run_dir import load_run
 

@@ -14,7 +14,7 @@ from .sources import add_model_source, load_model_source
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
     "--task": ("task", str, "lm (a GPT learns the next token; default) or translate (the paper's encoder-decoder "
                "learns English -> --target-lang from sentence pairs)"),
-    "--preset": ("preset", str, "model preset (default: demo for lm, translate for translate)"),
+    "--preset": ("preset", str, "model preset, listed below (default: demo for lm, translate for translate)"),
     "--data": ("data", str, "lm: a UTF-8 text file or a directory of them (default: the Python standard library); "
                "translate: tab-separated 'source<TAB>target' lines or a directory of .po/.mo catalogs "
                "(default: the system's gettext catalogs)"),
@@ -48,14 +48,39 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
 
 
+PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)
+    "tiny": "unit tests: trains in seconds",
+    "demo": "--task lm's default: 3 minutes on 2 CPU cores, 2048-token BPE",
+    "paper-base": "the paper's base model (its Table 3), post-LN",
+    "translate": "--task translate's default: the encoder-decoder at CPU size",
+    "gpt2": "GPT-2 small's shape (124 M parameters)",
+}
+
+
+def presets_help() -> str:
+    """The presets as a table, one line each: name, shape, what it is for."""
+    from ..models import PRESETS
+
+    lines = ["presets (--preset NAME; why each is shaped so: docs/design-notes.md):",
+             f"  {'name':<11} {'layers':>6} {'heads':>5} {'d_model':>7} {'max_len':>7}  {'PE':<11} for"]
+    for name, c in PRESETS.items():
+        lines.append(f"  {name:<11} {c.num_layers:>6} {c.num_heads:>5} {c.d_model:>7} {c.max_len:>7}  "
+                     f"{c.positional:<11} {PRESET_NOTES.get(name, 'a preset of qkv.models.PRESETS')}")
+    return "\n".join(lines)
+
+
 def add_train(sub) -> argparse.ArgumentParser:
     """Declare `qkv train`."""
+    import textwrap
+
+    about = ("Train a decoder-only Transformer (--task lm) and end with validation bits per character beside gzip's "
+             "and xz's and a sample, or the paper's encoder-decoder (--task translate) and end with BLEU and chrF of "
+             "the held-out pairs beside copying the source and a translation memory. Writes runs/NAME (checkpoint, "
+             "metrics, loss curve, summary). Under torchrun it trains with DDP. Progress goes to stderr: a bar on a "
+             "terminal, a plain line every 10 s in a log.")
     p = sub.add_parser("train", help="train a GPT on text, or the encoder-decoder to translate",
-                       description="Train a decoder-only Transformer (--task lm) and end with validation bits per "
-                                   "character beside gzip's and xz's and a sample, or the paper's encoder-decoder "
-                                   "(--task translate) and end with BLEU and chrF of the held-out pairs beside "
-                                   "copying the source and a translation memory. Writes runs/NAME (checkpoint, "
-                                   "metrics, loss curve, summary). Under torchrun it trains with DDP.")
+                       description=textwrap.fill(about, 100), epilog=presets_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, (_, typ, text) in TRAIN_FLAGS.items():
         p.add_argument(flag, type=typ, default=None, help=text, choices=CHOICES.get(flag))
     add_model_flags(p)
@@ -67,7 +92,7 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p
 
 
@@ -147,18 +172,23 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def print_sample(result, cfg, tokens: int) -> None:
-    """A sample from a just-trained model, at temperature 0.8, from the first prompt it can encode."""
+    """A sample from a just-trained model at temperature 0.8, printed as it comes, from the start of the
+    validation text (the summary's ``sample_prompt``: the data's own language), else the first of a few
+    prompts the tokenizer can encode; the line before it says which."""
     import torch
 
-    from ..training.run_dir import Run
     from ..runtime import cpu_threads
 
     if result.model.lm_head.weight.device.type == "cpu":
         torch.set_num_threads(cfg.threads or cpu_threads())  # one token at a time: busy cores hurt most
-    run = Run(model=result.model, tokenizer=result.tokenizer, config=result.config, path=result.path)
-    prompt = next((p for p in ("def ", "\n", " ") if encodable(run.tokenizer, p)), run.tokenizer.decode([0]))
-    print(f"sample (temperature 0.8, seed {cfg.seed}):")
-    print(run.sample(prompt, tokens, temperature=0.8, seed=cfg.seed))
+    tok, given = result.tokenizer, result.summary.get("sample_prompt")
+    if given and encodable(tok, given):
+        prompt, where = given, "the validation text's first characters"
+    else:
+        prompt = next((p for p in ("\n", " ", "def ") if encodable(tok, p)), tok.decode([0]))
+        where = "a prompt the tokenizer can encode"
+    print(f"sample (prompt {prompt!r}: {where}; temperature 0.8, seed {cfg.seed}):", flush=True)
+    stream_sample(result.model, tok, prompt, tokens, temperature=0.8, seed=cfg.seed)
 
 
 def encodable(tokenizer, text: str) -> bool:
@@ -176,7 +206,11 @@ def add_sample(sub) -> argparse.ArgumentParser:
                                    "directory with its tokenizer (KV-cached decoding).")
     add_model_source(p)
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--max-new-tokens", type=int, default=200,
+                   help=f"tokens to generate (default 200; at most {MAX_NEW_TOKENS:,}, a larger number is capped "
+                        "there, saying so: past its max_len the model sees only its last tokens, a sliding window, "
+                        "so more adds length, not context). The text is printed as it comes; Ctrl-C stops and "
+                        "keeps it")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
@@ -196,32 +230,66 @@ def add_sample(sub) -> argparse.ArgumentParser:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    """Continue the prompt and print prompt + continuation."""
+    """Continue the prompt, printing prompt + continuation as the tokens come (Ctrl-C keeps what was printed)."""
     import contextlib
 
     import torch
 
-    from ..generation import generate_text
     from ..generation.backends import BACKEND_NOTES, pick, resolve
-    from ..models import GPT
     from ..runtime import cpu_threads, resolve_device
 
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(cpu_threads())  # decoding one token at a time suffers most on busy cores
     model, tokenizer = load_model_source(args, device=args.device)
-    if not isinstance(model, GPT):
-        raise CommandError(f"{args.hf}: sampling needs a decoder (GPT-2 or LLaMA), got {type(model).__name__}")
+    check_decoder(args, model)
+    tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
     model = model.to(getattr(torch, args.dtype))
     backend, why = pick(model, 1, resolve(args.backend, "fused" if args.compile else False)[0])
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     with autocast:
-        text = generate_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, backend=backend)
-    print(text)
+        stream_sample(model, tokenizer, args.prompt, tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, backend=backend)
     print(f"qkv: {why + '; ' if why else ''}decoded with the {backend} backend ({BACKEND_NOTES[backend]})",
           file=sys.stderr)
     return 0
+
+
+MAX_NEW_TOKENS = 100_000  # qkv sample's most in one call; the library's generate takes any number
+
+
+def capped_tokens(asked: int, max_len: int) -> int:
+    """``asked``, or MAX_NEW_TOKENS with a line on stderr saying why."""
+    if asked <= MAX_NEW_TOKENS:
+        return asked  # a negative number is generate's to refuse
+    print(f"qkv: --max-new-tokens {asked} capped at {MAX_NEW_TOKENS:,}: past its max_len ({max_len}) the model "
+          f"sees only its last tokens (a sliding window), so more adds length, not context; Ctrl-C stops earlier "
+          "and keeps what was printed", file=sys.stderr)
+    return MAX_NEW_TOKENS
+
+
+def check_decoder(args: argparse.Namespace, model) -> None:
+    """CommandError unless ``model`` is a GPT; an encoder-decoder is pointed to `qkv translate`."""
+    from ..models import GPT, Transformer
+
+    if isinstance(model, GPT):
+        return
+    hint = ": use `qkv translate` to translate with an encoder-decoder" if isinstance(model, Transformer) else ""
+    raise CommandError(f"{args.run or args.hf}: sampling needs a decoder (a qkv train --task lm run, GPT-2 or "
+                       f"LLaMA), got {type(model).__name__}{hint}")
+
+
+def stream_sample(model, tokenizer, prompt: str, tokens: int, **kwargs) -> None:
+    """Print prompt + ``tokens`` generated tokens on stdout as they come, then a newline; on Ctrl-C the
+    newline first (what was printed stays), then the interruption goes on to ``main``."""
+    from ..generation import TextStreamer, generate_text
+
+    streamer = TextStreamer(tokenizer)
+    try:
+        generate_text(model, tokenizer, prompt, tokens, streamer=streamer, **kwargs)
+    finally:
+        if streamer.pieces:  # not after an error before the first token (a prompt it cannot encode)
+            print(flush=True)
 
 
 def add_info(sub) -> argparse.ArgumentParser:

@@ -722,9 +722,9 @@ def run_info(path: str | os.PathLike) -> dict:
             f"max_len={c.max_len}, positional={c.positional}, norm_first={c.norm_first}, activation={c.activation}",
             "tokenizer": f"{loaded.tokenizer.kind}, {loaded.tokenizer.vocab_size} tokens",
             "step": int(run.weights_metadata().get("step", 0))}
-    t = run.read_json(run.TRAIN_CONFIG)
+    t, s = run.read_json(run.TRAIN_CONFIG), run.read_json(run.SUMMARY)
     if isinstance(t, dict):
-        info["data"] = t.get("data") or t.get("pairs") or "the task's default data (embedded corpus)"
+        info["data"] = data_info(t, s if isinstance(s, dict) else {})
         info["training"] = (f"task={t.get('task', 'lm')}, batch_size={t.get('batch_size')}, lr={t.get('lr')}, "
                             f"seed={t.get('seed')}, budget: steps={t.get('max_steps')}, "
                             f"minutes={t.get('max_minutes')}, tokens={t.get('max_tokens')}")
@@ -733,10 +733,21 @@ def run_info(path: str | os.PathLike) -> dict:
         if t.get("lora"):
             info["lora"] = (f"rank {t['lora']}, alpha {t['lora_alpha']:g}, on {t['lora_targets']} "
                             f"({run.ADAPTERS} over the base, merged on loading)")
-    s = run.read_json(run.SUMMARY)
     if isinstance(s, dict):
         for key, value in make_task(s.get("task", "lm")).info(s).items():
             info[key] = f"{value} after {s['steps']} steps, {s['tokens_per_s']:.0f} tokens/s"
     else:
         info["status"] = "unfinished (continue with qkv train --resume --out RUN)"
     return info
+
+
+def data_info(train_config: dict, summary: dict) -> str:
+    """What a run learned from, in words: its --data, else what the summary read (the corpus's own name:
+    the catalogs' place and language), else the task's default."""
+    task = train_config.get("task", "lm")
+    given = train_config.get("data") or train_config.get("pairs")
+    source = given or summary.get("corpus") or task_type(task).defaults.data
+    lang = summary.get("target_lang") or (train_config.get("task_options") or {}).get("target_lang")
+    if task == "translate" and lang:
+        source += f", target language {lang}"
+    return source if given else f"{source} (the default: no --data given)"

@@ -79,6 +79,9 @@ class RunDir:
 
     def check(self) -> "RunDir":
         """Self, if it holds a model; ValueError naming what is missing otherwise."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} is not a qkv run: it is a file, and a run is the directory qkv train "
+                             f"writes ({', '.join(self.MODEL_FILES)}, …)")
         if not self.path.is_dir():
             raise ValueError(f"{self.path} is not a qkv run: no such directory")
         weights = self.ADAPTERS if self.has(self.ADAPTERS) else self.WEIGHTS  # a LoRA run: adapters instead

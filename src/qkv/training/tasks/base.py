@@ -85,6 +85,7 @@ class TaskDefaults:
     tokenizer: tuple[str, int | None] = ("char", None)  # (kind, BPE vocabulary) unless the preset has its own
     preset_tokenizers: dict[str, tuple[str, int]] = field(default_factory=dict)  # by preset (a preset's model only)
     minutes: float = 3.0
+    data: str = "the task's default data"  # what a run without --data learns from, in words (qkv info)
 
     def tokenizer_for(self, preset: str | None) -> tuple[str, int | None]:
         """(kind, vocabulary) for a run of ``preset`` (None: a model of its own shape)."""

@@ -92,13 +92,23 @@ def held_out_bpc(model, tokenizer, text: str, T: int, **kwargs) -> float:
     return nats / LN2 / predicted_chars(tokenizer, text, ids)
 
 
+def sample_prompt(text: str, most: int = 12) -> str:
+    """Where a sample of a model trained on ``text``'s language starts: the first line of ``text`` that is not
+    blank, at most ``most`` characters of it, cut after its last space if it has one (the model then starts
+    a word). Whatever the language: a Chinese text gives Chinese characters, Python gives Python."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), text)[:most]
+    cut = line.rfind(" ")
+    return line[:cut + 1] if cut > 0 and line[:cut].strip() else line
+
+
 class LanguageModelTask(Task):
     """Next-token prediction on a text corpus with a GPT."""
 
     name = "lm"
     model_class = GPT
     defaults = TaskDefaults(preset="demo", batch_size=16, lr=6e-3, warmup_steps=50,
-                            preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0)
+                            preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0,
+                            data="the Python standard library's source (the default corpus)")
 
     base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
 
@@ -170,7 +180,8 @@ class LanguageModelTask(Task):
     def summary(self) -> dict:
         return self.compressors | {
             "val_chars": len(self.corpus.val), "train_chars": len(self.corpus.train), "corpus": self.corpus.source,
-            "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
+            "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T,
+            "sample_prompt": sample_prompt(self.corpus.val)}
 
     def info(self, s: dict) -> dict[str, str]:
         return {"val_bpc": f"{s['val_bpc']:.4f} (gzip -9 {s['gzip_bpc']:.4f}, xz -9e {s['xz_bpc']:.4f})"}

@@ -14,8 +14,10 @@ Shapes: B pairs, S source length, T target length, V vocabulary.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, replace
+from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -81,6 +83,17 @@ def translate_texts(model: nn.Module, tokenizer, texts: list[str], *, num_beams:
     return out
 
 
+def translate_lines(model: nn.Module, tokenizer, lines: Iterable[str], *, batch_size: int = 32,
+                    **kwargs) -> Iterator[str]:
+    """``translate_texts`` over lines read as they come (a pipe, a terminal): each run of ``batch_size``
+    consecutive lines (fewer at the end) is translated as soon as it has been read, its translations
+    yielded in the lines' order. ``kwargs`` as ``translate_texts``'."""
+    check_positive_int("batch_size", batch_size)
+    pending = iter(lines)
+    while group := list(itertools.islice(pending, batch_size)):
+        yield from translate_texts(model, tokenizer, group, batch_size=batch_size, **kwargs)
+
+
 def shared_vocabulary(pairs: list[tuple[str, str]], vocab_size: int, *, max_chars: int = 2_000_000) -> BPETokenizer:
     """One byte-level BPE for both languages (the paper's shared vocabulary, §3.4), with SPECIAL_TOKENS.
 
@@ -122,7 +135,7 @@ class TranslationTask(Task):
     # Copying on by default (TranslationOptions.copy); the batch, lr and budget that serve it best on CPU
     # (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
     defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
-                            minutes=10.0)
+                            minutes=10.0, data="the system's gettext catalogs (English -> the target language)")
 
     @classmethod
     def check_config(cls, cfg) -> None:
