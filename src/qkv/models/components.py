@@ -4,7 +4,8 @@
                     that every block shares (both are parameter-free)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention
     feed-forward    FeedForward(d_model, ff_width, activation)
-    block           TransformerBlock.from_parts(attention, feed-forward, norm, ...)
+    block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
+                    a ParallelTransformerBlock (both sublayers read the block's input)
 
 A new attention class plugs in with ``register_attention(kind, builder)``: the block takes whatever
 module the builder returns, so neither ``qkv.nn.block`` nor the models change.
@@ -17,7 +18,7 @@ from typing import Callable
 from torch import nn
 
 from ..nn.attention import MultiHeadAttention
-from ..nn.block import TransformerBlock
+from ..nn.block import ParallelTransformerBlock, TransformerBlock
 from ..nn.layers import FeedForward, make_norm
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .config import ModelConfig
@@ -72,7 +73,8 @@ def embedding_position(config: ModelConfig) -> nn.Module | None:
 def attention_position(config: ModelConfig) -> dict[str, nn.Module | None]:
     """Position inside attention, one module the blocks share: RoPE rotates q and k, ALiBi biases the scores."""
     p = config.position
-    rope = RotaryEmbedding(config.head_dim, p.base, p.interleaved) if p.kind == "rope" else None
+    rope = (RotaryEmbedding(config.head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim)
+            if p.kind == "rope" else None)
     alibi = ALiBi(config.attention.num_heads) if p.kind == "alibi" else None
     return dict(rope=rope, alibi=alibi)
 
@@ -93,12 +95,13 @@ def cross_attention(config: ModelConfig) -> MultiHeadAttention:
 
 
 def block(config: ModelConfig, layer: Layer, *, cross: bool = False) -> TransformerBlock:
-    """One block: its self-attention, [cross-attention,] feed-forward (made in that order) and norms."""
+    """One block: its self-attention, [cross-attention,] feed-forward (made in that order) and norms; a
+    ParallelTransformerBlock where the feed-forward is parallel to attention."""
     attn = build_attention(config, layer)
     cross_attn = cross_attention(config) if cross else None
-    return TransformerBlock.from_parts(attn, feed_forward(config), norm_factory(config),
-                                       norm_first=config.normalization.first, cross_attn=cross_attn,
-                                       dropout=config.dropout)
+    kind = ParallelTransformerBlock if config.feed_forward.parallel else TransformerBlock
+    return kind.from_parts(attn, feed_forward(config), norm_factory(config), norm_first=config.normalization.first,
+                           cross_attn=cross_attn, dropout=config.dropout)
 
 
 def blocks(config: ModelConfig, n: int, *, cross: bool = False) -> nn.ModuleList:

@@ -2,8 +2,9 @@
 
     ModelConfig       vocab_size, d_model, num_layers, max_len, dropout, num_decoder_layers, layer_types
       .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection
-      .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout
-      .feed_forward   FeedForwardConfig: width, activation, bias
+      .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout and
+                      rotated dims
+      .feed_forward   FeedForwardConfig: width, activation, bias, after attention or beside it (parallel)
       .normalization  NormConfig: LayerNorm or RMSNorm, eps, pre- or post-norm blocks, a final norm
       .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
       .head           HeadConfig: tied to the token embedding, a bias on the logits
@@ -70,12 +71,17 @@ class PositionConfig:
     base: float = 10000.0  # RoPE's θ base, and the sinusoids' (the paper's 10000)
     interleaved: bool = False  # RoPE rotates pairs (x_2i, x_2i+1) (RoFormer, GPT-J); False: halves (LLaMA, NeoX)
     sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
+    rotary_dim: int | None = None  # RoPE rotates the first R dims of each head (GPT-NeoX, Pythia); None: all D
 
     def __post_init__(self) -> None:
         if self.kind not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {self.kind!r}")
         if not self.base > 1:
             raise ValueError(f"position.base must be > 1, got {self.base!r}")
+        check_size("position.rotary_dim", self.rotary_dim, optional=True, limit=MAX_WIDTH)
+        if self.rotary_dim is not None and (self.kind != "rope" or self.rotary_dim % 2):
+            raise ValueError(f"position.rotary_dim must be an even number of dims with positional 'rope', got "
+                             f"rotary_dim={self.rotary_dim} with positional {self.kind!r}")
         if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
             raise ValueError(f"sinusoidal_layout must be one of {SINUSOIDAL_LAYOUTS}, got {self.sinusoidal_layout!r}")
 
@@ -87,6 +93,7 @@ class FeedForwardConfig:
     d_ff: int | None = None  # F; None: 4 · d_model
     activation: str = "gelu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu (qkv.nn.layers.ACTIVATIONS)
     bias: bool = True
+    parallel: bool = False  # beside attention: x + Attn(Norm(x)) + FFN(Norm'(x)) (GPT-J, GPT-NeoX's Pythia)
 
     def __post_init__(self) -> None:
         check_size("d_ff", self.d_ff, optional=True)
@@ -202,6 +209,11 @@ class ModelConfig:
         if self.position.kind == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim} (d_model / num_heads unless "
                              "attention.head_dim is given)")
+        if (self.position.rotary_dim or 0) > self.head_dim:
+            raise ValueError(f"position.rotary_dim={self.position.rotary_dim} is more than head_dim={self.head_dim}")
+        if self.feed_forward.parallel and not self.normalization.first:
+            raise ValueError("feed_forward.parallel needs pre-norm blocks (normalization.first=True): a parallel "
+                             "block adds both sublayers to its input")
         if self.position.kind == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
         self.check_layer_types()

@@ -2,6 +2,7 @@
 
     post-LN (the paper):  x = Norm(x + Attn(x));   x = Norm(x + FFN(x))
     pre-LN (GPT-2, LLaMA): x = x + Attn(Norm(x));  x = x + FFN(Norm(x))
+    parallel (GPT-J, GPT-NeoX's Pythia): x = x + Attn(Norm(x)) + FFN(Norm'(x))   (ParallelTransformerBlock)
 
 A decoder block of the encoder-decoder model adds cross-attention between the two.
 Shapes: B batch, T target length, S source length, C model width, H heads.
@@ -114,3 +115,30 @@ class TransformerBlock(nn.Module):
                 h, context, context_kv=context_kv, mask=context_mask, return_weights=return_weights))
         x, _ = self._sublayer(x, self.ff_norm, self.ff)
         return BlockOutput(x, w_self, w_cross)
+
+
+class ParallelTransformerBlock(TransformerBlock):
+    """x = x + Attn(Norm(x)) + FFN(Norm'(x)): both sublayers read the block's input (Wang & Komatsuzaki's GPT-J,
+    GPT-NeoX's use_parallel_residual, Pythia), each through its own norm. Pre-norm only, no cross-attention;
+    built as ``TransformerBlock`` is (``qkv.models.components`` makes it for ``feed_forward.parallel``)."""
+
+    def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
+                 cross_attn: nn.Module | None, dropout: float) -> None:
+        if not norm_first or cross_attn is not None:
+            raise ValueError("a parallel block is pre-norm without cross-attention, got "
+                             f"norm_first={norm_first}, cross_attention={cross_attn is not None}")
+        super().assemble(attn, ff, norm, norm_first=norm_first, cross_attn=None, dropout=dropout)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
+                mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
+                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False) -> BlockOutput:
+        """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
+        if context is not None or context_kv is not None or context_mask is not None:
+            raise ValueError("a parallel block has no cross-attention: pass no context, context_kv or context_mask")
+        r = self.attn(self.attn_norm(x), mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
+                      return_weights=return_weights)
+        attended, weights = r if isinstance(r, tuple) else (r, None)
+        fed = self.ff(self.ff_norm(x))  # (B, T, C), from x itself, not from x + attended
+        if self.training:
+            attended, fed = self.drop(attended), self.drop(fed)
+        return BlockOutput(x + attended + fed, weights, None)

@@ -104,22 +104,29 @@ class LearnedPositionalEmbedding(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al. 2021, RoFormer): rotate each (q, k) pair by pos·θ_i.
 
-    θ_i = base^(−2i/D). Layouts: half-split (default; LLaMA, GPT-NeoX: pairs (x_i, x_{i+D/2}))
+    θ_i = base^(−2i/R). Layouts: half-split (default; LLaMA, GPT-NeoX: pairs (x_i, x_{i+R/2}))
     or interleaved (RoFormer, GPT-J: pairs (x_{2i}, x_{2i+1})). Scores then depend on
     positions only through their difference.
+
+    ``rotary_dim`` R: partial rotation (GPT-NeoX's and Pythia's rotary_pct, GPT-J's rotary_dim) rotates
+    the first R of each head's D dims and passes the rest through unchanged; None: R = D, the whole head.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False, *,
+                 rotary_dim: int | None = None) -> None:
         super().__init__()
         if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ValueError(f"RoPE head_dim must be a positive even int (it rotates pairs), got {head_dim!r}")
-        self.head_dim, self.base, self.interleaved = head_dim, base, interleaved
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (D/2,)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+            raise ValueError(f"RoPE rotary_dim must be a positive even int <= head_dim={head_dim}, got {rotary_dim!r}")
+        self.head_dim, self.base, self.interleaved, self.rotary_dim = head_dim, base, interleaved, rotary_dim
+        inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (R/2,)
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin of pos·θ_i, each (…, D/2), in float32."""
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (…, D/2)
+        """cos, sin of pos·θ_i, each (…, R/2), in float32."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (…, R/2)
         return freqs.cos(), freqs.sin()
 
     def forward(self, x: Tensor, positions: Tensor | int | None = None, *, offset: int | Tensor | None = None
@@ -134,14 +141,16 @@ class RotaryEmbedding(nn.Module):
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {shape}")
         pos = self._row_positions(_renamed("offset", offset, "positions", positions), x)
-        cos, sin = self.angles(pos)  # (…, T, D/2)
-        xf = x.float()
+        cos, sin = self.angles(pos)  # (…, T, R/2)
+        xf = x.float() if self.rotary_dim == self.head_dim else x[..., :self.rotary_dim].float()  # (B, H, T, R)
         if self.interleaved:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (B, H, T, D/2) each
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (B, H, T, R/2) each
             out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
         else:
-            x1, x2 = xf.chunk(2, dim=-1)  # (B, H, T, D/2) each
+            x1, x2 = xf.chunk(2, dim=-1)  # (B, H, T, R/2) each
             out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        if self.rotary_dim < self.head_dim:  # the dims past R pass through
+            return torch.cat((out.to(x.dtype), x[..., self.rotary_dim:]), dim=-1)
         return out.to(x.dtype)
 
     @staticmethod
