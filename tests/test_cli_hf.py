@@ -1,4 +1,6 @@
-"""`qkv sample --hf` and `qkv plot attention --hf`: a Hugging Face directory used from the command line."""
+"""`qkv sample --hf` and `qkv plot attention --hf`: a Hugging Face directory (GPT-2, GPT-NeoX) from the command line."""
+import shutil
+
 import pytest
 import torch
 
@@ -8,12 +10,31 @@ from qkv.interop.hf import load_pretrained
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 
-def test_sample_hf_matches_hf_greedy_generate(with_tokenizer, capsys):
-    assert cli.main(["sample", "--hf", str(with_tokenizer), "--prompt", "the dog", "--max-new-tokens", "8",
+@pytest.fixture(scope="module")
+def gpt_neox_dir(with_tokenizer, tmp_path_factory):
+    """A Pythia-shaped GPTNeoXForCausalLM (parallel residual, a quarter of each head rotated) beside
+    with_tokenizer's tokenizer."""
+    d = tmp_path_factory.mktemp("gpt_neox")
+    for f in with_tokenizer.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, d / f.name)
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=32, rotary_pct=0.25, use_parallel_residual=True, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None)).save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("directory, hf_class", [("with_tokenizer", "GPT2LMHeadModel"),
+                                                  ("gpt_neox_dir", "GPTNeoXForCausalLM")])
+def test_sample_hf_matches_hf_greedy_generate(request, directory, hf_class, capsys):
+    d = request.getfixturevalue(directory)
+    assert cli.main(["sample", "--hf", str(d), "--prompt", "the dog", "--max-new-tokens", "8",
                      "--temperature", "0"]) == 0
     text = capsys.readouterr().out.rstrip("\n")
-    tok = transformers.AutoTokenizer.from_pretrained(with_tokenizer, local_files_only=True)
-    hf = transformers.GPT2LMHeadModel.from_pretrained(with_tokenizer).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(d, local_files_only=True)
+    hf = getattr(transformers, hf_class).from_pretrained(d).eval()
     ids = torch.tensor([tok.encode("the dog")])
     expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                            pad_token_id=0, eos_token_id=tok.eos_token_id)
@@ -51,3 +72,4 @@ def test_sample_bf16_autocast(with_tokenizer, capsys):
     assert cli.main(["sample", "--hf", str(with_tokenizer), "--prompt", "the dog", "--max-new-tokens", "5",
                      "--bf16", "--seed", "0"]) == 0
     assert capsys.readouterr().out.startswith("the dog")
+

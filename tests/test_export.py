@@ -53,10 +53,11 @@ def make_run(path, tokenizer, **shape):
 GPT2 = dict(positional="learned", activation="gelu_tanh")
 LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
              num_kv_heads=2)
+DEMO = dict(positional="rope", bias=False)  # the demo preset's architecture (RoPE, LayerNorm, GELU, tied), tiny
 
 
 @pytest.mark.parametrize("shape, tokenizer, hf_class", [
-    (GPT2, "char", "GPT2LMHeadModel"), (LLAMA, "bpe", "LlamaForCausalLM")])
+    (GPT2, "char", "GPT2LMHeadModel"), (LLAMA, "bpe", "LlamaForCausalLM"), (DEMO, "bpe", "GPTNeoXForCausalLM")])
 def test_export_loads_in_transformers_alone_with_the_same_logits(tmp_path, capsys, shape, tokenizer, hf_class):
     tok = CharTokenizer.train(TEXT) if tokenizer == "char" else BPETokenizer.train(TEXT, 300)
     run = make_run(tmp_path / "run", tok, **shape)
@@ -87,9 +88,11 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(positional="rope"), r"no Hugging Face LLaMA counterpart for this model: norm='layernorm' "
-                              r"\(needs 'rmsnorm'\); activation='gelu'"),
-    (dict(positional="alibi"), r"positional='learned' \(GPT-2\) or 'rope' \(LLaMA\), got 'alibi'"),
+    (dict(positional="rope", norm="rmsnorm"), r"no Hugging Face LLaMA counterpart for this model: "
+                                              r"activation='gelu' \(needs one of \['geglu', 'swiglu'\]\)"),
+    (dict(positional="rope", activation="swiglu"), r"no Hugging Face GPT-NeoX counterpart for this model: "
+                                                   r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
+    (dict(positional="alibi"), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\); got positional='alibi'"),
     (dict(positional="learned", norm_first=False), r"norm_first=False \(needs True\)"),
 ])
 def test_architectures_without_an_hf_counterpart_are_refused(tmp_path, capsys, shape, message):
@@ -110,3 +113,26 @@ def test_not_a_run_and_not_a_decoder(tmp_path, capsys):
     save_model(tmp_path / "mt", qkv.Transformer(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size)), tok)
     assert main(["export", "--run", str(tmp_path / "mt"), "--hf", str(tmp_path / "out")]) == 2
     assert "holds a Transformer" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_demo_preset_run_exports_as_gpt_neox(tmp_path, capsys):
+    """`qkv train --preset demo` (shrunk: the preset's RoPE, LayerNorm, GELU, no biases, tied head) then
+    `qkv export`: transformers loads a GPTNeoXForCausalLM alone and computes the run's logits."""
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    run, out = tmp_path / "runs" / "demo", tmp_path / "out"
+    assert main(["train", "--preset", "demo", "--data", str(data), "--d-model", "32", "--layers", "2", "--heads", "4",
+                 "--vocab-size", "300", "--max-steps", "2", "--batch-size", "4", "--context", "32", "--out", str(run),
+                 "--quiet", "--sample-tokens", "0"]) == 0
+    loaded = load_run(run)
+    c = loaded.model.config
+    assert (c.positional, c.norm, c.activation, c.bias, c.head.tie) == ("rope", "layernorm", "gelu", False, True)
+    assert main(["export", "--run", str(run), "--hf", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    text = "def f(x):\n    return x * 2"
+    got = hf_load(out, text)
+    ids = loaded.tokenizer.encode(text)
+    assert got["class"] == "GPTNeoXForCausalLM" and got["ids"] == ids
+    with torch.no_grad():
+        expected = loaded.model(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(torch.tensor(got["logits"]), expected, atol=1e-5, rtol=0)

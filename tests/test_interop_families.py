@@ -272,6 +272,7 @@ def test_the_old_table_names_are_still_importable():
     assert HF_NAMES["gelu_new"] == "gelu_tanh" and GATED["silu"] == "swiglu" and GPT2_ACT_NAME["gelu_tanh"] == "gelu_new"
     assert LLAMA_ACT_NAME == {"swiglu": "silu", "geglu": "gelu"}
     assert HF_TASK_MODELS == {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                              "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
                               "marian": ("MarianConfig", "MarianMTModel")}
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2, LLaMA, BERT and Marian checkpoints as qkv models, and qkv models as Hugging Face ones.
+"""Hugging Face GPT-2, LLaMA, GPT-NeoX, BERT and Marian checkpoints as qkv models, and qkv models as Hugging Face ones.
 
 A checkpoint becomes two things in qkv's terms: a ``ModelConfig`` (what the HF config
 means — widths, norm, activation, positional scheme) and a table of weight ``Rule``s,
@@ -9,6 +9,8 @@ Nothing model-specific runs inside qkv's attention:
            transposed and packs Q, K, V in one c_attn (Radford et al. 2019)
     LLaMA  RoPE half-split (rope_theta) · RMSNorm · SwiGLU · grouped K/V heads · head_dim and
            attention/MLP biases as configured (Touvron et al. 2023)
+    GPT-NeoX RoPE half-split on part of each head (rotary_pct) · LayerNorm · gelu · q/k/v packed by head ·
+           a parallel or sequential residual (Black et al. 2022; Pythia, Biderman et al. 2023)
     BERT   learned PE + token types + embedding LayerNorm · post-LN · gelu (Devlin et al. 2019)
     Marian the paper's encoder-decoder: split-layout sinusoids · post-LN · swish · shared embeddings ·
            a logits bias (Junczys-Dowmunt et al. 2018; opus-mt, Tiedemann & Thottingal 2020)
@@ -19,7 +21,7 @@ The package, shared pieces first:
     settings    reading a HF config (transformers 4.x and 5.x spellings) and the checks for writing one
     files       config.json, generation_config.json, safetensors (never unpickled)
     family      Family: what is particular to one model_type, as data
-    families/   one module per family (gpt2, llama, bert, marian) and the FAMILIES registry
+    families/   one module per family (gpt2, llama, gpt_neox, bert, marian) and the FAMILIES registry
     load        from_hf: every problem in one ValueError, found on a meta-device skeleton
     export      to_hf
     tokenizer   the tokenizer wrapper and find_tokenizer

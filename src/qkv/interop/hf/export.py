@@ -1,9 +1,10 @@
 """``to_hf``: a qkv model as the ``transformers`` model of the family that can hold it, with exact copies
 of its weights (the family's rule table, read backwards).
 
-Which family: the ones whose qkv model class matches, told apart by one config value
-(``Family.export_when``: GPT-2 for learned PE, LLaMA for RoPE). Whatever that family has no
-counterpart for is listed in one ValueError before ``transformers`` is imported.
+Which family: the ones whose qkv model class matches, told apart by config values
+(``Family.export_when``: GPT-2 for learned PE, LLaMA for RoPE with RMSNorm, GPT-NeoX for RoPE with
+LayerNorm). Whatever that family has no counterpart for is listed in one ValueError before
+``transformers`` is imported.
 """
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def family_to_write(model_class: type, c: ModelConfig) -> Family:
         raise TypeError("to_hf converts " + " or ".join(f"a qkv.{cls} (to {' or '.join(names)})"
                                                         for cls, names in offers.items())
                         + f", got {model_class.__name__}")
-    chosen = [f for f in mine if f.export_when is None or getattr(c, f.export_when[0]) == f.export_when[1]]
+    chosen = [f for f in mine if all(getattr(c, name) == value for name, value in f.export_conditions())]
     if not chosen:
-        field = mine[0].export_when[0]
-        wants = " or ".join(f"{f.export_when[1]!r} ({f.name})" for f in mine)
-        raise ValueError(f"to_hf needs {field}={wants}, got {getattr(c, field)!r}")
+        wants = " or ".join(" and ".join(f"{name}={value!r}" for name, value in f.export_conditions()) + f" ({f.name})"
+                            for f in mine)
+        names = dict.fromkeys(name for f in mine for name, _ in f.export_conditions())
+        raise ValueError(f"to_hf needs {wants}; got " + ", ".join(f"{name}={getattr(c, name)!r}" for name in names))
     return chosen[0]
 
 
@@ -53,16 +55,21 @@ def hf_state(model: nn.Module, family: Family, hf: nn.Module) -> dict[str, Tenso
     state = {family.full_key(r.hf, prefix): r.to_hf(tuple(own[q] for q in r.qkv)).contiguous() for r in family.rules(c)}
     state |= {family.full_key(k, prefix): state[family.full_key(src, prefix)]
               for k, src in family.copies(c).items()}  # tied names
-    state |= {k: v for k, v in hf.state_dict().items() if family.ignored.fullmatch(k)}  # tables HF computes itself
-    return state
+    theirs = hf.state_dict()
+    state |= {k: v for k, v in theirs.items() if family.ignored.fullmatch(k)}  # tables HF computes itself
+    spelled = {family.rename(k): k for k in theirs}  # today's name -> this transformers' (4.x GPT-NeoX: embed_out)
+    return {spelled.get(k, k): v for k, v in state.items()}
 
 
 def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
-    """A ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel holding exact copies of ``model``'s weights.
+    """A ``transformers`` GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM or MarianMTModel holding exact
+    copies of ``model``'s weights.
 
     learned PE + LayerNorm → GPT-2; RoPE + RMSNorm + swiglu/geglu → LLaMA (interleaved RoPE is
-    stored half-split, q/k rows permuted; its head_dim and attention/MLP biases as they are); a
-    post-LN Transformer with split sinusoids → Marian (no logits bias: a zero final_logits_bias).
+    stored half-split, q/k rows permuted; its head_dim and attention/MLP biases as they are);
+    RoPE + LayerNorm + an ungated activation → GPT-NeoX (partial rotation, a sequential or parallel
+    feed-forward; no MLP bias: zeros there); a post-LN Transformer with split sinusoids → Marian
+    (no logits bias: a zero final_logits_bias).
     ``config_kwargs`` go to the HF config (e.g. ``eos_token_id=…``, ``attn_implementation="eager"``);
     special-token ids default to None.
     """

@@ -35,10 +35,20 @@ class Family:
     hf_classes: tuple[str, str]  # transformers' config class and the model class to_hf builds (or from_hf reads)
     copies: Callable[[ModelConfig], dict[str, str]] = no_copies  # tied key -> the rule key it must equal
     top_level: tuple[str, ...] = (HEAD,)  # rule keys outside the base model
-    rename: Callable[[str], str] = same_name  # a checkpoint's key -> today's name (TF-era spellings)
+    rename: Callable[[str], str] = same_name  # a checkpoint's key -> today's name (TF-era spellings, 4.x names);
+    #                                           to_hf writes each key as the installed transformers spells it
     export: Callable[[ModelConfig, list[str]], dict] | None = None  # ModelConfig -> HF config fields; None: no to_hf
-    export_when: tuple[str, object] | None = None  # (flat ModelConfig name, value) choosing it among one model's
+    # (flat ModelConfig name, value) choosing it among one model's families, or several such pairs that must all
+    # hold (two RoPE families: GPT-NeoX for LayerNorm, LLaMA for RMSNorm); None: the model class alone
+    export_when: tuple[str, object] | tuple[tuple[str, object], ...] | None = None
     special: Callable[[Path], Special] | None = None  # an encoder-decoder's decoding tokens, from its directory
+
+    def export_conditions(self) -> tuple[tuple[str, object], ...]:
+        """``export_when`` as (flat ModelConfig name, value) pairs, all of which a model must meet."""
+        when = self.export_when
+        if when is None:
+            return ()
+        return (when,) if isinstance(when[0], str) else tuple(when)
 
     def full_key(self, key: str, prefix: str) -> str:
         """A rule's key as it appears in the task model's state dict."""

@@ -99,7 +99,7 @@ def build(hf_config: dict, load: Callable[[], dict[str, Tensor]], name: str, *,
 
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
-    """A qkv model with the weights of a Hugging Face GPT-2, LLaMA, BERT or Marian checkpoint.
+    """A qkv model with the weights of a Hugging Face GPT-2, LLaMA, GPT-NeoX, BERT or Marian checkpoint.
 
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,
@@ -107,7 +107,7 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         dtype: the returned model's dtype.
         dropout: qkv's one dropout rate (HF's several rates are training settings, not loaded).
     Returns:
-        ``qkv.GPT`` (gpt2, llama), ``qkv.Encoder`` (bert, without pooler or MLM head) or
+        ``qkv.GPT`` (gpt2, llama, gpt_neox), ``qkv.Encoder`` (bert, without pooler or MLM head) or
         ``qkv.Transformer`` (marian: MarianMTModel), in eval mode.
     Raises:
         ValueError listing every problem at once: no config.json, unsupported model_type or

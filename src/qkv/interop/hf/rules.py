@@ -22,7 +22,7 @@ TOP_LEVEL = (HEAD, LOGITS_BIAS)  # the keys of this kind the families use
 
 @dataclass(frozen=True)
 class Rule:
-    """One HF tensor <-> one or more qkv tensors; ``to_hf`` is the exact inverse of ``to_qkv``."""
+    """One HF tensor <-> one or more qkv tensors; ``to_hf`` is the exact inverse of ``to_qkv`` (``zero_bias`` apart)."""
 
     hf: str  # relative to the base model ("h.0.ln_1.weight"), except a family's top-level keys
     qkv: tuple[str, ...]
@@ -51,6 +51,26 @@ def packed_qkv(hf: str, qkv: tuple[str, str, str]) -> Rule:
         return Rule(hf, qkv, lambda t: tuple(w.t() for w in t.chunk(3, dim=1)),  # (C, 3C) -> 3 × (C, C)
                     lambda ts: torch.cat([w.t() for w in ts], dim=1))
     return Rule(hf, qkv, lambda t: t.chunk(3), lambda ts: torch.cat(ts))
+
+
+def packed_qkv_per_head(hf: str, qkv: tuple[str, str, str], heads: int) -> Rule:
+    """GPT-NeoX's query_key_value: rows grouped by head, each head's q, k and v rows together — weight
+    (3·H·D, C) with rows (H, 3, D), bias (3·H·D,) likewise; qkv's q_proj, k_proj, v_proj hold (H·D, …) each."""
+    def split(t: Tensor) -> tuple[Tensor, ...]:
+        rows = t.reshape(heads, 3, -1, *t.shape[1:])  # (H, 3, D, …)
+        return tuple(rows[:, j].reshape(-1, *t.shape[1:]) for j in range(3))  # 3 × (H·D, …)
+
+    def join(ts: tuple[Tensor, ...]) -> Tensor:
+        rows = torch.stack([w.reshape(heads, -1, *w.shape[1:]) for w in ts], dim=1)  # (H, 3, D, …)
+        return rows.reshape(-1, *ts[0].shape[1:])  # (3·H·D, …)
+    return Rule(hf, qkv, split, join)
+
+
+def zero_bias(hf: str, weight: str) -> Rule:
+    """A bias the HF layer always has where the qkv projection ``weight`` has none: written as zeros, which
+    compute exactly what no bias does. Reading keeps nothing (a config read from HF has that bias, so the
+    table read then holds the bias's own rule instead)."""
+    return Rule(hf, (weight,), lambda t: (), lambda ts: ts[0].new_zeros(ts[0].size(0)))
 
 
 def interleaved_to_half_split(w: Tensor, num_heads: int) -> Tensor:

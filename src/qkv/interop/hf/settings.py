@@ -79,16 +79,22 @@ def rope_parameters(hf: dict, problems: list[str]) -> dict:
     return rope
 
 
-def plain_rope_base(hf: dict, problems: list[str]) -> float:
-    """RoPE's θ base; RoPE scaling (llama3, yarn, linear, dynamic, …) and partial rotation are problems."""
+def rope_base_and_share(hf: dict, problems: list[str]) -> tuple[float, object]:
+    """RoPE's θ base and the share of each head it rotates (partial_rotary_factor, 1.0 when absent);
+    RoPE scaling (llama3, yarn, linear, dynamic, …) is a problem."""
     rope = rope_parameters(hf, problems)
     if rope["rope_type"] != "default":
         problems.append(f"RoPE scaling {rope['rope_type']!r} is not supported (qkv implements plain RoPE: "
                         "rope_type 'default')")
-    partial = rope.get("partial_rotary_factor", 1.0)
+    return rope["rope_theta"], rope.get("partial_rotary_factor", 1.0)
+
+
+def plain_rope_base(hf: dict, problems: list[str]) -> float:
+    """RoPE's θ base; RoPE scaling and partial rotation are problems (a family that rotates whole heads)."""
+    base, partial = rope_base_and_share(hf, problems)
     if partial != 1.0:
         problems.append(f"partial_rotary_factor={partial!r} is not supported (qkv rotates the whole head: 1.0)")
-    return rope["rope_theta"]
+    return base
 
 
 def uniform_biases(bias: bool) -> dict[str, bool]:

@@ -81,5 +81,5 @@ FAMILY = Family(
     model_type="llama", name="LLaMA", model=GPT, base="model", config=config, rules=rules,
     ignored=re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq"),
     hf_classes=("LlamaConfig", "LlamaForCausalLM"), copies=tied_head("embed_tokens.weight"),
-    export=export, export_when=("positional", "rope"),
+    export=export, export_when=(("positional", "rope"), ("norm", "rmsnorm")),
 )
