@@ -37,6 +37,15 @@ def test_round_trip_block_torch_block():
         assert n1 == n2 and torch.equal(p1, p2)
 
 
+def test_a_parallel_block_is_not_written_as_a_sequential_torch_layer():
+    from qkv.models import ModelConfig, components
+
+    cfg = ModelConfig(d_model=16, num_heads=4, num_layers=1, feed_forward=dict(parallel=True))
+    block = components.blocks(cfg, 1)[0]
+    with pytest.raises(ValueError, match="sequential .* got a ParallelTransformerBlock"):
+        encoder_layer_to_torch(block)
+
+
 def test_post_ln_and_pre_ln_are_the_equations():
     block = qkv.TransformerBlock(8, 2, 16).eval()
     x = torch.randn(1, 3, 8)

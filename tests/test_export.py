@@ -94,6 +94,13 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
                                                    r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
     (dict(positional="alibi"), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\); got positional='alibi'"),
     (dict(positional="learned", norm_first=False), r"norm_first=False \(needs True\)"),
+    # what GPT-2 and LLaMA would otherwise drop or compute differently, without a word
+    (dict(positional="learned", logits_bias=True), r"GPT-2 counterpart.*logits_bias=True \(needs False\)"),
+    (dict(positional="learned", feed_forward=dict(parallel=True)), r"feed_forward.parallel=True \(GPT-2's blocks"),
+    (dict(positional="rope", norm="rmsnorm", activation="swiglu", logits_bias=True),
+     r"LLaMA counterpart.*logits_bias=True \(needs False\)"),
+    (dict(positional="rope", norm="rmsnorm", activation="swiglu", position=dict(kind="rope", rotary_dim=4)),
+     r"position.rotary_dim=4 of head_dim=8 \(LLaMA rotates every dimension\)"),
 ])
 def test_architectures_without_an_hf_counterpart_are_refused(tmp_path, capsys, shape, message):
     import re

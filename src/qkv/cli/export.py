@@ -9,7 +9,8 @@ def add_export(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory",
                        description="Write a run's model and tokenizer as a directory that transformers' "
                                    "AutoModelForCausalLM and AutoTokenizer load without qkv: GPT-2 (learned "
-                                   "positions, LayerNorm) or LLaMA (RoPE, RMSNorm, SwiGLU); LoRA adapters merged.")
+                                   "positions, LayerNorm), LLaMA (RoPE, RMSNorm, SwiGLU) or GPT-NeoX (RoPE, "
+                                   "LayerNorm, GELU: the demo preset's shape); LoRA adapters merged.")
     p.add_argument("--run", required=True, metavar="DIR", help="a run directory written by `qkv train`")
     p.add_argument("--hf", required=True, metavar="OUT", help="the directory to write (missing or empty)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")

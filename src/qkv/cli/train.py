@@ -34,7 +34,7 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
-    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face GPT-2 or LLaMA-family directory "
+    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face GPT-2, LLaMA or GPT-NeoX directory "
                        "(save_pretrained: config.json, model.safetensors, its tokenizer, kept unchanged)"),
     "--lora": ("lora", int, "with --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
     "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
@@ -202,8 +202,8 @@ def encodable(tokenizer, text: str) -> bool:
 def add_sample(sub) -> argparse.ArgumentParser:
     """Declare `qkv sample`."""
     p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
-                       description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA "
-                                   "directory with its tokenizer (KV-cached decoding).")
+                       description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA / "
+                                   "GPT-NeoX directory with its tokenizer (KV-cached decoding).")
     add_model_source(p)
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200,
@@ -275,8 +275,8 @@ def check_decoder(args: argparse.Namespace, model) -> None:
     if isinstance(model, GPT):
         return
     hint = ": use `qkv translate` to translate with an encoder-decoder" if isinstance(model, Transformer) else ""
-    raise CommandError(f"{args.run or args.hf}: sampling needs a decoder (a qkv train --task lm run, GPT-2 or "
-                       f"LLaMA), got {type(model).__name__}{hint}")
+    raise CommandError(f"{args.run or args.hf}: sampling needs a decoder (a qkv train --task lm run, GPT-2, "
+                       f"LLaMA or GPT-NeoX), got {type(model).__name__}{hint}")
 
 
 def stream_sample(model, tokenizer, prompt: str, tokens: int, **kwargs) -> None:

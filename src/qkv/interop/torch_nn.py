@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
-from ..nn.block import TransformerBlock
+from ..nn.block import ParallelTransformerBlock, TransformerBlock
 
 
 def mask_from_torch(attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None
@@ -115,6 +115,9 @@ def encoder_layer_to_torch(block: TransformerBlock) -> nn.TransformerEncoderLaye
     """An ``nn.TransformerEncoderLayer(batch_first=True)`` with the block's weights."""
     if not isinstance(block, TransformerBlock):
         raise TypeError(f"expected qkv.TransformerBlock, got {type(block).__name__}")
+    if isinstance(block, ParallelTransformerBlock):
+        raise ValueError("nn.TransformerEncoderLayer is sequential (attention, then the feed-forward), got a "
+                         "ParallelTransformerBlock")
     if block.cross_attn is not None or block.ff.gate_proj is not None:
         raise ValueError("nn.TransformerEncoderLayer has no cross-attention or gated feed-forward")
     if block.ff.activation not in ("relu", "gelu") or not isinstance(block.attn_norm, nn.LayerNorm):

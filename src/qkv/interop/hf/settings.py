@@ -117,6 +117,13 @@ def expect_plain_blocks(c: ModelConfig, problems: list[str]) -> None:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (needs full_attention in every layer)")
 
 
+def expect_sequential_blocks(c: ModelConfig, problems: list[str], family: str) -> None:
+    """Blocks that add attention, then the feed-forward, to the residual one after the other."""
+    if c.feed_forward.parallel:
+        problems.append(f"feed_forward.parallel=True ({family}'s blocks are sequential; GPT-NeoX has the parallel "
+                        "residual)")
+
+
 def expect_whole_heads(c: ModelConfig, problems: list[str], family: str) -> None:
     """No grouped K/V heads and D = C / H: a family whose attention has neither."""
     if c.kv_heads != c.attention.num_heads:

@@ -9,8 +9,8 @@ import re
 from ....models import GPT, ModelConfig
 from ..family import Family
 from ..rules import Rule, conv1d, embedding_and_head, packed_qkv, same, tied_head
-from ..settings import (expect, expect_biases, expect_plain_blocks, expect_whole_heads, export_activation,
-                        read_activation, require, uniform_biases)
+from ..settings import (expect, expect_biases, expect_plain_blocks, expect_sequential_blocks, expect_whole_heads,
+                        export_activation, read_activation, require, uniform_biases)
 
 
 def config(hf: dict, problems: list[str]) -> dict:
@@ -49,9 +49,10 @@ def rules(c: ModelConfig) -> list[Rule]:
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> GPT2Config fields, appending whatever GPT-2 has no counterpart for."""
     expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, scale_embeddings=False,
-           norm="layernorm")
+           norm="layernorm", logits_bias=False)
     problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
     expect_plain_blocks(c, problems)
+    expect_sequential_blocks(c, problems, "GPT-2")
     expect_biases(c, problems, "GPT-2")
     expect_whole_heads(c, problems, "GPT-2")
     activation = export_activation(c, problems, gated=False)

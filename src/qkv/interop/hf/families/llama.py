@@ -10,8 +10,8 @@ import re
 from ....models import GPT, ModelConfig
 from ..family import Family
 from ..rules import Rule, embedding_and_head, rope_rows, same, tied_head
-from ..settings import (expect, expect_plain_blocks, export_activation, plain_rope_base, read_activation,
-                        uniform_biases)
+from ..settings import (expect, expect_plain_blocks, expect_sequential_blocks, export_activation, plain_rope_base,
+                        read_activation, uniform_biases)
 
 ATTENTION = (("q_proj", "q_proj", "q_bias"), ("k_proj", "k_proj", "k_bias"), ("v_proj", "v_proj", "v_bias"),
              ("o_proj", "out_proj", "out_bias"))  # HF's name, qkv's, the AttentionConfig field of its bias
@@ -62,10 +62,14 @@ def rules(c: ModelConfig) -> list[Rule]:
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> LlamaConfig fields, appending whatever LLaMA has no counterpart for."""
     expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, scale_embeddings=False,
-           norm="rmsnorm")
+           norm="rmsnorm", logits_bias=False)
     problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
     activation = export_activation(c, problems, gated=True)
     expect_plain_blocks(c, problems)
+    expect_sequential_blocks(c, problems, "LLaMA")
+    if c.position.rotary_dim not in (None, c.head_dim):
+        problems.append(f"position.rotary_dim={c.position.rotary_dim} of head_dim={c.head_dim} (LLaMA rotates "
+                        "every dimension)")
     a = c.attention
     if len(set(a.biases)) > 1:
         problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (LLaMA's attention_bias sets all four)")
