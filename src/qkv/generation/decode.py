@@ -14,6 +14,7 @@ from ..checks import check_positive_int
 from ..kernels import fused_step
 from . import backends
 from .sampling import next_token
+from .streaming import Streamer
 
 STREAM_BURST = 8  # with a streamer, the fused step's greedy calls take at most this many tokens: text keeps coming
 
@@ -101,7 +102,7 @@ def window_logits(model, ids: Tensor, valid: Tensor, cache: StaticCache | None) 
 def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
-    mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer=None,
+    mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer: Streamer | None = None,
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 

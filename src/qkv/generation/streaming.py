@@ -15,11 +15,19 @@ Shapes: B batch, T prompt length, k new tokens.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Protocol
 
 from torch import Tensor
 
 INCOMPLETE = "\ufffd"  # what a decoder gives for the first bytes of a character whose last byte is still to come
+
+
+class Streamer(Protocol):
+    """What ``generate(..., streamer=)`` calls: Hugging Face's ``BaseStreamer`` protocol."""
+
+    def put(self, ids: Tensor) -> None: ...
+
+    def end(self) -> None: ...
 
 
 def write_stdout(text: str) -> None:
