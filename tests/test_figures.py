@@ -109,3 +109,20 @@ def test_without_a_cjk_font_one_line_says_what_to_install(monkeypatch, capsys, t
 def test_latin_figures_never_look_for_a_font(monkeypatch, tmp_path):
     monkeypatch.setattr(figures, "cjk_font", lambda: pytest.fail("searched for a CJK font"))
     save_png(drawn(), tmp_path / "f.png")
+
+
+def test_wrap_lines_break_at_spaces_between_cjk_characters_and_inside_long_words():
+    width_of = len  # one unit per character
+    assert figures.wrap_lines("the dog bites man", width_of, 8) == ["the dog", "bites", "man"]
+    assert figures.wrap_lines("on “狗咬人咬狗”", width_of, 5) == ["on “狗", "咬人咬狗”"]
+    assert figures.wrap_lines("abcdefghij", width_of, 4) == ["abcd", "efgh", "ij"]
+
+
+def test_fit_heading_wraps_then_shrinks_to_the_figure_width():
+    fig = Figure(figsize=(3, 2))
+    title, height = figures.fit_heading(fig, "word " * 12, fontsize=12, margin=0.1, max_lines=3, min_fontsize=12)
+    renderer = fig.canvas.get_renderer()
+    assert title.get_text().count("\n") >= 1 and title.get_window_extent(renderer).width <= 2.8 * fig.dpi
+    assert height == pytest.approx(title.get_window_extent(renderer).height / fig.dpi)
+    small, _ = figures.fit_heading(Figure(figsize=(3, 2)), "word " * 12, fontsize=12, max_lines=1, min_fontsize=6)
+    assert small.get_fontsize() < 12 and small.get_text().count("\n") <= title.get_text().count("\n")

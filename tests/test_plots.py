@@ -1,4 +1,5 @@
 """qkv.viz.plots: each figure renders a non-empty PNG of the expected size."""
+import re
 import struct
 
 import pytest
@@ -8,7 +9,8 @@ from matplotlib.image import imread
 import qkv
 from qkv import claims
 from qkv.claims import multi_head
-from qkv.viz import plots
+from qkv.viz import figures, plots
+from qkv.viz.labels import readable_tokens
 
 
 def png_size(path):
@@ -46,14 +48,53 @@ def tiny_gpt(num_layers=2, num_heads=4):
     return qkv.GPT(cfg).eval()
 
 
+def heading_inside(fig):
+    """The figure's title (its text), after asserting that it lies inside the figure and above every panel."""
+    renderer = fig.canvas.get_renderer()
+    title = next(t for t in fig.texts if t.get_text() == fig.get_suptitle())
+    box, page = title.get_window_extent(renderer), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (box, page)
+    assert box.y0 >= max(ax.get_tightbbox(renderer).y1 for ax in fig.axes), "the title overlaps a panel"
+    return title.get_text()
+
+
 def test_attention_grid_has_one_panel_per_layer_and_head(tmp_path):
     labels = ["a", " ", "$x$", "\n", "b", "\t", "é", "\x00"]  # mathtext, whitespace, control characters
-    path = plots.plot_attention(tiny_gpt(), torch.arange(8), labels, tmp_path / "att.png")
-    # cell = max(2.3, 0.1·8 + 0.9) = 2.3 in; width 4·2.3 + 1.6 = 10.8 in; the title wraps to 2 lines:
-    # height 2·(2.3 + 0.4) + 1.0 + (0.45 + 2·0.22) = 7.29 in; at 100 dpi
-    assert_drawn(path, (1080, 729))
+    fig = plots.attention_figure(tiny_gpt(), torch.arange(8), labels)
+    assert len(fig.axes) == 2 * 4 + 1  # a panel per (layer, head), and the colour bar
+    path = figures.save_png(fig, tmp_path / "att.png")
+    # cell = max(2.3, 0.1·8 + 0.9) = 2.3 in; width 4·2.3 + 1.6 = 10.8 in; height: 2·(2.3 + 0.4) + 1.0 in of panels
+    # and key labels, then the title's measured height and 0.45 in around it
+    assert png_size(path)[0] == 1080 and png_size(path)[1] > 100 * (2 * 2.7 + 1.0 + 0.45)
+    assert "“a \\$x\\$ b é\\x00”" in heading_inside(fig).replace("\n", " ")  # the text, as written
     path = plots.plot_attention(tiny_gpt(1, 2), [1, 2, 3], ["x", "y", "z"], tmp_path / "att1.png", title="t")
-    assert_drawn(path, (620, 437))  # (2·2.3 + 1.6, 2.3 + 0.4 + 1.0 + 0.45 + 0.22) in
+    assert_drawn(path, (620, png_size(path)[1]))
+    assert 100 * (2.3 + 0.4 + 1.0 + 0.45) < png_size(path)[1] < 100 * (2.3 + 0.4 + 1.0 + 0.45 + 0.3)  # one line
+
+
+def test_chinese_title_is_the_text_as_written_and_fits(tmp_path):
+    from qkv.data import BPETokenizer
+
+    text = "狗咬人"
+    bpe = BPETokenizer.train("狗咬人 人咬狗 " * 4, 260)  # byte-level: each character is 3 byte tokens, some merged
+    ids, labels = readable_tokens(bpe, text)
+    cfg = qkv.ModelConfig(vocab_size=bpe.vocab_size, d_model=16, num_heads=2, num_layers=1, max_len=16)
+    fig = plots.attention_figure(qkv.GPT(cfg).eval(), ids, labels, text=text)
+    figures.save_png(fig, tmp_path / "dog.png")  # draws it (the CJK font chosen)
+    heading = heading_inside(fig)
+    assert f"“{text}”" in heading.replace("\n", "") and "<e" not in heading
+    ticks = [t.get_text() for ax in fig.axes[:-1] for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    shown = [t for t in ticks if t]
+    assert shown and not [t for t in shown if re.search(r"<[0-9a-f]{2}", t)], shown  # no byte escapes
+    assert {"".join(c for c in t if not "₀" <= c <= "₉") for t in shown} <= set(text), shown
+
+
+def test_long_chinese_title_wraps_inside_a_narrow_figure(tmp_path):
+    text = "自注意力让序列中每个位置都能直接看到其他所有位置" * 3  # no spaces to break at
+    fig = plots.attention_figure(tiny_gpt(1, 1), [1, 2, 3], ["x", "y", "z"], text=text)
+    figures.save_png(fig, tmp_path / "long.png")
+    heading = heading_inside(fig)
+    assert heading.count("\n") >= 2 and text in heading.replace("\n", "")
 
 
 def test_attention_labels_are_readable():

@@ -71,11 +71,11 @@ def run_verify(args: argparse.Namespace) -> int:
     else:
         print(claims.format_table(results, lang=args.lang))
     if args.markdown:
-        from ..data.tokens import token_labels
         from ..viz import plots
+        from ..viz.labels import readable_labels
 
         sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
-        labels = None if sample is None else token_labels(run.tokenizer, sample.tolist())
+        labels = None if sample is None else readable_labels(run.tokenizer, sample.tolist())
         path = plots.write_report(results, args.markdown, model=model, ids=sample, labels=labels)
         print(f"wrote {path} (figures next to it)", file=sys.stderr if args.json else sys.stdout)
     return 0 if claims.all_hold(results) else 1
@@ -124,8 +124,8 @@ def add_plot_attention(figures) -> argparse.ArgumentParser:
 def plot_attention(args: argparse.Namespace) -> Path:
     """Draw attention.png for --text; an encoder-decoder translates it and draws the cross-attention."""
     from ..models import Transformer
-    from ..data.tokens import encode_text
     from ..viz import plots, seq2seq
+    from ..viz.labels import readable_tokens
 
     model, tokenizer = load_model_source(args)
     if isinstance(model, Transformer):
@@ -133,8 +133,8 @@ def plot_attention(args: argparse.Namespace) -> Path:
                                                   kind=args.kind, num_beams=args.num_beams)
     if args.kind != "cross":
         raise CommandError("--kind is for an encoder-decoder's three kinds of attention")
-    ids, labels = encode_text(tokenizer, args.text, max_len=model.config.max_len)
-    return plots.plot_attention(model, ids, labels, Path(args.out) / "attention.png")
+    ids, labels = readable_tokens(tokenizer, args.text, max_len=model.config.max_len)
+    return plots.plot_attention(model, ids, labels, Path(args.out) / "attention.png", text=args.text)
 
 
 def add_plot_complexity(figures) -> argparse.ArgumentParser:

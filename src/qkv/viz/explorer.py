@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..fileio import atomic_text
 from ..models import Transformer
-from ..data.tokens import encode_text
+from .labels import readable_tokens
 from .maps import TranslationAttention, attention_maps, model_device, pair_attention, translation_attention
 
 ASSETS = Path(__file__).with_name("explorer_assets")
@@ -239,7 +239,7 @@ def text_data(model: nn.Module, tokenizer: Any, text: str, *, title: str = "qkv 
     if target is not None:
         raise ValueError(f"a target translation is for an encoder-decoder qkv.Transformer, got {type(model).__name__}")
     max_len = getattr(getattr(model, "config", None), "max_len", None)
-    ids, labels = encode_text(tokenizer, text, max_len=max_len)
+    ids, labels = readable_tokens(tokenizer, text, max_len=max_len)
     return attention_data(model, ids, labels, title=title)
 
 
@@ -284,7 +284,7 @@ def write_html(path: str | os.PathLike, html_text: str) -> Path:
     return path
 
 
-tokenize = encode_text  # text -> (ids, labels); the name `qkv explore` calls
+tokenize = readable_tokens  # text -> (ids, labels: 狗₁ 狗₂ 狗₃ for byte pieces); the name `qkv explore` calls
 
 
 # --- the loopback server ---------------------------------------------------------------

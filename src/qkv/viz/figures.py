@@ -24,9 +24,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from matplotlib import font_manager
+from matplotlib import font_manager, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.text import Text
 
 from ..fileio import atomic_write
@@ -94,10 +95,82 @@ def use_cjk_font(fig: Figure) -> bool:
         missing_font_notice()
         return False
     for text in texts:
-        families = text.get_fontfamily()
-        if font not in families:
-            text.set_fontfamily([*families, font])  # DejaVu (or the caller's font) first, CJK glyphs from `font`
+        text.set_fontfamily(with_cjk(text.get_fontfamily(), font))
     return True
+
+
+def with_cjk(families: list[str], font: str | None) -> list[str]:
+    """``families`` with the CJK ``font`` last: DejaVu (or the caller's font) first, CJK glyphs from ``font``."""
+    return list(families) if font is None or font in families else [*families, font]
+
+
+def fit_heading(fig: Figure, text: str, *, fontsize: float = 12, margin: float = 0.15, max_lines: int = 3,
+                min_fontsize: float = 7) -> tuple[Text, float]:
+    """``fig.suptitle(text)`` wrapped so that every line fits the figure's width less ``margin`` inches
+    each side, as measured with the renderer (the CJK font included, so Chinese is measured at its real
+    width); smaller type, down to ``min_fontsize``, when more than ``max_lines`` lines would be needed.
+
+    Lines break where ``text`` has newlines, at spaces, between CJK characters, or inside a word too
+    long for a line. Returns the
+    title (top-centred ``margin`` inches below the figure's top) and its height in inches.
+    """
+    FigureCanvasAgg(fig)  # measuring needs a renderer; save_png attaches its own canvas again
+    width = fig.get_figwidth() - 2 * margin
+    families = rcParams["font.family"]
+    if CJK.search(text):
+        families = with_cjk(families, cjk_font())
+    size = float(fontsize)
+    while True:
+        prop = FontProperties(family=families, size=size)
+        lines = [line for para in text.split("\n") for line in wrap_lines(para, lambda s: text_width(fig, s, prop), width)]
+        if len(lines) <= max_lines or size <= min_fontsize:
+            break
+        size = max(min_fontsize, size * 0.9)
+    title = fig.suptitle("\n".join(lines), fontsize=size, fontfamily=families, va="top",
+                         y=1 - margin / fig.get_figheight())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MISSING_GLYPH)
+        height = title.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi
+    return title, height
+
+
+def quoted_text(text: str, limit: int = 120) -> str:
+    """The text as the reader wrote it, for a title: other whitespace as spaces, other unprintable
+    characters as ``\\x00``, '$' escaped for mathtext, over ``limit`` characters cut with '…'."""
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    shown = "".join(" " if c.isspace() else c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return shown.replace("$", r"\$")
+
+
+def text_width(fig: Figure, text: str, prop: FontProperties) -> float:
+    """The width in inches of one line of ``text`` drawn in ``prop`` on ``fig``'s canvas."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MISSING_GLYPH)
+        w, _, _ = fig.canvas.get_renderer().get_text_width_height_descent(text, prop, ismath=False)
+    return w / fig.dpi
+
+
+WRAP_UNIT = re.compile(rf"{CJK.pattern}\s*|[^\s]+?(?={CJK.pattern})|\S+\s*|\s+")  # a CJK character, or a word
+
+
+def wrap_lines(text: str, width_of, width: float) -> list[str]:
+    """``text`` in lines each ``width_of(line) <= width`` (greedy; a unit wider than a line is cut by characters)."""
+    lines, line = [], ""
+    for unit in WRAP_UNIT.findall(text):
+        if not line or width_of((line + unit).rstrip()) <= width:
+            line += unit
+            continue
+        lines.append(line.rstrip())
+        line = unit
+    lines.append(line.rstrip())
+    out = []
+    for line in lines:  # a single word wider than the figure: cut it where it overflows
+        while len(line) > 1 and width_of(line) > width:
+            cut = next(n for n in range(len(line) - 1, 0, -1) if width_of(line[:n]) <= width or n == 1)
+            out.append(line[:cut])
+            line = line[cut:].lstrip()
+        out.append(line)
+    return out
 
 
 @functools.cache  # searched once per process

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from ..models import Transformer
-from ..data.tokens import encode_text, token_labels, vocabulary_string
+from ..data.tokens import encode_text, vocabulary_string
+from .labels import readable_labels
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -179,6 +180,6 @@ def _translate(model: Transformer, src: list[int], special: Any, *, num_beams: i
 
 
 def seq2seq_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """``token_labels``, with special tokens (which decode to '') named as the vocabulary spells them."""
-    shown = token_labels(tokenizer, ids)
+    """``labels.readable_labels``, with special tokens (which decode to '') named as the vocabulary spells them."""
+    shown = readable_labels(tokenizer, ids)
     return [s or vocabulary_string(tokenizer, i) or f"<{i}>" for i, s in zip(ids, shown)]

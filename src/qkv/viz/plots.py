@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -27,7 +26,7 @@ from ..claims.self_attention import softmax_stats, unit_qk
 from ..fileio import atomic_text
 from ..nn.positional import SinusoidalPositionalEncoding
 from ..data.tokens import encode_text  # noqa: F401  (text -> (ids, labels) for `qkv plot attention`)
-from .figures import save_png
+from .figures import fit_heading, quoted_text, save_png
 from .maps import attention_maps
 
 
@@ -144,9 +143,13 @@ def _label(token: str) -> str:
     return text.replace("$", r"\$") or "∅"
 
 
-def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequence[str], path: str | os.PathLike,
-                   *, title: str | None = None) -> Path:
-    """A grid of heatmaps, one per (layer, head): row = query token, column = key token, colour = weight."""
+HEADING_MARGIN = 0.15  # inches above the title
+
+
+def attention_figure(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequence[str], *,
+                     title: str | None = None, text: str | None = None) -> Figure:
+    """The figure ``plot_attention`` saves. ``text``: the text named in the default title, as written
+    (default: the labels joined); the title is wrapped (and if need be shrunk) to the figure's width."""
     ids = torch.as_tensor(ids)
     if len(labels) != ids.numel():
         raise ValueError(f"expected one label per token ({ids.numel()}), got {len(labels)}")
@@ -154,23 +157,33 @@ def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequen
     N, H, T, _ = att.shape
     cell = min(max(2.3, 0.1 * T + 0.9), 7.5)  # inches per heatmap: room for T tick labels
     width = H * cell + 1.6  # + 1 in for the query labels, 0.6 in for the colour bar
-    text = "".join(labels)
-    text = _label(text if len(text) <= 60 else text[:57] + "…")
-    heading = title or (f"Attention weights per layer (rows) and head (columns) on “{text}”: row = query, "
-                        f"column = key, colour = weight (√ scale)")
-    heading = textwrap.fill(heading, width=int(width * 72 / (0.55 * 12)))  # characters that fit at 12 pt
-    top_margin = 0.45 + 0.22 * (heading.count("\n") + 1)  # inches
-    height = N * (cell + 0.4) + 1.0 + top_margin  # 0.4 in per row for panel titles, 1 in for the key labels
-    fig = Figure(figsize=(width, height))
+    body = N * (cell + 0.4) + 1.0  # 0.4 in per row for panel titles, 1 in for the key labels
+    fig = Figure(figsize=(width, body + 1.0))
+    shown = quoted_text("".join(labels) if text is None else text)
+    heading, heading_h = fit_heading(fig, title or (
+        f"Attention weights per layer (rows) and head (columns) on “{shown}”: row = query, column = key, "
+        f"colour = weight (√ scale)"), fontsize=12, margin=HEADING_MARGIN)
+    top_margin = HEADING_MARGIN + heading_h + 0.3  # inches: the title, then room for the panels' titles
+    height = body + top_margin
+    fig.set_size_inches(width, height)
+    heading.set_y(1 - HEADING_MARGIN / height)
     axes = fig.subplots(N, H, squeeze=False)
     im = draw_heads(axes, att, labels, cell)
-    fig.suptitle(heading, fontsize=12, y=1 - 0.15 / height, va="top")
     left, right, bottom, top = 1.0 / width, 1 - 0.6 / width, 1.0 / height, 1 - top_margin / height
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12, hspace=0.4 / cell)
     cax = fig.add_axes((right + 0.12 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
     fig.colorbar(im, cax=cax, ticks=[0, 0.05, 0.2, 0.5, 1])
     cax.tick_params(labelsize=8)
-    return save_png(fig, path)
+    return fig
+
+
+def plot_attention(model: nn.Module, ids: Tensor | Sequence[int], labels: Sequence[str], path: str | os.PathLike,
+                   *, title: str | None = None, text: str | None = None) -> Path:
+    """A grid of heatmaps, one per (layer, head): row = query token, column = key token, colour = weight.
+
+    ``labels``: one per token (``qkv.viz.labels.readable_labels`` names byte pieces of a character
+    狗₁ 狗₂ 狗₃); ``text``: the text as written, for the title (default: the labels joined)."""
+    return save_png(attention_figure(model, ids, labels, title=title, text=text), path)
 
 
 def draw_heads(axes, att: Tensor, labels: Sequence[str], cell: float):

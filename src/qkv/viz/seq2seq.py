@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..models import Transformer
-from .figures import save_png
+from .figures import fit_heading, quoted_text, save_png
 from .maps import TranslationAttention, translation_attention
 
 # kind -> (what it is, row axis, column axis)
@@ -64,14 +64,13 @@ def _chosen(att: TranslationAttention, kind: str,
     return maps[layer:layer + 1], queries, keys, [layer]
 
 
-def _heading(att: TranslationAttention, kind: str, width_in: float) -> str:
-    """Two lines: what the grid shows, and the text → its translation (shortened to the figure's width)."""
+def _heading(att: TranslationAttention, kind: str) -> str:
+    """What the grid shows, then on its own line the text → its translation, as written (``fit_heading`` wraps it)."""
     what, rows, cols = KINDS[kind]
-    fit = max(20, int(width_in * 72 / (0.6 * 11)))  # characters of 11 pt that fit across
-    pair = f"“{att.text}” → “{att.translation}”" if att.text or att.translation else "(token ids given)"
-    pair = pair if len(pair) <= fit else pair[:fit - 1] + "…"
-    line = f"{what} per layer (rows) and head (columns): row = {rows}, column = {cols}, colour = weight (√ scale)"
-    return (line if len(line) <= fit else line[:fit - 1] + "…") + "\n" + pair.replace("$", r"\$")
+    pair = f"“{quoted_text(att.text)}” → “{quoted_text(att.translation)}”" if att.text or att.translation \
+        else "(token ids given)"
+    return f"{what} per layer (rows) and head (columns): row = {rows}, column = {cols}, colour = weight (√ scale)" \
+        f"\n{pair}"
 
 
 def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
@@ -88,6 +87,12 @@ def plot_cross_attention(att: TranslationAttention, path: str | os.PathLike, *, 
     N, H, R, C = maps.shape
     width, height, panel_w, panel_h = grid_size(N, H, R, C)
     fig = Figure(figsize=(width, height))
+    heading, heading_h = fit_heading(fig, _heading(att, kind), fontsize=11, margin=0.1, max_lines=2,
+                                     min_fontsize=8)  # smaller type before a third line
+    top_in = max(TOP, 0.1 + heading_h + 0.25)  # inches: the title, then room for the panels' titles
+    height += top_in - TOP
+    fig.set_size_inches(width, height)
+    heading.set_y(1 - 0.1 / height)
     axes = fig.subplots(N, H, squeeze=False)
     (rt, rn), (ct, cn) = _ticks(queries), _ticks(keys)
     font = min(9.0, max(5.0, min(panel_w / len(ct), panel_h / len(rt)) * 72 / 1.4))  # points: labels fit
@@ -100,8 +105,7 @@ def plot_cross_attention(att: TranslationAttention, path: str | os.PathLike, *, 
         ax.set_yticks(rt, rn if h == 0 else [], fontsize=font)
     axes[-1, 0].set_xlabel(KINDS[kind][2], fontsize=9)
     axes[-1, 0].set_ylabel(KINDS[kind][1], fontsize=9)
-    fig.suptitle(_heading(att, kind, width), fontsize=11, y=1 - 0.1 / height, va="top")
-    left, right, bottom, top = LEFT / width, 1 - RIGHT / width, BOTTOM / height, 1 - TOP / height
+    left, right, bottom, top = LEFT / width, 1 - RIGHT / width, BOTTOM / height, 1 - top_in / height
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=0.12,
                         hspace=TITLE / panel_h)
     cax = fig.add_axes((right + 0.15 / width, bottom, 0.12 / width, top - bottom))  # colour bar in the right margin
