@@ -290,8 +290,10 @@ def test_table_shows_not_measurable_rows_last():
 def test_chinese_table_quotes_the_spec_and_keeps_the_numbers():
     results = claims.run_claims(["mha-params", "roadmap"])
     zh = claims.format_table(results, lang="zh")
-    assert zh.startswith("结果") and "\n成立     §2.2" in zh and "\n无法测量 Roadmap" in zh and "「最终\"多头\"和\"单头\"的参数总量一致" in zh
-    assert results[0].summary in zh.replace("\n          ", " ").replace("\n        ", " ")  # numbers unchanged
+    assert zh.startswith("结果") and "\n成立     §2.2" in zh and "\n无法测量 路线图" in zh and "「最终\"多头\"和\"单头\"的参数总量一致" in zh
+    assert results[0].summary_zh in zh.replace("\n          ", "").replace("\n        ", "")  # its Chinese twin
+    numbers = re.compile(r"\d[\d.e+-]*")
+    assert numbers.findall(results[0].summary_zh) == numbers.findall(results[0].summary)  # numbers unchanged
     assert "无法测量" in zh and "1 条论断中 1 条成立；1 条无法测量" in zh
     assert "| 原文论断 | 章节 | 测量值 | 结论 |" in claims.format_markdown(results, lang="zh")
     with pytest.raises(ValueError, match="lang must be one of \\['en', 'zh'\\], got 'fr'"):

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from qkv.viz import figures
 from qkv.viz.figures import save_png
+from qkv.viz.text import wrap_lines
 
 
 def drawn(figsize=(3, 2)):
@@ -113,9 +114,9 @@ def test_latin_figures_never_look_for_a_font(monkeypatch, tmp_path):
 
 def test_wrap_lines_break_at_spaces_between_cjk_characters_and_inside_long_words():
     width_of = len  # one unit per character
-    assert figures.wrap_lines("the dog bites man", width_of, 8) == ["the dog", "bites", "man"]
-    assert figures.wrap_lines("on “狗咬人咬狗”", width_of, 5) == ["on “狗", "咬人咬狗”"]
-    assert figures.wrap_lines("abcdefghij", width_of, 4) == ["abcd", "efgh", "ij"]
+    assert wrap_lines("the dog bites man", width_of, 8) == ["the dog", "bites", "man"]
+    assert wrap_lines("on “狗咬人咬狗”", width_of, 5) == ["on “狗", "咬人咬狗”"]
+    assert wrap_lines("abcdefghij", width_of, 4) == ["abcd", "efgh", "ij"]
 
 
 def test_fit_heading_wraps_then_shrinks_to_the_figure_width():

@@ -16,9 +16,9 @@ from .registry import (CHECKS, FULL_CHECKS, NOT_MEASURABLE, RUN_CHECKS, Claim, a
 from . import (self_attention, recurrence, multi_head, positional, placement, block_order, masks,  # noqa: E402,F401
                faq, alternatives, complexity, spec_code, corrections, unmeasurable)  # (registers, in this order)
 from .complexity import measure_complexity
-from .report import format_markdown, format_table
+from .report import format_markdown, format_table, words
 from .runs import run_text_ids, validation_text
 
 __all__ = ["CHECKS", "FULL_CHECKS", "NOT_MEASURABLE", "RUN_CHECKS", "Claim", "all_hold", "check", "claim_names",
            "format_markdown", "format_table", "measure_complexity", "not_measurable", "resolve_names",
-           "run_claims", "run_text_ids", "seeded", "validation_text"]
+           "run_claims", "run_text_ids", "seeded", "validation_text", "words"]

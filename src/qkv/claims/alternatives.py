@@ -18,6 +18,7 @@ from torch import Tensor
 from ..nn.attention import scaled_dot_product_attention
 from ..runtime import fixed_threads, resolve_device
 from .measure import FLOAT_TOL, cost, fmt, rel_err
+from .messages import Joined, say
 from .registry import check
 
 
@@ -43,8 +44,8 @@ def softmax_vs_relu(normalise: Callable = lambda s: torch.softmax(s, -1), altern
     scores = q @ k.transpose(-2, -1) / math.sqrt(16)  # (B, H, L, S), as in the spec's §1.4
     stats = {"softmax": row_stats(normalise(scores)), "relu": row_stats(alternative(scores))}
     holds = is_distribution(stats["softmax"]) and not is_distribution(stats["relu"])
-    summary = "; ".join(f"{k}: row sums {v['row_sum_mean']:.3g} ± {v['row_sum_std']:.2g}, min {v['min']:.3g}, "
-                        f"{100 * v['zero_fraction']:.0f} % exact zeros" for k, v in stats.items())
+    summary = Joined([say("softmax-vs-relu/way", name=k, mean=v["row_sum_mean"], std=v["row_sum_std"], least=v["min"],
+                          zeros=100 * v["zero_fraction"]) for k, v in stats.items()])
     return stats, holds, summary
 
 
@@ -75,8 +76,7 @@ def window_is_convolution(attention: Callable = scaled_dot_product_attention, *,
     dynamic = attention(torch.randn(1, n, 4), torch.randn(1, n, 4), v, bias=window_bias(n, kernel))
     err, err_dynamic = rel_err(fixed, expected), rel_err(dynamic, expected)
     holds = err < FLOAT_TOL and err_dynamic > 1e-2
-    summary = (f"n={n}, window ±{r}: fixed position-only weights vs conv1d (edges renormalised) rel. error "
-               f"{err:.2g}; with query/key-dependent weights in the same window {err_dynamic:.3g}")
+    summary = say("window-is-convolution", n=n, r=r, err=err, dynamic=err_dynamic)
     return {"conv_rel_error": err, "dynamic_rel_error": err_dynamic, "window": 2 * r + 1}, holds, summary
 
 
@@ -117,10 +117,9 @@ def additive_vs_dot(additive: Callable = additive_scores, dot: Callable = dot_sc
     ops_ratio = (a["flops"] + a["elementwise"]) / (p["flops"] + p["elementwise"])
     memory_ratio = a["largest_bytes"] / p["largest_bytes"]
     holds = ops_ratio < 4 and memory_ratio >= d
-    summary = (f"L = S = {n}, d = A = {d}: additive {a['flops'] / 1e6:.1f} MFLOP in products + "
-               f"{a['elementwise'] / 1e6:.1f} M add/tanh, dot {p['flops'] / 1e6:.1f} MFLOP ({ops_ratio:.2f}×); "
-               f"largest tensor {a['largest_bytes'] / 2**20:.1f} MB vs {p['largest_bytes'] / 2**20:.2f} MB "
-               f"({memory_ratio:.0f}×)")
+    summary = say("additive-vs-dot", n=n, d=d, a_flops=a["flops"] / 1e6, a_ops=a["elementwise"] / 1e6,
+                  d_flops=p["flops"] / 1e6, ratio=ops_ratio, a_mb=a["largest_bytes"] / 2**20,
+                  d_mb=p["largest_bytes"] / 2**20, memory=memory_ratio)
     return {"n": n, "d": d, **c, "ops_ratio": ops_ratio, "memory_ratio": memory_ratio}, holds, summary
 
 
@@ -152,6 +151,6 @@ def additive_vs_dot_measured(additive: Callable = additive_scores, dot: Callable
             ms["dot"].append(1e3 * median_seconds(lambda: dot(q, k)))
     speedup = [a / b for a, b in zip(ms["additive"], ms["dot"])]
     holds = min(speedup) > 1
-    summary = (f"d = {d}, n = {fmt(lengths)} on {device.type}: additive {fmt(ms['additive'])} ms, dot "
-               f"{fmt(ms['dot'])} ms: dot is {fmt(speedup)}× faster")
+    summary = say("additive-vs-dot-measured", d=d, lengths=fmt(lengths), device=device.type,
+                  additive=fmt(ms["additive"]), dot=fmt(ms["dot"]), speedup=fmt(speedup))
     return {"lengths": lengths, "milliseconds": ms, "speedup": speedup, "device": device.type}, holds, summary

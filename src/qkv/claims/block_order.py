@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..models import Encoder, ModelConfig
 from .measure import FLOAT_TOL, rel_err
+from .messages import say
 from .registry import check
 
 
@@ -38,6 +39,5 @@ def block_order(model: nn.Module | None = None):
     with torch.no_grad():
         err = rel_err(model.eval()(ids).last_hidden_state, by_the_picture(model, ids))
     holds = err < FLOAT_TOL
-    summary = (f"{len(model.blocks)} blocks, d_model={model.config.d_model}: the model against the diagram written "
-               f"by hand on its parameters, rel. error {err:.2g}")
+    summary = say("block-order", blocks=len(model.blocks), d=model.config.d_model, err=err)
     return {"rel_error": err, "blocks": len(model.blocks)}, holds, summary

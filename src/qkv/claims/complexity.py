@@ -26,6 +26,7 @@ from ..nn.flash import flash_attention
 from ..nn.linear_attention import linear_attention
 from ..runtime import fixed_threads, resolve_device
 from .measure import cost, fit_exponent, fmt
+from .messages import Joined, Term, say
 from .registry import check
 
 LENGTHS = (256, 512, 1024, 2048)
@@ -68,14 +69,19 @@ def attention_quadratic(make: Callable = MultiHeadAttention, *, d_model: int = 5
     formula = [4 * n * n * d_model for n in lengths]
     holds = (abs(slopes["attention"] - 2) < 0.05 and abs(slopes["largest_bytes"] - 2) < 0.05
              and abs(slopes["projections"] - 1) < 0.05 and at["attention"] == at["projections"])
-    summary = (f"d_model={d_model}, n = {fmt(lengths)}: attention {fmt(f / 1e9 for f in series['attention'])} "
-               f"GFLOP (= 4n²d: {series['attention'] == formula}), exponent {slopes['attention']:.3f}; largest "
-               f"tensor {fmt(b / 2**20 for b in series['largest_bytes'])} MB, exponent "
-               f"{slopes['largest_bytes']:.3f}; projections exponent {slopes['projections']:.3f}; at n = "
-               f"{2 * d_model} both parts are {at['attention'] / 1e9:.3f} GFLOP")
+    summary = say("attention-quadratic", d_model=d_model, lengths=fmt(lengths),
+                  attention=fmt(f / 1e9 for f in series["attention"]), exact=series["attention"] == formula,
+                  e_attention=slopes["attention"], largest=fmt(b / 2**20 for b in series["largest_bytes"]),
+                  e_largest=slopes["largest_bytes"], e_projections=slopes["projections"], crossover=2 * d_model,
+                  at=at["attention"] / 1e9)
     measured = {"d_model": d_model, "lengths": lengths, **series, "exponents": slopes,
                 "crossover_n": 2 * d_model, "at_crossover": at}
     return measured, holds, summary
+
+
+def exponents(slopes: dict[str, dict[str, float]], first: str, second: str) -> Joined:
+    """'reference 2.00 / 2.00; flash 2.00 / 1.00; …': two fitted exponents per path, path names translated."""
+    return Joined([say("exponents/path", name=Term(p), first=s[first], second=s[second]) for p, s in slopes.items()])
 
 
 def answer_cost(attend: Callable, n: int, *, heads: int = 8, head_dim: int = 64) -> tuple[int, int]:
@@ -106,8 +112,7 @@ def quadratic_answers(paths: dict | None = None, *, lengths=(256, 512, 1024)):
     ref, flash, lin = slopes["reference"], slopes["flash"], slopes["linear"]
     holds = (ref["memory"] > 1.8 and flash["memory"] < 1.2 and flash["flops"] > 1.8
              and lin["flops"] < 1.2 and lin["memory"] < 1.2)
-    summary = (f"n = {fmt(lengths)}, 8 heads × 64: exponent of FLOPs / largest tensor: " +
-               "; ".join(f"{p} {s['flops']:.2f} / {s['memory']:.2f}" for p, s in slopes.items()))
+    summary = say("attention-quadratic-answers", lengths=fmt(lengths), paths=exponents(slopes, "flops", "memory"))
     return {"lengths": lengths, "exponents": slopes}, holds, summary
 
 
@@ -193,6 +198,6 @@ def quadratic_measured(rows: list[dict] | None = None, *, lengths=FULL_LENGTHS):
     ref = e["reference"]
     holds = (ref["time"] > 1.4 and ref["memory"] > 1.7 and e["fused"]["memory"] < min(1.6, ref["memory"] - 0.4)
              and e["flash"]["memory"] < 1.3 and e["linear"]["time"] < 1.3)
-    summary = (f"n = {ns[len(ns) // 2 - 1]} … {ns[-1]} on {resolve_device('auto').type}: exponent of time / peak "
-               "memory: " + "; ".join(f"{p} {s['time']:.2f} / {s['memory']:.2f}" for p, s in e.items()))
+    summary = say("attention-quadratic-measured", lo=ns[len(ns) // 2 - 1], hi=ns[-1], device=resolve_device("auto").type,
+                  paths=exponents(e, "time", "memory"))
     return {"rows": rows, "exponents": e, "fitted_from_n": ns[len(ns) // 2 - 1]}, holds, summary

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..nn.attention import MultiHeadAttention, SelfAttention
 from ..nn.positional import SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
+from .messages import Term, say
 from .registry import check
 
 
@@ -59,9 +60,8 @@ def spec_scores_shape(mha: nn.Module | None = None, *, n: int = 6, d_model: int 
     spec_err, right_err = rel_err(spec_out, module_out), rel_err(right_out, module_out)
     holds = (tuple(spec_s.shape) == (n, h, h) and tuple(right_s.shape) == (h, n, n)
              and right_err < FLOAT_TOL and spec_err > 1e-2 and tuple(spec_out.shape) == (n, d_model))
-    summary = (f"n={n}, h={h}: spec scores {tuple(spec_s.shape)}, correct {tuple(right_s.shape)}; "
-               f"both outputs are {tuple(spec_out.shape)}, so the bug passes shape checks; rel. error vs "
-               f"qkv.MultiHeadAttention: spec {spec_err:.3g}, correct {right_err:.2g}")
+    summary = say("spec-2.1-scores-shape", n=n, h=h, spec=tuple(spec_s.shape), right=tuple(right_s.shape),
+                  out=tuple(spec_out.shape), spec_err=spec_err, right_err=right_err)
     measured = {"spec_scores_shape": spec_s.shape, "correct_scores_shape": right_s.shape,
                 "spec_output_shape": spec_out.shape, "spec_vs_module": spec_err, "correct_vs_module": right_err}
     return measured, holds, summary
@@ -97,8 +97,8 @@ def spec_pe_check_claim(without_pe: Callable | None = None, with_pe: Callable | 
         spec = {"no PE": spec_pe_check(without_pe(x)), "PE": spec_pe_check(with_pe(x))}
         perm = {"no PE": permutation_check(without_pe, x, reverse), "PE": permutation_check(with_pe, x, reverse)}
     holds = spec["no PE"] == spec["PE"] and perm["no PE"] and not perm["PE"]
-    summary = (f"狗咬人 vs 人咬狗: spec check (no PE, PE) = ({spec['no PE']}, {spec['PE']}) — the spec prints "
-               f"(True, False); permutation test = ({perm['no PE']}, {perm['PE']})")
+    summary = say("spec-3.4-pe-check", spec_none=spec["no PE"], spec_pe=spec["PE"], perm_none=perm["no PE"],
+                  perm_pe=perm["PE"])
     return {"spec_check": spec, "permutation_test": perm, "spec_expected": {"no PE": True, "PE": False}}, holds, summary
 
 
@@ -122,7 +122,7 @@ def spec_packed_projection(module: nn.Module | None = None, *, d_model: int = 32
             split = mha_from_torch(module)(x)  # four projections, same weights
             measured["qkv_split_rel_error"] = rel_err(split, module(x, x, x, need_weights=False)[0])
         holds = holds and measured["qkv_split_rel_error"] < FLOAT_TOL
-    summary = (f"parameters {', '.join(f'{n} {tuple(s)}' for n, s in params.items())}; nn.Linear submodules: "
-               f"{linears or 'none'}" + (f"; split into 4 projections it equals qkv's MHA to "
-                                         f"{measured['qkv_split_rel_error']:.2g}" if packed else ""))
+    split = say("spec-q2-packed-projection/split", err=measured["qkv_split_rel_error"]) if packed else ""
+    summary = say("spec-q2-packed-projection", params=", ".join(f"{n} {tuple(s)}" for n, s in params.items()),
+                  linears=linears or Term("none"), split=split)
     return measured, holds, summary

@@ -16,6 +16,7 @@ from ..nn.attention import SelfAttention, scaled_dot_product_attention
 from ..models import GPT, ModelConfig, Transformer
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, fmt, rel_err
+from .messages import Joined, Term, say
 from .registry import check
 
 
@@ -38,8 +39,7 @@ def separate_qk(module: nn.Module | None = None, *, d: int = 64, T: int = 32):
     with torch.no_grad():
         frac = {"separate": self_argmax_fraction(module, x), "W_K = W_Q": self_argmax_fraction(tied, x)}
     holds = frac["separate"] < 0.3 and frac["W_K = W_Q"] > 0.9
-    summary = (f"d={d}, T={T}: rows whose top score is the token itself: separate W_Q, W_K {frac['separate']:.3g} "
-               f"(uniform chance {1 / T:.3g}); W_K = W_Q {frac['W_K = W_Q']:.3g}")
+    summary = say("separate-qk", d=d, T=T, separate=frac["separate"], chance=1 / T, tied=frac["W_K = W_Q"])
     return frac, holds, summary
 
 @check("scores-not-symmetric", "Q5", "attention scores QKᵀ are not symmetric (W_Q and W_K are learned separately)",
@@ -54,7 +54,7 @@ def scores_not_symmetric(module: nn.Module | None = None):
         match = float((torch.softmax(scores, -1) - w).abs().max())  # these are the module's own scores
         asym = float((scores - scores.transpose(-2, -1)).norm() / scores.norm())
     holds = match < FLOAT_TOL and asym > 0.1
-    summary = f"‖S − Sᵀ‖/‖S‖ = {asym:.3g}; softmax(S) matches the module's weights to {match:.2g}"
+    summary = say("scores-not-symmetric", asym=asym, match=match)
     return {"relative_asymmetry": asym, "weights_match": match}, holds, summary
 
 
@@ -76,8 +76,8 @@ def attends_to_itself(weights: dict | None = None):
             allowed = (w > 0).sum(-1)  # (..., T): keys each query may see (all, or ≤ itself under a causal mask)
             diag[name] = {"min_self_weight": float(d.min()), "self_over_uniform": float((d * allowed).mean())}
     holds = all(v["min_self_weight"] > 0 for v in diag.values())
-    summary = "; ".join(f"{n}: min self-weight {v['min_self_weight']:.3g}, mean {v['self_over_uniform']:.3g}× "
-                        "a uniform row's" for n, v in diag.items())
+    summary = Joined([say("attends-to-itself/module", name=Term(n), least=v["min_self_weight"],
+                          ratio=v["self_over_uniform"]) for n, v in diag.items()])
     return diag, holds, summary
 
 
@@ -121,10 +121,9 @@ def cross_attention(model: nn.Module | None = None, *, S: int = 9, T: int = 5):
     holds = (m["cross_weights_shape"][-2:] == [T, S] and m["k_input_is_memory"] == 0
              and m["q_input_change_with_source"] == 0 and m["logits_change_with_source"] > 1e-3
              and m["logits_change_with_cross_attention_cut"] == 0)
-    summary = (f"weights {tuple(m['cross_weights_shape'])} = (B, H, T={T}, S={S}); K's input = the encoder output "
-               f"(diff {m['k_input_is_memory']:.2g}); another source changes Q's input by "
-               f"{m['q_input_change_with_source']:.2g}, the logits by {m['logits_change_with_source']:.3g}, and with "
-               f"cross-attention cut by {m['logits_change_with_cross_attention_cut']:.2g}")
+    summary = say("cross-attention", shape=tuple(m["cross_weights_shape"]), T=T, S=S, k=m["k_input_is_memory"],
+                  q=m["q_input_change_with_source"], logits=m["logits_change_with_source"],
+                  cut=m["logits_change_with_cross_attention_cut"])
     return m, holds, summary
 
 
@@ -142,6 +141,5 @@ def length_stable(attention=scaled_dot_product_attention, *, lengths=(16, 256, 4
         spread.append(float(out.std()))
         plain_sum.append(float(v.sum(0).abs().mean()))  # Σ_j v_j: summing without weights
     holds = max(bound) <= 1 + FLOAT_TOL and plain_sum[-1] > 4 * plain_sum[0]
-    summary = (f"n = {fmt(lengths)}: max |out| / max |V| = {fmt(bound)} (≤ 1); out's std {fmt(spread)} (it narrows as "
-               f"weights spread over more keys); mean |Σ_j v_j| = {fmt(plain_sum)}")
+    summary = say("length-stable", lengths=fmt(lengths), bound=fmt(bound), spread=fmt(spread), plain=fmt(plain_sum))
     return {"lengths": lengths, "max_out_over_max_v": bound, "out_std": spread, "plain_sum": plain_sum}, holds, summary

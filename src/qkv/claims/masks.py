@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..nn.attention import MultiHeadAttention
 from ..models import GPT, ModelConfig
+from .messages import Joined, Term, say
 from .registry import check
 
 
@@ -60,6 +61,6 @@ def causal_no_future(causal: dict | None = None):
         }
     grads = {name: future_gradient(f, x) for name, (f, x) in causal.items()}
     holds = all(fut == 0.0 and past > 0 for fut, past in grads.values())
-    summary = "; ".join(f"{n}: max future grad {fut:.3g}, min past grad norm {past:.3g}"
-                        for n, (fut, past) in grads.items())
+    summary = Joined([say("causal-no-future/module", name=Term(n), future=fut, past=past)
+                      for n, (fut, past) in grads.items()])
     return {n: {"max_future_grad": fut, "min_past_grad_norm": past} for n, (fut, past) in grads.items()}, holds, summary

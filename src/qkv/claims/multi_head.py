@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..nn.attention import MultiHeadAttention
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, error_of, fmt, rel_err
+from .messages import Joined, Term, say
 from .registry import check
 
 HEADS = (1, 2, 4, 8, 16)
@@ -45,8 +46,7 @@ def mha_formula(mha: nn.Module | None = None, *, d_model: int = 32, h: int = 4):
     with torch.no_grad():
         err = rel_err(mha(x), heads_one_by_one(mha, x))
     holds = err < FLOAT_TOL
-    summary = (f"d_model={d_model}, h={mha.num_heads}: the module against a loop over heads with sliced "
-               f"weights, rel. error {err:.2g}")
+    summary = say("mha-formula", d_model=d_model, h=mha.num_heads, err=err)
     return {"rel_error": err, "num_heads": mha.num_heads}, holds, summary
 
 
@@ -57,7 +57,7 @@ def mha_params(make: Callable = MultiHeadAttention, *, d_model: int = 128, heads
     counts = [sum(p.numel() for p in make(d_model, h).parameters()) for h in heads]
     expected = 4 * d_model**2
     holds = all(c == expected for c in counts)
-    summary = f"d_model={d_model}, h = {fmt(heads)}: {', '.join(map(str, counts))} parameters; 4·d² = {expected}"
+    summary = say("mha-params", d_model=d_model, heads=fmt(heads), counts=", ".join(map(str, counts)), expected=expected)
     return {"d_model": d_model, "heads": heads, "parameters": counts, "four_d_squared": expected}, holds, summary
 
 
@@ -92,9 +92,8 @@ def mha_flops(make: Callable = MultiHeadAttention, *, d_model: int = 128, n: int
     formula = 8 * n * d_model**2 + 4 * n**2 * d_model  # 4 projections 2·n·d² + QKᵀ and W·V 2·n²·d each
     spread = max(fused + reference) / min(fused + reference)
     holds = spread <= 1.01
-    summary = (f"n={n}, d_model={d_model}, h = {fmt(heads)}: {', '.join(f'{f / 1e6:.3f}' for f in fused)} MFLOP "
-               f"(fused), {', '.join(f'{f / 1e6:.3f}' for f in reference)} (reference); max/min = {spread:.4f}; "
-               f"8nd² + 4n²d = {formula / 1e6:.3f} M")
+    summary = say("mha-flops", n=n, d_model=d_model, heads=fmt(heads), fused=", ".join(f"{f / 1e6:.3f}" for f in fused),
+                  reference=", ".join(f"{f / 1e6:.3f}" for f in reference), spread=spread, formula=formula / 1e6)
     return {"n": n, "d_model": d_model, "heads": heads, "flops_fused": fused, "flops_reference": reference,
             "formula": formula, "max_over_min": spread}, holds, summary
 
@@ -111,7 +110,7 @@ def heads_divisible(make: Callable = MultiHeadAttention):
     built = [error_of(lambda: make(d, h)) == "no error" for d, h in good]
     holds = clear and all(built)
     first = next(iter(errors.values()))
-    summary = f"{len(bad)} bad (d, h) pairs → {first!r} …; the spec's 512/8, 768/12, 1024/16 build: {all(built)}"
+    summary = say("heads-divisible", bad=len(bad), first=first, built=all(built))
     return {"errors": errors, "valid_pairs_build": built}, holds, summary
 
 
@@ -163,9 +162,10 @@ def head_counts(spec: dict | None = None, published: dict | None = None, make: C
             d_k[m] = make(d, h).head_dim if d % h == 0 else d / h
     holds = (all(spec.get(m) == published[m][1] for m in published) and all(agree.values())
              and all(v == 64 for v in d_k.values()))
-    summary = ("; ".join(f"{m} {published[m][0]}/{published[m][1]} → d_k {d_k[m]:g}" for m in published) +
-               f"; the spec's numbers match: {all(spec.get(m) == published[m][1] for m in published)}; checked "
-               f"locally: {', '.join(s for v in local.values() for s in v)}")
+    models = Joined([say("head-counts/model", model=m, d=published[m][0], h=published[m][1], d_k=d_k[m])
+                     for m in published])
+    summary = say("head-counts", models=models, match=all(spec.get(m) == published[m][1] for m in published),
+                  sources=Joined([Term(s) for v in local.values() for s in v], sep=", "))
     measured = {"spec_heads": spec, "published": published, "local": local, "local_agrees": agree, "d_k": d_k}
     return measured, holds, summary
 
@@ -192,8 +192,7 @@ def head_diversity(trained: nn.Module, ids: Tensor, *, initial: nn.Module | None
         initial = type(trained)(trained.config).to(next(trained.parameters()).device).eval()
     t, i = head_distances(trained, ids), head_distances(initial, ids)
     holds = bool(t.mean() > 2 * i.mean() and t.mean() > 0.05)
-    summary = (f"mean pairwise TV distance between heads, per layer: trained {fmt(t.tolist())} vs init "
-               f"{fmt(i.tolist())} (on {ids.numel()} tokens)")
+    summary = say("head-diversity", trained=fmt(t.tolist()), init=fmt(i.tolist()), tokens=ids.numel())
     measured = {"trained_per_layer": t, "init_per_layer": i, "trained_mean": t.mean(), "init_mean": i.mean(),
                 "tokens": ids.numel()}
     return measured, holds, summary

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..nn.block import TransformerBlock
 from ..nn.positional import ALiBi, RotaryEmbedding, SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
+from .messages import say
 from .registry import check
 
 
@@ -53,10 +54,9 @@ def pe_before_attention(stack: Callable | None = None, *, T: int = 8, d: int = 3
             err[where] = {"first_attention": rel_err(attn_p, attn[:, perm]), "output": rel_err(out_p, out[:, perm])}
     holds = (err["after"]["first_attention"] < FLOAT_TOL and err["before"]["first_attention"] > 1e-2
              and err["after"]["output"] > 1e-2)
-    summary = (f"rel. error of layer(x[perm]) vs layer(x)[perm], 2 blocks, T={T}: first attention with PE before "
-               f"{err['before']['first_attention']:.3g}, after {err['after']['first_attention']:.2g} (order-blind); "
-               f"the second block's output sees order either way ({err['before']['output']:.3g}, "
-               f"{err['after']['output']:.3g})")
+    summary = say("pe-before-attention", T=T, before=err["before"]["first_attention"],
+                  after=err["after"]["first_attention"], before_out=err["before"]["output"],
+                  after_out=err["after"]["output"])
     return err, holds, summary
 
 
@@ -84,8 +84,8 @@ def rope_alibi_relative(rope: nn.Module | None = None, alibi: nn.Module | None =
     linear = float((slopes - slopes[:, 1:2, :1]).abs()[:, dist > 0].max())
     alibi_err = float((moved - bias).abs().max())
     holds = rope_err < 1e-4 and rope_moves > 1e-2 and alibi_err < FLOAT_TOL and linear < FLOAT_TOL
-    summary = (f"moving all {T} positions by {shift}: RoPE scores change by {rope_err:.2g} (rel.; rotating changes "
-               f"them by {rope_moves:.3g}), ALiBi bias by {alibi_err:.2g}; ALiBi bias = −m_h·|i − j| to {linear:.2g}")
+    summary = say("rope-alibi-relative", T=T, shift=shift, rope=rope_err, rotating=rope_moves, alibi=alibi_err,
+                  linear=linear)
     return {"rope_shift_rel_error": rope_err, "rope_effect": rope_moves, "alibi_shift_error": alibi_err,
             "alibi_linearity_error": linear}, holds, summary
 
@@ -115,8 +115,7 @@ def embedding_plus_pe(small: nn.Embedding | None = None, *, d_model: int = 512):
     s, scaled = cases["small"], cases["small × √d_model"]
     holds = s["pe_over_token_norm"] > 10 and scaled["pe_over_token_norm"] < 3
     std = float(small.weight.detach().std())
-    summary = (f"d_model={d}, token std {std:.3g}: ‖PE‖/‖token‖ = {s['pe_over_token_norm']:.3g}, "
-               f"max |x| {s['max_abs_token']:.3g} → {s['max_abs_sum']:.3g} after adding PE; with the paper's "
-               f"×√d_model: {scaled['pe_over_token_norm']:.3g}, max |x| {scaled['max_abs_token']:.3g} → "
-               f"{scaled['max_abs_sum']:.3g}")
+    summary = say("embedding-plus-pe", d=d, std=std, ratio=s["pe_over_token_norm"], token=s["max_abs_token"],
+                  sum=s["max_abs_sum"], ratio2=scaled["pe_over_token_norm"], token2=scaled["max_abs_token"],
+                  sum2=scaled["max_abs_sum"])
     return cases, holds, summary

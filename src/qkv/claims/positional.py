@@ -16,6 +16,7 @@ from ..nn.attention import MultiHeadAttention
 from ..models import GPT, Encoder, ModelConfig
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, error_of, fmt, rel_err
+from .messages import say
 from .registry import check
 
 def equivariance_error(f: Callable[[Tensor], Tensor], x: Tensor, perm: Tensor) -> float:
@@ -57,8 +58,8 @@ def permutation_equivariance(without_pe: dict | None = None, with_pe: dict | Non
     err_without = {n: equivariance_error(f, x, perm) for n, (f, x) in without_pe.items()}
     err_with = {n: equivariance_error(f, x, perm) for n, (f, x) in with_pe.items()}
     holds = max(err_without.values()) < FLOAT_TOL and min(err_with.values()) > broken
-    summary = (f"rel. error of f(x[perm]) vs f(x)[perm]: no PE {fmt(err_without.values())} "
-               f"({', '.join(err_without)}); with PE min {min(err_with.values()):.3g} over {len(err_with)} variants")
+    summary = say("permutation-equivariance", without=fmt(err_without.values()), names=", ".join(err_without),
+                  least=min(err_with.values()), count=len(err_with))
     measured = {"without_pe": err_without, "with_pe": err_with, "tolerance": FLOAT_TOL, "broken_above": broken}
     return measured, holds, summary
 
@@ -72,7 +73,7 @@ def sinusoidal_range(pe: Callable | None = None, *, length: int = 4096):
         table = pe(length)  # (T, C)
     lo, hi = float(table.min()), float(table.max())
     holds = -1 - 1e-6 <= lo and hi <= 1 + 1e-6
-    summary = f"positions 0 … {length - 1}, d_model={table.size(-1)}: min {lo:.6f}, max {hi:.6f}"
+    summary = say("sinusoidal-range", last=length - 1, d=table.size(-1), lo=lo, hi=hi)
     return {"length": length, "min": lo, "max": hi}, holds, summary
 
 
@@ -95,9 +96,8 @@ def sinusoidal_wavelengths(pe: Callable | None = None, *, d_model: int = 128, ba
     last = 2 * math.pi * base ** (1 - 2 / d_model)  # exactly: the top pair is i = d/2 − 1, not d/2
     holds = (abs(wave[0] / (2 * math.pi) - 1) < 1e-4 and all(abs(r / step - 1) < 1e-3 for r in ratios)
              and abs(wave[-1] / last - 1) < 1e-3)
-    summary = (f"d_model={d_model}: first {wave[0]:.5f} (2π = {2 * math.pi:.5f}), last {wave[-1]:.1f} = "
-               f"{wave[-1] / (2 * math.pi * base):.3f}·10000·2π (10000^(1−2/d)·2π = {last:.1f}); "
-               f"each {step:.4f}× the previous")
+    summary = say("sinusoidal-wavelengths", d_model=d_model, first=wave[0], two_pi=2 * math.pi, last=wave[-1],
+                  ratio=wave[-1] / (2 * math.pi * base), expected=last, step=step)
     return {"d_model": d_model, "first": wave[0], "last": wave[-1], "expected_last": last,
             "last_over_10000_2pi": wave[-1] / (2 * math.pi * base), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "expected_ratio": step}, holds, summary
@@ -127,8 +127,7 @@ def sinusoidal_rotation(pe: Callable | None = None, *, shifts=(1, 7, 50), length
             errors.append(float((table[k:k + length] - table[:length] @ R.T).abs().max()))
             orth.append(float((R.T @ R - torch.eye(R.size(0), dtype=R.dtype)).abs().max()))
     holds = max(errors) < 1e-4 and max(orth) < 1e-4
-    summary = (f"k = {fmt(shifts)}, pos 0 … {length - 1}: max |PE(pos+k) − R_k·PE(pos)| = {fmt(errors)}; "
-               f"max |R_kᵀR_k − I| = {max(orth):.2g}")
+    summary = say("sinusoidal-rotation", shifts=fmt(shifts), last=length - 1, errors=fmt(errors), orth=max(orth))
     return {"shifts": shifts, "max_error": errors, "max_orthogonality_error": orth}, holds, summary
 
 
@@ -152,8 +151,8 @@ def learned_max_len(learned: Callable | None = None, sinusoidal: Callable | None
         logits = GPT(ModelConfig(**cfg, positional="sinusoidal"))(torch.randint(0, 32, (1, 4 * max_len))).logits
     clear = beyond.startswith("ValueError") and str(max_len) in beyond and gpt_learned.startswith("ValueError")
     holds = inside == "no error" and clear and sin_ok and bool(torch.isfinite(logits).all())
-    summary = (f"max_len={max_len}: learned PE at {max_len + 1} positions → {beyond!r}; sinusoidal PE at {far} "
-               f"positions finite: {sin_ok}; GPT(sinusoidal) at {4 * max_len} tokens runs")
+    summary = say("learned-max-len", max_len=max_len, beyond_n=max_len + 1, beyond=beyond, far=far, finite=sin_ok,
+                  gpt_n=4 * max_len)
     return {"learned_at_max_len": inside, "learned_beyond": beyond, "gpt_learned_beyond": gpt_learned,
             "sinusoidal_length": far, "sinusoidal_finite": sin_ok,
             "gpt_sinusoidal_finite": bool(torch.isfinite(logits).all())}, holds, summary

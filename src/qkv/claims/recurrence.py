@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..nn.attention import MultiHeadAttention, SelfAttention
 from ..runtime import fixed_threads, resolve_device
 from .measure import FLOAT_TOL, fmt, rel_err
+from .messages import Joined, named, say
 from .registry import check
 
 
@@ -50,8 +51,8 @@ def path_length_one(models: dict | None = None, *, n: int = 64, d: int = 32):
         far_over_near[name] = float(g[0] / g[-2])  # the first token against the last one's neighbour
     rnns = [v for k, v in far_over_near.items() if k != "attention"]
     holds = 0.1 < far_over_near["attention"] < 10 and all(r < 1e-3 for r in rnns)
-    summary = (f"n={n}, width {d}, at initialisation: ‖∂out_last/∂x_0‖ / ‖∂out_last/∂x_(n−2)‖ = " +
-               ", ".join(f"{k} {v:.3g}" for k, v in far_over_near.items()))
+    summary = say("path-length-one", n=n, d=d,
+                  ratios=Joined([named(k, f"{v:.3g}") for k, v in far_over_near.items()], sep=", "))
     return {"n": n, "far_over_near_gradient": far_over_near}, holds, summary
 
 
@@ -95,9 +96,8 @@ def no_sequential_dependency(models: dict | None = None, *, lengths=(8, 32, 128)
         alone = rel_err(rowwise(sa, x), sa(x))  # position by position = all at once
     rnns = [v for k, v in depths.items() if k != "attention"]
     holds = len(set(depths["attention"])) == 1 and all(v[-1] >= lengths[-1] for v in rnns) and alone < FLOAT_TOL
-    summary = (f"longest chain of autograd operations for n = {fmt(lengths)}: " +
-               "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in depths.items()) +
-               f"; each position computed alone = all at once, rel. error {alone:.2g}")
+    summary = say("no-sequential-dependency", lengths=fmt(lengths), alone=alone,
+                  depths=Joined([named(k, ", ".join(map(str, v))) for k, v in depths.items()]))
     return {"lengths": lengths, "graph_depth": depths, "rowwise_rel_error": alone}, holds, summary
 
 
@@ -135,8 +135,8 @@ def parallel_speed(models: dict | None = None, *, lengths=(64, 256, 1024, 4096),
     short = [i for i, n in enumerate(lengths) if n <= train_lengths]
     holds = all(us["attention"][i] < v[i] for v in rnns.values() for i in short)
     slower = [n for i, n in enumerate(lengths) if any(us["attention"][i] >= v[i] for v in rnns.values())]
-    summary = (f"µs per token (forward + backward), width {d}, n = {fmt(lengths)} on {device.type}: " +
-               "; ".join(f"{k} {fmt(v)}" for k, v in us.items()) +
-               (f"; attention is slower than an RNN here at n = {fmt(slower)}" if slower else ""))
+    summary = say("parallel-speed", d=d, lengths=fmt(lengths), device=device.type,
+                  times=Joined([named(k, fmt(v)) for k, v in us.items()]),
+                  slower=say("parallel-speed/slower", at=fmt(slower)) if slower else "")
     return {"lengths": lengths, "microseconds_per_token": us, "device": device.type,
             "attention_slower_at": slower}, holds, summary

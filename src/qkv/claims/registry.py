@@ -2,7 +2,8 @@
 registers it, the rows for what cannot be measured, and running checks by name.
 
 A new check is a function in the module of its chapter, decorated with ``@check(name, section,
-claim, claim_zh=...)``, returning (measured, holds, summary). Four kinds, run in this order:
+claim, claim_zh=...)``, returning (measured, holds, summary), the summary a ``messages.say(...)``
+(rendered here in every language) or plain text. Four kinds, run in this order:
 fast checks (``CHECKS``, every ``qkv verify``), heavy ones (``FULL_CHECKS``, ``full=True``:
 ``qkv verify --full``), checks on a trained model (``RUN_CHECKS``, ``--run DIR``) and claims
 that cannot be measured here (``NOT_MEASURABLE``, ``holds`` None, the reason as summary).
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from ..runtime import fixed_threads
 from .measure import plain
+from .messages import Joined, Message, render
 
 
 @dataclass
@@ -36,7 +38,7 @@ class Claim:
     holds: bool | None  # None: not measurable here; the summary says why
     summary: str  # the measured numbers in one line (or the reason)
     claim_zh: str = ""  # the spec's own sentence, quoted from the seed file (`--lang zh`)
-    summary_zh: str = ""  # a Chinese summary where it is prose (a reason); numbers stay in ``summary``
+    summary_zh: str = ""  # the summary in Chinese (its template's twin in qkv.claims.messages; the same numbers)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +81,8 @@ def check(name: str, section: str, claim: str, *, claim_zh: str = "", needs_run:
         def run(*args, seed: int = 0, **kwargs) -> Claim:
             with seeded(seed):
                 measured, holds, summary = fn(*args, **kwargs)
-            return Claim(name, claim, section, plain(measured), bool(holds), summary, claim_zh)
+            zh = render(summary, "zh") if isinstance(summary, (Message, Joined)) else ""
+            return Claim(name, claim, section, plain(measured), bool(holds), render(summary, "en"), claim_zh, zh)
 
         run.claim_name, run.section, run.claim, run.claim_zh = name, section, claim, claim_zh
         (RUN_CHECKS if needs_run else FULL_CHECKS if full else CHECKS)[name] = run

@@ -1,6 +1,6 @@
 """The claims' results as a text table (``qkv verify``) and as a Markdown report (``--markdown``),
-in English or in Chinese (``lang="zh"``: each claim in the spec's own words, the measured
-numbers unchanged). Rows that could not be measured come last, with the reason.
+in English or in Chinese (``lang="zh"``: each claim in the spec's own words, each summary in its
+Chinese twin from ``messages``, the measured numbers unchanged). Rows that could not be measured come last, with the reason.
 
 Shapes: none (records in, text out).
 """
@@ -9,31 +9,14 @@ from __future__ import annotations
 import textwrap
 import unicodedata
 
+from ..viz.text import CJK, wrap_lines
+from .messages import WORDS, language, section_text
 from .registry import Claim
-
-WORDS = {
-    "en": {"result": "result", "section": "section", "claim": "claim", "measured": "measured", "verdict": "holds",
-           True: "holds", False: "FAILS", None: "n/a",
-           "md": {True: "✅ holds", False: "❌ fails", None: "➖ not measurable"},
-           "unmeasured": "not measurable here (the reason below each):",
-           "tally": "{held} of {measured} claims hold", "failing": "; failing: {names}",
-           "skipped": "; {count} not measurable", "title": "# qkv verify: the spec's claims, measured",
-           "intro": "Produced by `qkv verify --markdown`; every number below is measured on qkv's own modules "
-                    "(seeded, CPU)."},
-    "zh": {"result": "结果", "section": "章节", "claim": "原文论断", "measured": "测量值", "verdict": "结论",
-           True: "成立", False: "不成立", None: "无法测量",
-           "md": {True: "✅ 成立", False: "❌ 不成立", None: "➖ 无法测量"},
-           "unmeasured": "此处无法测量（原因写在每条下面）：",
-           "tally": "{measured} 条论断中 {held} 条成立", "failing": "；不成立：{names}",
-           "skipped": "；{count} 条无法测量", "title": "# qkv verify：逐条测量原文的论断",
-           "intro": "由 `qkv verify --markdown --lang zh` 生成；下面每个数字都在 qkv 自己的模块上测得（固定随机种子，CPU）。"},
-}
 
 
 def words(lang: str) -> dict:
-    if lang not in WORDS:
-        raise ValueError(f"lang must be one of {sorted(WORDS)}, got {lang!r}")
-    return WORDS[lang]
+    """The report's words (headers, verdicts, tally) in ``lang``; ValueError for another language."""
+    return WORDS[language(lang)]
 
 
 def columns(text: str) -> int:
@@ -47,7 +30,11 @@ def pad(text: str, width: int) -> str:
 
 
 def wrap(text: str, width: int) -> list[str]:
-    """``text`` wrapped to about ``width`` columns, indented under its claim."""
+    """``text`` wrapped to about ``width`` columns, indented under its claim; CJK text (which has no
+    spaces between words) breaks between its characters, measured in terminal columns."""
+    if CJK.search(text):
+        lines = wrap_lines(text, columns, width - 10)
+        return [" " * (8 if i == 0 else 10) + line for i, line in enumerate(lines)]
     chars = width * len(text) // max(1, columns(text))  # fewer characters per line where they are wide
     return textwrap.wrap(text, width=chars, initial_indent=" " * 8, subsequent_indent=" " * 10)
 
@@ -80,7 +67,7 @@ def format_table(results: list[Claim], *, width: int = 100, lang: str = "en") ->
         if r.holds is None and (i == 0 or rows[i - 1].holds is not None):
             lines.append(w["unmeasured"])
         claim, summary = text_of(r, lang)
-        lines.append(f"{pad(w[r.holds], col)} {pad(r.section, 19)} {claim}  [{r.name}]")
+        lines.append(f"{pad(w[r.holds], col)} {pad(section_text(r.section, lang), 19)} {claim}  [{r.name}]")
         lines += wrap(summary, width)
     return "\n".join(lines + ["-" * width, tally(results, lang)])
 
@@ -92,12 +79,13 @@ def format_markdown(results: list[Claim], figures: dict[str, str] | None = None,
     def cell(s: str) -> str:
         return s.replace("|", "\\|").replace("\n", " ")
 
-    lines = [w["title"], "", f"{tally(results, lang)}. {w['intro']}", "",
+    lines = [w["title"], "", w["lead"].format(tally=tally(results, lang), intro=w["intro"]), "",
              f"| {w['claim']} | {w['section']} | {w['measured']} | {w['verdict']} |", "|---|---|---|---|"]
     rows = [r for r in results if r.holds is not None] + [r for r in results if r.holds is None]
     for r in rows:
         claim, summary = text_of(r, lang)
-        lines.append(f"| {cell(claim)} (`{r.name}`) | {cell(r.section)} | {cell(summary)} | {w['md'][r.holds]} |")
+        lines.append(f"| {cell(claim)} (`{r.name}`) | {cell(section_text(r.section, lang))} | {cell(summary)} | "
+                     f"{w['md'][r.holds]} |")
     for caption, path in (figures or {}).items():
         lines += ["", f"## {caption}", "", f"![{caption}]({path})"]
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
 from .measure import FLOAT_TOL, fmt, rel_err
+from .messages import Joined, say
 from .registry import check
 
 
@@ -69,7 +70,7 @@ def scaling_variance(attention: Callable = scaled_dot_product_attention, *, d_ks
         raw.append(float((q @ k.transpose(-2, -1)).var()) / d_k)  # (B, n, n) raw scores, spec §1.2
         scaled.append(softmax_stats(attention, q, k)["softmax_input_var"])
     holds = all(abs(r - 1) < 0.1 for r in raw) and all(abs(s - 1) < 0.1 for s in scaled)
-    summary = f"var(QKᵀ)/d_k = {fmt(raw)}; softmax-input var = {fmt(scaled)} (d_k = {fmt(d_ks)})"
+    summary = say("scaling-variance", raw=fmt(raw), scaled=fmt(scaled), d_ks=fmt(d_ks))
     return {"d_k": d_ks, "raw_var_over_d_k": raw, "scaled_var": scaled}, holds, summary
 
 
@@ -95,9 +96,9 @@ def scaling_saturation(attention: Callable = scaled_dot_product_attention, *, d_
         and u["max_weight"] == sorted(u["max_weight"]) and u["max_weight"][-1] > 0.5
         and u["grad_median"][-1] < 0.2 * s["grad_median"][-1]
     )
-    summary = (f"d_k = {fmt(d_ks)}: mean max weight {fmt(s['max_weight'])} scaled vs {fmt(u['max_weight'])} "
-               f"unscaled; entropy {fmt(s['entropy'])} vs {fmt(u['entropy'])} nats; median |∂L/∂scores| "
-               f"{fmt(s['grad_median'])} vs {fmt(u['grad_median'])}")
+    summary = say("scaling-saturation", d_ks=fmt(d_ks), s_max=fmt(s["max_weight"]), u_max=fmt(u["max_weight"]),
+                  s_ent=fmt(s["entropy"]), u_ent=fmt(u["entropy"]), s_grad=fmt(s["grad_median"]),
+                  u_grad=fmt(u["grad_median"]))
     return {"d_k": d_ks, **m}, holds, summary
 
 
@@ -112,8 +113,7 @@ def sdpa_default_scale(sdpa: Callable = F.scaled_dot_product_attention, *, d_k: 
     unscaled = torch.softmax(q @ k.transpose(-2, -1), -1) @ v
     err = {"scaled": rel_err(out, scaled), "unscaled": rel_err(out, unscaled)}
     holds = err["scaled"] < FLOAT_TOL and err["unscaled"] > 1e-2
-    summary = (f"d_k={d_k}: F.scaled_dot_product_attention vs softmax(QKᵀ/√d_k)V rel. error {err['scaled']:.2g}; "
-               f"vs softmax(QKᵀ)V {err['unscaled']:.3g}")
+    summary = say("sdpa-default-scale", d_k=d_k, scaled=err["scaled"], unscaled=err["unscaled"])
     return err, holds, summary
 
 
@@ -134,8 +134,8 @@ def qkv_projections(module: nn.Module | None = None, *, n: int = 4, d_model: int
     biases = [p.bias is not None for p in projections]
     holds = (shapes == [[d_model, d_model]] * 3 and all(learned) and not any(biases)
              and list(w.shape) == [n, n])
-    summary = (f"n={n}, d_model={d_model}: W_Q, W_K, W_V {', '.join(map(str, map(tuple, shapes)))}, bias "
-               f"{any(biases)}, receive gradients {all(learned)}; weights {tuple(w.shape)}")
+    summary = say("qkv-projections", n=n, d_model=d_model, shapes=", ".join(map(str, map(tuple, shapes))),
+                  bias=any(biases), learned=all(learned), weights=tuple(w.shape))
     return {"weight_shapes": shapes, "learned": learned, "bias": biases, "weights_shape": list(w.shape)}, holds, summary
 
 
@@ -153,8 +153,7 @@ def softmax_rows(attention: Callable = scaled_dot_product_attention):
         _, w = attention(q, k, v, return_weights=True, **kw)  # (B, H, L, S)
         min_w[name], max_dev[name] = float(w.min()), float((w.sum(-1) - 1).abs().max())
     holds = min(min_w.values()) >= 0 and max(max_dev.values()) < FLOAT_TOL
-    summary = (f"min weight {min(min_w.values()):.3g}; max |row sum − 1| = {max(max_dev.values()):.2g} "
-               "(plain, causal, padding)")
+    summary = say("softmax-rows", min_w=min(min_w.values()), dev=max(max_dev.values()))
     return {"min_weight": min_w, "max_row_sum_error": max_dev}, holds, summary
 
 
@@ -172,8 +171,7 @@ def convex_combination(module: nn.Module | None = None):
     # A convex combination stays inside the per-coordinate range of the rows it mixes.
     outside = float(torch.maximum(out - v.amax(-2, keepdim=True), v.amin(-2, keepdim=True) - out).clamp_min(0).max())
     holds = float(w.min()) >= 0 and row_dev < FLOAT_TOL and recon < FLOAT_TOL and outside < FLOAT_TOL
-    summary = (f"max |out − W·V| = {recon:.2g}; min weight {float(w.min()):.3g}; "
-               f"max |row sum − 1| = {row_dev:.2g}; max excursion outside V's range {outside:.2g}")
+    summary = say("convex-combination", recon=recon, min_w=float(w.min()), dev=row_dev, outside=outside)
     return {"max_reconstruction_error": recon, "min_weight": float(w.min()), "max_row_sum_error": row_dev,
             "max_outside_value_range": outside}, holds, summary
 
@@ -190,5 +188,6 @@ def output_shape(modules: dict | None = None):
         for name, (module, shapes) in modules.items():
             pairs[name] = [[list(s), list(module(torch.randn(*s)).shape)] for s in shapes]
     holds = all(i == o for ps in pairs.values() for i, o in ps)
-    summary = "; ".join(f"{n}: " + ", ".join(f"{tuple(i)}→{tuple(o)}" for i, o in ps) for n, ps in pairs.items())
+    summary = Joined([say("output-shape/module", name=n, pairs=", ".join(f"{tuple(i)}→{tuple(o)}" for i, o in ps))
+                      for n, ps in pairs.items()])
     return {"input_output_shapes": pairs}, holds, summary

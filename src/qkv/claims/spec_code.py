@@ -18,6 +18,7 @@ from ..nn.attention import SelfAttention, scaled_dot_product_attention
 from ..nn.masks import causal_mask
 from ..nn.positional import SinusoidalPositionalEncoding
 from .measure import FLOAT_TOL, rel_err
+from .messages import Joined, say
 from .registry import check
 
 
@@ -52,7 +53,7 @@ def spec_self_attention(module: nn.Module | None = None, *, n: int = 4, d_model:
     with torch.no_grad():
         err = rel_err(module(X), spec(X))
     holds = err < FLOAT_TOL
-    summary = f"n={n}, d_model={d_model}, same weights: rel. error {err:.2g}"
+    summary = say("spec-1.5-self-attention", n=n, d_model=d_model, err=err)
     return {"rel_error": err}, holds, summary
 
 
@@ -89,8 +90,9 @@ def spec_sinusoidal(pe: Callable | None = None, *, lengths=(512, 4096), d_model:
     rounding = {n: n * 2.0**-23 for n in lengths}  # fp32 spacing of an angle up to n radians
     holds = all(e["spec_fp64"] < 1e-9 and e["spec_fp32"] < 4 * rounding[n] and e["qkv_fp32"] < 4 * rounding[n]
                 for n, e in err.items())
-    summary = "; ".join(f"n={n}: max |spec − formula| {e['spec_fp64']:.2g} (fp64), {e['spec_fp32']:.2g} (fp32); "
-                        f"qkv {e['qkv_fp32']:.2g}" for n, e in err.items()) + " — exact in maths, not bitwise in fp32"
+    summary = say("spec-3.2-sinusoidal", lengths=Joined([say("spec-3.2-sinusoidal/length", n=n, fp64=e["spec_fp64"],
+                                                           fp32=e["spec_fp32"], qkv=e["qkv_fp32"])
+                                                       for n, e in err.items()]))
     return {"d_model": d_model, "max_error": err}, holds, summary
 
 
@@ -115,6 +117,5 @@ def spec_triu_mask(masked: Callable = spec_causal_attention, *, n: int = 7):
            "qkv.causal_mask": rel_err(spec, scaled_dot_product_attention(q, k, v, mask=causal_mask(n)))}
     first = rel_err(spec[:, 0], v[:, 0])  # token 0 sees only itself: its output is its own value
     holds = max(err.values()) < FLOAT_TOL and first < FLOAT_TOL
-    summary = (f"n={n}: rel. error against is_causal=True {err['is_causal']:.2g}, against qkv.causal_mask "
-               f"{err['qkv.causal_mask']:.2g}; token 0's output = its own value to {first:.2g} (diagonal kept)")
+    summary = say("spec-q12-triu-mask", n=n, causal=err["is_causal"], mask=err["qkv.causal_mask"], first=first)
     return {"rel_error": err, "first_token_is_own_value": first}, holds, summary

@@ -30,8 +30,9 @@ def add_verify(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
     p.add_argument("--full", action="store_true", help="also the heavy measurements (time and memory over n; "
                    "a few minutes)")
-    p.add_argument("--lang", choices=("en", "zh"), default="en", help="the table's language: en, or zh (each claim "
-                   "in the spec's own Chinese wording; the numbers unchanged)")
+    p.add_argument("--lang", choices=("en", "zh"), default="en", help="the language of the table and the --markdown "
+                   "report: en, or zh (each claim in the spec's own Chinese wording, every measured sentence, header "
+                   "and summary line in Chinese; the numbers unchanged)")
     return p
 
 
@@ -76,8 +77,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
         sample = None if ids is None else ids[0, : min(32, ids.size(1))]  # a short window: readable labels
         labels = None if sample is None else readable_labels(run.tokenizer, sample.tolist())
-        path = plots.write_report(results, args.markdown, model=model, ids=sample, labels=labels)
-        print(f"wrote {path} (figures next to it)", file=sys.stderr if args.json else sys.stdout)
+        path = plots.write_report(results, args.markdown, model=model, ids=sample, labels=labels, lang=args.lang)
+        print(claims.words(args.lang)["wrote"].format(path=path), file=sys.stderr if args.json else sys.stdout)
     return 0 if claims.all_hold(results) else 1
 
 

@@ -31,13 +31,10 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.text import Text
 
 from ..fileio import atomic_write
+from .text import CJK, wrap_lines
 
 DPI = 100
 
-# Han (with extensions and compatibility ideographs), CJK punctuation, kana, bopomofo,
-# Hangul, CJK strokes and enclosed forms, full-width forms.
-CJK = re.compile("[\u1100-\u11ff\u2e80-\u2fdf\u3000-\u30ff\u3100-\u9fff\ua960-\ua97f\uac00-\ud7ff"
-                 "\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef\U00020000-\U0003134f]")
 # Family names, best first (Simplified Chinese faces first: the spec's language); a name also
 # matches its longer forms ("Noto Sans CJK" matches "Noto Sans CJK JP").
 CJK_FONTS = (
@@ -148,29 +145,6 @@ def text_width(fig: Figure, text: str, prop: FontProperties) -> float:
         warnings.filterwarnings("ignore", message=MISSING_GLYPH)
         w, _, _ = fig.canvas.get_renderer().get_text_width_height_descent(text, prop, ismath=False)
     return w / fig.dpi
-
-
-WRAP_UNIT = re.compile(rf"{CJK.pattern}\s*|[^\s]+?(?={CJK.pattern})|\S+\s*|\s+")  # a CJK character, or a word
-
-
-def wrap_lines(text: str, width_of, width: float) -> list[str]:
-    """``text`` in lines each ``width_of(line) <= width`` (greedy; a unit wider than a line is cut by characters)."""
-    lines, line = [], ""
-    for unit in WRAP_UNIT.findall(text):
-        if not line or width_of((line + unit).rstrip()) <= width:
-            line += unit
-            continue
-        lines.append(line.rstrip())
-        line = unit
-    lines.append(line.rstrip())
-    out = []
-    for line in lines:  # a single word wider than the figure: cut it where it overflows
-        while len(line) > 1 and width_of(line) > width:
-            cut = next(n for n in range(len(line) - 1, 0, -1) if width_of(line[:n]) <= width or n == 1)
-            out.append(line[:cut])
-            line = line[cut:].lstrip()
-        out.append(line)
-    return out
 
 
 @functools.cache  # searched once per process

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..nn.attention import scaled_dot_product_attention
 from ..claims import Claim, format_markdown, seeded
 from ..claims.measure import fit_exponent
+from ..claims.report import words
 from ..claims.self_attention import softmax_stats, unit_qk
 from ..fileio import atomic_text
 from ..nn.positional import SinusoidalPositionalEncoding
@@ -227,18 +228,17 @@ def plot_head_diversity(claim: Claim, path: str | os.PathLike) -> Path:
 
 
 def write_report(results: list[Claim], path: str | os.PathLike, *, model: nn.Module | None = None,
-                 ids: Tensor | None = None, labels: Sequence[str] | None = None) -> Path:
-    """A Markdown report of the claims with the figures embedded; PNGs are written next to it."""
-    path = Path(path)
+                 ids: Tensor | None = None, labels: Sequence[str] | None = None, lang: str = "en") -> Path:
+    """A Markdown report of the claims with the figures embedded, in ``lang`` (en, zh: the table and
+    the captions); PNGs are written next to it."""
+    path, caption = Path(path), words(lang)["figures"]
     stem = path.stem
-    figures = {"Sinusoidal positional encoding (§3.1)": plot_pe(path.with_name(f"{stem}-pe.png")),
-               "Softmax saturation against d_k (§1.3)": plot_scaling(path.with_name(f"{stem}-scaling.png"))}
+    figures = {caption["pe"]: plot_pe(path.with_name(f"{stem}-pe.png")),
+               caption["scaling"]: plot_scaling(path.with_name(f"{stem}-scaling.png"))}
     diversity = next((r for r in results if r.name == "head-diversity"), None)
     if diversity is not None:
-        figures["Head diversity, trained vs initialisation (Q3)"] = plot_head_diversity(
-            diversity, path.with_name(f"{stem}-heads.png"))
+        figures[caption["heads"]] = plot_head_diversity(diversity, path.with_name(f"{stem}-heads.png"))
     if model is not None and ids is not None and labels is not None:
-        figures["Attention of the trained model"] = plot_attention(model, ids, labels,
-                                                                   path.with_name(f"{stem}-attention.png"))
-    atomic_text(path, format_markdown(results, {k: p.name for k, p in figures.items()}))
+        figures[caption["attention"]] = plot_attention(model, ids, labels, path.with_name(f"{stem}-attention.png"))
+    atomic_text(path, format_markdown(results, {k: p.name for k, p in figures.items()}, lang=lang))
     return path
