@@ -9,7 +9,7 @@ from qkv import claims
 from qkv.claims import messages
 from qkv.claims.messages import MESSAGES, Joined, Term, fields, say, section_text
 from qkv.cli import main
-from qkv.viz.text import CJK
+from qkv.viz.text import CJK, LANGS
 
 # Words a Chinese line may hold: code and module names, units, models and the like. No English prose word
 # ("error", "holds", "mean", "weights", "vs" …) may be added here: the test is there to catch those.
@@ -63,7 +63,7 @@ def test_every_line_of_verify_in_chinese(capsys, tmp_path):
 
 def test_every_chinese_template_is_chinese_with_the_english_fields():
     for key, by_lang in MESSAGES.items():
-        assert set(by_lang) == set(messages.LANGS), key
+        assert set(by_lang) == set(LANGS), key
         assert fields(by_lang["zh"]) == fields(by_lang["en"]), key  # same values, same format specs
         filled = string.Formatter().vformat(by_lang["zh"], (), {name: 1 for name, _, _ in fields(by_lang["zh"])})
         assert not prose(filled), (key, prose(filled))  # also the --full and --run checks' sentences

@@ -17,7 +17,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-LANGS = ("en", "zh")
+from ..viz.text import language
+
 
 # The words around the table (`qkv verify`, its --markdown report): headers, verdicts, the tally, captions.
 WORDS = {
@@ -259,13 +260,6 @@ SECTION_WORDS: dict[str, dict[str, str]] = {
     "zh": {"tip": "提示", "correction": "更正", "why": "为什么", "paper": "论文", "view": "观点", "Roadmap": "路线图"},
 }
 SEPARATORS = {"en": {"; ": "; ", ", ": ", "}, "zh": {"; ": "；", ", ": ", "}}  # numbers keep ", " in every language
-
-
-def language(lang: str) -> str:
-    """``lang`` itself, checked: one of LANGS."""
-    if lang not in LANGS:
-        raise ValueError(f"lang must be one of {list(LANGS)}, got {lang!r}")
-    return lang
 
 
 @dataclass(frozen=True)

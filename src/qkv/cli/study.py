@@ -35,7 +35,7 @@ def study_pe(args: argparse.Namespace):
     if args.max_tokens is not None:
         overrides["max_tokens"] = args.max_tokens
     cfg = pe.PEStudyConfig.quick(**overrides) if args.quick else pe.PEStudyConfig(**overrides)
-    result = pe.run(cfg, out=args.out, progress=not args.quiet)
+    result = pe.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
     print(result.table, "", *result.sentences, "", sep="\n")
     return result
 
@@ -62,14 +62,25 @@ def study_order(args: argparse.Namespace):
 
     overrides = {"seed": args.seed, "device": args.device} | ({"tasks": args.task} if args.task else {})
     cfg = order.OrderStudyConfig.quick(**overrides) if args.quick else order.OrderStudyConfig(**overrides)
-    result = order.run(cfg, out=args.out, progress=not args.quiet)
-    print(order.markdown_table(result), "", *result.sentences, "", sep="\n")
+    result = order.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
+    print(order.markdown_table(result.rows, result.chance, result.bag_baseline, args.lang), "", *result.sentences,
+          "", sep="\n")
     return result
+
+
+def rerender(args: argparse.Namespace) -> Path:
+    """--from-results DIR: the run's results file written again in --lang from its summary.json; print it."""
+    from importlib import import_module
+
+    study = import_module(f"..studies.{args.study}", __package__)  # qkv.studies.pe, qkv.studies.order
+    path, table, sentences = study.rerender(args.from_results, args.lang)
+    print(table, "", *sentences, "", sep="\n")
+    return path
 
 
 FIGURES = {"pe": ("pe.png",), "order": ()}  # what --markdown copies beside the page
 
-STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds)
+STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds; its module qkv.studies.X)
     "pe": (add_study_pe, study_pe),
     "order": (add_study_order, study_order),
 }
@@ -85,22 +96,34 @@ def add_study(sub) -> argparse.ArgumentParser:
         p_study.add_argument("--quiet", action="store_true", help="no progress bar")
         p_study.add_argument("--markdown", metavar="DIR", default=None,
                              help="also write the results as the docs site's page: DIR/generated/study-STUDY.md "
-                             "and its figure in DIR (e.g. --markdown docs)")
+                             "(with --lang zh: study-STUDY.zh.md) and its figure in DIR (e.g. --markdown docs)")
+        p_study.add_argument("--lang", choices=("en", "zh"), default="en",
+                             help="the language of the printed table and sentences and of the results file: en "
+                             "(results.md) or zh (results.zh.md; the numbers unchanged)")
+        p_study.add_argument("--from-results", metavar="DIR", default=None,
+                             help="train nothing: write DIR's results file again in --lang from the summary.json "
+                             "of a finished run in DIR (and with --markdown its page), e.g. --from-results "
+                             f"runs/study-{p_study.prog.split()[-1]} --lang zh --markdown docs; the training "
+                             "options are then unused")
     return p
 
 
 def run_study(args: argparse.Namespace) -> int:
     """Run the study, say where its files are, and write its docs page when asked."""
+    from ..studies.pages import RESULTS, say, write_page
+
     if args.markdown is not None and not Path(args.markdown).is_dir():
         raise CommandError(f"--markdown {args.markdown}: expected the documentation folder (e.g. docs), "
                            "found no such directory")
-    result = STUDIES[args.study][1](args)
-    print(f"wrote {args.out}/ (results.csv, results.md{', pe.png' if args.study == 'pe' else ''}) "
-          f"in {result.seconds / 60:.1f} min")
+    if args.from_results is not None:
+        folder = Path(args.from_results)
+        print(say("wrote files", args.lang, files=rerender(args)))
+    else:
+        folder, result = Path(args.out), STUDIES[args.study][1](args)
+        files = ", ".join(("results.csv", RESULTS[args.lang], *FIGURES[args.study]))
+        print(say("wrote", args.lang, out=args.out, files=files, minutes=result.seconds / 60))
     if args.markdown is not None:
-        from ..studies.pages import write_page
-
-        written = write_page(Path(args.out), args.study, args.markdown, "qkv " + " ".join(args.argv),
-                             FIGURES[args.study])
-        print("wrote " + ", ".join(str(p) for p in written))
+        written = write_page(folder, args.study, args.markdown, "qkv " + " ".join(args.argv), FIGURES[args.study],
+                             lang=args.lang)
+        print(say("wrote files", args.lang, files=", ".join(str(p) for p in written)))
     return 0

@@ -31,13 +31,11 @@ from ..models import Encoder, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
 from ..training.recipe import TrainConfig, build_optimizer, lr_at
 from .pe import SCHEMES
-from .pages import stamp
+from .pages import RESULTS, finished_summary, language, localized, run_stamp, say, write_results
 from .progress import models_bar
 
 TASKS = ("reverse", "shift")
-TASK_TEXT = {"reverse": "output the token at the mirrored position T − 1 − i",
-             "shift": "output the previous token"}
-OUTPUTS = ("results.csv", "results.md", "summary.json")
+OUTPUTS = ("results.csv", *RESULTS.values(), "summary.json")
 
 
 @dataclass
@@ -168,16 +166,17 @@ class OrderStudyResult:
 
 
 def run(config: OrderStudyConfig | None = None, *, out: str | os.PathLike | None = None,
-        progress: bool = True, overwrite: bool = True) -> OrderStudyResult:
-    """Train one encoder per task and scheme; write results.csv, results.md, summary.json to ``out``
-    (checked before any training; ``overwrite=False`` refuses a directory that has them)."""
-    cfg = config or OrderStudyConfig()
+        progress: bool = True, overwrite: bool = True, lang: str = "en") -> OrderStudyResult:
+    """Train one encoder per task and scheme; write results.csv, the results file of ``lang``
+    (results.md, results.zh.md), summary.json to ``out`` (checked before any training;
+    ``overwrite=False`` refuses a directory that has them). The sentences are in ``lang``."""
+    cfg, lang = config or OrderStudyConfig(), language(lang)
     out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
     with fixed_threads(cfg.threads):
-        return _run(cfg, out, progress)
+        return _run(cfg, out, progress, lang)
 
 
-def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool) -> OrderStudyResult:
+def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool, lang: str) -> OrderStudyResult:
     t0 = time.perf_counter()
     test = torch.randint(cfg.vocab_size, (cfg.test_size, cfg.seq_len),
                          generator=torch.Generator().manual_seed(cfg.seed + 1))  # (N, T), unseen in training
@@ -188,46 +187,50 @@ def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool) -> OrderStudyR
         rows.append({"task": task, "scheme": scheme, "accuracy": acc, "train_loss": loss})
     bags = {task: bag_baseline(test, task_targets(test, task)) for task in cfg.tasks}
     chance = 1 / cfg.vocab_size
-    said = [s for task in cfg.tasks for s in sentences([r for r in rows if r["task"] == task], chance, bags[task], task)]
-    result = OrderStudyResult(rows=rows, chance=chance, bag_baseline=bags, sentences=said, config=cfg,
-                              seconds=time.perf_counter() - t0)
+    result = OrderStudyResult(rows=rows, chance=chance, bag_baseline=bags, sentences=all_sentences(rows, chance, bags, lang),
+                              config=cfg, seconds=time.perf_counter() - t0)
     if out is not None:
         result.out = out
-        _write(result)
+        _write(result, lang)
     return result
 
 
-def sentences(rows: list[dict], chance: float, bag: float, task: str) -> list[str]:
-    """What the numbers say about order: does each scheme beat the best order-blind guess?"""
-    out = [f"Task {task!r}: uniform chance is {chance:.3f}; the best order-blind guess (the bag's most "
-           f"frequent other token) scores {bag:.3f}."]
+def sentences(rows: list[dict], chance: float, bag: float, task: str, lang: str = "en") -> list[str]:
+    """What the numbers say about order, in ``lang``: does each scheme beat the best order-blind guess?"""
+    out = [say("order.task", lang, task=task, chance=chance, bag=bag)]
     none = next((r for r in rows if r["scheme"] == "none"), None)
     if none is not None:
-        verdict = "stays near" if none["accuracy"] < bag + 0.1 else "rises above"
-        out.append(f"Without positional encoding the encoder reaches {none['accuracy']:.3f}: it {verdict} "
-                   "what the bag alone allows, as permutation equivariance predicts.")
+        verdict = say("order.stays" if none["accuracy"] < bag + 0.1 else "order.rises", lang)
+        out.append(say("order.none", lang, accuracy=none["accuracy"], verdict=verdict))
+    sep = say("sep", lang)
     learned = [r for r in rows if r["scheme"] != "none" and r["accuracy"] >= 0.9]
     weak = [r for r in rows if r["scheme"] != "none" and r["accuracy"] < 0.9]
     if learned:
-        out.append("Learned the task (accuracy ≥ 0.9): "
-                   + ", ".join(f"{r['scheme']} {r['accuracy']:.3f}" for r in learned) + ".")
+        out.append(say("order.learned", lang, rows=sep.join(f"{r['scheme']} {r['accuracy']:.3f}" for r in learned)))
     if weak:
-        out.append("Below 0.9: " + ", ".join(f"{r['scheme']} {r['accuracy']:.3f}" for r in weak) + ".")
+        out.append(say("order.below", lang, rows=sep.join(f"{r['scheme']} {r['accuracy']:.3f}" for r in weak)))
     return out
 
 
-def markdown_table(result: OrderStudyResult) -> str:
+def all_sentences(rows: list[dict], chance: float, bags: dict[str, float], lang: str = "en") -> list[str]:
+    """``sentences`` for each task of ``bags`` (in its order)."""
+    return [s for task, bag in bags.items() for s in sentences([r for r in rows if r["task"] == task], chance, bag,
+                                                                 task, lang)]
+
+
+def markdown_table(rows: list[dict], chance: float, bags: dict[str, float], lang: str = "en") -> str:
     """Schemes × tasks, test accuracy, with chance and the order-blind ceiling as the last rows."""
-    tasks = result.config.tasks
-    acc = {(r["scheme"], r["task"]): r["accuracy"] for r in result.rows}
-    lines = ["| scheme | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-    lines += [f"| {s} | " + " | ".join(f"{acc[(s, t)]:.3f}" for t in tasks) + " |" for s in result.config.schemes]
-    lines.append("| *uniform chance* | " + " | ".join(f"{result.chance:.3f}" for _ in tasks) + " |")
-    lines.append("| *best order-blind guess* | " + " | ".join(f"{result.bag_baseline[t]:.3f}" for t in tasks) + " |")
+    tasks = list(bags)
+    acc = {(r["scheme"], r["task"]): r["accuracy"] for r in rows}
+    lines = [f"| {say('scheme', lang)} | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    lines += [f"| {s} | " + " | ".join(f"{acc[(s, t)]:.3f}" for t in tasks) + " |"
+              for s in dict.fromkeys(r["scheme"] for r in rows)]
+    lines.append(f"| {say('order.chance', lang)} | " + " | ".join(f"{chance:.3f}" for _ in tasks) + " |")
+    lines.append(f"| {say('order.bag', lang)} | " + " | ".join(f"{bags[t]:.3f}" for t in tasks) + " |")
     return "\n".join(lines)
 
 
-def _write(result: OrderStudyResult) -> None:
+def _write(result: OrderStudyResult, lang: str) -> None:
     out, cfg = result.out, result.config
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -235,14 +238,31 @@ def _write(result: OrderStudyResult) -> None:
     for r in result.rows:
         w.writerow([r["scheme"], r["task"], f"{r['accuracy']:.6f}", f"{r['train_loss']:.6f}"])
     atomic_write(out / "results.csv", buf.getvalue().encode())
-    text = ["# Positional encodings: order", "", "Test accuracy per position (" + "; ".join(
-                f"{t}: {TASK_TEXT[t]}" for t in cfg.tasks) + ").", "", markdown_table(result), "",
-            *[f"- {s}" for s in result.sentences], "",
-            f"Encoder: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers} layers, {cfg.steps} steps of "
-            f"{cfg.batch_size} random sequences of {cfg.seq_len} symbols out of {cfg.vocab_size}; test on "
-            f"{cfg.test_size} unseen sequences; seed {cfg.seed}.", f"Machine: {machine()}.",
-            f"Wall time: {result.seconds:.0f} s.", stamp(), ""]
-    atomic_write(out / "results.md", "\n".join(text).encode())
-    atomic_json(out / "summary.json", {"config": asdict(cfg), "rows": result.rows, "chance": result.chance,
-                                       "bag_baseline": result.bag_baseline, "sentences": result.sentences,
-                                       "seconds": round(result.seconds, 1), "machine": machine()})
+    summary = {"config": asdict(cfg), "rows": result.rows, "chance": result.chance,
+               "bag_baseline": result.bag_baseline, "sentences": result.sentences,
+               "seconds": round(result.seconds, 1), "machine": machine(), "run": run_stamp()}
+    atomic_json(out / "summary.json", summary)
+    write_results(out, results_text(summary, lang), lang)
+
+
+def results_text(summary: dict, lang: str) -> str:
+    """The results file (results.md's text) of a run's summary.json, in ``lang``."""
+    cfg, rows, chance, bags = summary["config"], summary["rows"], summary["chance"], summary["bag_baseline"]
+    tasks = say("clauses", lang).join(say(f"order.{t}", lang) for t in bags)
+    return "\n".join([
+        say("order.title", lang), "", say("order.intro", lang, tasks=tasks), "",
+        markdown_table(rows, chance, bags, lang), "", *[f"- {s}" for s in all_sentences(rows, chance, bags, lang)], "",
+        say("order.encoder", lang, d_model=cfg["d_model"], heads=cfg["num_heads"], layers=cfg["num_layers"],
+            steps=cfg["steps"], batch=cfg["batch_size"], seq_len=cfg["seq_len"], vocab=cfg["vocab_size"],
+            test=cfg["test_size"], seed=cfg["seed"]),
+        say("machine", lang, machine=localized(summary["machine"], lang)),
+        say("order.wall", lang, seconds=summary["seconds"]), say("stamp", lang, **summary["run"]), ""])
+
+
+def rerender(folder: str | os.PathLike, lang: str) -> tuple[Path, str, list[str]]:
+    """A finished run's results file written again in ``lang`` from its summary.json, no training:
+    (the file written, the table, the sentences)."""
+    summary = finished_summary(folder)
+    rows, chance, bags = summary["rows"], summary["chance"], summary["bag_baseline"]
+    path = write_results(folder, results_text(summary, lang), lang)
+    return path, markdown_table(rows, chance, bags, lang), all_sentences(rows, chance, bags, lang)

@@ -36,13 +36,13 @@ from ..fileio import atomic_json, atomic_write
 from ..models import POSITIONAL, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, train
-from .pages import stamp
+from .pages import RESULTS, finished_summary, language, localized, run_stamp, say, write_results
 from .progress import models_bar
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 FACTORS = (1, 2, 4, 8)  # evaluation lengths, in multiples of L
 TOLERANCE = 0.10  # "stayed within 10 % of its loss at L"
-OUTPUTS = ("results.csv", "results.md", "positions.csv", "pe.png", "summary.json")
+OUTPUTS = ("results.csv", *RESULTS.values(), "positions.csv", "pe.png", "summary.json")
 assert set(SCHEMES) == set(POSITIONAL)
 
 
@@ -142,7 +142,7 @@ def position_losses(model, ids: Tensor, starts: list[int], chunk: int, T: int, *
 # --- the study -------------------------------------------------------------------------------
 
 def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = None, corpus=None,
-        progress: bool = True, overwrite: bool = True) -> PEStudyResult:
+        progress: bool = True, overwrite: bool = True, lang: str = "en") -> PEStudyResult:
     """Train one GPT per scheme (and seed), score it at L, 2L, 4L, 8L; write the results to ``out``.
 
     Args:
@@ -151,14 +151,16 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
         corpus: a ``qkv.data.Corpus`` (default ``load_corpus(config.data)``).
         progress: a progress bar across the schemes.
         overwrite: replace the study's files in ``out``; False refuses a directory that has them.
+        lang: the language of the table, the sentences and the results file (en: results.md, zh:
+            results.zh.md; ``rerender`` writes the other one later from summary.json).
     """
-    cfg = config or PEStudyConfig()
+    cfg, lang = config or PEStudyConfig(), language(lang)
     out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
     with fixed_threads(cfg.threads) as n:  # None: the cores other processes leave free, for the whole study
-        return _run(replace(cfg, threads=n), out, corpus, progress)
+        return _run(replace(cfg, threads=n), out, corpus, progress, lang)
 
 
-def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool) -> PEStudyResult:
+def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> PEStudyResult:
     t0 = time.perf_counter()
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
     tokenizer = train_tokenizer("char", corpus.train + corpus.val)  # one character = one token
@@ -179,11 +181,11 @@ def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool) -> PEStud
         for T in lengths:
             per_seed[(scheme, T)].append(_score(model, val_ids, starts, lengths[-1], T))
     rows, positions = _summarise(per_seed, cfg, lengths)
-    result = PEStudyResult(rows=rows, positions=positions, sentences=sentences(rows, L), table="",
+    result = PEStudyResult(rows=rows, positions=positions, sentences=sentences(rows, L, lang), table="",
                            config=cfg, seconds=time.perf_counter() - t0, parameters=params, out=out)
-    result.table = markdown_table(rows, L, cfg.seeds)
+    result.table = markdown_table(rows, L, cfg.seeds, lang)
     if out is not None:
-        _write(result, corpus, len(starts))
+        _write(result, corpus, len(starts), lang)
     return result
 
 
@@ -217,8 +219,9 @@ def _summarise(per_seed, cfg: PEStudyConfig, lengths: list[int]):
     return rows, positions
 
 
-def sentences(rows: list[dict], L: int) -> list[str]:
-    """A few sentences read off the numbers: who stayed within 10 % of its loss at L, who did not."""
+def sentences(rows: list[dict], L: int, lang: str = "en") -> list[str]:
+    """A few sentences read off the numbers, in ``lang``: the best at L, who stayed within 10 % of its
+    loss at L, who did not, who is n/a."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     longest = max(r["eval_len"] for r in rows)
     by = {(r["scheme"], r["eval_len"]): r for r in rows}
@@ -231,41 +234,42 @@ def sentences(rows: list[dict], L: int) -> list[str]:
             kept.append(s)
         else:
             first = next(T for T, x in ratios if x > 1 + TOLERANCE)
-            broke.append(f"{s} (+{100 * (by[(s, first)]['ratio_to_L'] - 1):.0f} % at {first}, "
-                         f"{by[(s, longest)]['bpc']:.2f} bpc at {longest})")
-    out = []
+            broke.append(say("pe.broke one", lang, scheme=s, rise=100 * (by[(s, first)]["ratio_to_L"] - 1),
+                             first=first, bpc=by[(s, longest)]["bpc"], longest=longest))
+    sep, tol = say("sep", lang), 100 * TOLERANCE
     best = min((r for r in rows if r["eval_len"] == L), key=lambda r: r["bpc"])
-    out.append(f"At the training length L = {L}, {best['scheme']} is best ({best['bpc']:.3f} bpc); "
-               + ", ".join(f"{r['scheme']} {r['bpc']:.3f}" for r in rows if r["eval_len"] == L and r is not best) + ".")
+    others = sep.join(f"{r['scheme']} {r['bpc']:.3f}" for r in rows if r["eval_len"] == L and r is not best)
+    out = [say("pe.best", lang, L=L, best=best["scheme"], bpc=best["bpc"], others=others)]
     if kept:
-        change = ", ".join(f"{s} {100 * (by[(s, longest)]['ratio_to_L'] - 1):+.1f} %" for s in kept)
-        out.append(f"Stayed within {100 * TOLERANCE:.0f} % of their bits per character at L all the way to "
-                   f"{longest // L}L = {longest}: {', '.join(kept)} (change at {longest}: {change}).")
+        change = sep.join(f"{s} {100 * (by[(s, longest)]['ratio_to_L'] - 1):+.1f} %" for s in kept)
+        out.append(say("pe.kept", lang, tol=tol, factor=longest // L, longest=longest, kept=sep.join(kept),
+                       change=change))
     else:
-        out.append(f"No scheme stayed within {100 * TOLERANCE:.0f} % of its bits per character at L up to {longest}.")
+        out.append(say("pe.none kept", lang, tol=tol, longest=longest))
     if broke:
-        out.append(f"Rose more than {100 * TOLERANCE:.0f} % above their loss at L: {'; '.join(broke)}.")
+        out.append(say("pe.broke", lang, tol=tol, broke=say("clauses", lang).join(broke)))
     if na:
-        out.append(f"n/a beyond L: {', '.join(na)} (learned positions exist only up to max_len = L = {L}).")
+        out.append(say("pe.na", lang, na=sep.join(na), L=L))
     return out
 
 
-def markdown_table(rows: list[dict], L: int, seeds: int = 1) -> str:
+def markdown_table(rows: list[dict], L: int, seeds: int = 1, lang: str = "en") -> str:
     """Schemes × evaluation lengths, bits per character (± std over seeds), and the ratio at the longest."""
     lengths = sorted({r["eval_len"] for r in rows})
     by = {(r["scheme"], r["eval_len"]): r for r in rows}
+    na = say("n/a", lang)
 
     def cell(r: dict) -> str:
         if math.isnan(r["bpc"]):
-            return "n/a"
+            return na
         return f"{r['bpc']:.3f}" + (f" ± {r['bpc_std']:.3f}" if seeds > 1 else "")
 
-    head = "| scheme | " + " | ".join(f"{T} ({T // L}L)" for T in lengths) + f" | {lengths[-1]} / {L} |"
+    head = f"| {say('scheme', lang)} | " + " | ".join(f"{T} ({T // L}L)" for T in lengths) + f" | {lengths[-1]} / {L} |"
     lines = [head, "|" + "---|" * (len(lengths) + 2)]
     for s in dict.fromkeys(r["scheme"] for r in rows):
         ratio = by[(s, lengths[-1])]["ratio_to_L"]
         lines.append(f"| {s} | " + " | ".join(cell(by[(s, T)]) for T in lengths)
-                     + f" | {'n/a' if math.isnan(ratio) else f'{ratio:.2f}'} |")
+                     + f" | {na if math.isnan(ratio) else f'{ratio:.2f}'} |")
     return "\n".join(lines)
 
 
@@ -281,29 +285,45 @@ def _csv(rows: list[dict], columns: list[str]) -> bytes:
     return buf.getvalue().encode()
 
 
-def _write(result: PEStudyResult, corpus, n_chunks: int) -> None:
+def _write(result: PEStudyResult, corpus, n_chunks: int, lang: str) -> None:
     out, cfg = result.out, result.config
     columns = ["scheme", "eval_len", "bpc"] + (["bpc_std", "seeds"] if cfg.seeds > 1 else []) + ["ratio_to_L"]
     atomic_write(out / "results.csv", _csv(result.rows, columns))
     pos_rows = [{"scheme": s, "eval_len": T, "position": i, "loss_nats": v}
                 for (s, T), losses in result.positions.items() for i, v in enumerate(losses)]
     atomic_write(out / "positions.csv", _csv(pos_rows, ["scheme", "eval_len", "position", "loss_nats"]))
-    L = cfg.train_len
-    text = [f"# Positional encodings: length extrapolation (trained at L = {L})", "",
-            "Validation bits per character at each evaluation length (non-overlapping windows; "
-            f"the same {n_chunks} × {FACTORS[-1] * L} characters scored at every length).", "",
-            result.table, "", *[f"- {s}" for s in result.sentences], "",
-            f"Models: d_model {cfg.d_model}, {cfg.num_heads} heads, {cfg.num_layers} layers, "
-            f"{cfg.max_tokens} training tokens each (batch {cfg.batch_size} × {L}), seed {cfg.seed}"
-            + (f" … {cfg.seed + cfg.seeds - 1} (mean ± std)" if cfg.seeds > 1 else "")
-            + f"; learned PE has max_len = L = {L}, the others max_len = {FACTORS[-1] * L} (no parameters tied to it).",
-            f"Parameters: " + ", ".join(f"{k} {v:,}" for k, v in result.parameters.items()) + ".",
-            f"Corpus: {corpus.source}.", f"Machine: {machine()}.", f"Wall time: {result.seconds / 60:.1f} min.", stamp(), ""]
-    atomic_write(out / "results.md", "\n".join(text).encode())
     plot(result, out / "pe.png")
-    atomic_json(out / "summary.json", {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
-                                       "parameters": result.parameters, "seconds": round(result.seconds, 1),
-                                       "machine": machine(), "corpus": corpus.source, "eval_chunks": n_chunks})
+    summary = {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
+               "parameters": result.parameters, "seconds": round(result.seconds, 1), "machine": machine(),
+               "corpus": corpus.source, "eval_chunks": n_chunks, "run": run_stamp()}
+    atomic_json(out / "summary.json", summary)
+    write_results(out, results_text(summary, lang), lang)
+
+
+def results_text(summary: dict, lang: str) -> str:
+    """The results file (results.md's text) of a run's summary.json, in ``lang``."""
+    cfg, rows = summary["config"], summary["rows"]
+    L, seeds = cfg["train_len"], cfg["seeds"]
+    seed_range = say("pe.seeds", lang, last=cfg["seed"] + seeds - 1) if seeds > 1 else ""
+    counts = say("sep", lang).join(f"{k} {v:,}" for k, v in summary["parameters"].items())
+    return "\n".join([
+        say("pe.title", lang, L=L), "", say("pe.intro", lang, chunks=summary["eval_chunks"], chars=FACTORS[-1] * L), "",
+        markdown_table(rows, L, seeds, lang), "", *[f"- {s}" for s in sentences(rows, L, lang)], "",
+        say("pe.models", lang, d_model=cfg["d_model"], heads=cfg["num_heads"], layers=cfg["num_layers"],
+            tokens=cfg["max_tokens"], batch=cfg["batch_size"], L=L, seed=cfg["seed"], seeds=seed_range,
+            longest=FACTORS[-1] * L),
+        say("pe.parameters", lang, counts=counts), say("corpus", lang, corpus=localized(summary["corpus"], lang)),
+        say("machine", lang, machine=localized(summary["machine"], lang)),
+        say("pe.wall", lang, minutes=summary["seconds"] / 60), say("stamp", lang, **summary["run"]), ""])
+
+
+def rerender(folder: str | os.PathLike, lang: str) -> tuple[Path, str, list[str]]:
+    """A finished run's results file written again in ``lang`` from its summary.json, no training:
+    (the file written, the table, the sentences)."""
+    summary = finished_summary(folder)
+    rows, L, seeds = summary["rows"], summary["config"]["train_len"], summary["config"]["seeds"]
+    path = write_results(folder, results_text(summary, lang), lang)
+    return path, markdown_table(rows, L, seeds, lang), sentences(rows, L, lang)
 
 
 def plot(result: PEStudyResult, path: Path) -> Path:

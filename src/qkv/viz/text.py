@@ -1,6 +1,6 @@
-"""Text laid out without matplotlib: which characters are CJK, and text wrapped to a width by any
-measure (points on a figure, columns on a terminal), breaking at spaces and between CJK characters,
-which Chinese writes without spaces.
+"""Text laid out without matplotlib: the languages qkv writes its reports in (``--lang``), which
+characters are CJK, and text wrapped to a width by any measure (points on a figure, columns on a
+terminal), breaking at spaces and between CJK characters, which Chinese writes without spaces.
 
 Shapes: none (text).
 """
@@ -8,6 +8,16 @@ from __future__ import annotations
 
 import re
 from typing import Callable
+
+LANGS = ("en", "zh")  # `qkv verify --lang`, `qkv study … --lang`
+
+
+def language(lang: str) -> str:
+    """``lang`` itself, checked: one of LANGS; ValueError naming them otherwise."""
+    if lang not in LANGS:
+        raise ValueError(f"lang must be one of {list(LANGS)}, got {lang!r}")
+    return lang
+
 
 # Han (with extensions and compatibility ideographs), CJK punctuation, kana, bopomofo,
 # Hangul, CJK strokes and enclosed forms, full-width forms.
