@@ -14,8 +14,9 @@ def add_study_pe(studies) -> argparse.ArgumentParser:
                            "sinusoidal, learned, rope, alibi) at length L with one token budget and seed, and score "
                            "validation bits per character at L, 2L, 4L, 8L on non-overlapping windows. Writes "
                            "results.csv, results.md, positions.csv (loss per position), pe.png and summary.json. "
-                           "Default: tens of minutes on two CPU cores; --quick: about a minute.")
-    p.add_argument("--quick", action="store_true", help="a smaller model and budget (about a minute)")
+                           "Default: five models of 2^20 training tokens each (results.md says how long it took); "
+                           "--quick: a smaller model and budget, a smoke test.")
+    p.add_argument("--quick", action="store_true", help="a smaller model and budget (a smoke test)")
     p.add_argument("--seeds", type=int, default=1, help="models per scheme; > 1 adds std columns (default 1)")
     p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
     p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
@@ -47,7 +48,7 @@ def add_study_order(studies) -> argparse.ArgumentParser:
                            "(reverse: output the token at the mirrored position; shift: the previous token) "
                            "with no PE and with each PE; writes results.csv (scheme, task, accuracy), "
                            "results.md and summary.json.")
-    p.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke test)")
     p.add_argument("--task", action="append", choices=("reverse", "shift"),
                    help="reverse or shift (repeatable; default both)")
     p.add_argument("--seed", type=int, default=1337, help="seed (default 1337)")
