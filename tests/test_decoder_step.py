@@ -366,7 +366,7 @@ def added_norm(model):
 
 
 def extra_module(model):
-    model.blocks[0].attn.q_norm = torch.nn.RMSNorm(model.config.head_dim)  # held, though this forward ignores it
+    model.blocks[0].attn.probe = torch.nn.RMSNorm(model.config.head_dim)  # held, though this forward ignores it
     return model
 
 
@@ -375,7 +375,7 @@ def extra_module(model):
     (subclassed_attention, "blocks.1.attn is a ScaledAttention where a qkv.GPT of this config has a MultiHeadAttention"),
     (subclassed_feed_forward, "blocks.0.ff is a ScaledFeedForward where a qkv.GPT of this config has a FeedForward"),
     (added_norm, "blocks.0.ff is a NormedFeedForward where a qkv.GPT of this config has a FeedForward"),
-    (extra_module, "blocks.0.attn.q_norm is a RMSNorm where a qkv.GPT of this config has nothing of the kind"),
+    (extra_module, "blocks.0.attn.probe is a RMSNorm where a qkv.GPT of this config has nothing of the kind"),
 ])
 def test_a_module_it_does_not_know_falls_back_to_the_reference_tokens(change, reason, monkeypatch):
     """The issue's experiment: a block's attention or feed-forward subclassed (same weights, output scaled), or a
@@ -394,20 +394,20 @@ def test_a_module_it_does_not_know_falls_back_to_the_reference_tokens(change, re
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionWithQKNorm(qkv.models.AttentionConfig):
+class AttentionWithANewField(qkv.models.AttentionConfig):
     """A ModelConfig section that has grown a field (as a later issue will add one)."""
 
-    qk_norm: bool = False
+    future_option: bool = False
 
 
 @built
 def test_a_config_field_it_does_not_declare_is_refused_until_it_does(monkeypatch):
-    new = qkv.models.ModelConfig.preset("tiny", attention=AttentionWithQKNorm(num_heads=4, qk_norm=True))
+    new = qkv.models.ModelConfig.preset("tiny", attention=AttentionWithANewField(num_heads=4, future_option=True))
     assert decoder_step.unsupported(qkv.GPT(new), 1) == (
-        "config field attention.qk_norm=True, which the fused step does not declare")
-    at_default = new.replace(attention=AttentionWithQKNorm(num_heads=4))
+        "config field attention.future_option=True, which the fused step does not declare")
+    at_default = new.replace(attention=AttentionWithANewField(num_heads=4))
     assert decoder_step.unsupported(qkv.GPT(at_default), 1) is None  # its default: what the step computes
-    monkeypatch.setitem(decoder_step.CONFIG, "attention.qk_norm", {True})
+    monkeypatch.setitem(decoder_step.CONFIG, "attention.future_option", {True})
     assert decoder_step.unsupported(qkv.GPT(new), 1) is None  # declared: accepted
 
 

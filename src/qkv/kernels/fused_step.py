@@ -109,6 +109,8 @@ def refused_module(model: GPT) -> str | None:
             return f"{where} has eps {m.eps} where the config says {c.normalization.eps}"
         if type(m) is MultiHeadAttention and (m.rope is not rope or m.alibi is not None or m.kv_dim != c.d_model):
             return f"{where}: attention whose position or key width differs from the model's"
+        if type(m) is MultiHeadAttention and (m.q_norm, m.k_norm, m.scale, m.softcap) != (None,) * 4:
+            return f"{where}: attention with QK-norm, a scale or a soft cap (it computes softmax(q·k/√D) v)"
     missing = sorted(set(expected) - {name for name, _ in model.named_modules()})
     return f"the model lacks {missing[0]}, which a qkv.GPT of this config has" if missing else None
 

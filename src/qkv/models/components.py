@@ -5,7 +5,10 @@
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention
     feed-forward    FeedForward(d_model, ff_width, activation)
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
-                    a ParallelTransformerBlock (both sublayers read the block's input)
+                    a ParallelTransformerBlock (both sublayers read the block's input); with normalization.sandwich
+                    a SandwichTransformerBlock (a norm after each sublayer too: Gemma 2/3)
+    layer types     a sliding_attention layer attends within attention.sliding_window (its mask is the trunk's)
+                    and rotates with position.local_base where set (Gemma 3's local RoPE)
 
 A new attention class plugs in with ``register_attention(kind, builder)``: the block takes whatever
 module the builder returns, so neither ``qkv.nn.block`` nor the models change.
@@ -18,7 +21,7 @@ from typing import Callable
 from torch import nn
 
 from ..nn.attention import MultiHeadAttention
-from ..nn.block import ParallelTransformerBlock, TransformerBlock
+from ..nn.block import ParallelTransformerBlock, SandwichTransformerBlock, TransformerBlock
 from ..nn.layers import FeedForward, make_norm
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .config import ModelConfig
@@ -35,10 +38,15 @@ class Layer:
 
 
 def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
-    """The spec's multi-head attention (grouped K/V heads, a head width and a bias per projection)."""
-    a = config.attention
+    """The spec's multi-head attention (grouped K/V heads, a head width and a bias per projection), with
+    QK-norm (the model's norm kind over each head's D), the scores' scale and soft cap where configured."""
+    a, n = config.attention, config.normalization
+    q_norm, k_norm = (make_norm(n.kind, config.head_dim, n.eps), make_norm(n.kind, config.head_dim, n.eps)) \
+        if a.qk_norm else (None, None)
     return MultiHeadAttention(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
-                              bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi)
+                              bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi,
+                              q_norm=q_norm, k_norm=k_norm, softcap=a.softcap,
+                              scale=None if a.query_scalar is None else a.query_scalar ** -0.5)
 
 
 AttentionBuilder = Callable[[ModelConfig, Layer], nn.Module]
@@ -99,12 +107,25 @@ def block(config: ModelConfig, layer: Layer, *, cross: bool = False) -> Transfor
     ParallelTransformerBlock where the feed-forward is parallel to attention."""
     attn = build_attention(config, layer)
     cross_attn = cross_attention(config) if cross else None
-    kind = ParallelTransformerBlock if config.feed_forward.parallel else TransformerBlock
+    kind = ParallelTransformerBlock if config.feed_forward.parallel else \
+        SandwichTransformerBlock if config.normalization.sandwich else TransformerBlock
     return kind.from_parts(attn, feed_forward(config), norm_factory(config), norm_first=config.normalization.first,
                            cross_attn=cross_attn, dropout=config.dropout)
 
 
+def local_rope(config: ModelConfig) -> RotaryEmbedding | None:
+    """Sliding layers' own RoPE, plain with base position.local_base (Gemma 3's rope_local_base_freq: its
+    local layers use default RoPE, whatever scaling the global ones have); None: they share the model's."""
+    p = config.position
+    if p.local_base is None:
+        return None
+    return RotaryEmbedding(config.head_dim, p.local_base, p.interleaved, rotary_dim=p.rotary_dim)
+
+
 def blocks(config: ModelConfig, n: int, *, cross: bool = False) -> nn.ModuleList:
-    """n blocks, each from the factory, sharing one (parameter-free) RoPE or ALiBi module."""
-    inside = attention_position(config)
-    return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **inside), cross=cross) for i in range(n))
+    """n blocks, each from the factory, sharing one (parameter-free) RoPE or ALiBi module (sliding layers one
+    of their own where position.local_base is set)."""
+    inside, local = attention_position(config), local_rope(config)
+    by_type = {"full_attention": inside, "sliding_attention": inside if local is None else {**inside, "rope": local}}
+    return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **by_type[config.layer_type(i)]), cross=cross)
+                         for i in range(n))

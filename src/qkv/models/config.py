@@ -1,7 +1,8 @@
 """What defines a model's shape: ``ModelConfig``, a few component sections each validated on its own, and presets.
 
     ModelConfig       vocab_size, d_model, num_layers, max_len, dropout, num_decoder_layers, layer_types
-      .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection
+      .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection,
+                      QK-norm, the scores' scale and soft cap, the sliding window
       .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout and
                       rotated dims
       .feed_forward   FeedForwardConfig: width, activation, bias, after attention or beside it (parallel)
@@ -9,7 +10,8 @@
       .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
       .head           HeadConfig: tied to the token embedding, a bias on the logits
 
-``layer_types`` says what each block is (Hugging Face's ``layer_types``); None: every block the same.
+``layer_types`` says what each block is (Hugging Face's ``layer_types``: full_attention | sliding_attention);
+None: every block the same (sliding where attention.sliding_window is set, as Mistral's).
 The names of the flat configuration this replaced (``num_heads``, ``positional``, ``d_ff``, …; ``FLAT``)
 still construct and read one, so ``ModelConfig(d_model=64, num_heads=4, positional="rope")`` works and every
 config.json written before loads.
@@ -20,11 +22,12 @@ import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 
 from ..checks import check_fraction, check_positive_int
-from ..nn.layers import NORMS, get_activation
+from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
-LAYER_TYPES = ("full_attention",)  # what a block may be; the factory (qkv.models.components) builds each
+LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
+#                                                         (qkv.models.components) builds each
 MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
 
 
@@ -47,6 +50,10 @@ class AttentionConfig:
     k_bias: bool = True
     v_bias: bool = True
     out_bias: bool = True
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3), the model's norm kind
+    query_scalar: float | None = None  # scores × query_scalar^-½ instead of D^-½ (Gemma's query_pre_attn_scalar)
+    softcap: float | None = None  # scores ← cap·tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping)
+    sliding_window: int | None = None  # W: a sliding layer's query p sees keys p − W < j ≤ p (Mistral, Gemma)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -56,6 +63,9 @@ class AttentionConfig:
         check_size("attention.head_dim", self.head_dim, optional=True, limit=MAX_WIDTH)
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        check_softcap("attention.softcap", self.softcap)
+        check_softcap("attention.query_scalar", self.query_scalar)  # a positive number or None, as a cap
+        check_size("attention.sliding_window", self.sliding_window, optional=True)
 
     @property
     def biases(self) -> tuple[bool, bool, bool, bool]:
@@ -72,6 +82,7 @@ class PositionConfig:
     interleaved: bool = False  # RoPE rotates pairs (x_2i, x_2i+1) (RoFormer, GPT-J); False: halves (LLaMA, NeoX)
     sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
     rotary_dim: int | None = None  # RoPE rotates the first R dims of each head (GPT-NeoX, Pythia); None: all D
+    local_base: float | None = None  # RoPE's base on sliding-window layers (Gemma 3's rope_local_base_freq); None: base
 
     def __post_init__(self) -> None:
         if self.kind not in POSITIONAL:
@@ -84,6 +95,9 @@ class PositionConfig:
                              f"rotary_dim={self.rotary_dim} with positional {self.kind!r}")
         if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
             raise ValueError(f"sinusoidal_layout must be one of {SINUSOIDAL_LAYOUTS}, got {self.sinusoidal_layout!r}")
+        if self.local_base is not None and (self.kind != "rope" or not self.local_base > 1):
+            raise ValueError(f"position.local_base must be a RoPE base > 1 with positional 'rope', got "
+                             f"local_base={self.local_base!r} with positional {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -104,10 +118,11 @@ class FeedForwardConfig:
 class NormConfig:
     """Normalisation: which, where (before each sublayer, or after the residual as in the paper), and a final one."""
 
-    kind: str = "layernorm"  # layernorm | rmsnorm
+    kind: str = "layernorm"  # layernorm | rmsnorm | rmsnorm_plus_one (Gemma's x/rms · (1 + w))
     eps: float = 1e-5
     first: bool = True  # pre-norm (GPT-2, LLaMA); False: the paper's post-norm
     final: bool = True  # a norm after the last block (pre-norm models have one; the paper, BERT, Marian none)
+    sandwich: bool = False  # a norm after each sublayer too, before the residual add (Gemma 2/3's four norms)
 
     def __post_init__(self) -> None:
         if self.kind not in NORMS:
@@ -121,6 +136,7 @@ class EmbeddingConfig:
     """The token embedding and what is added to it before the first block."""
 
     scale: bool = False  # token embeddings × √d_model before PE is added (Vaswani et al. §3.4)
+    scale_in_dtype: bool = False  # √d_model rounded to the weights' dtype first (Gemma's normalizer); False: exact
     init_std: float | None = None  # initial std; None: GPT-2's 0.02 (the paper's d^-0.5 keeps scaled embeddings,
     #                                × √d_model, at the amplitude of sinusoidal PE)
     type_vocab_size: int = 0  # > 0: BERT's token-type (segment) embeddings
@@ -140,6 +156,10 @@ class HeadConfig:
 
     tie: bool = True  # shares the token embedding matrix (the encoder-decoder's: all three, as in the paper §3.4)
     bias: bool = False  # a bias on the logits (Marian's final_logits_bias)
+    softcap: float | None = None  # logits ← cap·tanh(logits / cap) (Gemma 2's final_logit_softcapping)
+
+    def __post_init__(self) -> None:
+        check_softcap("head.softcap", self.softcap)
 
 
 SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
@@ -217,6 +237,25 @@ class ModelConfig:
         if self.position.kind == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
         self.check_layer_types()
+        self.check_variants()
+
+    def check_variants(self) -> None:
+        """The attention and norm variants of today's open models, against the rest of the config."""
+        a, n = self.attention, self.normalization
+        if a.qk_norm and a.kind != "mha":
+            raise ValueError(f"attention.qk_norm normalises q and k heads of one width D; attention.kind "
+                             f"{a.kind!r} has no such heads (qk_norm needs kind 'mha')")
+        if a.sliding_window is not None and a.sliding_window > self.max_len:
+            raise ValueError(f"attention.sliding_window={a.sliding_window} is larger than max_len={self.max_len}")
+        sliding = any(self.layer_type(i) == "sliding_attention" for i in range(self.num_layers))
+        if sliding and a.sliding_window is None:
+            raise ValueError("layer_types names sliding_attention layers, but attention.sliding_window is not set")
+        if sliding and self.position.kind == "alibi":
+            raise ValueError("sliding_attention layers with ALiBi are not supported: use rope, learned, "
+                             "sinusoidal or none")
+        if n.sandwich and (not n.first or self.feed_forward.parallel):
+            raise ValueError(f"normalization.sandwich needs sequential pre-norm blocks, got normalization.first="
+                             f"{n.first}, feed_forward.parallel={self.feed_forward.parallel}")
 
     def check_layer_types(self) -> None:
         types = self.layer_types
@@ -259,8 +298,11 @@ class ModelConfig:
         return self.normalization.final
 
     def layer_type(self, i: int) -> str:
-        """What block i is (``layer_types``; full attention when None)."""
-        return LAYER_TYPES[0] if self.layer_types is None else self.layer_types[i]
+        """What block i is (``layer_types``; when None, sliding_attention where a sliding window is set, as
+        Mistral's every layer, full_attention otherwise)."""
+        if self.layer_types is not None:
+            return self.layer_types[i]
+        return "sliding_attention" if self.attention.sliding_window is not None else "full_attention"
 
     def replace(self, **changes) -> "ModelConfig":
         """A copy with ``changes`` (sections, or flat names) applied, validated again."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
+from ..nn.layers import soft_cap
 from .config import ModelConfig
 from .trunk import CausalTrunk, ModelOutput, check_token_ids, init_weights, token_cross_entropy
 
@@ -48,6 +49,8 @@ class GPT(CausalTrunk):
         out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
                              input_pos=input_pos, return_attention=return_attention)
         out.logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # (B, T or N, V)
+        if self.config.head.softcap is not None:  # Gemma 2's final_logit_softcapping, before the loss as HF's
+            out.logits = soft_cap(out.logits, self.config.head.softcap)
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
         return out
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn.kv_cache import KVCache, static_positions
-from ..nn.masks import causal_mask, causal_mask_at, padding_mask, prepare_mask
+from ..nn.kv_cache import KVCache, RingKVCache, static_positions
+from ..nn.masks import PreparedMask, causal_mask, causal_mask_at, padding_mask, prepare_mask, within_window
 from . import components
 from .config import ModelConfig
 
@@ -46,6 +46,7 @@ class Embeddings(nn.Module):
         self.vocab_size = config.vocab_size
         # Without it, N(0, 0.02) token vectors are drowned by sinusoids of amplitude 1.
         self.scale = math.sqrt(config.d_model) if e.scale else 1.0
+        self.scale_in_dtype = e.scale_in_dtype  # Gemma: x · tensor(√C, dtype=x.dtype), the factor rounded first
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
@@ -53,7 +54,9 @@ class Embeddings(nn.Module):
             low, high = (int(v) for v in torch.aminmax(ids))  # one reduction, one sync
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range [{low}, {high}]")
-        x = self.tok(ids) if self.scale == 1.0 else self.tok(ids) * self.scale  # (B, T, C)
+        x = self.tok(ids)  # (B, T, C)
+        if self.scale != 1.0:
+            x = x * (torch.tensor(self.scale, dtype=x.dtype, device=x.device) if self.scale_in_dtype else self.scale)
         if self.pos is not None:
             x = x + self.pos(positions)
         if self.token_type is not None:
@@ -105,6 +108,28 @@ def static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor,
     return positions, slots[:, None, None, :] & causal  # (B, 1, T, M)
 
 
+def layer_masks(config: ModelConfig, mask: Tensor | None, is_causal: bool, q_len: int, k_len: int,
+                input_pos: Tensor | None, dtype) -> dict[str, tuple[PreparedMask | None, bool]]:
+    """Per layer type, the (mask, is_causal) its blocks attend under, each prepared once per forward.
+
+    ``mask``: bool (..., L, S) or None, True = may attend; ``k_len``: S when there is no mask. A
+    sliding_attention layer adds the window (keys p − W < j ≤ p, p the query's place on the key axis:
+    bottom-right, or its static slot ``input_pos``), over key places as Hugging Face's cache positions;
+    left or right padding shifts a row's real tokens together, so a padded row sees what it would alone.
+    """
+    device = None if mask is None else mask.device
+    full = None if mask is None else mask & causal_mask(q_len, mask.size(-1), device=device) if is_causal else mask
+    masks = {"full_attention": (None, is_causal) if full is None else (prepare_mask(full, dtype), False)}
+    W = config.attention.sliding_window
+    if W is not None:
+        k_len = k_len if full is None else full.size(-1)
+        places = torch.arange(k_len, device=device)  # (S,)
+        q_places = input_pos if input_pos is not None else places[k_len - q_len:]  # (L,)
+        base = causal_mask(q_len, k_len, device=device) if full is None else full
+        masks["sliding_attention"] = (prepare_mask(base & within_window(q_places, places, W), dtype), False)
+    return masks
+
+
 def check_token_ids(ids: Tensor, name: str = "ids") -> None:
     """ids must be an integer (B, T) tensor (the vocabulary range is checked by the embedding)."""
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point():
@@ -146,6 +171,10 @@ class Trunk(nn.Module):
     def __init__(self, config: ModelConfig, num_layers: int, *, cross_attention: bool = False) -> None:
         super().__init__()
         self.config = config
+        self.layer_types = [config.layer_type(i) for i in range(num_layers)]
+        if "sliding_attention" in self.layer_types and (cross_attention or not isinstance(self, CausalTrunk)):
+            raise ValueError(f"sliding_attention layers are built for decoder-only models (qkv.GPT), not "
+                             f"{type(self).__name__}")
         self.embed = Embeddings(config)
         self.blocks = components.blocks(config, num_layers, cross=cross_attention)
         self.final_norm = components.norm_factory(config)() if config.has_final_norm else None
@@ -162,13 +191,13 @@ class Trunk(nn.Module):
         encoder-decoder). ``kv_caches`` / ``input_pos``: per block, as ``TransformerBlock``.
         """
         x = self.embed(ids, positions, token_type_ids)  # (B, T, C)
-        if mask is not None:  # once for every block, not once per block
-            mask = prepare_mask(mask & causal_mask(ids.size(1), mask.size(-1), device=ids.device) if is_causal
-                                else mask, x.dtype)
-            is_causal = False
+        start = kv_caches[0].pos if kv_caches is not None and input_pos is None else 0
+        masks = layer_masks(self.config, mask, is_causal, ids.size(1), start + ids.size(1), input_pos,
+                            x.dtype)  # once for every block, not once per block
         cross_mask = None if cross_mask is None else prepare_mask(cross_mask, x.dtype)
         attentions, cross_attentions = [], []
         for i, block in enumerate(self.blocks):
+            mask, is_causal = masks[self.layer_types[i]]
             x, w_self, w_cross = block(
                 x, context_kv=None if cross_kv is None else cross_kv[i], mask=mask, is_causal=is_causal,
                 context_mask=cross_mask, kv_cache=None if kv_caches is None else kv_caches[i],
@@ -191,11 +220,14 @@ class Trunk(nn.Module):
 class CausalTrunk(Trunk):
     """A trunk that decodes left to right: causal self-attention, KV caches, left-padded batches."""
 
-    def new_kv_caches(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> list[KVCache]:
-        """One preallocated cache per block."""
+    def new_kv_caches(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> list[KVCache | RingKVCache]:
+        """One preallocated cache per block: a sliding layer's keeps only its window (a ``RingKVCache``)."""
         c, weight = self.config, self.embed.tok.weight
-        return [KVCache(batch_size, c.kv_heads, max_len, c.head_dim, dtype=dtype or weight.dtype,
-                        device=device or weight.device) for _ in self.blocks]
+        kw = dict(dtype=dtype or weight.dtype, device=device or weight.device)
+        W = c.attention.sliding_window
+        return [RingKVCache(batch_size, c.kv_heads, min(W, max_len), c.head_dim, max_len=max_len, **kw)
+                if kind == "sliding_attention" else KVCache(batch_size, c.kv_heads, max_len, c.head_dim, **kw)
+                for kind in self.layer_types]
 
     def causal_inputs(
         self, ids: Tensor, mask: Tensor | None, kv_caches: list[KVCache] | None, input_pos: Tensor | None

@@ -3,6 +3,12 @@
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V          (Vaswani et al. 2017, eq. 1)
     MultiHead(X) = Concat(head_1, …, head_h) W_O,  head_i = Attention(X W_Q^i, X W_K^i, X W_V^i)
 
+Variants of today's open models, each an argument of the same formula:
+    QK-norm      q, k ← RMSNorm(q), RMSNorm(k) over each head's D, before RoPE   (Qwen3, Gemma 3)
+    scale        Q Kᵀ · s, s = query_pre_attn_scalar^-½ instead of D^-½            (Gemma 2/3)
+    soft-cap     scores ← cap · tanh(scores / cap), before the mask               (Gemma 2)
+    window       keys p − W < j ≤ p only (``qkv.masks.sliding_window_mask``)       (Mistral, Gemma 2/3)
+
 Shapes: B batch, L query length, S key length, C model width, H query heads,
 G key/value heads (G divides H), D head width (C / H unless given: Qwen3 and Gemma set it apart).
 Masks: bool True = may attend; float bias is added to the scores (see ``qkv.masks``).
@@ -17,7 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_fraction, check_positive_int
-from .masks import PreparedMask, causal_mask, prepare_mask
+from .kv_cache import RingKVCache
+from .layers import check_softcap, soft_cap
+from .masks import PreparedMask, causal_mask, crop_keys, prepare_mask, sliding_window_mask
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
@@ -81,11 +89,17 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
 
 
 def reference_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float, dropout_p: float,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The spec's formula line by line: softmax(Q Kᵀ · scale + bias, masked) V. Returns (out, weights)."""
+    """The spec's formula line by line: softmax(Q Kᵀ · scale [soft-capped] + bias, masked) V. Returns (out, weights).
+
+    ``softcap``: scores ← cap · tanh(scores / cap) before bias and mask (Gemma 2's attn_logit_softcapping).
+    """
     k, v = repeat_kv(q, k), repeat_kv(q, v)  # grouped heads: (..., G, S, D) -> (..., H, S, D)
     scores = q @ k.transpose(-2, -1) * scale  # (..., L, S)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
     if bias is not None:
         scores = scores + bias
     if allowed is not None:
@@ -144,6 +158,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     enable_gqa: bool = False,
+    softcap: float | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(Q Kᵀ · scale + bias, masked) · V, with scale = 1/√d_k by default.
 
@@ -157,6 +172,8 @@ def scaled_dot_product_attention(
         return_weights: also return the (..., L, S) weights; this takes the reference path.
         enable_gqa: k and v may have G heads where q has H (G divides H; grouped-query attention),
             (..., H, L, D) over (..., G, S, D), without copying K and V per query head.
+        softcap: scores ← softcap · tanh(scores / softcap) before bias and mask (Gemma 2); the reference
+            path computes it (the fused kernels cannot).
     Returns:
         out (..., L, Dv) [, weights (..., L, S)]. A query with no allowed key gets zeros.
     """
@@ -164,8 +181,9 @@ def scaled_dot_product_attention(
     check_mask(mask, bias, (*q.shape[:-1], k.size(-2)))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_softcap("softcap", softcap)
     return attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-                  return_weights=return_weights)
+                  return_weights=return_weights, softcap=softcap)
 
 
 def check_mask(mask: Tensor | None, bias: Tensor | None, scores_shape: tuple[int, ...]) -> None:
@@ -185,21 +203,25 @@ def check_mask(mask: Tensor | None, bias: Tensor | None, scores_shape: tuple[int
 def attend(
     q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None,
     is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0, return_weights: bool = False,
+    softcap: float | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``scaled_dot_product_attention`` without its argument checks, for callers that built q, k, v
     themselves (``MultiHeadAttention``: checks cost more than the work when decoding one token).
-    ``mask`` may also be a ``PreparedMask`` (not combined with ``is_causal``)."""
+    ``mask`` may also be a ``PreparedMask`` (not combined with ``is_causal``).
+    A ``softcap`` takes the reference path: no fused kernel computes it, and no fast path may change an answer."""
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     bias = None if bias is None else bias.to(q.dtype)
+    reference = return_weights or softcap is not None
     if isinstance(mask, PreparedMask):
         if is_causal:
             raise ValueError("a PreparedMask already holds the causal mask: pass is_causal=False")
-        if not return_weights:
+        if not reference:
             return attend_prepared(q, k, v, mask, bias, scale, dropout_p)
         mask = mask.allowed
     allowed = _allowed(q, k, mask, is_causal)
-    if return_weights:
-        return reference_attention(q, k, v, allowed, bias, scale, dropout_p)
+    if reference:
+        out, weights = reference_attention(q, k, v, allowed, bias, scale, dropout_p, softcap)
+        return (out, weights) if return_weights else out
     if is_causal and mask is None and bias is None and q.size(-2) == k.size(-2):
         # Square causal: top-left == bottom-right, so the kernel's own is_causal (flash) is exact.
         return sdpa(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
@@ -214,6 +236,14 @@ def projection_biases(bias: bool | Sequence[bool]) -> tuple[bool, bool, bool, bo
     if isinstance(bias, Sequence) and len(bias) == 4 and all(isinstance(b, bool) for b in bias):
         return tuple(bias)
     raise TypeError(f"bias must be a bool or four bools (q, k, v, out), got {bias!r}")
+
+
+def ring_mask(cache: RingKVCache, mask, is_causal: bool, q_len: int, k_len: int):
+    """(mask, is_causal) over a ring cache's keys, the window's span of the key axis the mask was built on
+    (a sliding-window mask, whose other columns are False); without a mask, the causal window itself."""
+    if mask is None and is_causal:
+        return sliding_window_mask(q_len, k_len, cache.window, device=cache.k.device), False  # (L, K + L)
+    return crop_keys(mask, *cache.span), is_causal
 
 
 class SelfAttention(nn.Module):
@@ -246,6 +276,9 @@ class MultiHeadAttention(nn.Module):
     optional ``rope`` (rotates q and k) or ``alibi`` (biases the scores) modules.
     ``kv_dim`` is the context's width when it differs from d_model (cross-attention).
     Decoding against a fixed source: ``project_kv(context)`` once, then ``context_kv=`` per step.
+    ``q_norm`` / ``k_norm``: QK-norm, a norm over each head's D dims of q and of k, before RoPE (Qwen3,
+    Gemma 3; Hugging Face's weight names). ``scale``: the scores' multiplier (None: D^-½; Gemma:
+    query_pre_attn_scalar^-½). ``softcap``: scores ← softcap · tanh(scores / softcap) (Gemma 2).
     """
 
     def __init__(
@@ -260,6 +293,10 @@ class MultiHeadAttention(nn.Module):
         rope: nn.Module | None = None,
         alibi: nn.Module | None = None,
         kv_dim: int | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -288,6 +325,21 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(width, d_model, bias=out_bias)
         self.dropout = dropout
         self.rope, self.alibi = rope, alibi
+        self.set_variants(q_norm, k_norm, scale, softcap)
+
+    def set_variants(self, q_norm: nn.Module | None, k_norm: nn.Module | None, scale: float | None,
+                     softcap: float | None) -> None:
+        """QK-norm's two norms (each over one head's D dims), the scores' scale and soft cap, checked."""
+        for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
+            width = None if norm is None else getattr(norm, "normalized_shape", getattr(norm, "weight", None))
+            width = tuple(width.shape) if isinstance(width, Tensor) else None if width is None else tuple(width)
+            if norm is not None and width != (self.head_dim,):
+                raise ValueError(f"{name} must normalise one head's {self.head_dim} dims (heads of one width "
+                                 f"D = {self.head_dim}), got a norm over {width}")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
+            raise ValueError(f"scale must be a positive number or None (1/√D), got {scale!r}")
+        check_softcap("softcap", softcap)
+        self.q_norm, self.k_norm, self.scale, self.softcap = q_norm, k_norm, scale, softcap
 
     def _heads(self, t: Tensor, n: int) -> Tensor:
         B, T, _ = t.shape
@@ -301,7 +353,8 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_context(context)
         k, v = self.k_proj(context), self.v_proj(context)  # (B, S, G·D) each
-        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)  # (B, G, S, D) each
+        k = self._heads(k, self.num_kv_heads)  # (B, G, S, D)
+        return (k if self.k_norm is None else self.k_norm(k)), self._heads(v, self.num_kv_heads)  # (B, G, S, D) each
 
     def forward(
         self,
@@ -335,6 +388,8 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.write(input_pos, k, v)  # (B, G, M, D): the whole static cache
         elif kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, G, pos + L, D)
+        if isinstance(kv_cache, RingKVCache):
+            mask, is_causal = ring_mask(kv_cache, mask, is_causal, q.size(-2), k.size(-2))
         out, weights = self._attend(q, k, v, mask=mask, is_causal=is_causal, positions=input_pos,
                                     return_weights=return_weights)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, H, L, D) -> (B, L, H·D)
@@ -344,6 +399,7 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x: Tensor, context: Tensor | None, context_kv) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, L, D) from x; keys and values (B, G, S, D) from context, context_kv or x."""
         q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
+        q = q if self.q_norm is None else self.q_norm(q)  # QK-norm: over each head's D, before RoPE
         k, v = self.project_kv(x if context is None else context) if context_kv is None else context_kv
         return q, k, v
 
@@ -354,8 +410,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if not isinstance(mask, PreparedMask):  # q, k, v are ours; the mask is the caller's
             check_mask(mask, None, (*q.shape[:-1], k.size(-2)))
-        res = attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, dropout_p=dropout_p,
-                     return_weights=return_weights)  # G < H: each K/V head serves H / G query heads, uncopied
+        res = attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=self.scale, dropout_p=dropout_p,
+                     return_weights=return_weights, softcap=self.softcap)  # G < H: each K/V head serves H / G query heads, uncopied
         return res if return_weights else (res, None)
 
     def _check_context(self, context: Tensor) -> None:

@@ -3,6 +3,7 @@
     post-LN (the paper):  x = Norm(x + Attn(x));   x = Norm(x + FFN(x))
     pre-LN (GPT-2, LLaMA): x = x + Attn(Norm(x));  x = x + FFN(Norm(x))
     parallel (GPT-J, GPT-NeoX's Pythia): x = x + Attn(Norm(x)) + FFN(Norm'(x))   (ParallelTransformerBlock)
+    sandwich (Gemma 2/3):  x = x + Norm(Attn(Norm(x)));  x = x + Norm(FFN(Norm(x)))   (SandwichTransformerBlock)
 
 A decoder block of the encoder-decoder model adds cross-attention between the two.
 Shapes: B batch, T target length, S source length, C model width, H heads.
@@ -142,3 +143,36 @@ class ParallelTransformerBlock(TransformerBlock):
         if self.training:
             attended, fed = self.drop(attended), self.drop(fed)
         return BlockOutput(x + attended + fed, weights, None)
+
+
+class SandwichTransformerBlock(TransformerBlock):
+    """x = x + Norm₂(Attn(Norm₁(x)));  x = x + Norm₄(FFN(Norm₃(x))): pre-norm with a norm after each sublayer
+    too, before its residual add (Gemma 2/3's four norms: input_layernorm = ``attn_norm``,
+    post_attention_layernorm = ``attn_post_norm``, pre_feedforward_layernorm = ``ff_norm``,
+    post_feedforward_layernorm = ``ff_post_norm``; CogView's "sandwich-LN", Ding et al. 2021).
+    Pre-norm only, no cross-attention; ``qkv.models.components`` makes it for ``normalization.sandwich``."""
+
+    def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
+                 cross_attn: nn.Module | None, dropout: float) -> None:
+        if not norm_first or cross_attn is not None:
+            raise ValueError("a sandwich-norm block is pre-norm without cross-attention, got "
+                             f"norm_first={norm_first}, cross_attention={cross_attn is not None}")
+        super().assemble(attn, ff, norm, norm_first=norm_first, cross_attn=None, dropout=dropout)
+        self.attn_post_norm, self.ff_post_norm = norm(), norm()
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
+                mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
+                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False) -> BlockOutput:
+        """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
+        if context is not None or context_kv is not None or context_mask is not None:
+            raise ValueError("a sandwich-norm block has no cross-attention: pass no context, context_kv or "
+                             "context_mask")
+        r = self.attn(self.attn_norm(x), mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
+                      return_weights=return_weights)
+        attended, weights = r if isinstance(r, tuple) else (r, None)
+        x = x + self._dropped(self.attn_post_norm(attended))  # (B, T, C)
+        x = x + self._dropped(self.ff_post_norm(self.ff(self.ff_norm(x))))
+        return BlockOutput(x, weights, None)
+
+    def _dropped(self, h: Tensor) -> Tensor:
+        return self.drop(h) if self.training else h

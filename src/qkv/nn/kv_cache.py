@@ -95,3 +95,72 @@ class KVCache(nn.Module):
         n = self.pos or self.k.size(2)  # a growing cache moves its filled slots only; a static one, all of them
         self.k[:, :, :n] = self.k[:, :, :n].index_select(0, indices)  # (B, G, n, D)
         self.v[:, :, :n] = self.v[:, :, :n].index_select(0, indices)
+
+
+class RingKVCache(nn.Module):
+    """Keys and values of one sliding-window layer: only the last W tokens, (B, G, W, D) each, in a ring.
+
+    A window of W keys (query p sees keys p − W < j ≤ p) needs, besides the new tokens, only the W − 1
+    before them, whatever the length so far: memory stays constant as generation grows (Mistral's rolling
+    buffer cache, Jiang et al. 2023 §2; Hugging Face's sliding-window cache layers).
+    Token t sits in ring slot t mod W. ``update(k, v)`` (T new tokens) returns the kept tokens and the new
+    ones in order, (B, G, K + T, D), K = min(pos, W − 1): keys ``span`` = (pos − K, pos + T) of the full key
+    axis, which ``qkv.masks.crop_keys`` cuts a mask over all keys down to. ``write`` is the static form for
+    slots that continue (or restart at 0): the same keys, no full-capacity buffers.
+    ``max_len``: the slots of the full key axis it stands in for (a static cache's capacity M, which the
+    models' masks span); None: unbounded. It holds W tokens whatever ``max_len`` is.
+    """
+
+    def __init__(self, batch_size: int, num_kv_heads: int, window: int, head_dim: int, *,
+                 max_len: int | None = None, dtype=None, device=None):
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads),
+                            ("window", window), ("head_dim", head_dim)):
+            check_positive_int(name, value)
+        check_positive_int("max_len", max_len, optional=True)
+        self.max_len = max_len
+        shape = (batch_size, num_kv_heads, window, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.window = window
+        self.pos = 0  # tokens seen so far (the next token's slot on the full key axis)
+        self.span = (0, 0)  # the full key axis's [start, end) that the last update returned
+
+    def reset(self) -> None:
+        """Forget the contents (the buffers are reused, not reallocated)."""
+        self.pos, self.span = 0, (0, 0)
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add k, v (B, G, T, D); return the last K kept and the T new, (B, G, K + T, D), oldest first."""
+        if k.shape != v.shape or k.dim() != 4 or k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+            raise ValueError(
+                f"expected k and v of shape (B={self.k.size(0)}, G={self.k.size(1)}, T, D={self.k.size(3)}), "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        T, kept = k.size(2), min(self.pos, self.window - 1)
+        old = torch.arange(self.pos - kept, self.pos, device=self.k.device) % self.window  # (K,) ring slots
+        keys = torch.cat((self.k.index_select(2, old), k), dim=2)  # (B, G, K + T, D), oldest first
+        values = torch.cat((self.v.index_select(2, old), v), dim=2)
+        n = min(T, self.window)  # only the last W new tokens can be needed again
+        slots = torch.arange(self.pos + T - n, self.pos + T, device=self.k.device) % self.window  # (n,)
+        self.k.index_copy_(2, slots, k[:, :, T - n:])
+        self.v.index_copy_(2, slots, v[:, :, T - n:])
+        self.span, self.pos = (self.pos - kept, self.pos + T), self.pos + T
+        return keys, values
+
+    def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Static slots input_pos (T,) that continue the last write (or restart at slot 0): as ``update``."""
+        first, T = int(input_pos[0]), input_pos.numel()
+        if first == 0:
+            self.reset()
+        if first != self.pos or int(input_pos[-1]) != first + T - 1:
+            raise ValueError(f"a ring KV cache takes consecutive slots from {self.pos} (or from 0, refilling), "
+                             f"got {input_pos.tolist()}")
+        return self.update(k, v)
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""
+        _check_indices(indices, self.k.size(0))
+        self.k.copy_(self.k.index_select(0, indices))  # (B, G, W, D)
+        self.v.copy_(self.v.index_select(0, indices))

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks and normalisation layers.
+"""Position-wise feed-forward networks, normalisation layers and soft-capping.
 
 Shapes: B batch, T length, C model width, F feed-forward width.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -35,8 +36,9 @@ ACTIVATIONS = {  # the one table of qkv's activations; the kernels and the inter
     "silu": Activation(F.silu, "silu"),
     "swiglu": Activation(F.silu, "silu", gated=True),  # LLaMA
     "geglu": Activation(F.gelu, "gelu", gated=True),
+    "geglu_tanh": Activation(gelu_tanh, "gelu_tanh", gated=True),  # Gemma's gelu_pytorch_tanh, gated
 }
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 
 
 def get_activation(name: str) -> Activation:
@@ -73,10 +75,42 @@ class FeedForward(nn.Module):
         return self.down_proj(self.dropout(h) if self.training else h)
 
 
+class RMSNormPlusOne(nn.Module):
+    """Gemma's RMSNorm: x / √(mean(x²) + eps) · (1 + w), w starting at zero (Gemma 1/2/3; Hugging Face's
+    Gemma2RMSNorm). Computed in float32 and cast back after the product, as Gemma does ((x·w).to(dtype),
+    where LLaMA's casts before the product)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., C) -> (..., C)."""
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., C)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
-    """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019, LLaMA) over the last dim."""
+    """LayerNorm (Ba et al. 2016), RMSNorm (Zhang & Sennrich 2019, LLaMA) or Gemma's RMSNorm with (1 + w),
+    over the last dim (of width ``d_model``: a head's D for QK-norm)."""
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps)
     if kind == "rmsnorm":
         return nn.RMSNorm(d_model, eps=eps)
+    if kind == "rmsnorm_plus_one":
+        return RMSNormPlusOne(d_model, eps=eps)
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """cap · tanh(x / cap): about x where |x| ≪ cap, never past ±cap (Gemma 2's attention and final logits)."""
+    return torch.tanh(x / cap) * cap
+
+
+def check_softcap(name: str, cap) -> None:
+    """A soft cap is None (off) or a positive number."""
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        raise ValueError(f"{name} must be a positive number or None, got {cap!r}")

@@ -37,6 +37,27 @@ def causal_mask_at(query_positions: Tensor, key_positions: Tensor) -> Tensor:
     return key_positions.unsqueeze(-2) <= query_positions.unsqueeze(-1)  # (..., 1, S) vs (..., L, 1)
 
 
+def sliding_window_mask(q_len: int, k_len: int | None = None, window: int = 1, *, device=None) -> Tensor:
+    """Bool (q_len, k_len) causal mask within a window of ``window`` keys, aligned bottom-right.
+
+    Query i, at key position p = k_len − q_len + i, sees keys p − window < j ≤ p: itself and the
+    window − 1 before it (Mistral's and Gemma's ``sliding_window``; Hugging Face's
+    ``sliding_window_causal``: ``kv_idx > q_idx − sliding_window`` on top of the causal mask).
+    """
+    k_len = q_len if k_len is None else k_len
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    allowed = causal_mask(q_len, k_len, device=device)  # (L, S); checks the lengths
+    i = torch.arange(q_len, device=device) + (k_len - q_len)  # (L,)
+    return allowed & within_window(i, torch.arange(k_len, device=device), window)  # (L, S)
+
+
+def within_window(query_positions: Tensor, key_positions: Tensor, window: int) -> Tensor:
+    """Bool (..., L, S), True where the key is less than ``window`` positions before the query (or after it:
+    combine with ``causal_mask_at``): the sliding window's rule itself, for positions placed anywhere."""
+    return key_positions.unsqueeze(-2) > query_positions.unsqueeze(-1) - window  # (..., 1, S) vs (..., L, 1)
+
+
 def padding_mask(lengths_or_valid: Tensor, max_len: int | None = None) -> Tensor:
     """Bool (B, 1, 1, S) key mask, True on real tokens, from lengths or a validity mask.
 
@@ -78,6 +99,20 @@ class PreparedMask(NamedTuple):
     allowed: Tensor  # bool (..., L, S), True where a query may attend (the reference path reads this)
     bias: Tensor  # float (..., L, S): 0 where allowed, -inf elsewhere; a row with no key is left all 0
     live: Tensor | None  # bool (..., L, 1): False on rows with no key (their output is zeroed); None: none such
+
+
+def crop_keys(mask, start: int, end: int):
+    """A mask over keys 0 … S−1 -> over keys start … end−1 only (bool, or a ``PreparedMask``; None stays None).
+
+    A windowed KV cache (``qkv.kv_cache.RingKVCache``) returns only the keys a window can still see; the
+    columns it drops are False in a sliding-window mask, so rows keep their live keys.
+    """
+    keys = None if mask is None else (mask.allowed if isinstance(mask, PreparedMask) else mask).shape[-1]
+    if mask is None or keys == 1 or (start == 0 and end == keys):
+        return mask  # no mask, one broadcast over the keys, or already these keys
+    if isinstance(mask, PreparedMask):
+        return PreparedMask(mask.allowed[..., start:end], mask.bias[..., start:end], mask.live)
+    return mask[..., start:end]
 
 
 def prepare_mask(allowed: Tensor, dtype: torch.dtype = torch.float32) -> PreparedMask:
