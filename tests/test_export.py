@@ -89,7 +89,7 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
 
 @pytest.mark.parametrize("shape, message", [
     (dict(positional="rope", norm="rmsnorm"), r"no Hugging Face LLaMA counterpart for this model: "
-                                              r"activation='gelu' \(needs one of \['geglu', 'swiglu'\]\)"),
+                                              r"activation='gelu' \(needs one of \['geglu', 'geglu_tanh', 'swiglu'\]\)"),
     (dict(positional="rope", activation="swiglu"), r"no Hugging Face GPT-NeoX counterpart for this model: "
                                                    r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
     (dict(positional="alibi"), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\); got positional='alibi'"),
@@ -101,6 +101,11 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
      r"LLaMA counterpart.*logits_bias=True \(needs False\)"),
     (dict(positional="rope", norm="rmsnorm", activation="swiglu", position=dict(kind="rope", rotary_dim=4)),
      r"position.rotary_dim=4 of head_dim=8 \(LLaMA rotates every dimension\)"),
+    (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, qk_norm=True)),
+     r"attention.qk_norm=True \(needs False\)"),
+    (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, sliding_window=8)),
+     r"attention.sliding_window=8 \(needs None\)"),
+    (dict(positional="learned", head=dict(softcap=30.0)), r"GPT-2 counterpart.*head.softcap=30.0 \(needs None\)"),
 ])
 def test_architectures_without_an_hf_counterpart_are_refused(tmp_path, capsys, shape, message):
     import re

@@ -255,9 +255,10 @@ def test_activation_names_are_derived_from_the_one_table():
     """Pinned: the hand tables interop/hf.py had before (HF name -> qkv and back), now derived."""
     assert hf_to_qkv(gated=False) == {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                                       "relu": "relu", "silu": "silu", "swish": "silu"}
-    assert hf_to_qkv(gated=True) == {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
+    assert hf_to_qkv(gated=True) == {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu_tanh",
+                                     "gelu_pytorch_tanh": "geglu_tanh"}  # geglu_tanh: Gemma's MLP
     assert qkv_to_hf(gated=False) == {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
-    assert qkv_to_hf(gated=True) == {"swiglu": "silu", "geglu": "gelu"}
+    assert qkv_to_hf(gated=True) == {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_new"}
     assert qkv_to_hf(gated=False, prefer=("swish",)) == {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new",
                                                          "silu": "swish"}
     for gated in (False, True):  # every qkv activation has an HF name, and it reads back as itself
@@ -270,7 +271,7 @@ def test_the_old_table_names_are_still_importable():
     from qkv.interop.hf import ACTIVATIONS as HF_NAMES, GATED, GPT2_ACT_NAME, HF_TASK_MODELS, LLAMA_ACT_NAME
 
     assert HF_NAMES["gelu_new"] == "gelu_tanh" and GATED["silu"] == "swiglu" and GPT2_ACT_NAME["gelu_tanh"] == "gelu_new"
-    assert LLAMA_ACT_NAME == {"swiglu": "silu", "geglu": "gelu"}
+    assert LLAMA_ACT_NAME == {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_new"}
     assert HF_TASK_MODELS == {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                               "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
                               "marian": ("MarianConfig", "MarianMTModel")}

@@ -109,12 +109,24 @@ def expect(c: ModelConfig, problems: list[str], **needed) -> None:
     problems += [f"{k}={getattr(c, k)!r} (needs {want!r})" for k, want in needed.items() if getattr(c, k) != want]
 
 
+# Variants of today's open models (QK-norm, windows, soft caps, Gemma's norms): a classic family has none, so a
+# model with any of them is refused rather than written without it.
+LATER_VARIANTS = (("attention", "qk_norm"), ("attention", "query_scalar"), ("attention", "softcap"),
+                  ("attention", "sliding_window"), ("position", "local_base"), ("normalization", "sandwich"),
+                  ("embedding", "scale_in_dtype"), ("head", "softcap"))
+
+
 def expect_plain_blocks(c: ModelConfig, problems: list[str]) -> None:
     """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of."""
     if c.attention.kind != "mha":
         problems.append(f"attention.kind={c.attention.kind!r} (needs 'mha')")
     if c.layer_types and set(c.layer_types) != {"full_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (needs full_attention in every layer)")
+    for section, name in LATER_VARIANTS:
+        value, default = getattr(getattr(c, section), name), getattr(type(getattr(c, section))(), name)
+        if value != default:
+            problems.append(f"{section}.{name}={value!r} (needs {default!r})")
+
 
 
 def expect_sequential_blocks(c: ModelConfig, problems: list[str], family: str) -> None:
