@@ -79,9 +79,10 @@ def embedding_position(config: ModelConfig) -> nn.Module | None:
 
 
 def attention_position(config: ModelConfig) -> dict[str, nn.Module | None]:
-    """Position inside attention, one module the blocks share: RoPE rotates q and k, ALiBi biases the scores."""
+    """Position inside attention, one module the blocks share: RoPE rotates q and k (scaled as position.scaling
+    says), ALiBi biases the scores."""
     p = config.position
-    rope = (RotaryEmbedding(config.head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim)
+    rope = (RotaryEmbedding(config.head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim, scaling=p.scaling)
             if p.kind == "rope" else None)
     alibi = ALiBi(config.attention.num_heads) if p.kind == "alibi" else None
     return dict(rope=rope, alibi=alibi)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..checks import check_fraction, check_positive_int
 from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
+from ..nn.rope_scaling import RopeScaling, as_rope_scaling
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
@@ -83,6 +84,8 @@ class PositionConfig:
     sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
     rotary_dim: int | None = None  # RoPE rotates the first R dims of each head (GPT-NeoX, Pythia); None: all D
     local_base: float | None = None  # RoPE's base on sliding-window layers (Gemma 3's rope_local_base_freq); None: base
+    scaling: RopeScaling | None = None  # RoPE scaling (linear, dynamic, yarn, llama3, longrope; a dict of its
+    #                                     fields is taken); None: plain RoPE
 
     def __post_init__(self) -> None:
         if self.kind not in POSITIONAL:
@@ -98,6 +101,12 @@ class PositionConfig:
         if self.local_base is not None and (self.kind != "rope" or not self.local_base > 1):
             raise ValueError(f"position.local_base must be a RoPE base > 1 with positional 'rope', got "
                              f"local_base={self.local_base!r} with positional {self.kind!r}")
+        try:  # a dict (config.json) -> RopeScaling
+            object.__setattr__(self, "scaling", as_rope_scaling(self.scaling))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"position.scaling: {e}") from None
+        if self.scaling is not None and self.kind != "rope":
+            raise ValueError(f"position.scaling scales RoPE: it needs positional 'rope', got positional {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -231,6 +240,8 @@ class ModelConfig:
                              "attention.head_dim is given)")
         if (self.position.rotary_dim or 0) > self.head_dim:
             raise ValueError(f"position.rotary_dim={self.position.rotary_dim} is more than head_dim={self.head_dim}")
+        if self.position.scaling is not None:  # longrope: one factor per rotated pair
+            self.position.scaling.check_dim(self.position.rotary_dim or self.head_dim)
         if self.feed_forward.parallel and not self.normalization.first:
             raise ValueError("feed_forward.parallel needs pre-norm blocks (normalization.first=True): a parallel "
                              "block adds both sublayers to its input")
@@ -312,6 +323,7 @@ class ModelConfig:
         """A JSON-ready dict: the sizes, then one object per section."""
         d = asdict(self)
         d["layer_types"] = None if self.layer_types is None else list(self.layer_types)
+        d["position"]["scaling"] = None if self.position.scaling is None else self.position.scaling.to_dict()
         return d
 
     @classmethod

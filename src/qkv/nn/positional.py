@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_positive_int
+from .rope_scaling import LENGTH_DEPENDENT, RopeScaling, as_rope_scaling, rope_frequencies
 
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 
@@ -110,10 +111,15 @@ class RotaryEmbedding(nn.Module):
 
     ``rotary_dim`` R: partial rotation (GPT-NeoX's and Pythia's rotary_pct, GPT-J's rotary_dim) rotates
     the first R of each head's D dims and passes the rest through unchanged; None: R = D, the whole head.
+
+    ``scaling``: a ``qkv.nn.rope_scaling.RopeScaling`` (or a dict of its fields) stretching RoPE past the
+    trained context: linear, dynamic (NTK), yarn, llama3, longrope; it sets θ and an attention factor that
+    multiplies cos and sin, as transformers does. dynamic and longrope follow the longest position seen, as
+    transformers' ``dynamic_rope_update`` does (``follow_length``); None: plain RoPE.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False, *,
-                 rotary_dim: int | None = None) -> None:
+                 rotary_dim: int | None = None, scaling: RopeScaling | dict | None = None) -> None:
         super().__init__()
         if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ValueError(f"RoPE head_dim must be a positive even int (it rotates pairs), got {head_dim!r}")
@@ -121,13 +127,39 @@ class RotaryEmbedding(nn.Module):
         if not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             raise ValueError(f"RoPE rotary_dim must be a positive even int <= head_dim={head_dim}, got {rotary_dim!r}")
         self.head_dim, self.base, self.interleaved, self.rotary_dim = head_dim, base, interleaved, rotary_dim
-        inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (R/2,)
+        self.scaling = as_rope_scaling(scaling) or RopeScaling()
+        self.scaling.check_dim(rotary_dim)
+        inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base, self.scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
+        if self.scaling.type in LENGTH_DEPENDENT:  # the θ of lengths up to L₀, restored when a shorter input comes
+            self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+            self.max_seq_len_cached = self.scaling.original_max_position_embeddings
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin of pos·θ_i, each (…, R/2), in float32."""
+        """cos, sin of pos·θ_i, each (…, R/2), in float32, times the scaling's attention factor."""
+        if self.scaling.type in LENGTH_DEPENDENT:
+            self.follow_length(positions)
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (…, R/2)
-        return freqs.cos(), freqs.sin()
+        if self.attention_factor == 1.0:
+            return freqs.cos(), freqs.sin()
+        return freqs.cos() * self.attention_factor, freqs.sin() * self.attention_factor
+
+    def follow_length(self, positions: Tensor) -> None:
+        """dynamic and longrope: θ for the length L = max(positions) + 1, as transformers' ``dynamic_rope_update``:
+        dynamic recomputes θ when L grows past the longest length so far (beyond L₀) and returns to the
+        original θ when an input fits in L₀ again; longrope takes the long factors while L > L₀."""
+        if not positions.numel():
+            return
+        length, top = int(positions.max()) + 1, self.scaling.original_max_position_embeddings
+        if self.scaling.type == "longrope":
+            chosen = rope_frequencies(self.rotary_dim, self.base, self.scaling, length)[0] if length > top else None
+            self.inv_freq = self.original_inv_freq if chosen is None else chosen.to(self.original_inv_freq.device)
+            return
+        if length > self.max_seq_len_cached:  # growth
+            inv_freq, self.attention_factor = rope_frequencies(self.rotary_dim, self.base, self.scaling, length)
+            self.inv_freq, self.max_seq_len_cached = inv_freq.to(self.original_inv_freq.device), length
+        elif length < top < self.max_seq_len_cached:  # back within the trained context
+            self.inv_freq, self.max_seq_len_cached = self.original_inv_freq, top
 
     def forward(self, x: Tensor, positions: Tensor | int | None = None, *, offset: int | Tensor | None = None
                 ) -> Tensor:
