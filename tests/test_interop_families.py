@@ -207,12 +207,12 @@ def test_rope_parameters_gathers_both_spellings_into_5x_form():
     assert got == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5}
 
 
-def test_a_4x_llama3_checkpoint_is_refused_in_one_line(saved, tmp_path):
+def test_a_4x_checkpoint_with_a_rope_type_qkv_lacks_is_refused_in_one_line(saved, tmp_path):
+    """(llama3, yarn, … load: tests/test_rope_scaling.py)"""
     config = as_4x(json.loads((saved["attention_bias"] / "config.json").read_text()), version="4.43.0")
-    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 8192}
+    config["rope_scaling"] = {"rope_type": "mystery", "factor": 8.0}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"^cannot load .* as llama: RoPE scaling 'llama3' is not supported"):
+    with pytest.raises(ValueError, match=r"^cannot load .* as llama: RoPE scaling 'mystery' is not supported"):
         from_hf(tmp_path)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from ...models import ModelConfig
 from ...nn.layers import ACTIVATIONS
+from ...nn.rope_scaling import FIELDS as ROPE_SCALING_FIELDS
+from ...nn.rope_scaling import RopeScaling
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "silu": "silu", "swish": "silu"}  # HF's ACT2FN name -> the function's qkv name (Activation.base)
@@ -89,12 +91,90 @@ def rope_base_and_share(hf: dict, problems: list[str]) -> tuple[float, object]:
     return rope["rope_theta"], rope.get("partial_rotary_factor", 1.0)
 
 
+def whole_head(partial, problems: list[str]) -> None:
+    if partial != 1.0:
+        problems.append(f"partial_rotary_factor={partial!r} is not supported (qkv rotates the whole head: 1.0)")
+
+
 def plain_rope_base(hf: dict, problems: list[str]) -> float:
     """RoPE's θ base; RoPE scaling and partial rotation are problems (a family that rotates whole heads)."""
     base, partial = rope_base_and_share(hf, problems)
-    if partial != 1.0:
-        problems.append(f"partial_rotary_factor={partial!r} is not supported (qkv rotates the whole head: 1.0)")
+    whole_head(partial, problems)
     return base
+
+
+def rope_base_and_scaling(hf: dict, problems: list[str]) -> tuple[float, dict | None]:
+    """RoPE's θ base and its scaling as ``position.scaling`` (``RopeScaling.to_dict()``; None: plain RoPE), from
+    either spelling (4.x rope_scaling with "type" or "rope_type", 5.x rope_parameters); partial rotation is a
+    problem (a family that rotates whole heads)."""
+    rope = rope_parameters(hf, problems)
+    whole_head(rope.get("partial_rotary_factor", 1.0), problems)
+    return rope["rope_theta"], read_rope_scaling(rope, hf, problems)
+
+
+def read_rope_scaling(rope: dict, hf: dict, problems: list[str]) -> dict | None:
+    """``rope_parameters``' scaling as RopeScaling fields, with the lengths transformers fills in: L₀ is the
+    top-level original_max_position_embeddings (Phi-3), else rope's, else max_position_embeddings; dynamic
+    rescales past max_position_embeddings; a missing yarn/longrope factor is max_position_embeddings / L₀.
+    Keys the type does not read are ignored, as transformers ignores them."""
+    kind, top = rope["rope_type"], hf.get("max_position_embeddings", 2048)
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALING_FIELDS:
+        problems.append(f"RoPE scaling {kind!r} is not supported (qkv knows rope_type "
+                        f"{', '.join(repr(k) for k in ROPE_SCALING_FIELDS)})")
+        return None
+    needed, optional = ROPE_SCALING_FIELDS[kind]
+    fields = {k: rope[k] for k in needed + optional if rope.get(k) is not None}
+    if kind == "dynamic":
+        fields["original_max_position_embeddings"] = top
+    elif "original_max_position_embeddings" in needed:
+        fields["original_max_position_embeddings"] = (hf.get("original_max_position_embeddings")
+                                                      or fields.get("original_max_position_embeddings", top))
+    if kind in ("yarn", "longrope") and "factor" not in fields and isinstance(top, int):
+        fields["factor"] = top / fields["original_max_position_embeddings"]
+    try:
+        return RopeScaling(type=kind, **fields).to_dict()
+    except (TypeError, ValueError) as e:
+        problems.append(f"rope_type {kind!r}: {e}")
+        return None
+
+
+def dynamic_context(top: int, factor: float) -> int:
+    """qkv's max_len for dynamic scaling by s past L₀ = max_position_embeddings: s·L₀, the context it stretches
+    to (generate slides its window past max_len; Hugging Face has no such limit)."""
+    return int(top * factor)
+
+
+def scaled_max_len(hf: dict, scaling: dict | None) -> int:
+    """The positions a qkv model of this config takes: max_position_embeddings, or ``dynamic_context``."""
+    top = hf.get("max_position_embeddings", 2048)
+    if scaling is None or scaling["type"] != "dynamic":
+        return top
+    return dynamic_context(scaling["original_max_position_embeddings"], scaling["factor"])
+
+
+def export_rope_scaling(c: ModelConfig, problems: list[str]) -> dict:
+    """``c.position.scaling`` as HF config fields: rope_scaling (rope_type, factor, …; rope_theta apart), and
+    for dynamic max_position_embeddings = L₀ (transformers rescales past it; qkv reads max_len back as
+    ``dynamic_context``); {} for plain RoPE."""
+    s = c.position.scaling
+    if s is None or s.type == "default":
+        return {}
+    scaling = {("rope_type" if k == "type" else k): v for k, v in s.to_dict().items()}
+    if s.type != "dynamic":
+        return dict(rope_scaling=scaling)
+    top = scaling.pop("original_max_position_embeddings")
+    if c.max_len != dynamic_context(top, s.factor):
+        problems.append(f"max_len={c.max_len} with dynamic RoPE scaling (Hugging Face keeps max_position_embeddings="
+                        f"{top}, which is read back as max_len = factor × {top} = {dynamic_context(top, s.factor)})")
+    return dict(rope_scaling=scaling, max_position_embeddings=top)
+
+
+def expect_plain_rope(c: ModelConfig, problems: list[str], family: str) -> None:
+    """No RoPE scaling: a family whose export writes plain RoPE."""
+    if c.position.scaling is not None and c.position.scaling.type != "default":
+        problems.append(f"position.scaling type {c.position.scaling.type!r} ({family} is written with plain RoPE)")
 
 
 def uniform_biases(bias: bool) -> dict[str, bool]:

@@ -21,8 +21,8 @@ import re
 from ....models import GPT, ModelConfig
 from ..family import Family
 from ..rules import HEAD, Rule, embedding_and_head, packed_qkv_per_head, same, tied_head, zero_bias
-from ..settings import (ROPE_THETA, expect, expect_plain_blocks, expect_whole_heads, export_activation,
-                        read_activation, rope_base_and_share, uniform_biases)
+from ..settings import (ROPE_THETA, expect, expect_plain_blocks, expect_plain_rope, expect_whole_heads,
+                        export_activation, read_activation, rope_base_and_share, uniform_biases)
 
 ROTARY_SHARE = 0.25  # GPTNeoXConfig's rotary_pct (4.x) and partial_rotary_factor (5.x) when a config has none
 SPELLINGS = (("rope_theta", "rotary_emb_base", ROPE_THETA), ("partial_rotary_factor", "rotary_pct", ROTARY_SHARE))
@@ -119,6 +119,7 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
     expect_plain_blocks(c, problems)
     expect_whole_heads(c, problems, "GPT-NeoX")
+    expect_plain_rope(c, problems, "GPT-NeoX")
     a = c.attention
     if len(set(a.biases)) > 1:
         problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (GPT-NeoX's attention_bias sets all "

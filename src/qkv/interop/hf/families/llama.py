@@ -1,7 +1,9 @@
 """LLaMA (Touvron et al. 2023): RoPE half-split (rope_theta) · RMSNorm · SwiGLU · grouped K/V heads.
 
 Also as the config allows: a head width apart from hidden_size / heads (``head_dim``), a bias on
-the attention projections (``attention_bias``) and on the MLP's (``mlp_bias``), each on its own.
+the attention projections (``attention_bias``) and on the MLP's (``mlp_bias``), each on its own, and RoPE
+scaling (``rope_scaling`` in 4.x, ``rope_parameters`` in 5.x: linear, dynamic, yarn, llama3 — Llama 3.1/3.2 —
+and longrope) as ``position.scaling``.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import re
 from ....models import GPT, ModelConfig
 from ..family import Family
 from ..rules import Rule, embedding_and_head, rope_rows, same, tied_head
-from ..settings import (expect, expect_plain_blocks, expect_sequential_blocks, export_activation, plain_rope_base,
-                        read_activation, uniform_biases)
+from ..settings import (expect, expect_plain_blocks, expect_sequential_blocks, export_activation,
+                        export_rope_scaling, read_activation, rope_base_and_scaling, scaled_max_len,
+                        uniform_biases)
 
 ATTENTION = (("q_proj", "q_proj", "q_bias"), ("k_proj", "k_proj", "k_bias"), ("v_proj", "v_proj", "v_bias"),
              ("o_proj", "out_proj", "out_bias"))  # HF's name, qkv's, the AttentionConfig field of its bias
@@ -29,12 +32,13 @@ def config(hf: dict, problems: list[str]) -> dict:
     """LlamaConfig (4.x or 5.x spelling) -> ModelConfig arguments."""
     heads = hf.get("num_attention_heads", 32)
     kv_heads = hf.get("num_key_value_heads") or heads  # absent before 4.31: no grouping
+    base, scaling = rope_base_and_scaling(hf, problems)
     return dict(
         vocab_size=hf.get("vocab_size", 32000), d_model=hf.get("hidden_size", 4096),
-        num_layers=hf.get("num_hidden_layers", 32), max_len=hf.get("max_position_embeddings", 2048),
+        num_layers=hf.get("num_hidden_layers", 32), max_len=scaled_max_len(hf, scaling),
         attention=dict(num_heads=heads, num_kv_heads=None if kv_heads == heads else kv_heads, head_dim=head_dim(hf),
                        **uniform_biases(hf.get("attention_bias", False))),
-        position=dict(kind="rope", base=plain_rope_base(hf, problems)),
+        position=dict(kind="rope", base=base, scaling=scaling),
         feed_forward=dict(d_ff=hf.get("intermediate_size", 11008), bias=hf.get("mlp_bias", False),
                           activation=read_activation(hf, "hidden_act", "silu", problems, gated=True)),
         normalization=dict(kind="rmsnorm", eps=hf.get("rms_norm_eps", 1e-6), first=True, final=True),
@@ -70,15 +74,17 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     if c.position.rotary_dim not in (None, c.head_dim):
         problems.append(f"position.rotary_dim={c.position.rotary_dim} of head_dim={c.head_dim} (LLaMA rotates "
                         "every dimension)")
-    a = c.attention
+    a, scaling = c.attention, export_rope_scaling(c, problems)
     if len(set(a.biases)) > 1:
         problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (LLaMA's attention_bias sets all four)")
-    return dict(vocab_size=c.vocab_size, tie_word_embeddings=c.head.tie, bos_token_id=None, eos_token_id=None,
-                pad_token_id=None, hidden_size=c.d_model, intermediate_size=c.ff_width, num_hidden_layers=c.num_layers,
-                num_attention_heads=a.num_heads, num_key_value_heads=c.kv_heads, head_dim=c.head_dim,
-                hidden_act=activation, max_position_embeddings=c.max_len, rms_norm_eps=c.normalization.eps,
-                rope_theta=c.position.base,  # both versions take it (5.x moves it into rope_parameters)
-                attention_bias=a.q_bias, mlp_bias=c.feed_forward.bias, attention_dropout=c.dropout)
+    fields = dict(vocab_size=c.vocab_size, tie_word_embeddings=c.head.tie, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None, hidden_size=c.d_model, intermediate_size=c.ff_width,
+                  num_hidden_layers=c.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=c.kv_heads,
+                  head_dim=c.head_dim,
+                  hidden_act=activation, max_position_embeddings=c.max_len, rms_norm_eps=c.normalization.eps,
+                  rope_theta=c.position.base,  # both versions take it (5.x moves it into rope_parameters)
+                  attention_bias=a.q_bias, mlp_bias=c.feed_forward.bias, attention_dropout=c.dropout)
+    return fields | scaling  # rope_scaling: 4.x's spelling, which 5.x reads into rope_parameters
 
 
 FAMILY = Family(
