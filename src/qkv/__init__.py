@@ -10,6 +10,7 @@ from .nn.attention import MultiHeadAttention, SelfAttention, scaled_dot_product_
 from .nn.block import TransformerBlock
 from .nn.flash import flash_attention
 from .nn.kv_cache import KVCache
+from .nn.latent_attention import MultiHeadLatentAttention
 from .nn.layers import FeedForward
 from .nn.linear_attention import linear_attention, linear_attention_quadratic
 from .nn.masks import causal_mask, padding_mask
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "scaled_dot_product_attention", "causal_mask", "padding_mask",
     "flash_attention", "linear_attention", "linear_attention_quadratic",
-    "SelfAttention", "MultiHeadAttention",
+    "SelfAttention", "MultiHeadAttention", "MultiHeadLatentAttention",
     "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi",
     "FeedForward", "TransformerBlock", "KVCache",
     "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer", "interop",

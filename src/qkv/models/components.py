@@ -2,7 +2,8 @@
 
     position        added to the embeddings (sinusoidal, learned), or a module inside attention (rope, alibi)
                     that every block shares (both are parameter-free)
-    attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention
+    attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
+                    (MultiHeadAttention) or mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim)
     feed-forward    FeedForward(d_model, ff_width, activation)
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
                     a ParallelTransformerBlock (both sublayers read the block's input); with normalization.sandwich
@@ -22,6 +23,7 @@ from torch import nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.block import ParallelTransformerBlock, SandwichTransformerBlock, TransformerBlock
+from ..nn.latent_attention import MultiHeadLatentAttention
 from ..nn.layers import FeedForward, make_norm
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .config import ModelConfig
@@ -49,8 +51,20 @@ def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
                               scale=None if a.query_scalar is None else a.query_scalar ** -0.5)
 
 
+def latent_attention(config: ModelConfig, layer: Layer) -> MultiHeadLatentAttention:
+    """DeepSeek's multi-head latent attention (``qkv.nn.latent_attention``): its widths from the attention
+    section, one bias for q_a/kv_a/o (the section's, which agree), the scores' scale query_scalar^-½ where set,
+    the shared RoPE over qk_rope_head_dim dims (``attention_position``)."""
+    a = config.attention
+    return MultiHeadLatentAttention(
+        config.d_model, a.num_heads, kv_lora_rank=a.kv_lora_rank, qk_rope_head_dim=a.qk_rope_head_dim,
+        qk_nope_head_dim=a.qk_nope_head_dim, v_head_dim=a.v_head_dim, q_lora_rank=a.q_lora_rank,
+        softmax_scale=None if a.query_scalar is None else a.query_scalar ** -0.5, bias=a.out_bias,
+        dropout=config.dropout, rope=layer.rope)
+
+
 AttentionBuilder = Callable[[ModelConfig, Layer], nn.Module]
-ATTENTIONS: dict[str, AttentionBuilder] = {"mha": multi_head}
+ATTENTIONS: dict[str, AttentionBuilder] = {"mha": multi_head, "mla": latent_attention}
 
 
 def register_attention(kind: str, builder: AttentionBuilder) -> None:
@@ -82,7 +96,8 @@ def attention_position(config: ModelConfig) -> dict[str, nn.Module | None]:
     """Position inside attention, one module the blocks share: RoPE rotates q and k (scaled as position.scaling
     says), ALiBi biases the scores."""
     p = config.position
-    rope = (RotaryEmbedding(config.head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim, scaling=p.scaling)
+    head_dim = config.attention.qk_rope_head_dim if config.attention.kind == "mla" else config.head_dim
+    rope = (RotaryEmbedding(head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim, scaling=p.scaling)
             if p.kind == "rope" else None)
     alibi = ALiBi(config.attention.num_heads) if p.kind == "alibi" else None
     return dict(rope=rope, alibi=alibi)

@@ -2,7 +2,8 @@
 
     ModelConfig       vocab_size, d_model, num_layers, max_len, dropout, num_decoder_layers, layer_types
       .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection,
-                      QK-norm, the scores' scale and soft cap, the sliding window
+                      QK-norm, the scores' scale and soft cap, the sliding window; kind "mla" (multi-head latent
+                      attention, qkv.nn.latent_attention) its latent and head widths and its decode cache
       .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout and
                       rotated dims
       .feed_forward   FeedForwardConfig: width, activation, bias, after attention or beside it (parallel)
@@ -30,6 +31,8 @@ POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
 #                                                         (qkv.models.components) builds each
 MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
+LATENT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")  # kind mla
+LATENT_CACHES = ("absorbed", "naive")  # qkv.nn.latent_attention.CACHE_MODES
 
 
 def check_size(name: str, value, *, optional: bool = False, limit: int = MAX_WIDTH * 64) -> None:
@@ -55,10 +58,19 @@ class AttentionConfig:
     query_scalar: float | None = None  # scores × query_scalar^-½ instead of D^-½ (Gemma's query_pre_attn_scalar)
     softcap: float | None = None  # scores ← cap·tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping)
     sliding_window: int | None = None  # W: a sliding layer's query p sees keys p − W < j ≤ p (Mistral, Gemma)
+    # kind "mla" only (DeepSeek-V2/V3's names; None / "absorbed" otherwise): the widths of
+    # qkv.nn.MultiHeadLatentAttention; its biases (q_a, kv_a, o) are the four *_bias above, which must agree
+    kv_lora_rank: int | None = None  # d_c: the cached latent c_KV
+    q_lora_rank: int | None = None  # d_q: the query's low-rank path; None: one q_proj
+    qk_rope_head_dim: int | None = None  # d_R: the rotated part of q and the shared RoPE key (even)
+    qk_nope_head_dim: int | None = None  # d_N: the unrotated part of each query and key head
+    v_head_dim: int | None = None  # d_V: each value head
+    latent_cache: str = "absorbed"  # generate's cache: absorbed (c_KV and k_R only) | naive (per-head K and V)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
             raise ValueError(f"attention.kind must name an attention kind, got {self.kind!r}")
+        self.check_latent()
         check_size("attention.num_heads", self.num_heads)
         check_size("attention.num_kv_heads", self.num_kv_heads, optional=True)
         check_size("attention.head_dim", self.head_dim, optional=True, limit=MAX_WIDTH)
@@ -67,6 +79,35 @@ class AttentionConfig:
         check_softcap("attention.softcap", self.softcap)
         check_softcap("attention.query_scalar", self.query_scalar)  # a positive number or None, as a cap
         check_size("attention.sliding_window", self.sliding_window, optional=True)
+
+    def check_latent(self) -> None:
+        """MLA's fields: required and positive with kind "mla" (q_lora_rank optional), at their defaults otherwise."""
+        if self.latent_cache not in LATENT_CACHES:
+            raise ValueError(f"attention.latent_cache must be one of {LATENT_CACHES}, got {self.latent_cache!r}")
+        if self.kind != "mla":
+            set_ = {k: getattr(self, k) for k in LATENT_FIELDS if getattr(self, k) is not None}
+            if set_ or self.latent_cache != "absorbed":
+                raise ValueError(f"attention fields {sorted(set_) or ['latent_cache']} belong to kind 'mla', "
+                                 f"got kind {self.kind!r}")
+            return
+        if self.qk_norm:
+            raise ValueError("attention.qk_norm normalises q and k heads of one width D; attention.kind 'mla' has "
+                             "no such heads (qk_norm needs kind 'mha')")
+        for name in LATENT_FIELDS:
+            check_size(f"attention.{name}", getattr(self, name), optional=name == "q_lora_rank", limit=MAX_WIDTH)
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"attention.qk_rope_head_dim must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
+        if self.num_kv_heads not in (None, self.num_heads):
+            raise ValueError(f"attention.kind 'mla' has no grouped heads: num_kv_heads must be None or num_heads "
+                             f"({self.num_heads}), got {self.num_kv_heads}")
+        unused = {k: v for k, v in (("head_dim", self.head_dim), ("softcap", self.softcap),
+                                    ("sliding_window", self.sliding_window)) if v is not None}
+        if unused:
+            raise ValueError(f"attention.kind 'mla' takes no {', '.join(unused)} (its widths are kv_lora_rank, "
+                             f"qk_rope/qk_nope/v_head_dim), got {unused}")
+        if len(set(self.biases)) > 1:
+            raise ValueError(f"attention.kind 'mla' has one bias setting (q_a_proj, kv_a_proj_with_mqa, o_proj: "
+                             f"Hugging Face's attention_bias): q/k/v/out_bias must agree, got {self.biases}")
 
     @property
     def biases(self) -> tuple[bool, bool, bool, bool]:
@@ -233,15 +274,17 @@ class ModelConfig:
                        limit=MAX_WIDTH if name == "d_model" else MAX_WIDTH * 64)
         check_fraction("dropout", self.dropout)
         heads = self.attention.num_heads
-        if self.attention.head_dim is None and self.d_model % heads:
+        if self.attention.kind == "mla":
+            self.check_latent_position()
+        elif self.attention.head_dim is None and self.d_model % heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({heads})")
-        if self.position.kind == "rope" and self.head_dim % 2:
+        elif self.position.kind == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim} (d_model / num_heads unless "
                              "attention.head_dim is given)")
-        if (self.position.rotary_dim or 0) > self.head_dim:
+        if self.attention.kind != "mla" and (self.position.rotary_dim or 0) > self.head_dim:
             raise ValueError(f"position.rotary_dim={self.position.rotary_dim} is more than head_dim={self.head_dim}")
         if self.position.scaling is not None:  # longrope: one factor per rotated pair
-            self.position.scaling.check_dim(self.position.rotary_dim or self.head_dim)
+            self.position.scaling.check_dim(self.rope_dim)
         if self.feed_forward.parallel and not self.normalization.first:
             raise ValueError("feed_forward.parallel needs pre-norm blocks (normalization.first=True): a parallel "
                              "block adds both sublayers to its input")
@@ -249,6 +292,17 @@ class ModelConfig:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
         self.check_layer_types()
         self.check_variants()
+
+    def check_latent_position(self) -> None:
+        """MLA rotates its own d_R dims with RoPE (decoupled RoPE): position.kind rope, all of them, no YaRN yet."""
+        p = self.position
+        if p.kind != "rope" or p.rotary_dim is not None or p.local_base is not None:
+            raise ValueError(f"attention.kind 'mla' needs position.kind 'rope' rotating all qk_rope_head_dim dims "
+                             f"(no rotary_dim, no local_base), got kind {p.kind!r}, rotary_dim {p.rotary_dim}, "
+                             f"local_base {p.local_base}")
+        if p.scaling is not None and p.scaling.type == "yarn":
+            raise ValueError("attention.kind 'mla' with YaRN scaling is not supported yet (DeepSeek's softmax "
+                             "scale × mscale²); use another position.scaling or none")
 
     def check_variants(self) -> None:
         """The attention and norm variants of today's open models, against the rest of the config."""
@@ -296,6 +350,13 @@ class ModelConfig:
         return self.attention.head_dim or self.d_model // self.attention.num_heads
 
     @property
+    def rope_dim(self) -> int:
+        """The dims RoPE rotates per head: MLA's qk_rope_head_dim, else position.rotary_dim or head_dim."""
+        if self.attention.kind == "mla":
+            return self.attention.qk_rope_head_dim
+        return self.position.rotary_dim or self.head_dim
+
+    @property
     def kv_heads(self) -> int:
         """G: the key/value heads (num_heads when not grouped)."""
         return self.attention.num_kv_heads or self.attention.num_heads
@@ -324,6 +385,9 @@ class ModelConfig:
         d = asdict(self)
         d["layer_types"] = None if self.layer_types is None else list(self.layer_types)
         d["position"]["scaling"] = None if self.position.scaling is None else self.position.scaling.to_dict()
+        if self.attention.kind != "mla":  # MLA's fields only where they mean something (config.json as before)
+            for name in (*LATENT_FIELDS, "latent_cache"):
+                del d["attention"][name]
         return d
 
     @classmethod

@@ -80,7 +80,8 @@ def init_weights(model: nn.Module, num_layers: int, *, skip: str | None = None) 
         elif name.endswith("embed.tok.weight") and model.config.embedding.init_std is not None:
             nn.init.normal_(p, std=model.config.embedding.init_std)
         elif p.dim() >= 2:
-            std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("out_proj.weight", "down_proj.weight")) else 0.02
+            residual = name.endswith(("out_proj.weight", "down_proj.weight", "attn.o_proj.weight"))  # o_proj: MLA's
+            std = 0.02 / math.sqrt(2 * num_layers) if residual else 0.02
             nn.init.normal_(p, std=std)
 
 
@@ -221,13 +222,21 @@ class CausalTrunk(Trunk):
     """A trunk that decodes left to right: causal self-attention, KV caches, left-padded batches."""
 
     def new_kv_caches(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> list[KVCache | RingKVCache]:
-        """One preallocated cache per block: a sliding layer's keeps only its window (a ``RingKVCache``)."""
+        """One preallocated cache per block: the block's attention's own where it makes one (``new_cache``:
+        MLA's latent or naive cache, as attention.latent_cache says), a sliding layer's keeping only its window
+        (a ``RingKVCache``), else a ``KVCache``."""
         c, weight = self.config, self.embed.tok.weight
         kw = dict(dtype=dtype or weight.dtype, device=device or weight.device)
         W = c.attention.sliding_window
-        return [RingKVCache(batch_size, c.kv_heads, min(W, max_len), c.head_dim, max_len=max_len, **kw)
-                if kind == "sliding_attention" else KVCache(batch_size, c.kv_heads, max_len, c.head_dim, **kw)
-                for kind in self.layer_types]
+        caches = []
+        for kind, block in zip(self.layer_types, self.blocks):
+            if hasattr(block.attn, "new_cache"):
+                caches.append(block.attn.new_cache(batch_size, max_len, mode=c.attention.latent_cache, **kw))
+            elif kind == "sliding_attention":
+                caches.append(RingKVCache(batch_size, c.kv_heads, min(W, max_len), c.head_dim, max_len=max_len, **kw))
+            else:
+                caches.append(KVCache(batch_size, c.kv_heads, max_len, c.head_dim, **kw))
+        return caches
 
     def causal_inputs(
         self, ids: Tensor, mask: Tensor | None, kv_caches: list[KVCache] | None, input_pos: Tensor | None

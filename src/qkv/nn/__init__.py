@@ -7,6 +7,7 @@
     layers.py             the feed-forward (the activations' one table) and the norms
     block.py              the Transformer block, pre- or post-norm, with cross-attention for a decoder
     kv_cache.py           a preallocated key/value cache for one attention layer
+    latent_attention.py   multi-head latent attention (DeepSeek-V2/V3), its latent and naive decode caches
     flash.py, linear_attention.py   FAQ Q4's answers to O(n²), as readable references
 
 Nothing here imports another qkv layer: the speed layer (``qkv.kernels``) is applied on top of a model.
@@ -15,12 +16,14 @@ from .attention import MultiHeadAttention, SelfAttention, scaled_dot_product_att
 from .block import TransformerBlock
 from .flash import flash_attention
 from .kv_cache import KVCache
+from .latent_attention import DecompressedKVCache, LatentCache, MultiHeadLatentAttention
 from .layers import ACTIVATIONS, FeedForward
 from .linear_attention import linear_attention, linear_attention_quadratic
 from .masks import causal_mask, causal_mask_at, padding_mask
 from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 __all__ = ["scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "TransformerBlock", "KVCache",
+           "MultiHeadLatentAttention", "LatentCache", "DecompressedKVCache",
            "FeedForward", "ACTIVATIONS", "flash_attention", "linear_attention", "linear_attention_quadratic",
            "causal_mask", "causal_mask_at", "padding_mask", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi"]
