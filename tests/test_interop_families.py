@@ -274,7 +274,9 @@ def test_the_old_table_names_are_still_importable():
     assert LLAMA_ACT_NAME == {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_new"}
     assert HF_TASK_MODELS == {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                               "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
-                              "marian": ("MarianConfig", "MarianMTModel")}
+                              "marian": ("MarianConfig", "MarianMTModel"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                              "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+                              "mistral": ("MistralConfig", "MistralForCausalLM")}
 
 
 # --- the registry: a family is one module and one registration -------------------------------------

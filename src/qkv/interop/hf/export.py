@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from ...models import GPT, ModelConfig, Transformer
 from ...models.pointer import PointerTransformer
 from .families import FAMILIES
-from .family import Family
+from .family import Family, config_value, meets
 
 
 def exporting_families() -> list[Family]:
@@ -30,13 +30,14 @@ def family_to_write(model_class: type, c: ModelConfig) -> Family:
         raise TypeError("to_hf converts " + " or ".join(f"a qkv.{cls} (to {' or '.join(names)})"
                                                         for cls, names in offers.items())
                         + f", got {model_class.__name__}")
-    chosen = [f for f in mine if all(getattr(c, name) == value for name, value in f.export_conditions())]
+    chosen = [f for f in mine if all(meets(c, name, value) for name, value in f.export_conditions())]
     if not chosen:
         wants = " or ".join(" and ".join(f"{name}={value!r}" for name, value in f.export_conditions()) + f" ({f.name})"
                             for f in mine)
         names = dict.fromkeys(name for f in mine for name, _ in f.export_conditions())
-        raise ValueError(f"to_hf needs {wants}; got " + ", ".join(f"{name}={getattr(c, name)!r}" for name in names))
-    return chosen[0]
+        raise ValueError(f"to_hf needs {wants}; got " + ", ".join(f"{name}={config_value(c, name)!r}"
+                                                                   for name in names))
+    return max(chosen, key=lambda f: len(f.export_conditions()))  # the most specific (the first of equals)
 
 
 def hf_config(c: ModelConfig, model_class: type = GPT) -> tuple[Family, dict]:

@@ -16,6 +16,27 @@ from ...models import ModelConfig
 from .rules import HEAD, Rule, no_copies
 
 
+@dataclass(frozen=True)
+class Not:
+    """An ``export_when`` value met by anything but ``value`` (Mistral: a sliding window, whichever)."""
+
+    value: object
+
+    def __repr__(self) -> str:
+        return f"not {self.value!r}"
+
+
+def config_value(c: ModelConfig, name: str):
+    """A flat ModelConfig name ("norm") or a section's field ("attention.qk_norm")."""
+    section, _, field = name.rpartition(".")
+    return getattr(getattr(c, section), field) if section else getattr(c, name)
+
+
+def meets(c: ModelConfig, name: str, want) -> bool:
+    value = config_value(c, name)
+    return value != want.value if isinstance(want, Not) else value == want
+
+
 def same_name(key: str) -> str:
     """A family whose checkpoints need no key renamed."""
     return key
@@ -38,8 +59,10 @@ class Family:
     rename: Callable[[str], str] = same_name  # a checkpoint's key -> today's name (TF-era spellings, 4.x names);
     #                                           to_hf writes each key as the installed transformers spells it
     export: Callable[[ModelConfig, list[str]], dict] | None = None  # ModelConfig -> HF config fields; None: no to_hf
-    # (flat ModelConfig name, value) choosing it among one model's families, or several such pairs that must all
-    # hold (two RoPE families: GPT-NeoX for LayerNorm, LLaMA for RMSNorm); None: the model class alone
+    # (flat ModelConfig name or "section.field", value or Not(value)) choosing it among one model's families, or
+    # several such pairs that must all hold (GPT-NeoX for RoPE + LayerNorm, LLaMA for RoPE + RMSNorm, Qwen3 for
+    # those + attention.qk_norm); of the families a model meets, the one with the most pairs is written;
+    # None: the model class alone
     export_when: tuple[str, object] | tuple[tuple[str, object], ...] | None = None
     special: Callable[[Path], Special] | None = None  # an encoder-decoder's decoding tokens, from its directory
 

@@ -196,16 +196,41 @@ LATER_VARIANTS = (("attention", "qk_norm"), ("attention", "query_scalar"), ("att
                   ("embedding", "scale_in_dtype"), ("head", "softcap"))
 
 
-def expect_plain_blocks(c: ModelConfig, problems: list[str]) -> None:
-    """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of."""
+def expect_plain_blocks(c: ModelConfig, problems: list[str], allowed: tuple[str, ...] = ()) -> None:
+    """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of.
+    ``allowed``: the ``LATER_VARIANTS`` ("attention.qk_norm", …) a family has, and "layer_types" (sliding layers)."""
     if c.attention.kind != "mha":
         problems.append(f"attention.kind={c.attention.kind!r} (needs 'mha')")
-    if c.layer_types and set(c.layer_types) != {"full_attention"}:
+    if "layer_types" not in allowed and c.layer_types and set(c.layer_types) != {"full_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (needs full_attention in every layer)")
     for section, name in LATER_VARIANTS:
         value, default = getattr(getattr(c, section), name), getattr(type(getattr(c, section))(), name)
-        if value != default:
+        if value != default and f"{section}.{name}" not in allowed:
             problems.append(f"{section}.{name}={value!r} (needs {default!r})")
+
+
+# --- sliding layers: HF's layer_types, or the settings each family derived them from before ------------------
+
+def read_layer_types(hf: dict, problems: list[str], default: list[str]) -> tuple[int | None, list[str] | None]:
+    """(attention.sliding_window, layer_types) from ``hf["layer_types"]`` (5.x) or ``default`` (the family's
+    older rule); no sliding layer: (None, None), so the model is the plain one."""
+    n, given = hf.get("num_hidden_layers", 32), hf.get("layer_types")
+    types = list(given) if given is not None else default
+    if not isinstance(given, (list, tuple, type(None))) or len(types) != n:
+        problems.append(f"layer_types={given!r:.80} (expected a list of {n} layer types, one per layer)")
+        return None, None
+    if "sliding_attention" not in types:
+        return None, None
+    window = hf.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        problems.append(f"sliding_window={window!r} with sliding_attention layers (expected a positive int)")
+        return None, None
+    return window, types
+
+
+def export_layer_types(c: ModelConfig) -> list[str]:
+    """Each layer's type as HF's layer_types lists them."""
+    return [c.layer_type(i) for i in range(c.num_layers)]
 
 
 
@@ -233,6 +258,12 @@ def expect_biases(c: ModelConfig, problems: list[str], family: str) -> None:
         problems.append(f"bias=False ({family} has biases)")
     elif missing:
         problems.append(f"no {', '.join(missing)} ({family} has a bias on every projection)")
+
+
+def expect_no_mlp_bias(c: ModelConfig, problems: list[str], family: str) -> None:
+    """A family whose MLP has no bias setting (Qwen, Mistral, Gemma: LLaMA's mlp_bias is not read)."""
+    if c.feed_forward.bias:
+        problems.append(f"feed_forward.bias=True ({family}'s MLP has no bias)")
 
 
 def export_activation(c: ModelConfig, problems: list[str], *, gated: bool, prefer: tuple[str, ...] = ()) -> str:

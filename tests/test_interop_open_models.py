@@ -1,0 +1,139 @@
+"""Qwen2, Qwen3, Mistral through from_hf / to_hf: tiny random Hugging Face models saved with save_pretrained,
+against HF eager (right-padded logits, greedy generate past the window), cached = uncached, exact round trips,
+4.x config spellings and one clear error for what qkv refuses."""
+import json
+
+import pytest
+import torch
+
+import qkv
+from qkv.interop.hf import from_hf, to_hf
+from qkv.kernels import fused_step
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
+             num_key_value_heads=2, head_dim=12, max_position_embeddings=128, tie_word_embeddings=False,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)  # GQA 3, D ≠ C/H; no eos: 32 tokens each
+FAMILIES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=6,
+                                                        max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=6, max_window_layers=2)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+}
+
+
+def hf_model(family: str, **change):
+    config_name, model_name, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5) if "norm" in name else p.uniform_(-0.5, 0.5)  # norms and biases away from start
+    return model
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request, tmp_path_factory):
+    hf = hf_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return request.param, hf, from_hf(path), path
+
+
+def test_right_padded_logits_equal_hugging_faces_past_the_window(pair):
+    _, hf, model, _ = pair
+    ids = torch.randint(0, 96, (2, 20))  # past a window of 6
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, 14:] = 0  # right padding: row 1 has 14 tokens
+    with torch.no_grad():
+        want, got = hf(ids, attention_mask=mask).logits, model(ids).logits
+    keep = mask.bool()
+    assert (got[keep] - want[keep]).abs().max() < 1e-4
+
+
+def test_greedy_tokens_equal_hf_generate_past_the_window_and_cached_equals_uncached(pair):
+    _, hf, model, _ = pair
+    ids = torch.randint(0, 96, (1, 5))
+    with torch.no_grad():
+        want = hf.generate(ids, max_new_tokens=32, do_sample=False)
+    got = model.generate(ids, 32, temperature=0)
+    assert torch.equal(got, want)
+    assert torch.equal(model.generate(ids, 32, temperature=0, use_cache=False), got)
+
+
+def test_export_round_trip_is_bit_exact_and_loads_with_auto_model(pair, tmp_path):
+    family, hf, model, _ = pair
+    out = to_hf(model)
+    assert out.config.model_type == family
+    out.save_pretrained(tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    theirs = hf.state_dict()
+    assert again.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(v, theirs[k]) for k, v in again.state_dict().items())
+    ids = torch.randint(0, 96, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, hf(ids).logits)
+    back = from_hf(tmp_path)
+    assert back.config == model.config
+
+
+def test_the_fused_step_refuses_sliding_windows_by_name(pair):
+    _, _, model, _ = pair
+    assert "sliding" in fused_step.refused_field(model.config)
+
+
+@pytest.mark.parametrize("family, change, problem", [
+    ("qwen2", dict(use_sliding_window=False), None),
+    ("mistral", dict(sliding_window=None), None),
+    ("qwen3", dict(use_sliding_window=False), None),
+])
+def test_without_a_window_each_family_is_fully_global_and_still_exports_as_itself(family, change, problem, tmp_path):
+    hf = hf_model(family, **change)
+    model = from_hf(hf)
+    assert model.config.attention.sliding_window is None and model.config.layer_types is None
+    ids = torch.randint(0, 96, (1, 12))
+    with torch.no_grad():
+        assert (model(ids).logits - hf(ids).logits).abs().max() < 1e-4
+    written = to_hf(model).config.model_type  # Mistral without a window is LLaMA's model: written as llama
+    assert written == {"mistral": "llama"}.get(family, family)
+
+
+def test_a_4x_spelled_config_loads(tmp_path):
+    hf = hf_model("qwen2")
+    hf.save_pretrained(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    theta = c.pop("rope_parameters")["rope_theta"]
+    c.pop("layer_types")
+    c |= dict(rope_theta=theta, rope_scaling=None, transformers_version="4.45.0")
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    model = from_hf(tmp_path)
+    assert model.config.layer_types == ("full_attention", "sliding_attention", "sliding_attention")
+    ids = torch.randint(0, 96, (1, 20))
+    with torch.no_grad():
+        assert (model(ids).logits - hf(ids).logits).abs().max() < 1e-4
+
+
+def test_what_qkv_cannot_express_is_one_error_listing_every_problem(tmp_path):
+    hf = hf_model("qwen2")
+    hf.save_pretrained(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c |= dict(num_experts=8, layer_types=["full_attention"], rope_parameters={"rope_type": "magic", "rope_theta": 1e4})
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError) as e:
+        from_hf(tmp_path)
+    message = str(e.value)
+    assert message.startswith("cannot load") and "\n" not in message
+    for part in ("num_experts=8 is not supported", "RoPE scaling 'magic'", "expected a list of 3 layer types"):
+        assert part in message
+
+
+def test_a_model_that_fits_no_open_family_is_refused_naming_what_differs():
+    config = qkv.ModelConfig(vocab_size=96, d_model=48, num_layers=2, max_len=64, positional="rope", norm="rmsnorm",
+                             activation="swiglu", attention=dict(num_heads=6, qk_norm=True, q_bias=True, k_bias=True,
+                                                                 v_bias=True, out_bias=False))
+    with pytest.raises(ValueError, match=r"Qwen3 counterpart .*attention biases \(q, k, v, out\) = \(True, True, True, "
+                                         r"False\) differ"):
+        to_hf(qkv.GPT(config))
