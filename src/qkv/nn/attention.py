@@ -267,6 +267,18 @@ class SelfAttention(nn.Module):
         return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
 
 
+def check_head_sizes(d_model: int, num_heads: int, num_kv_heads: int, kv_dim: int, head_dim: int | None) -> None:
+    """Positive widths; H divides d_model unless D is given; G divides H."""
+    for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                        ("kv_dim", kv_dim)):
+        check_positive_int(name, value)
+    check_positive_int("head_dim", head_dim, optional=True)
+    if head_dim is None and d_model % num_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}) (or give head_dim)")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017 §3.2.2) with grouped-query heads (Ainslie et al. 2023).
 
@@ -301,15 +313,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         kv_dim = d_model if kv_dim is None else kv_dim
-        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-                            ("kv_dim", kv_dim)):
-            check_positive_int(name, value)
-        check_positive_int("head_dim", head_dim, optional=True)
-        if head_dim is None and d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}) "
-                             "(or give head_dim)")
-        if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        check_head_sizes(d_model, num_heads, num_kv_heads, kv_dim, head_dim)
         check_fraction("dropout", dropout)
         self.d_model, self.num_heads, self.num_kv_heads, self.kv_dim = d_model, num_heads, num_kv_heads, kv_dim
         self.head_dim = d_model // num_heads if head_dim is None else head_dim  # D
