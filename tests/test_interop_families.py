@@ -276,7 +276,8 @@ def test_the_old_table_names_are_still_importable():
                               "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
                               "marian": ("MarianConfig", "MarianMTModel"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-                              "mistral": ("MistralConfig", "MistralForCausalLM")}
+                              "mistral": ("MistralConfig", "MistralForCausalLM"),
+                              "gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}
 
 
 # --- the registry: a family is one module and one registration -------------------------------------

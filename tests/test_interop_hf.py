@@ -278,7 +278,7 @@ def test_directory_without_config_json(tmp_path):
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
     with pytest.raises(ValueError, match=r"model_type 't5' is not supported "
-                                         r"\(qkv loads bert, gpt2, gpt_neox, llama, marian, mistral, qwen2, qwen3\)"):
+                                         r"\(qkv loads bert, gemma2, gpt2, gpt_neox, llama, marian, mistral, qwen2, qwen3\)"):
         from_hf(tmp_path)
 
 
@@ -351,7 +351,8 @@ def test_from_hf_and_to_hf_reject_wrong_types():
     with pytest.raises(TypeError, match="converts a qkv.GPT"):
         to_hf(qkv.Encoder(qkv.PRESETS["tiny"]))
     with pytest.raises(ValueError, match=r"positional='learned' \(GPT-2\) or positional='rope' and norm='rmsnorm' "
-                                         r"\(LLaMA\) or positional='rope' and norm='layernorm' \(GPT-NeoX\) or .* \(Mistral\); "
+                                         r"\(LLaMA\) or positional='rope' and norm='layernorm' \(GPT-NeoX\) or .* \(Mistral\) "
+                                         r"or positional='rope' and norm='rmsnorm_plus_one' \(Gemma2\); "
                                          r"got positional='alibi', norm='layernorm'"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
     with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):

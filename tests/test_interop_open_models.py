@@ -20,6 +20,9 @@ FAMILIES = {
                                                         max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=6, max_window_layers=2)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=6, query_pre_attn_scalar=12,
+                                                          attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                                          tie_word_embeddings=True)),  # alternating, sliding first
 }
 
 
@@ -32,6 +35,10 @@ def hf_model(family: str, **change):
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5) if "norm" in name else p.uniform_(-0.5, 0.5)  # norms and biases away from start
+            elif family == "gemma2" and ("q_proj" in name or "k_proj" in name):
+                p.mul_(8)  # scores past the attention cap of 5
+            elif family == "gemma2" and "embed_tokens" in name:
+                p.mul_(10)  # logits (tied head) past the final cap of 3
     return model
 
 
@@ -137,3 +144,32 @@ def test_a_model_that_fits_no_open_family_is_refused_naming_what_differs():
     with pytest.raises(ValueError, match=r"Qwen3 counterpart .*attention biases \(q, k, v, out\) = \(True, True, True, "
                                          r"False\) differ"):
         to_hf(qkv.GPT(config))
+
+
+def test_gemma2_soft_caps_bend_its_logits_and_it_exports_as_gemma2(pair):
+    family, hf, model, _ = pair
+    if family != "gemma2":
+        pytest.skip("Gemma 2 only")
+    ids = torch.randint(0, 96, (1, 20))
+    a = model.config.attention
+    with torch.no_grad():
+        got = model(ids).logits
+        for change in (dict(head=dict(softcap=None)), dict(attention=type(a)(**{**a.__dict__, "softcap": None}))):
+            uncapped = qkv.GPT(model.config.replace(**change)).eval()
+            uncapped.load_state_dict(model.state_dict())
+            assert (uncapped(ids).logits - got).abs().max() > 0.1, change
+    assert model.config.layer_types[:2] == ("sliding_attention", "full_attention") and model.config.head.tie
+
+
+def test_a_4x_gemma2_config_without_layer_types_alternates_sliding_first(tmp_path):
+    hf = hf_model("gemma2")
+    hf.save_pretrained(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c.pop("layer_types")
+    c |= dict(rope_theta=c.pop("rope_parameters")["rope_theta"], transformers_version="4.45.0")
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    model = from_hf(tmp_path)
+    assert model.config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    ids = torch.randint(0, 96, (1, 20))
+    with torch.no_grad():
+        assert (model(ids).logits - hf(ids).logits).abs().max() < 1e-4
