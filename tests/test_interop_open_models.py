@@ -146,10 +146,9 @@ def test_a_model_that_fits_no_open_family_is_refused_naming_what_differs():
         to_hf(qkv.GPT(config))
 
 
+@pytest.mark.parametrize("pair", ["gemma2"], indirect=True)
 def test_gemma2_soft_caps_bend_its_logits_and_it_exports_as_gemma2(pair):
     family, hf, model, _ = pair
-    if family != "gemma2":
-        pytest.skip("Gemma 2 only")
     ids = torch.randint(0, 96, (1, 20))
     a = model.config.attention
     with torch.no_grad():
