@@ -118,6 +118,13 @@ class TransformerBlock(nn.Module):
         return BlockOutput(x, w_self, w_cross)
 
 
+def check_pre_norm_self_attention(kind: str, norm_first: bool, cross_attn: nn.Module | None) -> None:
+    """A block variant that exists only pre-norm and without cross-attention (parallel, sandwich-norm)."""
+    if not norm_first or cross_attn is not None:
+        raise ValueError(f"a {kind} block is pre-norm without cross-attention, got "
+                         f"norm_first={norm_first}, cross_attention={cross_attn is not None}")
+
+
 class ParallelTransformerBlock(TransformerBlock):
     """x = x + Attn(Norm(x)) + FFN(Norm'(x)): both sublayers read the block's input (Wang & Komatsuzaki's GPT-J,
     GPT-NeoX's use_parallel_residual, Pythia), each through its own norm. Pre-norm only, no cross-attention;
@@ -125,9 +132,7 @@ class ParallelTransformerBlock(TransformerBlock):
 
     def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
                  cross_attn: nn.Module | None, dropout: float) -> None:
-        if not norm_first or cross_attn is not None:
-            raise ValueError("a parallel block is pre-norm without cross-attention, got "
-                             f"norm_first={norm_first}, cross_attention={cross_attn is not None}")
+        check_pre_norm_self_attention("parallel", norm_first, cross_attn)
         super().assemble(attn, ff, norm, norm_first=norm_first, cross_attn=None, dropout=dropout)
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
@@ -154,9 +159,7 @@ class SandwichTransformerBlock(TransformerBlock):
 
     def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
                  cross_attn: nn.Module | None, dropout: float) -> None:
-        if not norm_first or cross_attn is not None:
-            raise ValueError("a sandwich-norm block is pre-norm without cross-attention, got "
-                             f"norm_first={norm_first}, cross_attention={cross_attn is not None}")
+        check_pre_norm_self_attention("sandwich-norm", norm_first, cross_attn)
         super().assemble(attn, ff, norm, norm_first=norm_first, cross_attn=None, dropout=dropout)
         self.attn_post_norm, self.ff_post_norm = norm(), norm()
 
