@@ -278,7 +278,8 @@ def test_directory_without_config_json(tmp_path):
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
     with pytest.raises(ValueError, match=r"model_type 't5' is not supported "
-                                         r"\(qkv loads bert, gemma2, gpt2, gpt_neox, llama, marian, mistral, qwen2, qwen3\)"):
+                                         r"\(qkv loads bert, deepseek_v2, deepseek_v3, gemma2, gemma3, gemma3_text, gpt2, "
+                                         r"gpt_neox, llama, marian, mistral, qwen2, qwen3\)"):
         from_hf(tmp_path)
 
 

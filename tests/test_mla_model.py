@@ -64,12 +64,12 @@ def test_bad_attention_sections_say_what_was_expected(change, match):
         config(**change)
 
 
-def test_mla_needs_plain_rope():
+def test_mla_needs_rope():
     with pytest.raises(ValueError, match=r"needs position.kind 'rope'.*got kind 'learned'"):
         config().replace(position=dict(kind="learned"))
-    with pytest.raises(ValueError, match=r"YaRN scaling is not supported yet"):
-        config().replace(position=dict(kind="rope", scaling=dict(type="yarn", factor=2.0,
-                                                                 original_max_position_embeddings=32)))
+    yarn = config().replace(position=dict(kind="rope", scaling=dict(type="yarn", factor=2.0,  # DeepSeek's mscale²:
+                                                                    original_max_position_embeddings=32)))
+    assert yarn.position.scaling.type == "yarn"  # tests/test_interop_deepseek.py
     with pytest.raises(ValueError, match=r"latent_cache.*belong to kind 'mla'"):
         ModelConfig(attention=dict(latent_cache="naive"))
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.block import ParallelTransformerBlock, SandwichTransformerBlock, TransformerBlock
-from ..nn.latent_attention import MultiHeadLatentAttention
+from ..nn.latent_attention import MultiHeadLatentAttention, latent_softmax_scale
 from ..nn.layers import FeedForward, make_norm
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .config import ModelConfig
@@ -53,14 +53,16 @@ def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
 
 def latent_attention(config: ModelConfig, layer: Layer) -> MultiHeadLatentAttention:
     """DeepSeek's multi-head latent attention (``qkv.nn.latent_attention``): its widths from the attention
-    section, one bias for q_a/kv_a/o (the section's, which agree), the scores' scale query_scalar^-½ where set,
-    the shared RoPE over qk_rope_head_dim dims (``attention_position``)."""
+    section, one bias for q_a/kv_a/o (the section's, which agree), the scores' scale query_scalar^-½ where set
+    (× YaRN's mscale², ``latent_softmax_scale``), the shared RoPE over qk_rope_head_dim dims
+    (``attention_position``)."""
     a = config.attention
+    scale = latent_softmax_scale(a.qk_nope_head_dim + a.qk_rope_head_dim, config.position.scaling,
+                                 base=None if a.query_scalar is None else a.query_scalar ** -0.5)
     return MultiHeadLatentAttention(
         config.d_model, a.num_heads, kv_lora_rank=a.kv_lora_rank, qk_rope_head_dim=a.qk_rope_head_dim,
         qk_nope_head_dim=a.qk_nope_head_dim, v_head_dim=a.v_head_dim, q_lora_rank=a.q_lora_rank,
-        softmax_scale=None if a.query_scalar is None else a.query_scalar ** -0.5, bias=a.out_bias,
-        dropout=config.dropout, rope=layer.rope)
+        softmax_scale=scale, bias=a.out_bias, dropout=config.dropout, rope=layer.rope)
 
 
 AttentionBuilder = Callable[[ModelConfig, Layer], nn.Module]

@@ -294,15 +294,13 @@ class ModelConfig:
         self.check_variants()
 
     def check_latent_position(self) -> None:
-        """MLA rotates its own d_R dims with RoPE (decoupled RoPE): position.kind rope, all of them, no YaRN yet."""
+        """MLA rotates its own d_R dims with RoPE (decoupled RoPE): position.kind rope, all of them (any scaling;
+        YaRN's mscale_all_dim also scales the scores, ``qkv.nn.latent_attention.latent_softmax_scale``)."""
         p = self.position
         if p.kind != "rope" or p.rotary_dim is not None or p.local_base is not None:
             raise ValueError(f"attention.kind 'mla' needs position.kind 'rope' rotating all qk_rope_head_dim dims "
                              f"(no rotary_dim, no local_base), got kind {p.kind!r}, rotary_dim {p.rotary_dim}, "
                              f"local_base {p.local_base}")
-        if p.scaling is not None and p.scaling.type == "yarn":
-            raise ValueError("attention.kind 'mla' with YaRN scaling is not supported yet (DeepSeek's softmax "
-                             "scale × mscale²); use another position.scaling or none")
 
     def check_variants(self) -> None:
         """The attention and norm variants of today's open models, against the rest of the config."""

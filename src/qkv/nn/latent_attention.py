@@ -35,6 +35,7 @@ from .kv_cache import KVCache
 from .layers import make_norm
 from .masks import PreparedMask, causal_mask
 from .positional import RotaryEmbedding
+from .rope_scaling import RopeScaling, yarn_mscale
 
 CACHE_MODES = ("naive", "absorbed")
 
@@ -186,6 +187,18 @@ def check_latent_sizes(**sizes) -> None:
         raise ValueError(f"qk_rope_head_dim must be a positive even int (RoPE rotates pairs), got {rope!r}")
 
 
+def latent_softmax_scale(qk_head_dim: int, scaling: RopeScaling | None = None, *, base: float | None = None) -> float:
+    """The scores' multiplier: ``base`` ((d_N + d_R)^−½ when None), × mscale(s, mscale_all_dim)² where the RoPE
+    scaling sets mscale_all_dim (YaRN as DeepSeek-V2/V3 use it: ``softmax_scale * mscale * mscale`` in their
+    inference code, Hugging Face's ``yarn_apply_mscale``). With YaRN's cos/sin factor mscale(s, mscale) /
+    mscale(s, mscale_all_dim) on q_R and k_R, the rotated part of each score ends × mscale(s, mscale)², the rest
+    × mscale(s, mscale_all_dim)²."""
+    scale = qk_head_dim ** -0.5 if base is None else float(base)
+    if scaling is None or scaling.type == "default" or not scaling.mscale_all_dim:
+        return scale
+    return scale * yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+
+
 def check_softmax_scale(softmax_scale) -> None:
     ok = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
     if softmax_scale is not None and not (ok and math.isfinite(softmax_scale) and softmax_scale > 0):
@@ -206,7 +219,7 @@ class MultiHeadLatentAttention(nn.Module):
         kv_lora_rank: d_c. qk_rope_head_dim: d_R (even). qk_nope_head_dim: d_N. v_head_dim: d_V.
         q_lora_rank: d_q, the query's low-rank path (q_a_proj, q_a_layernorm, q_b_proj); None: one q_proj.
         softmax_scale: the score multiplier; None: (d_N + d_R)^−½. YaRN's correction multiplies it by
-            mscale² (DeepSeek's ``softmax_scale * mscale * mscale``); pass the product.
+            mscale² (DeepSeek's ``softmax_scale * mscale * mscale``): ``latent_softmax_scale`` gives the product.
         bias: biases on q_a_proj, kv_a_proj_with_mqa and o_proj (Hugging Face's ``attention_bias``).
         dropout: on the attention weights. norm_eps: the two RMSNorms' epsilon (1e-6, as Hugging Face's).
         rope: a ``RotaryEmbedding(d_R)`` (interleaved as the checkpoint says); None: half-split, base 10 000.

@@ -198,8 +198,9 @@ LATER_VARIANTS = (("attention", "qk_norm"), ("attention", "query_scalar"), ("att
 
 def expect_plain_blocks(c: ModelConfig, problems: list[str], allowed: tuple[str, ...] = ()) -> None:
     """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of.
-    ``allowed``: the ``LATER_VARIANTS`` ("attention.qk_norm", …) a family has, and "layer_types" (sliding layers)."""
-    if c.attention.kind != "mha":
+    ``allowed``: the ``LATER_VARIANTS`` ("attention.qk_norm", …) a family has, "layer_types" (sliding layers) and
+    "attention.kind" (DeepSeek's latent attention)."""
+    if c.attention.kind != "mha" and "attention.kind" not in allowed:
         problems.append(f"attention.kind={c.attention.kind!r} (needs 'mha')")
     if "layer_types" not in allowed and c.layer_types and set(c.layer_types) != {"full_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (needs full_attention in every layer)")
