@@ -11,35 +11,7 @@ from qkv.interop.hf import from_hf, to_hf
 from qkv.kernels import fused_step
 
 transformers = pytest.importorskip("transformers")
-
-SIZES = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
-             num_key_value_heads=2, head_dim=12, max_position_embeddings=128, tie_word_embeddings=False,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)  # GQA 3, D ≠ C/H; no eos: 32 tokens each
-FAMILIES = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=6,
-                                                        max_window_layers=1)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=6, max_window_layers=2)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=6, query_pre_attn_scalar=12,
-                                                          attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
-                                                          tie_word_embeddings=True)),  # alternating, sliding first
-}
-
-
-def hf_model(family: str, **change):
-    config_name, model_name, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
-    model = getattr(transformers, model_name)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.uniform_(0.5, 1.5) if "norm" in name else p.uniform_(-0.5, 0.5)  # norms and biases away from start
-            elif family == "gemma2" and ("q_proj" in name or "k_proj" in name):
-                p.mul_(8)  # scores past the attention cap of 5
-            elif family == "gemma2" and "embed_tokens" in name:
-                p.mul_(10)  # logits (tied head) past the final cap of 3
-    return model
+from hf_models import FAMILIES, hf_model  # noqa: E402  (the builders, shared with the CLI's tests)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

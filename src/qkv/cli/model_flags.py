@@ -1,14 +1,17 @@
 """The model's shape from the command line, nanoGPT-style: a few named flags and `--model KEY=VALUE`
 for any ModelConfig field (a section's as ``attention.head_dim``, or a flat name such as ``d_ff``), applied
 over the preset and validated as config.json is (``ModelConfig.from_dict``: unknown keys and wrong types
-refused, then the config's own checks)."""
+refused, then the config's own checks).
+
+Multi-head latent attention is ``--model attention=mla`` (short for ``attention.kind=mla``); its widths
+(``attention.kv_lora_rank`` …) default to DeepSeek-V2's proportions of the head width (``latent_defaults``)."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
 from ..models import ModelConfig
-from ..models.config import FLAT, SECTIONS
+from ..models.config import FLAT, LATENT_FIELDS, SECTIONS
 from .errors import CommandError
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here
@@ -38,6 +41,7 @@ def field_types() -> dict[str, set[str]]:
 
 
 FIELD_TYPES = field_types()
+ALIASES = {"attention": "attention.kind"}  # --model attention=mla
 NOT_A_FLAG = {"vocab_size": "the vocabulary size comes from the tokenizer (--vocab-size sets BPE's)"}
 
 
@@ -46,14 +50,17 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     for flag, (_, typ, text) in MODEL_FLAGS.items():
         p.add_argument(flag, type=typ, default=None, help=f"{text} (default: the preset's)")
     p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                   help="set any ModelConfig field over the preset, e.g. --model d_ff=512 --model norm=rmsnorm "
-                        "(repeatable; true/false for booleans, none for optional fields)")
+                   help="set any ModelConfig field over the preset, e.g. --model d_ff=512 --model norm=rmsnorm; "
+                        "--model attention=mla: multi-head latent attention (with --positional rope), its "
+                        "attention.kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim derived from the "
+                        "head width unless given (repeatable; true/false for booleans, none for optional fields)")
 
 
 def parse_value(key: str, text: str) -> object:
     """``text`` read as ModelConfig field ``key``'s type: int, float, bool (true/false), str, or None."""
     if key not in FIELD_TYPES:
-        raise CommandError(f"--model {key}=…: unknown ModelConfig field {key!r} (known: {', '.join(FIELD_TYPES)})")
+        known = ", ".join([*FIELD_TYPES, *ALIASES])
+        raise CommandError(f"--model {key}=…: unknown ModelConfig field {key!r} (known: {known})")
     if key in NOT_A_FLAG:
         raise CommandError(f"--model {key}=…: {NOT_A_FLAG[key]}")
     types, low = FIELD_TYPES[key], text.strip().lower()
@@ -83,7 +90,8 @@ def model_overrides(args: argparse.Namespace) -> dict:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise CommandError(f"--model expects KEY=VALUE, got {item!r}")
-        pairs.append((f"--model {key.strip()}", key.strip(), parse_value(key.strip(), text)))
+        key = ALIASES.get(key.strip(), key.strip())
+        pairs.append((f"--model {key}", key, parse_value(key, text)))
     for flag, field, value in pairs:
         if value is None and not flag.startswith("--model"):
             continue
@@ -102,4 +110,26 @@ def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:
             d[section] = {**d[section], name: value}
         else:
             d[key] = value
+    d["attention"] = settled_attention(d, overrides)
     return ModelConfig.from_dict(d)
+
+
+def settled_attention(d: dict, overrides: dict) -> dict:
+    """The attention section of config dict ``d`` with MLA's widths that ``overrides`` leaves unset: derived
+    (``latent_defaults``) when the kind is mla, dropped when a base's kind mla was changed to another."""
+    a = dict(d["attention"])
+    unset = [k for k in (*LATENT_FIELDS, "latent_cache") if f"attention.{k}" not in overrides]
+    if a.get("kind") != "mla":
+        return {k: v for k, v in a.items() if k not in unset}
+    heads = d.get("num_heads", a.get("num_heads"))
+    derived = latent_defaults(d["d_model"], heads) if isinstance(heads, int) and heads > 0 else {}
+    return a | {k: v for k, v in derived.items() if k in unset and a.get(k) is None}
+
+
+def latent_defaults(d_model: int, num_heads: int) -> dict:
+    """MLA's widths from the head width d_h = d_model / H as DeepSeek-V2 sizes them (arXiv 2405.04434 §3.1.2:
+    d_c = 4·d_h, d_R = d_h / 2; per head d_N = d_V = d_h), d_c at most d_model, d_R even and at least 2;
+    no low-rank query path (q_lora_rank None: one q_proj, as DeepSeek-V2-Lite)."""
+    d_h = max(1, d_model // num_heads)
+    return dict(kv_lora_rank=min(4 * d_h, d_model), qk_rope_head_dim=max(2, d_h // 2 // 2 * 2),
+                qk_nope_head_dim=d_h, v_head_dim=d_h, q_lora_rank=None)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from .errors import CommandError
+
+KINDS = {"run": "a qkv run directory (qkv train writes one)", "hf": "a Hugging Face model directory"}
 
 
 def add_model_source(p: argparse.ArgumentParser) -> None:
@@ -25,6 +28,7 @@ def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
             ("--hf", "model directory (save_pretrained writes one)")
         what = "is a file, not a" if os.path.exists(path) else "no such"
         raise CommandError(f"{flag} {path}: {what} {kind}")
+    check_directory_kind(path, "--run" if args.run else "--hf")
     if args.run:
         from ..training.run_dir import load_run
 
@@ -37,3 +41,28 @@ def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
         raise CommandError(f"{path} has no tokenizer files (tokenizer.json, vocab.json, vocab.txt …): "
                            "this command needs one to read text")
     return model.to(device).eval(), tokenizer
+
+
+def directory_kind(path: str | os.PathLike) -> str | None:
+    """"hf" for a save_pretrained directory (its config.json names a model_type), "run" for a qkv run (a
+    ModelConfig's config.json: d_model, no model_type); None when config.json does not say."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None  # missing or damaged: the loader's own error says which
+    if not isinstance(config, dict):
+        return None
+    return "hf" if "model_type" in config else "run" if "d_model" in config else None
+
+
+def check_directory_kind(path: str | os.PathLike, flag: str, *, hint: str | None = None) -> None:
+    """CommandError when the directory given to ``flag`` (--run wants a run; --hf, --init-from-hf a Hugging Face
+    directory) is of the other kind; ``hint`` replaces "give it as --hf/--run PATH"."""
+    wanted = "run" if flag == "--run" else "hf"
+    found = directory_kind(path)
+    if found is None or found == wanted:
+        return
+    other = "--hf" if found == "hf" else "--run"
+    raise CommandError(f"{flag} {path} is {KINDS[found]}, not {KINDS[wanted].split(' (')[0]}: "
+                       f"{hint or f'give it as {other} {path}'}")

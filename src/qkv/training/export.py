@@ -1,8 +1,10 @@
 """A qkv run as a Hugging Face directory that ``transformers`` loads with no qkv installed.
 
     weights    ``to_hf``: learned PE + LayerNorm → GPT2LMHeadModel, RoPE + RMSNorm + a gated feed-forward →
-               LlamaForCausalLM, RoPE + LayerNorm → GPTNeoXForCausalLM (a LoRA run's adapters are merged
-               first); anything else is refused naming each field without a counterpart
+               LlamaForCausalLM, RoPE + LayerNorm → GPTNeoXForCausalLM; a model of an open family's shape
+               (Qwen2, Qwen3, Mistral, Gemma 2: biases, QK-norm, sliding windows, soft caps) as that family
+               (a LoRA run's adapters are merged first); anything else is refused naming each field without
+               a counterpart
     tokenizer  byte-level BPE as it is (a ``tokenizers`` Tokenizer); a character vocabulary as a
                WordLevel model over single characters (same ids, same text back)
 
@@ -54,7 +56,7 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
     loaded = RunDir(run).load()
     if not isinstance(loaded.model, GPT):
         raise ValueError(f"{run} holds a {type(loaded.model).__name__}; qkv export writes decoder-only "
-                         "language models (GPT-2, LLaMA or GPT-NeoX)")
+                         "language models (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …)")
     hf_model, hf_tok = to_hf(loaded.model), hf_tokenizer(loaded.tokenizer)
 
     def write(tmp: Path) -> None:

@@ -1,6 +1,7 @@
 """Fine-tuning a real checkpoint: the base a run starts from, its identity, and LoRA adapters.
 
-    base      a Hugging Face decoder directory (GPT-2, LLaMA, GPT-NeoX): weights through ``from_hf``, its own
+    base      a Hugging Face decoder directory (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …: any
+              decoder family of ``qkv.interop.hf``): weights through ``from_hf``, its own
               tokenizer kept unchanged (byte-level BPE, stored in the run as tokenizer.json)
     identity  the SHA-256 of its weight files, recorded in train_config.json: ``--resume`` (and a
               LoRA run, which stores only its adapters) refuses any other base
@@ -74,7 +75,7 @@ def load_base(path: str | os.PathLike, *, expect_sha256: str | None = None) -> B
     model, tokenizer = load_pretrained(path)
     if not isinstance(model, GPT):
         raise ValueError(f"the base {where} is not a decoder (it loads as qkv.{type(model).__name__}); "
-                         "fine-tuning starts from a decoder-only checkpoint (GPT-2, LLaMA or GPT-NeoX)")
+                         "fine-tuning starts from a decoder-only checkpoint (GPT-2, LLaMA, Qwen2, Mistral …)")
     if tokenizer is None:
         raise ValueError(f"the base {where} has no tokenizer files (tokenizer.json …): a run needs its tokenizer")
     sha = weights_sha256(path)

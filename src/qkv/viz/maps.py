@@ -3,6 +3,10 @@ figures, the explorer and the claims (no matplotlib here).
 
     ids → model(ids, return_attention=True).attentions → N × (B, H, T, T) → (N, B, H, T, T)
 
+Each block's attention module returns its own softmax weights (``return_weights``): multi-head attention's
+over its (grouped) heads, multi-head latent attention's over [q_C; q_R]·[k_C; k_R] (its naive path), with
+the sliding window's band where a layer has one.
+
 The encoder-decoder (``qkv.Transformer``) has three kinds, from one encoder and one decoder pass:
 
     source ids + EOS ──encoder──▶ encoder self-attention  (N, H, S, S)

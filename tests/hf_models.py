@@ -1,0 +1,67 @@
+"""Tiny random Hugging Face causal LMs of the open families and a byte-level BPE tokenizer trained offline,
+for the tests that load, train and export them (no network: random initialisation, save_pretrained).
+
+    hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling
+    save_with_tokenizer(model, d)  the model and a tokenizer of its vocabulary size in directory d
+"""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
+SIZES = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
+             num_key_value_heads=2, head_dim=12, max_position_embeddings=128, tie_word_embeddings=False,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)  # GQA 3, D ≠ C/H; no eos: 32 tokens each
+FAMILIES = {  # the families with sliding-window layers
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=6,
+                                                        max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=6, max_window_layers=2)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=6, query_pre_attn_scalar=12,
+                                                          attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                                          tie_word_embeddings=True)),  # alternating, sliding first
+}
+LLAMA3 = ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(  # Llama 3.1's scaling, from 32 positions
+    rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+    original_max_position_embeddings=32)))
+BUILDERS = FAMILIES | {"llama3": LLAMA3}
+TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
+
+
+def hf_model(family: str, **change):
+    """A random ``family`` model (a key of BUILDERS) of SIZES, eager attention, norms and biases moved away
+    from their initial values (Gemma 2's scores and logits past its soft caps)."""
+    config_name, model_name, extra = BUILDERS[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5) if "norm" in name else p.uniform_(-0.5, 0.5)  # norms and biases away from start
+            elif family == "gemma2" and ("q_proj" in name or "k_proj" in name):
+                p.mul_(8)  # scores past the attention cap of 5
+            elif family == "gemma2" and "embed_tokens" in name:
+                p.mul_(10)  # logits (tied head) past the final cap of 3
+    return model
+
+
+def bpe_tokenizer():
+    """A byte-level BPE ``transformers.PreTrainedTokenizerFast`` trained on TEXTS (256 bytes + merges + EOS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def save_with_tokenizer(family: str, path, **change):
+    """hf_model(family) over bpe_tokenizer()'s vocabulary, saved with that tokenizer in ``path``; the model."""
+    tokenizer = bpe_tokenizer()
+    model = hf_model(family, vocab_size=len(tokenizer), **change)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return model
