@@ -9,7 +9,7 @@ from pathlib import Path
 from ..generation.backends import BACKENDS
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
-from .sources import add_model_source, load_model_source
+from .sources import add_model_source, check_directory_kind, load_model_source
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
     "--task": ("task", str, "lm (a GPT learns the next token; default) or translate (the paper's encoder-decoder "
@@ -34,8 +34,9 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
-    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face GPT-2, LLaMA or GPT-NeoX directory "
-                       "(save_pretrained: config.json, model.safetensors, its tokenizer, kept unchanged)"),
+    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face decoder directory (GPT-2, LLaMA, "
+                       "GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
+                       "model.safetensors, its tokenizer, kept unchanged)"),
     "--lora": ("lora", int, "with --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
     "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
     "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default q_proj,k_proj,v_proj,out_proj; "
@@ -119,6 +120,9 @@ def train_config(args: argparse.Namespace):
             given[field] = value
     given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile), ("copy", args.copy)) if v is not None}
     overrides = model_overrides(args)
+    if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to continue it instead
+        check_directory_kind(given["init_from_hf"], "--init-from-hf",
+                             hint=f"continue it with --resume --out {given['init_from_hf']}")
     if args.resume:
         if not args.out:
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
@@ -203,9 +207,17 @@ def add_sample(sub) -> argparse.ArgumentParser:
     """Declare `qkv sample`."""
     p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
                        description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA / "
-                                   "GPT-NeoX directory with its tokenizer (KV-cached decoding).")
+                                   "GPT-NeoX directory with its tokenizer (KV-cached decoding); with --chat, answer "
+                                   "it as a chat model does, through the checkpoint's chat template.")
     add_model_source(p)
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
+    p.add_argument("--chat", action="store_true",
+                   help="a chat model: the prompt is a user message, formatted with the checkpoint's own chat "
+                        "template (the tokenizer's apply_chat_template, opening the assistant's turn); only the "
+                        "reply is printed, without the template's markup, and it stops at the end of the turn "
+                        "(the tokenizer's eos and the generation_config's eos ids, e.g. Qwen's <|im_end|>)")
+    p.add_argument("--system", metavar="TEXT", default=None,
+                   help="with --chat: a system message before the user's (the template decides how it is shown)")
     p.add_argument("--max-new-tokens", type=int, default=200,
                    help=f"tokens to generate (default 200; at most {MAX_NEW_TOKENS:,}, a larger number is capped "
                         "there, saying so: past its max_len the model sees only its last tokens, a sliding window, "
@@ -238,18 +250,24 @@ def run_sample(args: argparse.Namespace) -> int:
     from ..generation.backends import BACKEND_NOTES, pick, resolve
     from ..runtime import cpu_threads, resolve_device
 
+    if args.system is not None and not args.chat:
+        raise CommandError("--system needs --chat: a system message is part of a chat template's conversation")
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(cpu_threads())  # decoding one token at a time suffers most on busy cores
     model, tokenizer = load_model_source(args, device=args.device)
     check_decoder(args, model)
+    chat = chat_ids(args, tokenizer)
     tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
     model = model.to(getattr(torch, args.dtype))
     backend, why = pick(model, 1, resolve(args.backend, "fused" if args.compile else False)[0])
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, backend=backend)
     with autocast:
-        stream_sample(model, tokenizer, args.prompt, tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, backend=backend)
+        if chat is None:
+            stream_sample(model, tokenizer, args.prompt, tokens, **settings)
+        else:
+            stream_chat(model, tokenizer, chat, tokens, eos_id=end_of_turn(model, tokenizer), **settings)
     print(f"qkv: {why + '; ' if why else ''}decoded with the {backend} backend ({BACKEND_NOTES[backend]})",
           file=sys.stderr)
     return 0
@@ -277,6 +295,43 @@ def check_decoder(args: argparse.Namespace, model) -> None:
     hint = ": use `qkv translate` to translate with an encoder-decoder" if isinstance(model, Transformer) else ""
     raise CommandError(f"{args.run or args.hf}: sampling needs a decoder (a qkv train --task lm run, GPT-2, "
                        f"LLaMA or GPT-NeoX), got {type(model).__name__}{hint}")
+
+
+def chat_ids(args: argparse.Namespace, tokenizer) -> list[int] | None:
+    """--chat: the --system and --prompt messages in the checkpoint's chat template, as the prompt's ids
+    (``Tokenizer.chat_ids``); None without --chat. CommandError when the tokenizer has no template."""
+    if not args.chat:
+        return None
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise CommandError(f"{args.run or args.hf}: the tokenizer has no chat template "
+                           "(tokenizer_config.json 'chat_template')")
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return tokenizer.chat_ids(system + [{"role": "user", "content": args.prompt}])
+
+
+def end_of_turn(model, tokenizer) -> list[int] | None:
+    """Where a chat reply ends: the model's generation_config eos ids and the tokenizer's eos (None: none)."""
+    config = getattr(model, "generation_config", None)
+    ids = list(config.eos_ids) if config is not None else []
+    ids += [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    return list(dict.fromkeys(ids)) or None
+
+
+def stream_chat(model, tokenizer, ids: list[int], tokens: int, **kwargs) -> None:
+    """Print the reply to a chat prompt's ``ids`` as it comes, then a newline: its text alone, without the
+    prompt or special tokens (``Tokenizer.decode_text``); ``kwargs`` as ``qkv.generation.generate``'s."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ..generation import TextStreamer, generate
+
+    streamer = TextStreamer(SimpleNamespace(decode=tokenizer.decode_text), skip_prompt=True)
+    try:
+        generate(model, torch.tensor([ids], device=model.lm_head.weight.device), tokens, streamer=streamer, **kwargs)
+    finally:
+        if streamer.pieces:
+            print(flush=True)
 
 
 def stream_sample(model, tokenizer, prompt: str, tokens: int, **kwargs) -> None:

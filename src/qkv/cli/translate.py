@@ -18,7 +18,7 @@ def add_translate(sub) -> argparse.ArgumentParser:
     add_model_source(p)
     p.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: lines of stdin)")
     p.add_argument("--num-beams", type=int, default=None, help="beam width (default: 4 for a run, the checkpoint's "
-                   "generation config for --hf; 1 = greedy)")
+                   "generation config for --hf, 1 where it gives none, as Hugging Face's generate; 1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=None, help="α of score = log p / length^α (default: 0.6, "
                    "the paper's, for a run; the checkpoint's generation config, else 1.0, for --hf)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest translation (default: 2 × source + 10)")
@@ -40,7 +40,7 @@ def run_translate(args: argparse.Namespace) -> int:
     if not isinstance(model, Transformer):
         raise CommandError(f"{args.run or args.hf} holds a {type(model).__name__}, not an encoder-decoder: "
                            "use `qkv sample` to continue text with it")
-    beams, alpha = decoding_defaults(args)
+    beams, alpha = decoding_defaults(args, model)
     typing = not args.text and is_terminal(sys.stdin)
     if typing:
         print("qkv translate: reading the lines to translate from stdin (each one translated when you press "
@@ -53,15 +53,11 @@ def run_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def decoding_defaults(args: argparse.Namespace) -> tuple[int, float]:
+def decoding_defaults(args: argparse.Namespace, model) -> tuple[int, float]:
     """(num_beams, length_penalty): the flags, else a run's paper defaults (4, 0.6), else a Hugging Face
-    checkpoint's generation_config.json (as ``generate`` would use them; 4 and 1.0 when absent)."""
-    import json
-    from pathlib import Path
-
-    if args.run:
+    checkpoint's, ``model.generation_config`` (as its ``generate`` uses them: 1 and 1.0 where it gives none)."""
+    config = getattr(model, "generation_config", None)
+    if args.run or config is None:
         return args.num_beams or 4, 0.6 if args.length_penalty is None else args.length_penalty
-    gen = Path(args.hf) / "generation_config.json"
-    saved = json.loads(gen.read_text(encoding="utf-8")) if gen.is_file() else {}
-    alpha = saved.get("length_penalty", 1.0) if args.length_penalty is None else args.length_penalty
-    return args.num_beams or int(saved.get("num_beams", 4)), float(alpha)
+    alpha = config.length_penalty if args.length_penalty is None else args.length_penalty
+    return args.num_beams or config.num_beams, float(alpha)

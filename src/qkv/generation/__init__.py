@@ -5,12 +5,14 @@
     backends.py      eager | auto | inductor | fused: which code computes the steps, chosen with a reason
     streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text
     beam_search.py   greedy and beam search for qkv.Transformer (the paper's beam 4, length penalty 0.6)
+    config.py        GenerationConfig: a checkpoint's decoding settings (generation_config.json), generate's defaults
 """
 from .backends import BACKENDS, BackendFallback, choose
 from .beam_search import Special, beam_search
+from .config import GenerationConfig, config_defaults
 from .decode import generate, generate_text
 from .sampling import next_token, top_k_filter, top_p_filter
 from .streaming import TextStreamer
 
 __all__ = ["generate", "generate_text", "next_token", "top_k_filter", "top_p_filter", "BACKENDS", "BackendFallback",
-           "choose", "Special", "beam_search", "TextStreamer"]
+           "choose", "Special", "beam_search", "TextStreamer", "GenerationConfig", "config_defaults"]

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..checks import check_positive_int
 from ..nn.kv_cache import reorder_kv
 from .backends import speed_layer
+from .config import GenerationConfig
 
 NEG = -1.0e9  # "impossible", finite so that sums and comparisons stay defined
 
@@ -47,6 +48,7 @@ class Special:
     suppress: tuple[int, ...] = ()
     force_eos_at_end: bool = False  # the last allowed step must emit EOS (Hugging Face's forced_eos_token_id)
     renormalize: bool = False
+    force_bos: int | None = None  # the first generated token (Hugging Face's forced_bos_token_id: mBART, NLLB)
 
 
 class Decoder:
@@ -81,18 +83,27 @@ class Decoder:
                 cache.reorder(rows)
 
 
-def next_token_scores(logits: Tensor, special: Special, *, last_step: bool) -> tuple[Tensor, Tensor]:
+def forced(logits: Tensor, token: int) -> tuple[Tensor, Tensor]:
+    """(allowed, log_z) where only ``token`` is allowed, with log p = 0."""
+    allowed = torch.full_like(logits, float("-inf"))
+    allowed[:, token] = 0.0
+    return allowed, logits.new_zeros(logits.size(0), 1)
+
+
+def next_token_scores(logits: Tensor, special: Special, *, last_step: bool,
+                      first_step: bool = False) -> tuple[Tensor, Tensor]:
     """logits (N, V) -> (allowed (N, V), log_z (N, 1)) with log p(token) = allowed − log_z.
 
-    Suppressed tokens are −inf in ``allowed``; at a forced last step only EOS is left, with log p = 0.
+    Suppressed tokens are −inf in ``allowed``; at a forced last step only EOS is left, with log p = 0 (at
+    the first step ``special.force_bos`` likewise, where set).
     log_z = log Σ exp(logits) over the vocabulary, or over the allowed tokens with ``special.renormalize``
     (what log_softmax, suppression and log_softmax again give). The searches subtract log_z only from
     the few candidates they keep instead of writing a (N, V) log_softmax.
     """
     if special.force_eos_at_end and last_step:
-        allowed = torch.full_like(logits, float("-inf"))
-        allowed[:, special.eos] = 0.0
-        return allowed, logits.new_zeros(logits.size(0), 1)
+        return forced(logits, special.eos)
+    if special.force_bos is not None and first_step:
+        return forced(logits, special.force_bos)
     log_z = None if special.renormalize else logits.logsumexp(-1, keepdim=True)  # (N, 1)
     if special.suppress:
         logits[:, list(special.suppress)] = float("-inf")
@@ -109,7 +120,7 @@ def greedy(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_to
     seqs = torch.full((B, 1), special.start, dtype=torch.long, device=src_ids.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
     for t in range(max_new_tokens):
-        allowed, _ = next_token_scores(dec.logits(seqs), special, last_step=t == max_new_tokens - 1)
+        allowed, _ = next_token_scores(dec.logits(seqs), special, last_step=t == max_new_tokens - 1, first_step=t == 0)
         tok = torch.where(finished, special.pad, allowed.argmax(-1))  # (B,): log_z shifts a row, not its argmax
         seqs = torch.cat([seqs, tok[:, None]], 1)  # (B, T + 1)
         finished |= tok == special.eos
@@ -186,7 +197,7 @@ def beam_search(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_n
                   torch.ones(B, 1, dtype=torch.bool, device=dev))
     for t in range(1, L):
         allowed, log_z = next_token_scores(dec.logits(beams.running[:, :, :t].reshape(B * K, t)), special,
-                                           last_step=t == L - 1)
+                                           last_step=t == L - 1, first_step=t == 1)
         cand_scores, parent, token = _top_candidates(allowed, log_z, beams.running_scores, 2 * K)  # (B, 2K) each
         cand = _gather(beams.running, parent)  # (B, 2K, L)
         cand[:, :, t] = token
@@ -244,3 +255,35 @@ def search(model, src_ids: Tensor, *, src_mask: Tensor | None, max_new_tokens: i
     return beam_search(model, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens, special=special,
                        num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
                        use_cache=use_cache)
+
+
+def special_of(config: GenerationConfig) -> Special:
+    """A checkpoint's decoding tokens (``model.generation_config``) as a ``Special``: start =
+    decoder_start_id, eos = the first of eos_ids, pad = pad_id; ValueError naming each missing one."""
+    ids = dict(decoder_start_id=config.decoder_start_id, eos_ids=config.eos_id, pad_id=config.pad_id)
+    missing = [k for k, v in ids.items() if v is None]
+    if missing:
+        raise ValueError(f"the model's generation_config has no {', '.join(missing)}: pass "
+                         "special=qkv.generation.Special(start=..., eos=..., pad=...)")
+    force_eos = config.forced_eos_id is not None
+    if force_eos and config.forced_eos_id != config.eos_id:
+        raise ValueError(f"forced_eos_id={config.forced_eos_id} differs from eos_ids[0]={config.eos_id} "
+                         "(qkv forces its EOS)")
+    return Special(start=config.decoder_start_id, eos=config.eos_id, pad=config.pad_id, suppress=config.suppress,
+                   force_eos_at_end=force_eos, renormalize=config.renormalize, force_bos=config.forced_bos_id)
+
+
+def search_settings(config: GenerationConfig | None, *, special: Special | None, max_new_tokens: int | None,
+                    num_beams: int | None, length_penalty: float | None, early_stopping: bool | None) -> dict:
+    """``decode``'s keyword arguments: each one given, else the model's ``generation_config``'s (HF's
+    max_length counts the decoder's start token), else greedy, length penalty 1.0, 64 new tokens."""
+    if special is None and config is None:
+        raise ValueError("generate needs special=qkv.generation.Special(start=..., eos=..., pad=...): "
+                         "the target vocabulary's start, end and padding ids")
+    config = config or GenerationConfig()
+    if max_new_tokens is None:
+        max_new_tokens = config.max_new_tokens or (config.max_length - 1 if config.max_length else 64)
+    return dict(special=special or special_of(config), max_new_tokens=max_new_tokens,
+                num_beams=config.num_beams if num_beams is None else num_beams,
+                length_penalty=config.length_penalty if length_penalty is None else length_penalty,
+                early_stopping=config.early_stopping if early_stopping is None else early_stopping)

@@ -6,6 +6,7 @@ Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -103,13 +104,16 @@ def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
     mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer: Streamer | None = None,
+    pad_id: int | None = None, suppress: Sequence[int] = (),
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 
     Args:
         ids: (B, T) prompts; a batch of different lengths is left-padded, with ``mask``
             (B, T) bool True on real tokens. Each row then gets the tokens it would alone.
-        eos_id: a row that emits it is finished and padded with eos_id from then on.
+        eos_id: a row that emits it (or any of them, given several: Llama 3's end-of-turn ids) is finished and
+            padded from then on, with ``pad_id`` where given, else with the (first) eos id.
+        suppress: token ids never generated (Hugging Face's single-token bad_words_ids, suppress_tokens).
         use_cache: decode with a preallocated static KV cache (same tokens as without it).
         seed: seeds a private generator, so sampling is reproducible.
         backend: what computes the steps (``qkv.generation.backends``): "auto" (the model's forward, its linears
@@ -128,6 +132,7 @@ def generate(
     (a sliding window, re-prefilled), with or without the cache alike.
     """
     check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
+    stop = Stop(eos_id, pad_id, suppress, ids.device)
     backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile)
     if backend in ("inductor", "fused") and not use_cache:
         raise ValueError(f"backend {backend!r} compiles the cached decode step: it needs use_cache=True")
@@ -136,12 +141,12 @@ def generate(
     try:
         with backends.speed_layer(model, backend):
             return sample(model, ids, max_new_tokens, backend, temperature=temperature, top_k=top_k, top_p=top_p,
-                          eos_id=eos_id, use_cache=use_cache, seed=seed, mask=mask, streamer=streamer)
+                          stop=stop, use_cache=use_cache, seed=seed, mask=mask, streamer=streamer)
     finally:
         model.train(was_training)
 
 
-def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature: float, top_k, top_p, eos_id,
+def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature: float, top_k, top_p, stop: Stop,
            use_cache: bool, seed: int | None, mask: Tensor | None, streamer=None) -> Tensor:
     """``generate`` once its arguments are checked and its backend chosen: (B, T) -> (B, T + n)."""
     generator = None if seed is None else torch.Generator(device=ids.device).manual_seed(seed)
@@ -155,9 +160,11 @@ def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature
     cache = None if not use_cache else StaticCache(
         model, B, min(limit, end - start + max_new_tokens), device=ids.device, backend=backend)
     pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    if stop.suppress is not None:
+        pick = functools.partial(suppressed, pick, stop.suppress)
     if streamer is not None:
         streamer.put(ids)
-    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, eos_id, greedy=temperature == 0,
+    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, stop, greedy=temperature == 0,
                       streamer=streamer)
     if streamer is not None:
         streamer.end()
@@ -165,7 +172,7 @@ def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature
 
 
 def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache, pick,
-                eos_id: int | None, greedy: bool, streamer=None) -> int:
+                stop: Stop, greedy: bool, streamer=None) -> int:
     """``generate``'s loop: up to max_new_tokens tokens into out (B, T + n) after the window
     out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end. Each new token
     goes to ``streamer.put`` as soon as it is in ``out``."""
@@ -173,26 +180,26 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
     emit = streamer.put if streamer is not None else lambda ids: None
     burst = STREAM_BURST if streamer is not None else max_new_tokens  # greedy tokens of one fused call
     finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
-    greedy_steps = greedy and cache is not None and cache.greedy_steps
+    greedy_steps = greedy and cache is not None and cache.greedy_steps and stop.plain
     logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
     new = 0  # tokens emitted
     while new < max_new_tokens:
         tok = pick(logits)  # (B,)
-        if eos_id is not None:
-            tok = torch.where(finished, torch.full_like(tok, eos_id), tok)
-            finished |= tok == eos_id
+        if stop.eos is not None:
+            tok = torch.where(finished, torch.full_like(tok, stop.pad), tok)
+            finished |= torch.isin(tok, stop.eos)
         out[:, end] = tok
         emit(out[:, end:end + 1])  # (B, 1)
         end, new = end + 1, new + 1
-        if finished_all(new, max_new_tokens, eos_id, finished):
+        if finished_all(new, max_new_tokens, stop, finished):
             break
         if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
             toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1, burst),
-                                eos_id, finished)  # (B, k)
+                                stop.pad, finished)  # (B, k)
             out[:, end:end + toks.size(1)] = toks
             emit(toks)
             end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
-            if finished_all(new, max_new_tokens, eos_id, finished):
+            if finished_all(new, max_new_tokens, stop, finished):
                 break
         if end - start > limit:  # window full: slide and re-prefill
             start = end - limit // 2
@@ -204,8 +211,35 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
     return end
 
 
-def finished_all(new: int, max_new_tokens: int, eos_id: int | None, finished: Tensor) -> bool:
-    return new == max_new_tokens or (eos_id is not None and bool(finished.all()))
+def finished_all(new: int, max_new_tokens: int, stop: Stop, finished: Tensor) -> bool:
+    return new == max_new_tokens or (stop.eos is not None and bool(finished.all()))
+
+
+class Stop:
+    """Where rows stop: ``eos`` (E,) the end ids (None: never), ``pad`` what a finished row emits from then
+    on, ``suppress`` (K,) ids never generated (None: none). ``plain``: one eos that is also the padding and
+    nothing suppressed, what the fused step's several greedy tokens per call handle."""
+
+    def __init__(self, eos_id, pad_id: int | None, suppress, device) -> None:
+        eos = [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        check_ids("eos_id", eos, none_ok=eos_id is None)
+        check_ids("pad_id", [] if pad_id is None else [pad_id], none_ok=True)
+        check_ids("suppress", list(suppress), none_ok=True)
+        self.eos = torch.tensor(eos, device=device) if eos else None  # (E,)
+        self.pad = (eos[0] if pad_id is None else pad_id) if eos else None  # None when rows never stop
+        self.suppress = torch.tensor(list(suppress), device=device) if len(suppress) else None  # (K,)
+        self.plain = self.suppress is None and (not eos or (len(eos) == 1 and self.pad == eos[0]))
+
+
+def check_ids(name: str, ids: list, *, none_ok: bool) -> None:
+    """ValueError unless ``ids`` are ints >= 0 (and at least one, unless ``none_ok``)."""
+    if (not ids and not none_ok) or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
+        raise ValueError(f"{name} must be a token id or a non-empty list of them (ints >= 0), got {ids!r:.80}")
+
+
+def suppressed(pick, ids: Tensor, logits: Tensor) -> Tensor:
+    """``pick`` over logits (B, V) with the ids (K,) set to −inf: they are never chosen."""
+    return pick(logits.index_fill(1, ids, float("-inf")))
 
 
 def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:

@@ -22,6 +22,8 @@ class Transformer(CausalTrunk):
     (``new_kv_caches``); beam search reorders both (``KVCache.reorder``, ``qkv.kv_cache.reorder_kv``).
     """
 
+    generation_config = None  # a checkpoint's qkv.generation.GenerationConfig (from_hf sets it): generate's defaults
+
     def __init__(self, config: ModelConfig) -> None:
         decoder_layers = config.num_decoder_layers or config.num_layers
         if config.layer_types is not None and decoder_layers != config.num_layers:
@@ -74,22 +76,22 @@ class Transformer(CausalTrunk):
         out.logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         return out
 
-    def generate(self, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_tokens: int = 64,
-                 num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool = False, use_cache: bool = True,
-                 special=None) -> Tensor:
+    def generate(self, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_tokens: int | None = None,
+                 num_beams: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | None = None, use_cache: bool = True, special=None) -> Tensor:
         """Target ids (B, 1 + n) for sources (B, S): greedy when ``num_beams`` is 1, beam search otherwise.
 
         ``special``: a ``qkv.generation.beam_search.Special`` (start, end, padding ids); see
-        ``qkv.generation.beam_search.decode``.
+        ``qkv.generation.beam_search.decode``. An argument left None comes from ``self.generation_config``
+        (a checkpoint's, attached by ``qkv.interop.from_hf``: its tokens, num_beams, length penalty, max_length),
+        else greedy, 64 new tokens, length penalty 1.0; without either, ``special`` must be given.
         """
-        from ..generation.beam_search import decode
+        from ..generation.beam_search import decode, search_settings
 
-        if special is None:
-            raise ValueError("generate needs special=qkv.generation.Special(start=..., eos=..., pad=...): "
-                             "the target vocabulary's start, end and padding ids")
-        return decode(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens, special=special,
-                      num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
-                      use_cache=use_cache)
+        settings = search_settings(getattr(self, "generation_config", None), special=special,
+                                   max_new_tokens=max_new_tokens, num_beams=num_beams,
+                                   length_penalty=length_penalty, early_stopping=early_stopping)
+        return decode(self, src_ids, src_mask=src_mask, use_cache=use_cache, **settings)
 
     def forward(
         self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,

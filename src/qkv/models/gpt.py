@@ -15,6 +15,8 @@ from .trunk import CausalTrunk, ModelOutput, check_token_ids, init_weights, toke
 class GPT(CausalTrunk):
     """A decoder-only language model (Radford et al. 2019; nanoGPT's shape), causal self-attention."""
 
+    generation_config = None  # a checkpoint's qkv.generation.GenerationConfig (from_hf sets it): generate's defaults
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, config.num_layers)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.head.bias)
@@ -54,8 +56,17 @@ class GPT(CausalTrunk):
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
         return out
 
-    def generate(self, ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-        """Autoregressive sampling; see ``qkv.generation.generate`` for the keyword arguments."""
-        from ..generation import generate
+    def generate(self, ids: Tensor, max_new_tokens: int | None = None, **kwargs) -> Tensor:
+        """Autoregressive sampling; see ``qkv.generation.generate`` for the keyword arguments.
 
+        With ``self.generation_config`` (a checkpoint's, attached by ``qkv.interop.from_hf``) every argument
+        not given comes from it, as Hugging Face's ``generate`` would use it: its eos and pad ids, greedy
+        unless it samples, its max_new_tokens or max_length (``qkv.generation.config_defaults``).
+        """
+        from ..generation import config_defaults, generate
+
+        if self.generation_config is not None:
+            max_new_tokens, kwargs = config_defaults(self.generation_config, ids, max_new_tokens, kwargs)
+        if max_new_tokens is None:
+            raise ValueError("generate needs max_new_tokens (the model has no generation_config to take it from)")
         return generate(self, ids, max_new_tokens, **kwargs)

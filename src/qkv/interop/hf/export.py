@@ -62,6 +62,13 @@ def hf_state(model: nn.Module, family: Family, hf: nn.Module) -> dict[str, Tenso
     return {spelled.get(k, k): v for k, v in state.items()}
 
 
+def generation_fields(model: nn.Module, fields: dict) -> dict:
+    """The special-token ids of ``model.generation_config`` that the family's HF config has a field for."""
+    config = getattr(model, "generation_config", None)
+    hf = config.to_hf() if config is not None else {}
+    return {k: v for k, v in hf.items() if k in fields and k.endswith("token_id")}
+
+
 def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
     """A ``transformers`` GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM or MarianMTModel holding exact
     copies of ``model``'s weights.
@@ -72,7 +79,9 @@ def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
     feed-forward; no MLP bias: zeros there); a post-LN Transformer with split sinusoids → Marian
     (no logits bias: a zero final_logits_bias).
     ``config_kwargs`` go to the HF config (e.g. ``eos_token_id=…``, ``attn_implementation="eager"``);
-    special-token ids default to None.
+    special-token ids default to ``model.generation_config``'s, else None. The model's ``generation_config``
+    (a checkpoint's, from ``from_hf``) becomes the HF model's, which ``save_pretrained`` writes as
+    generation_config.json.
     """
     if isinstance(model, PointerTransformer):
         raise TypeError(f"{type(model).__name__}'s copy mechanism has no Hugging Face counterpart; "
@@ -81,7 +90,10 @@ def to_hf(model: GPT | Transformer, **config_kwargs) -> nn.Module:
     import transformers
 
     config_name, model_name = family.hf_classes
-    hf = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**fields, **config_kwargs}))
+    hf_fields = {**fields, **generation_fields(model, fields), **config_kwargs}
+    hf = getattr(transformers, model_name)(getattr(transformers, config_name)(**hf_fields))
+    if getattr(model, "generation_config", None) is not None:
+        hf.generation_config = transformers.GenerationConfig(**model.generation_config.to_hf())
     try:
         hf.load_state_dict(hf_state(model, family, hf), strict=True)
     except RuntimeError as e:  # an older transformers whose config lacks a field written here (head_dim < 4.45)

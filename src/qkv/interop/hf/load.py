@@ -8,16 +8,18 @@ reported together: a half-loaded model is never returned.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
+from ...generation.config import GenerationConfig
 from ...models import GPT, Encoder, ModelConfig, Transformer
 from .families import FAMILIES
 from .family import Family
-from .files import read_config, read_safetensors
+from .files import generation_settings, read_config, read_safetensors
 from .tokenizer import Tokenizer, find_tokenizer
 
 
@@ -97,6 +99,24 @@ def build(hf_config: dict, load: Callable[[], dict[str, Tensor]], name: str, *,
     return model.to(dtype).eval()
 
 
+def attach_generation_config(model: nn.Module, settings: dict, name: str) -> nn.Module:
+    """Set ``model.generation_config`` from a checkpoint's generation settings (not on an ``Encoder``: it
+    generates nothing), with one warning naming the settings qkv's generate does not apply."""
+    if isinstance(model, (GPT, Transformer)):
+        model.generation_config = GenerationConfig.from_hf(settings, model.config.vocab_size)
+        if model.generation_config.ignored:
+            warnings.warn(f"{name}: qkv's generate does not apply these generation settings: "
+                          + "; ".join(model.generation_config.ignored), UserWarning, stacklevel=3)
+    return model
+
+
+def hf_generation_settings(source: nn.Module) -> dict:
+    """An in-memory transformers model's config and generation config (its non-default keys), merged."""
+    gen = getattr(source, "generation_config", None)
+    diff = gen.to_diff_dict() if hasattr(gen, "to_diff_dict") else {}
+    return {**source.config.to_dict(), **diff}
+
+
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
     """A qkv model with the weights of a Hugging Face GPT-2, LLaMA, GPT-NeoX, BERT or Marian checkpoint.
@@ -108,7 +128,9 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         dropout: qkv's one dropout rate (HF's several rates are training settings, not loaded).
     Returns:
         ``qkv.GPT`` (gpt2, llama, gpt_neox), ``qkv.Encoder`` (bert, without pooler or MLM head) or
-        ``qkv.Transformer`` (marian: MarianMTModel), in eval mode.
+        ``qkv.Transformer`` (marian: MarianMTModel), in eval mode. A GPT or Transformer carries the
+        checkpoint's generation settings as ``model.generation_config`` (a ``qkv.generation.GenerationConfig``
+        from generation_config.json over config.json): its ``generate`` defaults, as Hugging Face's.
     Raises:
         ValueError listing every problem at once: no config.json, unsupported model_type or
         setting, missing or unexpected keys, shape mismatches.
@@ -117,9 +139,12 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if isinstance(source, (str, os.PathLike)):
         d = Path(source)
-        return build(read_config(d), lambda: read_safetensors(d), str(d), dtype=dtype, dropout=dropout)
+        model = build(read_config(d), lambda: read_safetensors(d), str(d), dtype=dtype, dropout=dropout)
+        return attach_generation_config(model, generation_settings(d), str(d))
     if isinstance(source, nn.Module) and hasattr(getattr(source, "config", None), "to_dict"):
-        return build(source.config.to_dict(), source.state_dict, type(source).__name__, dtype=dtype, dropout=dropout)
+        name = type(source).__name__
+        model = build(source.config.to_dict(), source.state_dict, name, dtype=dtype, dropout=dropout)
+        return attach_generation_config(model, hf_generation_settings(source), name)
     raise TypeError(f"from_hf expects a directory path or a transformers model, got {type(source).__name__}")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import operator
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from torch import Tensor
@@ -46,6 +47,26 @@ class Tokenizer:
     def decode(self, ids) -> str:
         ids = self._check(ids)
         return self.backend.decode(ids, skip_special_tokens=self.special is not None)
+
+    def decode_text(self, ids) -> str:
+        """The text of ``ids`` without special tokens: a chat reply without its template's markup."""
+        return self.backend.decode(self._check(ids), skip_special_tokens=True)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The checkpoint's chat template (tokenizer_config.json's 'chat_template', or chat_template.jinja);
+        None without one, and for a bare ``tokenizers.Tokenizer``."""
+        template = getattr(self.backend, "chat_template", None) if self._hf else None
+        return template or None
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation ([{"role": "system" | "user" | …, "content": text}, …]) formatted with the chat
+        template and opening the assistant's turn: ``apply_chat_template(messages, add_generation_prompt=True)``'s
+        ids. ValueError when the tokenizer has no template."""
+        if self.chat_template is None:
+            raise ValueError("the tokenizer has no chat template (tokenizer_config.json 'chat_template')")
+        out = self.backend.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out["input_ids"] if isinstance(out, Mapping) else out)
 
     def token_strings(self, ids) -> list[str]:
         """One readable string per id (for plot labels): its decoded text, or the raw token when

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ....generation.beam_search import Special
+from ....generation.beam_search import Special, special_of
+from ....generation.config import NEUTRAL, GenerationConfig
 from ....models import ModelConfig, Transformer
 from ..family import Family
 from ..files import generation_settings
@@ -116,33 +117,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
 
 # --- how Hugging Face decodes a Marian checkpoint ---------------------------------------------------
 
-UNSUPPORTED_SEARCH = dict(min_length=0, min_new_tokens=None, no_repeat_ngram_size=0, repetition_penalty=1.0,
-                          num_beam_groups=1, do_sample=False)  # generate settings a Special cannot express
-
-
-def token_id(hf: dict, key: str, vocab: int, problems: list[str], *, optional: bool = False) -> int | None:
-    """One token id (or a one-element list of it, as some configs write eos_token_id)."""
-    value = hf.get(key)
-    one = value[0] if isinstance(value, list) and len(value) == 1 else value
-    if one is None and optional:
-        return None
-    if not isinstance(one, int) or isinstance(one, bool) or not 0 <= one < vocab:
-        problems.append(f"{key}={value!r} (expected one token id in [0, {vocab}))")
-        return None
-    return one
-
-
-def suppressed(hf: dict, vocab: int, problems: list[str]) -> tuple[int, ...]:
-    """Single-token bad_words_ids and suppress_tokens: the ids generate never emits."""
-    bad, extra = hf.get("bad_words_ids") or [], hf.get("suppress_tokens") or []
-    if not isinstance(bad, list) or not all(isinstance(w, list) and len(w) == 1 for w in bad):
-        problems.append(f"bad_words_ids={bad!r:.80} (qkv suppresses single tokens: expected [[id], …])")
-        bad = []
-    ids = [w[0] for w in bad] + (extra if isinstance(extra, list) else [extra])
-    wrong = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab]
-    if wrong:
-        problems.append(f"suppressed ids {wrong!r:.80} (expected token ids in [0, {vocab}))")
-    return tuple(dict.fromkeys(i for i in ids if i not in wrong))
+# generate settings a Special cannot express, at their neutral values (GenerationConfig lists the others it meets)
+UNSUPPORTED_SEARCH = dict(NEUTRAL, do_sample=False)
 
 
 def marian_special(source: str | os.PathLike | dict) -> Special:
@@ -152,23 +128,26 @@ def marian_special(source: str | os.PathLike | dict) -> Special:
     suppress = single-token bad_words_ids (Marian's pad) and suppress_tokens, force_eos_at_end =
     forced_eos_token_id is set, renormalize = renormalize_logits. ``source``: a checkpoint
     directory (generation_config.json over config.json) or those settings as one dict.
-    Raises ValueError listing every missing id and every setting a Special cannot express.
+    Raises ValueError listing every missing id and every setting a Special cannot express (where
+    ``from_hf``'s ``model.generation_config`` only warns).
     """
     hf = source if isinstance(source, dict) else generation_settings(Path(source))
     hf, problems = {k: v for k, v in hf.items() if v is not None}, []  # None: unset (GenerationConfig.to_dict)
-    require(hf, problems, **UNSUPPORTED_SEARCH)
     vocab = hf.get("decoder_vocab_size") or hf.get("vocab_size", 58101)
-    vocab = vocab if isinstance(vocab, int) else 0
-    start, eos, pad = (token_id(hf, k, vocab, problems) for k in ("decoder_start_token_id", "eos_token_id",
-                                                                    "pad_token_id"))
-    forced = token_id(hf, "forced_eos_token_id", vocab, problems, optional=True)
-    if forced is not None and eos is not None and forced != eos:
-        problems.append(f"forced_eos_token_id={forced} differs from eos_token_id={eos} (qkv forces its EOS)")
-    suppress = suppressed(hf, vocab, problems)
+    settings = GenerationConfig.from_hf(hf, vocab if isinstance(vocab, int) else 0)
+    problems += [p for p in settings.ignored if not p.startswith("eos_token_id=")]  # said once, below
+    require(hf, problems, do_sample=UNSUPPORTED_SEARCH["do_sample"])
+    said, eos = {p.split("=")[0] for p in problems}, hf.get("eos_token_id")
+    lacking = dict(decoder_start_token_id=settings.decoder_start_id is None, pad_token_id=settings.pad_id is None,
+                   eos_token_id=len(settings.eos_ids) != 1 or isinstance(eos, list) and len(eos) > 1)
+    problems += [f"{k}={hf.get(k)!r} (expected one token id in [0, {vocab}))"
+                 for k, bad in lacking.items() if bad and k not in said]
+    if None not in (settings.forced_eos_id, settings.eos_id) and settings.forced_eos_id != settings.eos_id:
+        problems.append(f"forced_eos_token_id={settings.forced_eos_id} differs from eos_token_id={settings.eos_id} "
+                        "(qkv forces its EOS)")
     if problems:
         raise ValueError("cannot decode as Hugging Face's generate does: " + "; ".join(problems))
-    return Special(start=start, eos=eos, pad=pad, suppress=suppress, force_eos_at_end=forced is not None,
-                   renormalize=hf.get("renormalize_logits") is True)
+    return special_of(settings)
 
 
 FAMILY = Family(
