@@ -6,6 +6,8 @@ generation (c) greedy tokens/s, eager and compiled, vs Hugging Face generate and
 train_speed (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
 marian     (e) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
 low_precision (f) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
+open_models batch-1 decoding of Qwen2- and Gemma-2-shaped models vs Hugging Face generate; the ring
+           cache's memory against a full cache
 complexity time and memory against n, fitted exponents: reference, fused, flash, linear attention
            (the README's table of claims)
 """
@@ -19,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision"]
+SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision", "open_models"]
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,7 @@
     inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
     fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
               any other model falls back to inductor, with one line saying why
+    (inductor falls back to auto for a model with sliding-window layers: ``compiled_step_refuses``)
 
 ``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
 raises instead of falling back.
@@ -48,16 +49,31 @@ def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
     return ("inductor", False) if compile == "inductor" else ("fused", compile == "fused")
 
 
+def compiled_step_refuses(model) -> str | None:
+    """Why inductor's compiled step cannot decode ``model``, or None. It is compiled once and then runs
+    without its guards, so everything a step reads must be a tensor: a sliding layer's ring cache counts
+    its tokens in a Python int, which compiled code would freeze at its first value (wrong keys after)."""
+    types = getattr(model, "layer_types", None) or ()
+    if "sliding_attention" in types:
+        return "its sliding-window layers keep a ring cache whose position is a Python int, not a tensor"
+    return None
+
+
 def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
-    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None)."""
-    if backend != "fused":
-        return backend, None
-    reason = fused_step.unsupported(model, batch)
-    if reason is None:
-        return "fused", None
-    if strict:
-        raise ValueError(f"compile='fused' cannot decode this model at batch {batch}: {reason}")
-    return "inductor", f"the fused step cannot decode this model at batch {batch}: {reason}"
+    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None):
+    fused falls back to inductor, inductor to auto."""
+    if backend == "fused":
+        reason = fused_step.unsupported(model, batch)
+        if reason is None:
+            return "fused", None
+        if strict:
+            raise ValueError(f"compile='fused' cannot decode this model at batch {batch}: {reason}")
+        chosen, why = pick(model, batch, "inductor")
+        return chosen, f"the fused step cannot decode this model at batch {batch}: {reason}" + (
+            f"; and {why}" if why else "")
+    if backend == "inductor" and (reason := compiled_step_refuses(model)) is not None:
+        return "auto", f"the compiled step cannot decode this model: {reason}"
+    return backend, None
 
 
 def choose(model, batch: int, backend: str = "auto", compile: bool | str = False) -> str:
