@@ -8,16 +8,13 @@ import time
 
 import torch
 
+from qkv.generation.timing import sync
+
 
 def machine_info() -> str:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     return (f"torch {torch.__version__}, {dev}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
             f"python {platform.python_version()}")
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2) -> dict[str, float]:

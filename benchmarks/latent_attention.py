@@ -18,9 +18,10 @@ import argparse
 import torch
 
 import qkv
+from qkv.generation.timing import decode_step_seconds, fill_random
 from qkv.nn.latent_attention import MultiHeadLatentAttention
 
-from .common import machine_info, table, time_interleaved
+from .common import machine_info, table
 
 MLA_SHAPE = dict(kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)
 D_MODEL, HEADS, MHA_HEAD = 512, 8, 64
@@ -52,16 +53,12 @@ def cache_numbers_per_token(path: str, mla: MultiHeadLatentAttention) -> int:
 
 def filled_caches(mla, mha, S: int) -> dict:
     """The three caches, each holding S tokens: random latents, the naive cache holding them expanded."""
-    latent = mla.new_cache(1, S + 1)
-    latent.kv[:, :, :S].normal_()
-    latent.pos = S
+    latent = fill_random(mla.new_cache(1, S + 1), S)
     naive = mla.new_cache(1, S + 1, mode="naive")
     k_nope, v = mla.expand(latent.latent())  # (1, H, S, d_N), (1, H, S, d_V)
     naive.k[:, :, :S] = torch.cat((k_nope, latent.k_rope().expand(-1, HEADS, -1, -1)), dim=-1)
     naive.v[:, :, :S] = v
-    mha_cache = qkv.KVCache(1, HEADS, S + 1, MHA_HEAD)
-    mha_cache.k[:, :, :S].normal_()
-    mha_cache.v[:, :, :S].normal_()
+    mha_cache = fill_random(qkv.KVCache(1, HEADS, S + 1, MHA_HEAD), S)
     return {"MHA": mha_cache, "MLA naive": naive, "MLA absorbed": latent}
 
 
@@ -74,8 +71,8 @@ def step(module, cache, S: int, x: torch.Tensor) -> torch.Tensor:
 def run(S: int, mla, mha, *, repeats: int, inner: int) -> tuple[list[list], float]:
     caches, x = filled_caches(mla, mha, S), torch.randn(1, 1, D_MODEL)
     modules = {"MHA": mha, "MLA naive": mla, "MLA absorbed": mla}
-    fns = {p: (lambda p=p: [step(modules[p], caches[p], S, x) for _ in range(inner)]) for p in PATHS}
-    times = {p: t / inner for p, t in time_interleaved(fns, repeats=repeats).items()}
+    steps = {p: (lambda p=p: modules[p](x, kv_cache=caches[p]), [caches[p]]) for p in PATHS}
+    times = decode_step_seconds(steps, S, repeats=repeats, inner=inner)  # interleaved rounds, medians
     agree = (step(mla, caches["MLA naive"], S, x) - step(mla, caches["MLA absorbed"], S, x)).abs().max().item()
     rows = []
     for p in PATHS:

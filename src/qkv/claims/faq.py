@@ -7,7 +7,10 @@ Shapes: B batch, T length (S the source's), C model width, N layers, H heads.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -16,8 +19,8 @@ from ..nn.attention import SelfAttention, scaled_dot_product_attention
 from ..models import GPT, ModelConfig, Transformer
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, fmt, rel_err
-from .messages import Joined, Term, say
-from .registry import check
+from .messages import Joined, Term, render, say
+from .registry import Claim, check, measured_by_study
 
 
 def self_argmax_fraction(module: nn.Module, x: Tensor) -> float:
@@ -143,3 +146,43 @@ def length_stable(attention=scaled_dot_product_attention, *, lengths=(16, 256, 4
     holds = max(bound) <= 1 + FLOAT_TOL and plain_sum[-1] > 4 * plain_sum[0]
     summary = say("length-stable", lengths=fmt(lengths), bound=fmt(bound), spread=fmt(spread), plain=fmt(plain_sum))
     return {"lengths": lengths, "max_out_over_max_v": bound, "out_std": spread, "plain_sum": plain_sum}, holds, summary
+
+
+# --- Q4's memory, at decode time: the KV cache (DeepSeek-V2's claim, measured by `qkv study kv`) ------------
+KV_STUDY = Path("runs") / "study-kv"  # `qkv study kv`'s default --out, from here or from the source checkout
+
+
+def kv_study_summary(folder: Path = KV_STUDY) -> dict | None:
+    """The summary.json of a finished `qkv study kv` in ``folder`` (relative: here, else the checkout), or None."""
+    for base in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        path = base / folder / "summary.json"
+        if path.is_file():
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            return summary if isinstance(summary.get("verdict"), dict) else None
+    return None
+
+
+def kv_cache_row(row: Claim) -> Claim:
+    """The row with the study's verdict and numbers once `qkv study kv` has run; as registered (how to run it) before."""
+    summary = kv_study_summary()
+    if summary is None:
+        return row
+    v = summary["verdict"]
+    message = say("kv-cache-mla", verdict=say("kv-cache-mla/holds" if v["holds"] else "kv-cache-mla/fails"),
+                  date=summary.get("run", {}).get("date", "?"), seeds=v["seeds"], mla=v["bpc_mla"], mha=v["bpc_mha"],
+                  diff=v["difference"], noise=v["noise"], mla_n=v["mla_numbers"], mha_n=v["mha_numbers"],
+                  reduction=100 * v["reduction"], bar=100 * v["bar"])
+    return dataclasses.replace(row, measured=v, summary=render(message, "en"), summary_zh=render(message, "zh"))
+
+
+measured_by_study(
+    "mla-kv-cache", "Q4",
+    "multi-head latent attention is at least as good as MHA with a KV cache at least 90 % smaller (DeepSeek-V2, "
+    "arXiv 2405.04434 §2.1, Tables 1 and 9)",
+    "needs eight trained models (about half an hour on two cores), beyond verify's budget; run `qkv study kv` "
+    "(results in runs/study-kv) and this row shows its verdict and numbers",
+    kv_cache_row,
+    claim_zh="「这就是 Transformer 处理超长文本时显存吃紧的根源」（解码时的键值缓存：DeepSeek-V2 称多头潜在注意力"
+             "至少与 MHA 一样好，而键值缓存小 90 % 以上）",
+    reason_zh="需要训练八个模型（两个核心上约半小时），超出 verify 的时间预算；运行 `qkv study kv`（结果在 "
+              "runs/study-kv）后，这一行给出它的结论和测量值")

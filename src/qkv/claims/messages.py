@@ -247,6 +247,16 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "; split into 4 projections it equals qkv's MHA to {err:.2g}",
         "zh": "；拆成 4 个投影后与 qkv 的 MHA 一致，误差 {err:.2g}"},
     "named": {"en": "{name} {value}", "zh": "{name} {value}"},  # a name (a Term) and its numbers
+    # --- Q4 at decode time: the KV cache, read from `qkv study kv` ---
+    "kv-cache-mla": {
+        "en": "`qkv study kv` ({date}, {seeds} seeds) measured that it {verdict} at this scale: MLA {mla:.3f} bpc, "
+              "MHA {mha:.3f} ({diff:+.3f}; seed std {noise:.3f}); MLA's cache {mla_n} numbers per token and layer "
+              "against MHA's {mha_n}: {reduction:.1f} % smaller (the claim: at least {bar:.0f} %)",
+        "zh": "`qkv study kv`（{date}，{seeds} 个种子）测得它在这个规模上{verdict}：`MLA` {mla:.3f} `bpc`，"
+              "MHA {mha:.3f}（{diff:+.3f}；种子标准差 {noise:.3f}）；`MLA` 每 token 每层缓存 {mla_n} 个数，MHA "
+              "{mha_n} 个：小 {reduction:.1f} %（论断要求至少 {bar:.0f} %）"},
+    "kv-cache-mla/holds": {"en": "holds", "zh": "成立"},
+    "kv-cache-mla/fails": {"en": "does not hold", "zh": "不成立"},
 }
 
 # Names a summary shows, in each language (missing: shown as written, e.g. code names and models).

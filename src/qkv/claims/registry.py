@@ -48,6 +48,7 @@ CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(), in the spec's o
 FULL_CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(): minutes of timing, only with full=True
 RUN_CHECKS: dict[str, Callable[..., Claim]] = {}  # name -> check(model, ids): needs a trained model (--run DIR)
 NOT_MEASURABLE: dict[str, Claim] = {}  # name -> a row with holds None and the reason
+STUDY_ROWS: dict[str, Callable[[Claim], Claim]] = {}  # name (in NOT_MEASURABLE) -> its row as a study's results say
 
 
 @contextlib.contextmanager
@@ -100,6 +101,16 @@ def not_measurable(name: str, section: str, claim: str, reason: str, *, claim_zh
     return row
 
 
+def measured_by_study(name: str, section: str, claim: str, reason: str, read: Callable[[Claim], Claim], *,
+                      claim_zh: str = "", reason_zh: str = "") -> Claim:
+    """A claim that verify cannot measure but a ``qkv study`` does: a ``not_measurable`` row (``reason``: how to run
+    the study) that each run re-reads with ``read(row)``, which returns the row with the study's numbers and verdict
+    once its results exist. ``holds`` stays None: a paper's claim at this machine's scale, not qkv's correctness."""
+    row = not_measurable(name, section, claim, reason, claim_zh=claim_zh, reason_zh=reason_zh)
+    STUDY_ROWS[name] = read
+    return row
+
+
 def claim_names() -> list[str]:
     return list(CHECKS) + list(FULL_CHECKS) + list(RUN_CHECKS) + list(NOT_MEASURABLE)
 
@@ -133,7 +144,8 @@ def run_claims(names: list[str] | None = None, *, full: bool = False, unmeasurab
     results = [fn(seed=seed) for n, fn in {**CHECKS, **FULL_CHECKS}.items() if n in names]
     if model is not None:
         results += [fn(model, ids, seed=seed) for n, fn in RUN_CHECKS.items() if n in names]
-    return results + [row for n, row in NOT_MEASURABLE.items() if n in names]
+    rows = [STUDY_ROWS[n](row) if n in STUDY_ROWS else row for n, row in NOT_MEASURABLE.items() if n in names]
+    return results + rows
 
 
 def all_hold(results: list[Claim]) -> bool:

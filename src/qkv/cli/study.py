@@ -69,6 +69,39 @@ def study_order(args: argparse.Namespace):
     return result
 
 
+def add_study_kv(studies) -> argparse.ArgumentParser:
+    """Declare `qkv study kv`."""
+    p = studies.add_parser("kv", help="the KV cache of MHA, GQA, MQA and MLA: bpc, cache size, decode speed",
+                           description="Train GPTs at one width and matched parameter count that differ only in "
+                           "attention (MHA, GQA, MQA, multi-head latent attention), two seeds each on one token budget; "
+                           "report held-out bits per character, the KV cache per token and layer, and batch-1 decode "
+                           "tokens/s at 512, 2048 and 8192 cached tokens (MLA naive and absorbed), and whether "
+                           "DeepSeek-V2's claim (MLA as good as MHA with a >= 90 %% smaller cache) holds here. Writes "
+                           "results.csv, results.md, kv.png and summary.json. Default: eight models of 2^21 tokens "
+                           "(about half an hour on two cores); --quick: seconds, a smoke test.")
+    p.add_argument("--quick", action="store_true", help="a tiny model and budget (a smoke test)")
+    p.add_argument("--seeds", type=int, default=2, help="models per variant (default 2)")
+    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
+    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
+    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", default="runs/study-kv", metavar="DIR", help="output directory (default runs/study-kv)")
+    return p
+
+
+def study_kv(args: argparse.Namespace):
+    """Run the KV-cache study and print its table and findings."""
+    from ..studies import kv
+
+    overrides = {"seeds": args.seeds, "seed": args.seed, "data": args.data, "device": args.device}
+    if args.max_tokens is not None:
+        overrides["max_tokens"] = args.max_tokens
+    cfg = kv.KVStudyConfig.quick(**overrides) if args.quick else kv.KVStudyConfig(**overrides)
+    result = kv.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
+    print(result.table, "", *result.sentences, "", sep="\n")
+    return result
+
+
 def rerender(args: argparse.Namespace) -> Path:
     """--from-results DIR: the run's results file written again in --lang from its summary.json; print it."""
     from importlib import import_module
@@ -79,17 +112,18 @@ def rerender(args: argparse.Namespace) -> Path:
     return path
 
 
-FIGURES = {"pe": ("pe.png",), "order": ()}  # what --markdown copies beside the page
+FIGURES = {"pe": ("pe.png",), "order": (), "kv": ("kv.png",)}  # what --markdown copies beside the page
 
 STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds; its module qkv.studies.X)
     "pe": (add_study_pe, study_pe),
     "order": (add_study_order, study_order),
+    "kv": (add_study_kv, study_kv),
 }
 
 
 def add_study(sub) -> argparse.ArgumentParser:
     """Declare `qkv study` and one subcommand per entry of STUDIES."""
-    p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order",
+    p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order; the KV cache: kv",
                        description="Experiments on positional encodings, run on this machine.")
     studies = p.add_subparsers(dest="study", metavar="STUDY", required=True, parser_class=Parser)
     for add, _ in STUDIES.values():
