@@ -253,7 +253,7 @@ def test_qk_norm_over_unequal_head_widths_and_bad_modules_are_refused():
 # --- the fused step refuses each new field ------------------------------------------------------------------
 
 @pytest.mark.parametrize("field, value", [
-    ("attention.qk_norm", True), ("attention.query_scalar", 12.0), ("attention.softcap", 5.0),
+    ("attention.query_scalar", 12.0), ("attention.softcap", 5.0),
     ("attention.sliding_window", 8), ("position.local_base", 1e4), ("normalization.sandwich", True),
     ("embedding.scale_in_dtype", True), ("head.softcap", 3.0),
 ])

@@ -260,7 +260,7 @@ def test_bad_input_is_named():
     state = matvec.MODULE.DecoderState
     args = (step.weights, caches, torch.empty(0), step.shape, 1e-5, 1.0)
     bad_states = [
-        ((step.weights[:-1], *args[1:]), r"expected 44 weights for 2 layers \(a k and a v cache each\), got 43"),
+        ((step.weights[:-1], *args[1:]), r"expected 52 weights for 2 layers \(a k and a v cache each\), got 51"),
         ((step.weights[:7] + [step.weights[7][:-1]] + step.weights[8:], *args[1:]),
          r"weight 7 must be a contiguous float32 CPU tensor of 1024 elements, got Float \[31, 32\]"),
         ((step.weights[:2] + [torch.ones(32).double()] + step.weights[3:], *args[1:]),

@@ -12,7 +12,12 @@ one call from Python. The model's own forward is the reference: the tests compar
 It accepts a model only where everything in it is something it was built and tested for (an allow-list):
 a ``qkv.GPT`` whose every module is of a type in ``MODULES`` (exactly that type, no subclass, no hooks) and
 whose every config field holds a value ``CONFIG`` accepts. A field ``CONFIG`` does not name is accepted at its
-default value only, so a field added to ``ModelConfig`` later is refused until this step declares it.
+default value only, so a field added to ``ModelConfig`` later is refused until this step declares it. A section
+``CONFIG`` names whole (``position.scaling``, a ``RopeScaling``) is judged whole, by its predicate.
+
+Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the table is the model's own
+``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
+over each head's D, before RoPE). RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.block import TransformerBlock
 from ..nn.layers import ACTIVATIONS, FeedForward
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from ..nn.rope_scaling import LENGTH_DEPENDENT
 from . import build as matvec
 from .linear import KernelLinear
 
@@ -40,13 +46,35 @@ MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, Sinusoidal
            TransformerBlock, MultiHeadAttention, RotaryEmbedding, FeedForward, nn.Linear, KernelLinear,
            nn.LayerNorm, nn.RMSNorm, nn.Dropout}
 ANY = None  # every value the config itself accepts
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """The values of a field for which ``test`` holds, and what they are in words (the refusal's reason)."""
+
+    test: object  # value -> bool
+    says: str
+
+    def __call__(self, value) -> bool:
+        return bool(self.test(value))
+
+
+def fixed_rope_table(scaling) -> bool:
+    """RoPE scaling whose θ and attention factor do not change with the length (``LENGTH_DEPENDENT`` do): the
+    table ``RotaryEmbedding.angles`` gives for every slot at once is the one each step of the model uses."""
+    return scaling is None or scaling.type not in LENGTH_DEPENDENT
+
+
 CONFIG = {  # field (section.name) -> the values the step computes as the model does (tests/test_decoder_step.py)
     "vocab_size": ANY, "d_model": ANY, "num_layers": ANY, "max_len": ANY, "dropout": ANY,
-    "layer_types": lambda v: v is None or set(v) <= {"full_attention"},
+    "layer_types": Where(lambda v: v is None or set(v) <= {"full_attention"}, "full attention in every layer"),
     "attention.kind": {"mha"}, "attention.num_heads": ANY, "attention.num_kv_heads": ANY, "attention.head_dim": ANY,
     "attention.q_bias": ANY, "attention.k_bias": ANY, "attention.v_bias": ANY, "attention.out_bias": ANY,
+    "attention.qk_norm": ANY,  # the model's norm (layernorm or rmsnorm, as normalization.kind) over each head's D
     "position.kind": {"learned", "sinusoidal", "rope", "none"}, "position.base": ANY, "position.interleaved": ANY,
     "position.sinusoidal_layout": ANY,
+    "position.scaling": Where(fixed_rope_table, "RoPE whose table is fixed: no scaling, or a type other than "
+                              + " and ".join(repr(t) for t in LENGTH_DEPENDENT) + ", whose θ follow the current length"),
     "feed_forward.d_ff": ANY, "feed_forward.activation": {a for a, act in ACTIVATIONS.items() if act.base in ACTS},
     "feed_forward.bias": ANY,
     "normalization.kind": {"layernorm", "rmsnorm"}, "normalization.eps": ANY, "normalization.first": {True},
@@ -57,15 +85,16 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
 assert set(LAYER_TYPES) >= {"full_attention"}
 
 
-def config_fields(config) -> dict[str, tuple[object, object]]:
-    """Every field of a config, sections flattened, with its default: {"attention.num_heads": (4, 4), ...}."""
+def config_fields(config, prefix: str = "") -> dict[str, tuple[object, object]]:
+    """Every field of a config, sections flattened (but those ``CONFIG`` names whole), with its default:
+    {"attention.num_heads": (4, 4), "position.scaling": (RopeScaling(type='linear', factor=2.0), None), ...}."""
     out, defaults = {}, type(config)()
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            out |= {f"{f.name}.{k}": v for k, v in config_fields(value).items()}
+        name, value = prefix + f.name, getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and name not in CONFIG:
+            out |= config_fields(value, f"{name}.")
         else:
-            out[f.name] = value, getattr(defaults, f.name)
+            out[name] = value, getattr(defaults, f.name)
     return out
 
 
@@ -82,7 +111,7 @@ def refused_field(config: ModelConfig) -> str | None:
 
 
 def describe(accepts) -> str:
-    return "full attention in every layer" if callable(accepts) else " or ".join(repr(v) for v in sorted(accepts, key=str))
+    return accepts.says if isinstance(accepts, Where) else " or ".join(repr(v) for v in sorted(accepts, key=str))
 
 
 @functools.lru_cache(maxsize=8)
@@ -96,6 +125,8 @@ def refused_module(model: GPT) -> str | None:
     """The first module not exactly as a GPT of its config holds it (another type, an extra or a missing one,
     hooks, settings apart from the config); None when all pass."""
     c, rope, expected = model.config, model.blocks[0].attn.rope, skeleton(model.config)
+    qk_norm = c.attention.qk_norm  # its norms' types and eps are checked as every module's
+    scores = "QKNorm(q)·QKNorm(k)" if qk_norm else "q·k"
     for name, m in model.named_modules():
         where = name or "the model"
         if type(m) not in MODULES or name not in expected or not same_kind(type(m), expected[name]):
@@ -109,8 +140,11 @@ def refused_module(model: GPT) -> str | None:
             return f"{where} has eps {m.eps} where the config says {c.normalization.eps}"
         if type(m) is MultiHeadAttention and (m.rope is not rope or m.alibi is not None or m.kv_dim != c.d_model):
             return f"{where}: attention whose position or key width differs from the model's"
-        if type(m) is MultiHeadAttention and (m.q_norm, m.k_norm, m.scale, m.softcap) != (None,) * 4:
-            return f"{where}: attention with QK-norm, a scale or a soft cap (it computes softmax(q·k/√D) v)"
+        if type(m) is MultiHeadAttention and (m.scale, m.softcap, m.q_norm is None, m.k_norm is None) != (
+                None, None, not qk_norm, not qk_norm):
+            return f"{where}: attention with QK-norm, a scale or a soft cap (it computes softmax({scores}/√D) v)"
+    if rope is not None and not fixed_rope_table(rope.scaling):  # set on the module, whatever the config says
+        return f"its RotaryEmbedding's {rope.scaling.type} scaling follows the current length (its table is not fixed)"
     missing = sorted(set(expected) - {name for name, _ in model.named_modules()})
     return f"the model lacks {missing[0]}, which a qkv.GPT of this config has" if missing else None
 
@@ -173,12 +207,13 @@ def embedding_weights(embed, max_len: int) -> list[Tensor]:
 
 
 def layer_weights(model) -> list[Tensor]:
-    """Every block's 18 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
+    """Every block's 22 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
     out = []
     for b in model.blocks:
         a, f = b.attn, b.ff
         out += norm_weights(b.attn_norm) + linear_weights(a.q_proj, a.k_proj, a.v_proj, a.out_proj)
         out += norm_weights(b.ff_norm) + linear_weights(f.up_proj, f.gate_proj, f.down_proj)
+        out += norm_weights(a.q_norm) + norm_weights(a.k_norm)  # QK-norm's, over one head's D (or none)
     return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
 
 
@@ -200,7 +235,8 @@ class FusedStep:
         self.caches = None
 
     def rope_table(self, capacity: int) -> Tensor:
-        """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them."""
+        """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them (its own θ
+        and attention factor: a scaling's, which ``unsupported`` has checked does not follow the length)."""
         if self.rotary is None:
             return torch.empty(0)
         return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()

@@ -12,7 +12,7 @@
 // counts the row's real tokens before this one (static_positions). Per layer, as TransformerBlock
 // (norm_first) computes it:
 //   h = Norm₁(x);  q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv       (the threads share the rows out)
-//   [RoPE q, k];  k, v → the cache at ``slot``;  a = softmax(q kᵀ / √D) v over the row's slots ≤ slot
+//   [QK-norm: each head of q and of k normed over its D (Qwen3)];  [RoPE q, k (cos, sin scaled as the model's)];  k, v → the cache at ``slot``;  a = softmax(q kᵀ / √D) v over the row's slots ≤ slot
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
@@ -52,12 +52,13 @@ struct Embedding {  // nullptr where the model has none
 };
 constexpr int64_t EMBEDDING = 5;  // tensors the embedding hands in, in Embedding's order
 
-struct Layer {  // nullptr where the model has no such weight (no biases, no gate)
+struct Layer {  // nullptr where the model has no such weight (no biases, no gate, no QK-norm)
   const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
   const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
+  const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
   float *k_cache, *v_cache;  // (B, G, M, D) each
 };
-constexpr int64_t PER_LAYER = 18;  // tensors a layer hands in, in Layer's order
+constexpr int64_t PER_LAYER = 22;  // tensors a layer hands in, in Layer's order
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
 // 64-byte pieces, and one that straddles two lines costs two reads.
@@ -88,7 +89,8 @@ std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, in
   for (int64_t i = 0; i < layers; i++)
     n.insert(n.end(), {{C, true}, {C, false}, {Q * C, true}, {Q, false}, {KV * C, true}, {KV, false},
                        {KV * C, true}, {KV, false}, {C * Q, true}, {C, false}, {C, true}, {C, false},
-                       {F * C, true}, {F, false}, {F * C, false}, {F, false}, {C * F, true}, {C, false}});
+                       {F * C, true}, {F, false}, {F * C, false}, {F, false}, {C * F, true}, {C, false},
+                       {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}});
   n.insert(n.end(), {{C, false}, {C, false}, {s.V * C, true}});
   return n;
 }
@@ -163,19 +165,21 @@ Rows share(int64_t n) {
   return {n * t / T, n * (t + 1) / T};
 }
 
-// h[m] = Norm(x[m]) for the B rows, C wide: LayerNorm (biased variance) or RMSNorm, then × w (+ b).
-void normalise(const float* x, const float* w, const float* b, float* h, const Shape& s, float eps) {
-  for (int64_t m = 0; m < s.B; m++) {
-    const float* xm = x + m * s.C;
-    float mean = 0.f, square = 0.f;
+// h = Norm(x) over n numbers: LayerNorm (biased variance) or RMSNorm, then × w (+ b).
+void normalise_row(const float* x, const float* w, const float* b, float* h, int64_t n, int64_t norm, float eps) {
+  float mean = 0.f, square = 0.f;
 #pragma omp simd reduction(+ : mean)
-    for (int64_t c = 0; c < s.C; c++) mean += xm[c];
-    mean = s.norm == LAYERNORM ? mean / s.C : 0.f;
+  for (int64_t c = 0; c < n; c++) mean += x[c];
+  mean = norm == LAYERNORM ? mean / n : 0.f;
 #pragma omp simd reduction(+ : square)
-    for (int64_t c = 0; c < s.C; c++) square += (xm[c] - mean) * (xm[c] - mean);
-    const float scale = 1.f / std::sqrt(square / s.C + eps);
-    for (int64_t c = 0; c < s.C; c++) h[m * s.C + c] = (xm[c] - mean) * scale * w[c] + (b ? b[c] : 0.f);
-  }
+  for (int64_t c = 0; c < n; c++) square += (x[c] - mean) * (x[c] - mean);
+  const float scale = 1.f / std::sqrt(square / n + eps);
+  for (int64_t c = 0; c < n; c++) h[c] = (x[c] - mean) * scale * w[c] + (b ? b[c] : 0.f);
+}
+
+// h[m] = Norm(x[m]) for the B rows, C wide.
+void normalise(const float* x, const float* w, const float* b, float* h, const Shape& s, float eps) {
+  for (int64_t m = 0; m < s.B; m++) normalise_row(x + m * s.C, w, b, h + m * s.C, s.C, s.norm, eps);
 }
 
 // e^v in fp32, in a form the compiler vectorises (libm's expf is one number at a time): Cephes' expf,
@@ -277,6 +281,19 @@ void rotate(const float* x, const float* cos, const float* sin, float* out, cons
   }
 }
 
+// One head of q or k as attention takes it: [QK-norm (w, b: the model's norm over its D) into ``normed``, then]
+// [RoPE at this slot into ``out``] -> where it now is (x itself when neither applies).
+const float* prepare_head(const float* x, const float* w, const float* b, const float* cos, const float* sin,
+                          float* normed, float* out, const Shape& s, float eps) {
+  if (w) {
+    normalise_row(x, w, b, normed, s.D, s.norm, eps);
+    x = normed;
+  }
+  if (!s.rope) return x;
+  rotate(x, cos, sin, out, s);
+  return out;
+}
+
 // One head: softmax(q·k_s / √D) over the slots s ≤ slot that hold the row's tokens, Σ p_s v_s -> out (D,).
 void attend_head(const float* __restrict q, const float* __restrict keys, const float* __restrict values,
                  const bool* slots, int64_t slot, float* __restrict scores, float* __restrict out, const Shape& s) {
@@ -295,21 +312,20 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
   for (int64_t d = 0; d < s.D; d++) out[d] /= total;
 }
 
-// Row m, key/value head g: [rotate and] write its key and value at ``slot``, then attend for its H/G query heads.
+// Row m, key/value head g: [norm and rotate and] write its key and value at ``slot``, then attend for its H/G
+// query heads (each [normed and rotated] first). scratch: 2D + M floats.
 void attend_group(const Layer& L, const float* q, const float* k, const float* v, const bool* slots, int64_t slot,
                   const float* cos, const float* sin, float* a, float* scratch, int64_t m, int64_t g,
-                  const Shape& s) {
+                  const Shape& s, float eps) {
   const int64_t offset = ((m * s.G + g) * s.M) * s.D;
-  float *keys = L.k_cache + offset, *values = L.v_cache + offset;
-  const float* k_new = k + (m * s.G + g) * s.D;
-  if (s.rope) rotate(k_new, cos, sin, keys + slot * s.D, s);
-  else std::copy(k_new, k_new + s.D, keys + slot * s.D);
+  float *keys = L.k_cache + offset, *values = L.v_cache + offset, *key = keys + slot * s.D;
+  float *q_ready = scratch, *normed = scratch + s.D, *scores = scratch + 2 * s.D;
+  const float* k_new = prepare_head(k + (m * s.G + g) * s.D, L.k_norm_w, L.k_norm_b, cos, sin, normed, key, s, eps);
+  if (k_new != key) std::copy(k_new, k_new + s.D, key);
   std::copy(v + (m * s.G + g) * s.D, v + (m * s.G + g + 1) * s.D, values + slot * s.D);
-  float *q_rot = scratch, *scores = scratch + s.D;
   for (int64_t h = g * (s.H / s.G); h < (g + 1) * (s.H / s.G); h++) {
-    const float* q_h = q + (m * s.H + h) * s.D;
-    if (s.rope) rotate(q_h, cos, sin, q_rot, s);
-    attend_head(s.rope ? q_rot : q_h, keys, values, slots + m * s.M, slot, scores, a + (m * s.H + h) * s.D, s);
+    const float* q_h = prepare_head(q + (m * s.H + h) * s.D, L.q_norm_w, L.q_norm_b, cos, sin, normed, q_ready, s, eps);
+    attend_head(q_h, keys, values, slots + m * s.M, slot, scores, a + (m * s.H + h) * s.D, s);
   }
 }
 
@@ -386,7 +402,7 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, co
 #pragma omp barrier
   shared_rows(s.B * s.G, buf.split(i, HEADS), 1, 1, [&](Rows r) {  // a thread done early takes the other's heads
     attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
-                 r.begin / s.G, r.begin % s.G, s);
+                 r.begin / s.G, r.begin % s.G, s, eps);
   });
 #pragma omp barrier
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
@@ -408,7 +424,7 @@ Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, c
   return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
-          k.data_ptr<float>(), v.data_ptr<float>()};
+          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), k.data_ptr<float>(), v.data_ptr<float>()};
 }
 
 Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
@@ -474,7 +490,7 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
   const float* sin = s.rope ? cos + s.M * (s.D / 2) : nullptr;
 #pragma omp parallel num_threads(threads)
   {
-    Floats h(s.B * s.C), scratch(s.D + s.M);
+    Floats h(s.B * s.C), scratch(2 * s.D + s.M);
     for (int64_t i = 0; i < layers; i++)
       layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), on, slot, cos,
             sin, s, eps);
