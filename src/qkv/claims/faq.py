@@ -153,9 +153,11 @@ KV_STUDY = Path("runs") / "study-kv"  # `qkv study kv`'s default --out, from her
 
 
 def kv_study_summary(folder: Path = KV_STUDY) -> dict | None:
-    """The summary.json of a finished `qkv study kv` in ``folder`` (relative: here, else the checkout), or None."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        path = base / folder / "summary.json"
+    """The summary.json of a finished `qkv study kv` in ``folder`` (relative: here, else the checkout), else the
+    one its docs page was written from (the checkout's docs/generated/study-kv.json), or None."""
+    checkout = Path(__file__).resolve().parents[3]
+    for path in (Path.cwd() / folder / "summary.json", checkout / folder / "summary.json",
+                 checkout / "docs" / "generated" / "study-kv.json"):
         if path.is_file():
             summary = json.loads(path.read_text(encoding="utf-8"))
             return summary if isinstance(summary.get("verdict"), dict) else None

@@ -148,8 +148,9 @@ def page_path(docs: Path, name: str, lang: str) -> Path:
 
 def write_page(results: Path, name: str, docs: str | Path, command: str, figures: tuple[str, ...] = (), *,
                lang: str = "en") -> list[Path]:
-    """Copy ``results``' results file of ``lang`` (RESULTS) to ``page_path(docs, name, lang)`` and each
-    figure to ``docs/study-{name}.{ext}``; return the paths written."""
+    """Copy ``results``' results file of ``lang`` (RESULTS) to ``page_path(docs, name, lang)``, its
+    summary.json to ``docs/generated/study-{name}.json`` (what ``qkv verify`` reads in a checkout where the
+    study has not run) and each figure to ``docs/study-{name}.{ext}``; return the paths written."""
     results, docs = Path(results), Path(docs)
     if not docs.is_dir():
         raise ValueError(f"--markdown {docs}: expected the documentation folder (e.g. docs), found no such directory")
@@ -163,6 +164,10 @@ def write_page(results: Path, name: str, docs: str | Path, command: str, figures
     page.parent.mkdir(exist_ok=True)
     atomic_text(page, say("generated", lang, command=command, file=source.name) + f"\n\n{body.strip()}\n")
     written = [page]
+    if (results / "summary.json").is_file():
+        summary = page.parent / f"study-{name}.json"
+        atomic_text(summary, (results / "summary.json").read_text(encoding="utf-8"))
+        written.append(summary)
     for figure in figures:
         target = docs / f"study-{name}{Path(figure).suffix}"
         shutil.copyfile(results / figure, target)

@@ -31,17 +31,17 @@ def config(hf: dict, problems: list[str]) -> dict:
         head=dict(tie=hf.get("tie_word_embeddings", True), softcap=hf.get("final_logit_softcapping")))
 
 
-def expect_gemma_blocks(c: ModelConfig, problems: list[str]) -> None:
-    """What every Gemma 2 model has: the four norms a block, embeddings scaled in their dtype, no bias apart."""
+def expect_gemma_blocks(c: ModelConfig, problems: list[str], family: str = "Gemma2") -> None:
+    """What every Gemma 2 (and 3) model has: the four norms a block, embeddings scaled in their dtype, no bias apart."""
     a = c.attention
     if len(set(a.biases)) > 1:
-        problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (Gemma2's attention_bias sets all four)")
-    expect_no_mlp_bias(c, problems, "Gemma2")
+        problems.append(f"attention biases (q, k, v, out) = {a.biases} differ ({family}'s attention_bias sets all four)")
+    expect_no_mlp_bias(c, problems, family)
     if not c.normalization.sandwich:
-        problems.append("normalization.sandwich=False (Gemma2 norms before and after attention and the MLP)")
+        problems.append(f"normalization.sandwich=False ({family} norms before and after attention and the MLP)")
     if not (c.embedding.scale and c.embedding.scale_in_dtype):
         problems.append(f"embedding.scale={c.embedding.scale!r}, scale_in_dtype={c.embedding.scale_in_dtype!r} "
-                        "(Gemma2 scales embeddings by √d_model rounded to their dtype: both True)")
+                        f"({family} scales embeddings by √d_model rounded to their dtype: both True)")
 
 
 def export(c: ModelConfig, problems: list[str]) -> dict:

@@ -75,7 +75,7 @@ def config(hf: dict, problems: list[str]) -> dict:
 
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> Gemma3TextConfig fields (4.x's flat RoPE spelling, which 5.x nests by layer type)."""
-    gemma2.expect_gemma_blocks(c, problems)
+    gemma2.expect_gemma_blocks(c, problems, "Gemma3")
     fields = llama.decoder_export(c, problems, "Gemma3", norm="rmsnorm_plus_one", allowed=ALLOWED,
                                   activation="hidden_activation", prefer=("gelu_pytorch_tanh",))
     a, p, types = c.attention, c.position, export_layer_types(c)
