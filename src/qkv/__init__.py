@@ -15,6 +15,7 @@ from .nn.layers import FeedForward
 from .nn.linear_attention import linear_attention, linear_attention_quadratic
 from .nn.masks import causal_mask, padding_mask
 from .nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .nn.relative_bias import T5RelativePositionBias
 
 __version__ = "0.1.0"
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
     "flash_attention", "linear_attention", "linear_attention_quadratic",
     "SelfAttention", "MultiHeadAttention", "MultiHeadLatentAttention",
     "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi",
-    "FeedForward", "TransformerBlock", "KVCache",
+    "T5RelativePositionBias", "FeedForward", "TransformerBlock", "KVCache",
     "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer", "interop",
 ]
 LAZY = ("interop", "generation", "kernels", "training", "data", "viz", "claims", "studies")

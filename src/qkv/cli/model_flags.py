@@ -15,7 +15,7 @@ from ..models.config import FLAT, LATENT_FIELDS, SECTIONS
 from .errors import CommandError
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here
-    "--positional": ("positional", str, "positional encoding: sinusoidal, learned, rope, alibi or none"),
+    "--positional": ("positional", str, "positional encoding: sinusoidal, learned, rope, alibi, t5 or none"),
     "--d-model": ("d_model", int, "model width"),
     "--layers": ("num_layers", int, "number of Transformer blocks"),
     "--heads": ("num_heads", int, "attention heads (must divide --d-model)"),

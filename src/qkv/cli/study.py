@@ -17,6 +17,9 @@ def add_study_pe(studies) -> argparse.ArgumentParser:
                            "Default: five models of 2^20 training tokens each (results.md says how long it took); "
                            "--quick: a smaller model and budget, a smoke test.")
     p.add_argument("--quick", action="store_true", help="a smaller model and budget (a smoke test)")
+    p.add_argument("--schemes", nargs="+", metavar="KIND", default=None,
+                   help="the positional schemes to train (default: none sinusoidal learned rope alibi; also t5, "
+                        "T5's bucketed relative bias)")
     p.add_argument("--seeds", type=int, default=1, help="models per scheme; > 1 adds std columns (default 1)")
     p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
     p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
@@ -35,6 +38,8 @@ def study_pe(args: argparse.Namespace):
                  "device": args.device}
     if args.max_tokens is not None:
         overrides["max_tokens"] = args.max_tokens
+    if args.schemes:
+        overrides["schemes"] = tuple(args.schemes)
     cfg = pe.PEStudyConfig.quick(**overrides) if args.quick else pe.PEStudyConfig(**overrides)
     result = pe.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
     print(result.table, "", *result.sentences, "", sep="\n")

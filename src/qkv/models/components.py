@@ -1,7 +1,8 @@
 """The factory: each block's parts built from a ``ModelConfig``, one builder per kind.
 
-    position        added to the embeddings (sinusoidal, learned), or a module inside attention (rope, alibi)
-                    that every block shares (both are parameter-free)
+    position        added to the embeddings (sinusoidal, learned), or a module inside attention (rope, alibi,
+                    t5) that every block of a stack shares (t5's learned table too, as T5: one-sided in causal
+                    stacks, bidirectional in encoders)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
                     (MultiHeadAttention) or mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim)
     feed-forward    FeedForward(d_model, ff_width, activation)
@@ -26,6 +27,7 @@ from ..nn.block import ParallelTransformerBlock, SandwichTransformerBlock, Trans
 from ..nn.latent_attention import MultiHeadLatentAttention, latent_softmax_scale
 from ..nn.layers import FeedForward, make_norm
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from ..nn.relative_bias import T5RelativePositionBias
 from .config import ModelConfig
 
 
@@ -37,6 +39,7 @@ class Layer:
     type: str  # one of qkv.models.config.LAYER_TYPES
     rope: nn.Module | None = None  # position inside attention, shared by the blocks
     alibi: nn.Module | None = None
+    relative_bias: nn.Module | None = None  # T5's bucketed bias, shared by the blocks
 
 
 def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
@@ -47,7 +50,7 @@ def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
         if a.qk_norm else (None, None)
     return MultiHeadAttention(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
                               bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi,
-                              q_norm=q_norm, k_norm=k_norm, softcap=a.softcap,
+                              relative_bias=layer.relative_bias, q_norm=q_norm, k_norm=k_norm, softcap=a.softcap,
                               scale=None if a.query_scalar is None else a.query_scalar ** -0.5)
 
 
@@ -94,15 +97,17 @@ def embedding_position(config: ModelConfig) -> nn.Module | None:
     return None
 
 
-def attention_position(config: ModelConfig) -> dict[str, nn.Module | None]:
+def attention_position(config: ModelConfig, *, causal: bool = False) -> dict[str, nn.Module | None]:
     """Position inside attention, one module the blocks share: RoPE rotates q and k (scaled as position.scaling
-    says), ALiBi biases the scores."""
+    says), ALiBi and T5's relative bias (one-sided where ``causal``, else bidirectional) bias the scores."""
     p = config.position
     head_dim = config.attention.qk_rope_head_dim if config.attention.kind == "mla" else config.head_dim
     rope = (RotaryEmbedding(head_dim, p.base, p.interleaved, rotary_dim=p.rotary_dim, scaling=p.scaling)
             if p.kind == "rope" else None)
     alibi = ALiBi(config.attention.num_heads) if p.kind == "alibi" else None
-    return dict(rope=rope, alibi=alibi)
+    t5 = (T5RelativePositionBias(config.attention.num_heads, bidirectional=not causal, num_buckets=p.num_buckets,
+                                 max_distance=p.max_distance) if p.kind == "t5" else None)
+    return dict(rope=rope, alibi=alibi, relative_bias=t5)
 
 
 def norm_factory(config: ModelConfig) -> Callable[[], nn.Module]:
@@ -140,10 +145,10 @@ def local_rope(config: ModelConfig) -> RotaryEmbedding | None:
     return RotaryEmbedding(config.head_dim, p.local_base, p.interleaved, rotary_dim=p.rotary_dim)
 
 
-def blocks(config: ModelConfig, n: int, *, cross: bool = False) -> nn.ModuleList:
-    """n blocks, each from the factory, sharing one (parameter-free) RoPE or ALiBi module (sliding layers one
-    of their own where position.local_base is set)."""
-    inside, local = attention_position(config), local_rope(config)
+def blocks(config: ModelConfig, n: int, *, cross: bool = False, causal: bool = False) -> nn.ModuleList:
+    """n blocks, each from the factory, sharing one RoPE, ALiBi or T5 bias module (sliding layers a RoPE
+    of their own where position.local_base is set); ``causal``: a decoder's stack (T5's bias one-sided)."""
+    inside, local = attention_position(config, causal=causal), local_rope(config)
     by_type = {"full_attention": inside, "sliding_attention": inside if local is None else {**inside, "rope": local}}
     return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **by_type[config.layer_type(i)]), cross=cross)
                          for i in range(n))

@@ -4,8 +4,8 @@
       .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection,
                       QK-norm, the scores' scale and soft cap, the sliding window; kind "mla" (multi-head latent
                       attention, qkv.nn.latent_attention) its latent and head widths and its decode cache
-      .position       PositionConfig: sinusoidal | learned | rope | alibi | none, its base, RoPE's pair layout and
-                      rotated dims
+      .position       PositionConfig: sinusoidal | learned | rope | alibi | t5 | none, its base, RoPE's pair layout
+                      and rotated dims, T5's buckets
       .feed_forward   FeedForwardConfig: width, activation, bias, after attention or beside it (parallel)
       .normalization  NormConfig: LayerNorm or RMSNorm, eps, pre- or post-norm blocks, a final norm
       .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
@@ -27,7 +27,7 @@ from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 from ..nn.rope_scaling import RopeScaling, as_rope_scaling
 
-POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
+POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
 #                                                         (qkv.models.components) builds each
 MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
@@ -117,9 +117,9 @@ class AttentionConfig:
 
 @dataclass(frozen=True)
 class PositionConfig:
-    """How order enters: added to the embeddings (sinusoidal, learned) or inside attention (rope, alibi)."""
+    """How order enters: added to the embeddings (sinusoidal, learned) or inside attention (rope, alibi, t5)."""
 
-    kind: str = "learned"  # sinusoidal | learned | rope | alibi | none
+    kind: str = "learned"  # sinusoidal | learned | rope | alibi | t5 (Raffel et al.'s bucketed bias) | none
     base: float = 10000.0  # RoPE's θ base, and the sinusoids' (the paper's 10000)
     interleaved: bool = False  # RoPE rotates pairs (x_2i, x_2i+1) (RoFormer, GPT-J); False: halves (LLaMA, NeoX)
     sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
@@ -127,6 +127,8 @@ class PositionConfig:
     local_base: float | None = None  # RoPE's base on sliding-window layers (Gemma 3's rope_local_base_freq); None: base
     scaling: RopeScaling | None = None  # RoPE scaling (linear, dynamic, yarn, llama3, longrope; a dict of its
     #                                     fields is taken); None: plain RoPE
+    num_buckets: int = 32  # t5: relative-position buckets (Hugging Face's relative_attention_num_buckets)
+    max_distance: int = 128  # t5: distances from here on share the last bucket (relative_attention_max_distance)
 
     def __post_init__(self) -> None:
         if self.kind not in POSITIONAL:
@@ -148,6 +150,22 @@ class PositionConfig:
             raise type(e)(f"position.scaling: {e}") from None
         if self.scaling is not None and self.kind != "rope":
             raise ValueError(f"position.scaling scales RoPE: it needs positional 'rope', got positional {self.kind!r}")
+        self.check_buckets()
+
+    def check_buckets(self) -> None:
+        """t5's buckets: positive ints, num_buckets >= 4 (an exact bucket per side, bidirectional) and
+        max_distance > num_buckets // 2 (past the exact buckets, one-sided); set only with positional 't5'."""
+        check_size("position.num_buckets", self.num_buckets, limit=MAX_WIDTH)
+        check_size("position.max_distance", self.max_distance)
+        if (self.num_buckets, self.max_distance) != (32, 128) and self.kind != "t5":
+            raise ValueError(f"position.num_buckets and max_distance are T5's: they need positional 't5', got "
+                             f"num_buckets={self.num_buckets}, max_distance={self.max_distance} with positional "
+                             f"{self.kind!r}")
+        if self.num_buckets < 4:
+            raise ValueError(f"position.num_buckets must be >= 4 (one exact bucket per side), got {self.num_buckets}")
+        if self.max_distance <= self.num_buckets // 2:
+            raise ValueError(f"position.max_distance must be > num_buckets // 2 = {self.num_buckets // 2}, got "
+                             f"{self.max_distance}")
 
 
 @dataclass(frozen=True)
@@ -313,8 +331,9 @@ class ModelConfig:
         sliding = any(self.layer_type(i) == "sliding_attention" for i in range(self.num_layers))
         if sliding and a.sliding_window is None:
             raise ValueError("layer_types names sliding_attention layers, but attention.sliding_window is not set")
-        if sliding and self.position.kind == "alibi":
-            raise ValueError("sliding_attention layers with ALiBi are not supported: use rope, learned, "
+        if sliding and self.position.kind in ("alibi", "t5"):  # their biases assume key j sits at place j
+            name = {"alibi": "ALiBi", "t5": "T5's relative bias"}[self.position.kind]
+            raise ValueError(f"sliding_attention layers with {name} are not supported: use rope, learned, "
                              "sinusoidal or none")
         if n.sandwich and (not n.first or self.feed_forward.parallel):
             raise ValueError(f"normalization.sandwich needs sequential pre-norm blocks, got normalization.first="
@@ -386,6 +405,9 @@ class ModelConfig:
         if self.attention.kind != "mla":  # MLA's fields only where they mean something (config.json as before)
             for name in (*LATENT_FIELDS, "latent_cache"):
                 del d["attention"][name]
+        if self.position.kind != "t5":  # so are T5's
+            for name in ("num_buckets", "max_distance"):
+                del d["position"][name]
         return d
 
     @classmethod

@@ -39,7 +39,7 @@ class Embeddings(nn.Module):
         super().__init__()
         e = config.embedding
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos = components.embedding_position(config)  # None: no PE, or PE inside attention (rope, alibi)
+        self.pos = components.embedding_position(config)  # None: no PE, or PE inside attention (rope, alibi, t5)
         self.token_type = nn.Embedding(e.type_vocab_size, config.d_model) if e.type_vocab_size else None
         self.norm = components.norm_factory(config)() if e.norm else None
         self.drop = nn.Dropout(config.dropout)
@@ -177,7 +177,7 @@ class Trunk(nn.Module):
             raise ValueError(f"sliding_attention layers are built for decoder-only models (qkv.GPT), not "
                              f"{type(self).__name__}")
         self.embed = Embeddings(config)
-        self.blocks = components.blocks(config, num_layers, cross=cross_attention)
+        self.blocks = components.blocks(config, num_layers, cross=cross_attention, causal=isinstance(self, CausalTrunk))
         self.final_norm = components.norm_factory(config)() if config.has_final_norm else None
 
     def run_trunk(

@@ -4,6 +4,7 @@
                           MultiHeadAttention (grouped K/V heads, cross-attention, a KV cache)
     masks.py              the one mask convention (bool True = may attend), causal and padding masks
     positional.py         sinusoidal, learned, rotary (RoPE) and ALiBi positions
+    relative_bias.py      T5's bucketed relative position bias (a learned per-head bias on the scores)
     layers.py             the feed-forward (the activations' one table) and the norms
     block.py              the Transformer block, pre- or post-norm, with cross-attention for a decoder
     kv_cache.py           a preallocated key/value cache for one attention layer
@@ -21,9 +22,11 @@ from .layers import ACTIVATIONS, FeedForward
 from .linear_attention import linear_attention, linear_attention_quadratic
 from .masks import causal_mask, causal_mask_at, padding_mask
 from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .relative_bias import T5RelativePositionBias, relative_position_bucket
 
 __all__ = ["scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "TransformerBlock", "KVCache",
            "MultiHeadLatentAttention", "LatentCache", "DecompressedKVCache",
            "FeedForward", "ACTIVATIONS", "flash_attention", "linear_attention", "linear_attention_quadratic",
            "causal_mask", "causal_mask_at", "padding_mask", "SinusoidalPositionalEncoding",
-           "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi"]
+           "LearnedPositionalEmbedding", "RotaryEmbedding", "ALiBi", "T5RelativePositionBias",
+           "relative_position_bucket"]

@@ -285,7 +285,8 @@ class MultiHeadAttention(nn.Module):
     Self-attention when ``context`` is None; cross-attention (Q from x, K and V from
     context) otherwise. ``num_kv_heads`` < ``num_heads`` shares each K/V head among
     num_heads / num_kv_heads query heads (1 = multi-query). Position enters through the
-    optional ``rope`` (rotates q and k) or ``alibi`` (biases the scores) modules.
+    optional ``rope`` (rotates q and k), ``alibi`` or ``relative_bias`` (bias the scores: ``qkv.ALiBi``,
+    ``qkv.nn.relative_bias.T5RelativePositionBias``; each called (L, S, positions=) -> bias) modules.
     ``kv_dim`` is the context's width when it differs from d_model (cross-attention).
     Decoding against a fixed source: ``project_kv(context)`` once, then ``context_kv=`` per step.
     ``q_norm`` / ``k_norm``: QK-norm, a norm over each head's D dims of q and of k, before RoPE (Qwen3,
@@ -304,6 +305,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         rope: nn.Module | None = None,
         alibi: nn.Module | None = None,
+        relative_bias: nn.Module | None = None,
         kv_dim: int | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
@@ -319,8 +321,11 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // num_heads if head_dim is None else head_dim  # D
         if rope is not None and getattr(rope, "head_dim", self.head_dim) != self.head_dim:
             raise ValueError(f"rope.head_dim must equal the attention's head_dim = {self.head_dim}, got {rope.head_dim}")
-        if alibi is not None and getattr(alibi, "num_heads", num_heads) != num_heads:
-            raise ValueError(f"alibi.num_heads must equal num_heads = {num_heads}, got {alibi.num_heads}")
+        for name, module in (("alibi", alibi), ("relative_bias", relative_bias)):
+            if module is not None and getattr(module, "num_heads", num_heads) != num_heads:
+                raise ValueError(f"{name}.num_heads must equal num_heads = {num_heads}, got {module.num_heads}")
+        if alibi is not None and relative_bias is not None:
+            raise ValueError("pass alibi or relative_bias (one score bias), not both")
         q_bias, k_bias, v_bias, out_bias = projection_biases(bias)
         width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim  # H·D, G·D
         self.q_proj = nn.Linear(d_model, width, bias=q_bias)
@@ -328,7 +333,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(kv_dim, kv_width, bias=v_bias)
         self.out_proj = nn.Linear(width, d_model, bias=out_bias)
         self.dropout = dropout
-        self.rope, self.alibi = rope, alibi
+        self.rope, self.alibi, self.relative_bias = rope, alibi, relative_bias
         self.set_variants(q_norm, k_norm, scale, softcap)
 
     def set_variants(self, q_norm: nn.Module | None, k_norm: nn.Module | None, scale: float | None,
@@ -410,7 +415,8 @@ class MultiHeadAttention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool,
                 positions: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
         """q (B, H, L, D) over k, v (B, G, S, D) -> out (B, H, L, D), weights (B, H, L, S) or None."""
-        bias = None if self.alibi is None else self.alibi(q.size(-2), k.size(-2), positions=positions)  # (H, L, S)
+        scores_bias = self.alibi if self.relative_bias is None else self.relative_bias
+        bias = None if scores_bias is None else scores_bias(q.size(-2), k.size(-2), positions=positions)  # (…, L, S)
         dropout_p = self.dropout if self.training else 0.0
         if not isinstance(mask, PreparedMask):  # q, k, v are ours; the mask is the caller's
             check_mask(mask, None, (*q.shape[:-1], k.size(-2)))

@@ -200,6 +200,17 @@ class RotaryEmbedding(nn.Module):
         return positions[:, None, :] if positions.dim() == 2 else positions  # (B, T) -> (B, 1, T)
 
 
+def query_places(q_len: int, k_len: int, positions: Tensor | None, device=None) -> Tensor:
+    """The queries' places (L,) on a key axis 0 … S−1: ``positions`` (L,) checked, or bottom-right
+    (i' = i + S − L, as cached decoding needs) when None. Score biases (ALiBi, T5's) take them."""
+    if positions is None:
+        return torch.arange(q_len, device=device) + (k_len - q_len)  # (L,)
+    if not isinstance(positions, Tensor) or positions.shape != (q_len,) or positions.is_floating_point():
+        got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else positions
+        raise ValueError(f"positions must be an integer tensor (L={q_len},), got {got}")
+    return positions.to(device)
+
+
 class ALiBi(nn.Module):
     """Attention with linear biases (Press et al. 2022): score_ij −= m_h · |i − j|.
 
@@ -235,12 +246,7 @@ class ALiBi(nn.Module):
         ``q_positions`` is the deprecated name of ``positions``.
         """
         positions = _renamed("q_positions", q_positions, "positions", positions)
-        if positions is None:
-            positions = torch.arange(q_len, device=self.slopes.device) + (k_len - q_len)  # (L,)
-        elif not isinstance(positions, Tensor) or positions.shape != (q_len,) or positions.is_floating_point():
-            got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else positions
-            raise ValueError(f"positions must be an integer tensor (L={q_len},), got {got}")
-        i = positions[:, None]  # (L, 1)
+        i = query_places(q_len, k_len, positions, self.slopes.device)[:, None]  # (L, 1)
         j = torch.arange(k_len, device=self.slopes.device)  # (S,)
         dist = (i - j).abs().float()  # (L, S)
         return -self.slopes[:, None, None] * dist  # (H, L, S)

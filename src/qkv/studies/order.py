@@ -30,7 +30,7 @@ from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
 from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
 from ..training.recipe import TrainConfig, build_optimizer, lr_at
-from .pe import SCHEMES
+from .pe import DEFAULT_SCHEMES, SCHEMES
 from .pages import RESULTS, finished_summary, language, localized, run_stamp, say, write_results
 from .progress import models_bar
 
@@ -54,7 +54,7 @@ class OrderStudyConfig:
     warmup_steps: int = 50
     test_size: int = 2048  # held-out sequences
     seed: int = 1337
-    schemes: tuple[str, ...] = SCHEMES
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
     device: str = "auto"
     threads: int = 1  # CPU threads: for models this small one beats a pool, and results do not depend on it
 
