@@ -24,7 +24,15 @@ FAMILIES = {  # the families with sliding-window layers
 LLAMA3 = ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(  # Llama 3.1's scaling, from 32 positions
     rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
     original_max_position_embeddings=32)))
-BUILDERS = FAMILIES | {"llama3": LLAMA3}
+GEMMA3 = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(  # two local layers to one global, each its own RoPE base
+    sliding_window=6, query_pre_attn_scalar=12, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1e6),
+                     "sliding_attention": dict(rope_type="default", rope_theta=1e4)}, tie_word_embeddings=True))
+DEEPSEEK_V3 = ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(  # latent attention, every layer dense
+    kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=12, first_k_dense_replace=3,
+    num_key_value_heads=6, head_dim=4,
+    rope_interleave=True))
+BUILDERS = FAMILIES | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}
 TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
 
 

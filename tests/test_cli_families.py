@@ -1,4 +1,5 @@
-"""The `qkv` commands on the open families (Qwen2, Qwen3, Mistral, Gemma 2, LLaMA with llama3 RoPE scaling):
+"""The `qkv` commands on the open families (Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, LLaMA with llama3 RoPE scaling,
+DeepSeek-V3 with dense layers):
 `qkv sample --hf` equals HF's greedy tokens past the window, `qkv explore --hf` shows sliding layers as bands,
 `qkv train --init-from-hf` (full and --lora) then `qkv export` reloads in transformers with qkv's logits, a
 LoRA run changes its base by the merged delta only, and bad configs or flags are one line, exit 2, nothing written.
@@ -25,7 +26,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra: pip ins
 
 WINDOW = 6  # hf_models' sliding_window
 TEXT = "the dog bites the man and the man bites the dog"
-LAYER_KINDS = {"mistral": {"sliding_attention"}, "llama3": {"full_attention"}}  # else both kinds
+LAYER_KINDS = {"mistral": {"sliding_attention"}, "llama3": {"full_attention"}, "deepseek_v3": {"full_attention"}}  # else both kinds
 EXPORTED_AS = {"llama3": "llama"}  # family -> model_type written by qkv export (else the family's own)
 TRAIN = ["--max-steps", "2", "--batch-size", "2", "--context", "16", "--lr", "1", "--quiet", "--device", "cpu",
          "--sample-tokens", "0"]  # lr 1: 1/50 of it in warmup's first steps, enough to move every weight

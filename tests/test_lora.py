@@ -49,7 +49,7 @@ def test_only_adapters_train_and_are_stored(lora_run, with_tokenizer):
     changed = sorted(k for k in base if not torch.equal(base[k], tuned[k]))
     assert changed and all(".attn." in k and k.endswith("_proj.weight") for k in changed), changed  # the rest frozen
     saved = json.loads((lora_run / "train_config.json").read_text())
-    assert (saved["lora"], saved["lora_alpha"], saved["lora_targets"]) == (4, 8.0, "q_proj,k_proj,v_proj,out_proj")
+    assert (saved["lora"], saved["lora_alpha"], saved["lora_targets"]) == (4, 8.0, "attn")
 
 
 def test_sample_applies_the_adapters_and_export_merges_them(lora_run, with_tokenizer, tmp_path, capsys):

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..data import BPETokenizer, tokenizer_from_json
 from ..models import GPT
 
-DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, as in the LoRA paper
+DEFAULT_LORA_TARGETS = "attn"  # every projection of the self-attention (LoRA paper): q, k, v, out; MLA's q, kv_a, kv_b, o
 
 
 @dataclass
@@ -88,11 +88,12 @@ def load_base(path: str | os.PathLike, *, expect_sha256: str | None = None) -> B
 # --- LoRA ---------------------------------------------------------------------------------------
 
 def lora_layers(model: nn.Module, targets: str) -> list[str]:
-    """The blocks' nn.Linear layers that the comma-separated ``targets`` name (a layer name such as
-    ``q_proj`` or a dotted suffix such as ``ff.up_proj``); ValueError for a target matching none."""
+    """The blocks' nn.Linear layers that the comma-separated ``targets`` name: a layer (``q_proj``), a dotted
+    run of names (``ff.up_proj``) or a module, for every linear in it (``attn``, ``ff``); ValueError for a
+    target matching none."""
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("blocks.")]
     wanted = [t.strip() for t in targets.split(",") if t.strip()]
-    hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in wanted}
+    hits = {t: [n for n in linears if f".{t}." in f".{n}."] for t in wanted}
     unmatched = [t for t in wanted if not hits[t]]
     if unmatched or not wanted:
         names = sorted({n.split(".", 2)[2] for n in linears})  # blocks.0.attn.q_proj -> attn.q_proj
