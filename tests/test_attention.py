@@ -1,5 +1,6 @@
 """scaled_dot_product_attention, SelfAttention, MultiHeadAttention: behaviour, equivalence, bad input."""
 import math
+import re
 
 import pytest
 import torch
@@ -255,3 +256,18 @@ def test_parity_with_torch_mha(bias):
     # is_causal alone, no explicit mask
     expected, _ = ref(x, x, x, attn_mask=causal, need_weights=False)
     torch.testing.assert_close(ours(x, is_causal=True), expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(num_kv_heads=2), "grouped-query heads"), (dict(rope=qkv.RotaryEmbedding(4)), "RoPE"),
+    (dict(alibi=qkv.ALiBi(4)), "ALiBi"), (dict(softcap=5.0), "soft cap"), (dict(scale=0.3), "scale apart"),
+    (dict(relative_bias=qkv.T5RelativePositionBias(4, bidirectional=True)), "relative position bias (T5)"),
+    (dict(q_norm=torch.nn.RMSNorm(4), k_norm=torch.nn.RMSNorm(4)), "QK-norm"),
+    (dict(head_dim=8), "head_dim apart"), (dict(bias=(True, True, True, False)), "bias on some projections"),
+])
+def test_what_nn_multiheadattention_cannot_hold_is_refused_by_name(kwargs, named):
+    from qkv.interop.torch_nn import mha_to_torch
+
+    with pytest.raises(ValueError, match=re.escape(f"nn.MultiheadAttention has no {named}")):
+        mha_to_torch(qkv.MultiHeadAttention(16, 4, **kwargs))
+    mha_to_torch(qkv.MultiHeadAttention(16, 4, bias=True))  # the plain one converts

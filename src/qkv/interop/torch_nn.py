@@ -63,12 +63,25 @@ def mha_from_torch(module: nn.MultiheadAttention) -> MultiHeadAttention:
     return out.to(module.out_proj.weight.device, module.out_proj.weight.dtype)
 
 
+def torch_mha_lacks(module: MultiHeadAttention) -> list[str]:
+    """What ``module`` computes that ``nn.MultiheadAttention`` cannot (empty: it can hold it exactly)."""
+    biases = [p.bias is not None for p in (module.q_proj, module.k_proj, module.v_proj, module.out_proj)]
+    checks = {"grouped-query heads": module.num_kv_heads != module.num_heads, "RoPE": module.rope is not None,
+              "ALiBi": module.alibi is not None, "relative position bias (T5)": module.relative_bias is not None,
+              "QK-norm": module.q_norm is not None or module.k_norm is not None,
+              "head_dim apart from d_model / num_heads": module.head_dim * module.num_heads != module.d_model,
+              "bias on some projections only": len(set(biases)) > 1,
+              "scale apart from 1/√D": module.scale is not None, "soft cap": module.softcap is not None}
+    return [name for name, lacks in checks.items() if lacks]
+
+
 def mha_to_torch(module: MultiHeadAttention) -> nn.MultiheadAttention:
     """An ``nn.MultiheadAttention(batch_first=True)`` with the same weights."""
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"expected qkv.MultiHeadAttention, got {type(module).__name__}")
-    if module.num_kv_heads != module.num_heads or module.rope is not None or module.alibi is not None:
-        raise ValueError("nn.MultiheadAttention has no grouped-query heads, RoPE or ALiBi")
+    missing = torch_mha_lacks(module)
+    if missing:
+        raise ValueError(f"nn.MultiheadAttention has no {', '.join(missing)}")
     has_bias = module.q_proj.bias is not None
     kdim = None if module.kv_dim == module.d_model else module.kv_dim
     out = nn.MultiheadAttention(module.d_model, module.num_heads, dropout=module.dropout, bias=has_bias,
