@@ -28,6 +28,14 @@ def test_flags_override_the_preset_field_by_field():
     assert config("--preset", "tiny", "--max-steps", "1").model is None  # no flag: the preset itself
 
 
+def test_a_flat_flag_and_its_sections_fields_are_checked_together():
+    """--positional sets position.kind before position's checks run, so its own fields may come beside it."""
+    m = config("--preset", "tiny", "--positional", "t5", "--model", "position.num_buckets=16", "--max-steps", "1").model
+    assert (m.position.kind, m.position.num_buckets) == ("t5", 16)
+    m = config("--preset", "tiny", "--positional", "rope", "--model", "position.rotary_dim=4", "--max-steps", "1").model
+    assert (m.position.kind, m.position.rotary_dim) == ("rope", 4)
+
+
 def test_the_preset_keeps_its_tokenizer():
     cfg = config("--layers", "2", "--max-steps", "1")  # demo: byte-level BPE, 2048 tokens
     assert (cfg.tokenizer, cfg.vocab_size, cfg.model.num_layers, cfg.model.positional) == ("bpe", 2048, 2, "rope")

@@ -106,6 +106,8 @@ def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:
     d = base.to_dict()
     for key, value in overrides.items():
         section, dot, name = key.partition(".")
+        if key in FLAT:  # a flat name is its section's field, so that section's checks see it with the others
+            (section, name), dot = FLAT[key], "."
         if dot:
             d[section] = {**d[section], name: value}
         else:
