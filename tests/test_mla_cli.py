@@ -108,6 +108,11 @@ def test_sampling_an_mla_run_prints_text(mla_run, capsys):
     assert out.startswith("def") and len(out) == len("def") + 6  # a character tokenizer: 6 characters
 
 
+def test_info_names_the_runs_latent_attention(mla_run, capsys):
+    assert main(["info", "--run", str(mla_run)]) == 0
+    assert "attention=mla (kv_lora_rank=" in capsys.readouterr().out
+
+
 def test_qk_norm_with_latent_heads_is_modelconfigs_one_line(data, tmp_path, capsys):
     """q/k norms need heads of one width; MLA's queries and keys are [q_C; q_R] and [k_C; k_R] (no such D)."""
     with pytest.raises(ValueError) as e:

@@ -39,12 +39,18 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                        "model.safetensors, its tokenizer, kept unchanged)"),
     "--lora": ("lora", int, "with --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
     "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
-    "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default q_proj,k_proj,v_proj,out_proj; "
-                       "also up_proj, down_proj, gate_proj)"),
+    "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default attn: every projection of "
+                       "the self-attention, q_proj,k_proj,v_proj,out_proj or MLA's; also up_proj, down_proj, "
+                       "gate_proj, ff)"),
     "--context": ("context", int, "training context length (default: the preset's max_len)"),
     "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
     "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
     "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
+    "--sharding": ("sharding", str, "auto (default: ddp under torchrun, none in one process), none, ddp or fsdp "
+                   "(FSDP2: weights, gradients and AdamW state split over the torchrun processes); ddp and fsdp "
+                   "need torchrun --nproc_per_node N >= 2 (in one process they stop with exit status 2)"),
+    "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
+                                   "the backward: less memory, about a third more compute"),
 }
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
 
@@ -83,7 +89,8 @@ def add_train(sub) -> argparse.ArgumentParser:
                        description=textwrap.fill(about, 100), epilog=presets_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, (_, typ, text) in TRAIN_FLAGS.items():
-        p.add_argument(flag, type=typ, default=None, help=text, choices=CHOICES.get(flag))
+        kind = {"action": "store_true"} if typ is bool else {"type": typ, "choices": CHOICES.get(flag)}  # a switch
+        p.add_argument(flag, default=None, help=text, **kind)
     add_model_flags(p)
     p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")

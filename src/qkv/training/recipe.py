@@ -36,6 +36,8 @@ from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_w
 from ..models import PRESETS, ModelConfig
 from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
+from .sharding import (check_sharding, checkpoint_blocks, full_optimizer_state, full_weights, load_full,
+                       memory_line, resolve_sharding, shard_model)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
@@ -91,6 +93,8 @@ class TrainConfig:
     seed: int = 1337
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False
+    sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
     progress: bool = True  # progress on stderr, rank 0 (qkv.training.progress: a bar, or lines in a log)
@@ -136,6 +140,7 @@ class TrainConfig:
         if self.tokenizer is None:
             self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
+        check_sharding(self.sharding)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
         for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
@@ -449,6 +454,7 @@ class Recipe:
         """Device and threads, data and tokenizer (the task), model and optimizer."""
         cfg, dist = self.cfg, self.dist
         self.device = dist.device = resolve_device(cfg.device, dist.local_rank)
+        self.sharding = resolve_sharding(cfg.sharding, dist.world)
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads or (cpu_threads() if dist.world == 1 else torch.get_num_threads()))
         saved = self.check_out()
@@ -471,10 +477,34 @@ class Recipe:
         if cfg.lora:
             add_lora(self.model, r=cfg.lora, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
         self.model.to(self.device)
+        self.shard()
         self.opt = build_optimizer(self.model, cfg, self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
         return saved
+
+    def shard(self) -> None:
+        """Activation checkpointing, then FSDP2 (``self.model`` becomes the sharded one; ``self.plain`` a whole
+        copy that evaluation and checkpoints fill from it, see ``whole_model``)."""
+        self.plain, self.plain_step = None, None
+        if self.sharding == "fsdp":
+            import copy
+
+            self.plain = copy.deepcopy(self.model)
+        if self.cfg.activation_checkpointing:
+            checkpoint_blocks(self.model)
+        if self.sharding == "fsdp":
+            shard_model(self.model, self.device, self.dist.world, bf16=self.cfg.bf16)
+
+    def whole_model(self) -> nn.Module:
+        """The model with all its weights on every rank, for evaluation and saving: ``self.model``, or under
+        fsdp the plain copy refreshed from the shards (once per step; a collective, every rank calls it)."""
+        if self.plain is None:
+            return self.model
+        if self.plain_step != self.state.step:
+            self.plain.load_state_dict(full_weights(self.model, everywhere=True))
+            self.plain_step = self.state.step
+        return self.plain
 
     def progress(self) -> float:
         """Fraction of the budget spent; a time budget keeps back what the final evaluation will take."""
@@ -488,17 +518,23 @@ class Recipe:
     # --- the one pair that saves and restores ----------------------------------------------------
     def capture_state(self) -> TrainState:
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return replace(self.state, model=model_weights(self.model), optimizer=self.opt.state_dict(),
+        optimizer = full_optimizer_state(self.model, self.opt) if self.plain is not None else self.opt.state_dict()
+        return replace(self.state, model=model_weights(self.whole_model()), optimizer=optimizer,
                        batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
 
     def restore(self, saved: TrainState) -> None:
         """Weights (checked against model.safetensors' checksum first), optimizer, RNGs, counters, metrics."""
         from .run_dir import load_weights
 
-        load_weights(self.model, self.run.path, device=self.device)  # refuses a damaged model.safetensors
+        whole = self.whole_model()
+        load_weights(whole, self.run.path, device=self.device)  # refuses a damaged model.safetensors
         try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
-            set_model_weights(self.model, saved.model, where=str(self.run / self.run.STATE))
-            self.opt.load_state_dict(saved.optimizer)
+            set_model_weights(whole, saved.model, where=str(self.run / self.run.STATE))
+            if self.plain is None:
+                self.opt.load_state_dict(saved.optimizer)
+            else:  # fsdp: each rank keeps its shards of the whole state dicts
+                load_full(self.model, self.opt, whole.state_dict(), saved.optimizer)
+                self.plain_step = None
         except (ValueError, KeyError, RuntimeError) as e:
             raise ValueError(f"{self.run / self.run.STATE} does not match the model: {e}") from None
         self.batch_gen.set_state(saved.batch_rng)
@@ -515,11 +551,14 @@ class Recipe:
 
     def save(self) -> None:
         """The model files, then the training state (rank 0); a full disk keeps the last complete checkpoint."""
-        if self.run is None or not self.dist.is_main:
+        if self.run is None:
+            return
+        state = self.capture_state() if self.dist.is_main or self.plain is not None else None  # fsdp: all gather
+        if not self.dist.is_main:
             return
         try:
-            self.run.save_model(self.model, self.task.tokenizer, step=self.state.step)
-            self.run.save_state(asdict(self.capture_state()))
+            self.run.save_model(self.whole_model(), self.task.tokenizer, step=self.state.step)
+            self.run.save_state(asdict(state))
         except DiskFullError as e:
             kept = "no checkpoint was written yet" if self.last_saved is None else \
                 f"the last complete checkpoint (step {self.last_saved}) is kept; after freeing space, continue " \
@@ -543,7 +582,7 @@ class Recipe:
             group["lr"] = lr_at(cfg, s.step, self.progress())
         micros = self.task.draw(self.batch_gen, cfg, self.dist)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
-                                         autocast=self.autocast, ddp=self.dist.world > 1))
+                                         autocast=self.autocast, ddp=self.sharding == "ddp"))
         if not math.isfinite(float(loss)):  # every rank sees the same averaged loss
             kept = "no checkpoint was written yet" if self.last_saved is None else \
                 f"the last good checkpoint (step {self.last_saved}) in {self.run} is kept"
@@ -558,7 +597,7 @@ class Recipe:
     def evaluate(self) -> None:
         """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
         s, t0 = self.state, time.perf_counter()
-        fields_, units = self.task.evaluate(self.model, autocast=self.autocast, dist=self.dist)
+        fields_, units = self.task.evaluate(self.whole_model(), autocast=self.autocast, dist=self.dist)
         s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * self.dist.world / max(1, units))
         self.records.append({"step": s.step, "train_loss": s.running[0] / max(1, s.running[1])} | fields_ |
                             {"lr": self.opt.param_groups[0]["lr"], "tokens": s.tokens, "elapsed_s": round(s.elapsed, 2)})
@@ -567,11 +606,11 @@ class Recipe:
             self.run.write_metrics(self.records)
 
     def header(self) -> str:
-        c, (n, k) = self.cfg, parameter_counts(self.model)
+        c, (n, k), kind = self.cfg, parameter_counts(self.model), type(self.model if self.plain is None else self.plain)
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
         source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
         trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
-        return (f"qkv: training a {n / 1e6:.2f} M-parameter {type(self.model).__name__}{trains} "
+        return (f"qkv: training a {n / 1e6:.2f} M-parameter {kind.__name__}{trains} "
                 f"({source}, {self.task.describe()}; prepared in "
                 f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
                 f" -> {self.run or '(not saved)'}")
@@ -582,6 +621,7 @@ class Recipe:
         from .progress import progress_bar
 
         print(self.header(), file=sys.stderr)
+        print(memory_line(self.model, self.sharding, self.dist.world), file=sys.stderr)
         return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 
@@ -620,7 +660,7 @@ class Recipe:
                    "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.prepare_s, 2),
                    "train_loss": self.records[-1]["train_loss"] if self.records else None}
         if cfg.final_eval:
-            summary |= self.task.final_metrics(self.model, autocast=self.autocast, dist=self.dist,
+            summary |= self.task.final_metrics(self.whole_model(), autocast=self.autocast, dist=self.dist,
                                                progress=cfg.progress and self.dist.is_main)
         elif self.records:
             summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
@@ -636,7 +676,7 @@ class Recipe:
     def wrapped(self) -> nn.Module:
         """The model the loop steps: compiled and/or wrapped in DDP (``self.model`` stays the plain one)."""
         model = torch.compile(self.model) if self.cfg.compile else self.model
-        if self.dist.world > 1:
+        if self.sharding == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -657,7 +697,7 @@ class Recipe:
                 else "nothing saved (no --out)"
             raise Interrupted(f"interrupted at step {self.state.step}, {saved_msg}")
         self.model.eval()
-        result = TrainResult(model=self.model, tokenizer=self.task.tokenizer, config=self.mconf,
+        result = TrainResult(model=self.whole_model().eval(), tokenizer=self.task.tokenizer, config=self.mconf,
                              metrics=self.records, path=self.run.path if self.run else None)
         if finished:  # else stopped early (stop_at): resume to finish
             result.summary = self.summarise()
@@ -719,7 +759,8 @@ def run_info(path: str | os.PathLike) -> dict:
     c, n = loaded.config, sum(p.numel() for p in loaded.model.parameters())
     info = {"run": str(run), "model": f"{type(loaded.model).__name__}, {n / 1e6:.3f} M parameters: "
             f"d_model={c.d_model}, num_heads={c.num_heads}, num_layers={c.num_layers}, d_ff={c.ff_width}, "
-            f"max_len={c.max_len}, positional={c.positional}, norm_first={c.norm_first}, activation={c.activation}",
+            f"max_len={c.max_len}, positional={c.positional}, norm_first={c.norm_first}, activation={c.activation}, "
+            f"attention={attention_words(c)}",
             "tokenizer": f"{loaded.tokenizer.kind}, {loaded.tokenizer.vocab_size} tokens",
             "step": int(run.weights_metadata().get("step", 0))}
     t, s = run.read_json(run.TRAIN_CONFIG), run.read_json(run.SUMMARY)
@@ -739,6 +780,16 @@ def run_info(path: str | os.PathLike) -> dict:
     else:
         info["status"] = "unfinished (continue with qkv train --resume --out RUN)"
     return info
+
+
+def attention_words(c) -> str:
+    """A config's attention kind in a few words: mha (with its KV heads), mla (its latent widths), a window."""
+    a = c.attention
+    if a.kind == "mla":
+        words = f"mla (kv_lora_rank={a.kv_lora_rank}, qk_rope_head_dim={a.qk_rope_head_dim})"
+    else:
+        words = a.kind + (f" (num_kv_heads={a.num_kv_heads})" if a.num_kv_heads not in (None, a.num_heads) else "")
+    return words + (f", sliding_window={a.sliding_window}" if a.sliding_window else "")
 
 
 def data_info(train_config: dict, summary: dict) -> str:

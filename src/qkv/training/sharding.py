@@ -1,0 +1,157 @@
+"""How the training recipe spreads a model over a ``torchrun`` job, and activation checkpointing.
+
+    none   one process, the whole model, gradients and AdamW state in it
+    ddp    every rank holds a whole replica; gradients are all-reduced (DistributedDataParallel)
+    fsdp   FSDP2 (``torch.distributed.fsdp.fully_shard``): each block, then the root, is sharded per
+           parameter (DTensor, dim 0 over the ranks); a block's weights are all-gathered for its forward
+           and backward and its gradients reduce-scattered, so weights, gradients and AdamW state take
+           1/world of the memory each (Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277)
+
+Activation checkpointing (Chen et al. 2016, arXiv:1604.06174) keeps only each block's inputs in the
+forward and recomputes the block in the backward (``torch.utils.checkpoint``, non-reentrant), for any of
+the three. Both act on the training model instance; the reference modules are not changed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+SHARDINGS = ("auto", "none", "ddp", "fsdp")
+
+
+def check_sharding(name: str) -> None:
+    if name not in SHARDINGS:
+        raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, got {name!r}")
+
+
+def resolve_sharding(name: str, world: int) -> str:
+    """``auto``: ddp under torchrun (world > 1), none in one process. ddp and fsdp need torchrun with 2+
+    processes; none under torchrun would train unsynchronised copies: both are refused (ValueError)."""
+    check_sharding(name)
+    if name == "auto":
+        return "ddp" if world > 1 else "none"
+    if name in ("ddp", "fsdp") and world == 1:
+        raise ValueError(f"--sharding {name} spreads training over processes: launch it with "
+                         f"torchrun --nproc_per_node N (N >= 2), got 1 process; in one process use --sharding none")
+    if name == "none" and world > 1:
+        raise ValueError(f"--sharding none under torchrun would train {world} unsynchronised copies; "
+                         "use --sharding ddp or fsdp (or auto)")
+    return name
+
+
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks: the members of the model's outermost ``nn.ModuleList``s (decoder, encoder layers)."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and not any(name.startswith(f"{b}.") for b, _ in found):
+            found += [(f"{name}.{i}", block) for i, block in enumerate(m)]
+    return [block for _, block in found]
+
+
+class Checkpointed:
+    """A block's forward that, while gradients are recorded, keeps only its inputs and recomputes the
+    block in the backward (dropout masks too: the RNG state is replayed)."""
+
+    def __init__(self, forward) -> None:
+        self.forward = forward
+
+    def __call__(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.forward(*args, **kwargs)
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Activation checkpointing on each block of ``model`` (this instance only); returns how many."""
+    blocks = model_blocks(model)
+    for block in blocks:
+        if not isinstance(block.forward, Checkpointed):
+            block.forward = Checkpointed(block.forward)
+    return len(blocks)
+
+
+def has_bf16(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def shard_model(model: nn.Module, device: torch.device, world: int, *, bf16: bool = False) -> nn.Module:
+    """FSDP2 in place: ``fully_shard`` each block, then the root (embeddings, head, final norm). With ``bf16``
+    on a device that has it, blocks compute in bfloat16 and reduce gradients in float32; otherwise float32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if bf16 and has_bf16(device) else MixedPrecisionPolicy()
+    for block in model_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def full_options(*, cpu_offload: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+
+
+def full_weights(model: nn.Module, *, everywhere: bool = False) -> dict[str, Tensor]:
+    """The sharded model's whole state dict: on rank 0 only, in CPU memory (``everywhere``: on every rank,
+    on the model's device). A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=full_options(cpu_offload=not everywhere))
+
+
+def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """The optimizer's whole state, keyed by parameter name, on rank 0 (CPU). A collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=full_options(cpu_offload=True))
+
+
+def load_full(model: nn.Module, opt: torch.optim.Optimizer, weights: dict, optimizer: dict) -> None:
+    """Shard whole state dicts (every rank holds them) into the sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, weights, options=full_options(cpu_offload=False))
+    optimizer = keyed_by_name(optimizer, model, opt)
+    set_optimizer_state_dict(model, opt, optimizer, options=full_options(cpu_offload=False))
+
+
+def keyed_by_name(optimizer: dict, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """A plain ``opt.state_dict()`` (parameters numbered, as none and ddp save it) keyed by parameter name,
+    as fsdp's full state dicts are; one keyed by name already is returned as it is."""
+    groups = optimizer["param_groups"]
+    if all(isinstance(i, str) for g in groups for i in g["params"]):
+        return optimizer
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
+        raise ValueError(f"the optimizer state has groups of {[len(g['params']) for g in groups]} parameters, "
+                         f"this model's optimizer {[len(g['params']) for g in opt.param_groups]}")
+    names = {id(p): n for n, p in model.named_parameters()}
+    name_of = {i: names[id(p)] for g, live in zip(groups, opt.param_groups)
+               for i, p in zip(g["params"], live["params"])}
+    return {"state": {name_of[i]: v for i, v in optimizer["state"].items()},
+            "param_groups": [g | {"params": [name_of[i] for i in g["params"]]} for g in groups]}
+
+
+def local_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank holds: its DTensor shards under fsdp, else every parameter."""
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # noqa: E731
+    return sum(local(p).numel() * p.element_size() for p in model.parameters())
+
+
+def estimated_bytes(model: nn.Module, sharding: str, world: int) -> int:
+    """Training memory per rank before activations: fp32 weights 4 B/param, and for trained ones gradients
+    4 B + AdamW's two moments 8 B (16 B/param in all); fsdp divides it by the world size."""
+    total = sum(p.numel() * (16 if p.requires_grad else 4) for p in model.parameters())
+    return total // world if sharding == "fsdp" else total
+
+
+def memory_line(model: nn.Module, sharding: str, world: int) -> str:
+    per = estimated_bytes(model, sharding, world)
+    how = f"1/{world} of it (fsdp)" if sharding == "fsdp" else "all of it" + (f" on each of {world}" * (world > 1))
+    return (f"qkv: sharding {sharding}: about {per / 2**20:.1f} MiB per rank for weights, gradients and AdamW state "
+            f"(16 B per trained parameter, 4 B per frozen one; {how}), activations not counted")

@@ -1,0 +1,185 @@
+"""FSDP2 sharding and activation checkpointing (qkv.training.sharding): two gloo processes on CPU under torchrun
+reach one process's losses and weights, hold half the parameters each, and resume exactly."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from qkv.cli import main
+from qkv.models import GPT, ModelConfig
+from qkv.training.sharding import checkpoint_blocks, estimated_bytes, model_blocks, resolve_sharding
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
+ARGS = ["train", "--preset", "tiny", "--max-steps", "10", "--eval-interval", "1", "--batch-size", "4",
+        "--context", "32", "--sample-tokens", "0", "--device", "cpu", "--seed", "3"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# Under torchrun: each rank's share of a sharded tiny GPT, then a run stopped at step 4 (resumed by the test).
+SCRIPT = """
+import json, os, sys
+import torch
+from qkv.models import GPT, ModelConfig
+from qkv.training.recipe import TrainConfig, train
+from qkv.training.sharding import local_parameter_bytes, shard_model
+
+torch.distributed.init_process_group("gloo")
+model = GPT(ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=2, max_len=32))
+whole = sum(p.numel() * p.element_size() for p in model.parameters())
+shard_model(model, torch.device("cpu"), 2)
+out = sys.argv[1]
+with open(os.path.join(out, "bytes%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump({"local": local_parameter_bytes(model), "whole": whole}, f)
+torch.distributed.barrier()
+cfg = TrainConfig(preset="tiny", data=sys.argv[2], max_steps=10, eval_interval=1, batch_size=4, context=32,
+                  device="cpu", seed=3, sharding="fsdp", progress=False, out=os.path.join(out, "resumed"))
+train(cfg, stop_at=4)
+"""
+
+
+def launch(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process; torchrun with fsdp and activation checkpointing; one fsdp run stopped at step 4."""
+    d = tmp_path_factory.mktemp("fsdp")
+    (d / "data.txt").write_text(TEXT, encoding="utf-8")
+    data = ["--data", str(d / "data.txt")]
+    launch([sys.executable, "-m", "qkv", *ARGS, *data, "--quiet", "--out", "one"], d)
+    two = launch([*TORCHRUN, "-m", "qkv", *ARGS, *data, "--sharding", "fsdp", "--activation-checkpointing",
+                  "--out", "fsdp"], d)
+    (d / "script.py").write_text(SCRIPT, encoding="utf-8")
+    launch([*TORCHRUN, str(d / "script.py"), str(d), str(d / "data.txt")], d)
+    return d, two.stderr
+
+
+def metrics(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(x).items() if k != "elapsed_s"}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_losses(a: list[dict], b: list[dict]) -> None:
+    assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 11))
+    for x, y in zip(a, b):
+        assert abs(x["train_loss"] - y["train_loss"]) <= 1e-5 and abs(x["val_loss"] - y["val_loss"]) <= 1e-5, (x, y)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and wa
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_fsdp_with_checkpointing_matches_one_process_losses_and_weights(runs, capsys):
+    d, stderr = runs
+    assert_same_losses(metrics(d / "one"), metrics(d / "fsdp"))
+    assert_same_weights(d / "one", d / "fsdp")
+    assert json.loads((d / "fsdp" / "summary.json").read_text())["world_size"] == 2
+    line = re.search(r"sharding fsdp: about ([\d.]+) MiB per rank", stderr)
+    n = sum(t.numel() for t in load_file(d / "one" / "model.safetensors").values())
+    assert line and abs(float(line[1]) - 16 * n / 2 / 2**20) < 0.1, stderr[-2000:]  # ties are stored once
+    assert main(["info", "--run", str(d / "fsdp")]) == 0 and "GPT" in capsys.readouterr().out
+
+
+def test_each_rank_holds_half_the_parameters(runs):
+    d, _ = runs
+    shares = [json.loads((d / f"bytes{r}.json").read_text()) for r in (0, 1)]
+    whole = shares[0]["whole"]
+    assert sum(s["local"] for s in shares) == whole
+    for s in shares:
+        assert abs(s["local"] / whole - 0.5) < 0.05, shares
+
+
+def test_fsdp_resume_continues_exactly(runs):
+    d, _ = runs
+    assert [m["step"] for m in metrics(d / "resumed")] == [1, 2, 3, 4]
+    launch([*TORCHRUN, "-m", "qkv", "train", "--resume", "--out", "resumed", "--sharding", "fsdp", "--quiet",
+            "--sample-tokens", "0"], d)
+    assert metrics(d / "resumed") == metrics(d / "fsdp")  # bit for bit, checkpointing or not
+    assert_same_weights(d / "fsdp", d / "resumed")
+    assert_same_losses(metrics(d / "one"), metrics(d / "resumed"))
+
+
+def test_a_one_process_run_resumes_under_fsdp(runs):
+    """A run of one process stopped at step 4 (its optimizer state numbered) continues sharded over two."""
+    from qkv.training.recipe import TrainConfig, train
+
+    d, _ = runs
+    cfg = TrainConfig(preset="tiny", data=str(d / "data.txt"), max_steps=10, eval_interval=1, batch_size=4,
+                      context=32, device="cpu", seed=3, threads=1, progress=False, out=str(d / "moved"))
+    train(cfg, stop_at=4)
+    launch([*TORCHRUN, "-m", "qkv", "train", "--resume", "--out", "moved", "--sharding", "fsdp", "--quiet",
+            "--sample-tokens", "0"], d)
+    assert_same_losses(metrics(d / "one"), metrics(d / "moved"))
+    assert_same_weights(d / "one", d / "moved")
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    config = ModelConfig(vocab_size=40, d_model=32, num_heads=2, num_layers=3, max_len=16, dropout=0.2)
+    ids = torch.randint(0, 40, (2, 16))
+
+    def gradients(checkpointed: bool) -> dict:
+        torch.manual_seed(0)
+        model = GPT(config)
+        keys = list(model.state_dict())
+        if checkpointed:
+            assert checkpoint_blocks(model) == 3 and list(model.state_dict()) == keys
+        torch.manual_seed(1)  # the same dropout masks, replayed in the recomputation
+        model(ids).logits.logsumexp(-1).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    plain, recomputed = gradients(False), gradients(True)
+    assert plain.keys() == recomputed.keys()
+    for name in plain:
+        torch.testing.assert_close(plain[name], recomputed[name], rtol=0, atol=1e-6, msg=name)
+    assert len(model_blocks(GPT(config))) == 3 and not hasattr(GPT.forward, "__wrapped__")
+
+
+def test_sharding_choices_and_memory_estimate():
+    assert [resolve_sharding("auto", w) for w in (1, 2)] == ["none", "ddp"]
+    for name, world, message in [("fsdp", 1, "needs|launch it with torchrun"), ("ddp", 1, "torchrun"),
+                                 ("none", 2, "unsynchronised"), ("zero", 2, "one of auto, none, ddp, fsdp")]:
+        with pytest.raises(ValueError, match=message):
+            resolve_sharding(name, world)
+    model = torch.nn.Linear(10, 10)  # 110 parameters
+    model.bias.requires_grad_(False)
+    assert estimated_bytes(model, "none", 1) == 100 * 16 + 10 * 4
+    assert estimated_bytes(model, "fsdp", 2) == (100 * 16 + 10 * 4) // 2 == estimated_bytes(model, "ddp", 2) // 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sharding", "zero"], "sharding must be one of auto, none, ddp, fsdp, got 'zero'"),
+    (["--sharding", "fsdp"], "--sharding fsdp spreads training over processes: launch it with torchrun"),
+])
+def test_bad_sharding_is_one_line_and_exit_2(flags, message, tmp_path, capsys):
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main([*ARGS, "--data", str(tmp_path / "data.txt"), "--quiet", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("qkv: error:") and message in err[0], err
+    assert not out.exists()
+
+
+def test_fsdp_lora_matches_one_process(with_tokenizer, tmp_path):
+    """LoRA adapters over a frozen Hugging Face base, sharded: the same losses and adapters as one process."""
+    pytest.importorskip("peft", reason="the lora extra: pip install -e '.[lora]'")
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    lora = ["train", "--init-from-hf", str(with_tokenizer), "--lora", "4", "--data", str(tmp_path / "data.txt"),
+            *ARGS[3:], "--quiet", "--lr", "3e-2"]
+    launch([sys.executable, "-m", "qkv", *lora, "--out", "one"], tmp_path)
+    launch([*TORCHRUN, "-m", "qkv", *lora, "--sharding", "fsdp", "--out", "fsdp"], tmp_path)
+    assert_same_losses(metrics(tmp_path / "one"), metrics(tmp_path / "fsdp"))
+    a, b = (load_file(tmp_path / d / "adapters.safetensors") for d in ("one", "fsdp"))
+    assert a.keys() == b.keys() and a and not (tmp_path / "fsdp" / "model.safetensors").exists()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
