@@ -107,6 +107,50 @@ def study_kv(args: argparse.Namespace):
     return result
 
 
+def add_study_context(studies) -> argparse.ArgumentParser:
+    """Declare `qkv study context`."""
+    p = studies.add_parser("context", help="long context: RoPE scaling (PI, NTK, dynamic NTK, YaRN) against "
+                           "ALiBi, T5 bias and no PE, bpc at L … 16L",
+                           description="Train small GPTs (none, sinusoidal, rope, alibi, t5) at L = 64 and 256 on "
+                           "matched tokens, several seeds, and score validation bits per character at L, 2L, 4L, 8L, "
+                           "16L on non-overlapping windows; the trained rope model is also scored with PI, NTK-aware, "
+                           "dynamic NTK and YaRN scaling applied at evaluation (factor T / L). Writes results.csv, "
+                           "results.md, positions.csv, context.png and summary.json. --quick: a smoke test.")
+    p.add_argument("--quick", action="store_true", help="a tiny model and budget (a smoke test)")
+    p.add_argument("--schemes", nargs="+", metavar="SCHEME", default=None,
+                   help="rows to produce (default all: none sinusoidal rope rope+PI rope+NTK 'rope+dynamic NTK' "
+                        "rope+YaRN alibi t5)")
+    p.add_argument("--train-lens", nargs="+", type=int, metavar="L", default=None,
+                   help="training lengths, each on the same tokens (default 64 256)")
+    p.add_argument("--eval-lens", nargs="+", metavar="kL", default=None,
+                   help="evaluation lengths as multiples of L, e.g. 1L 2L 4L (default 1L 2L 4L 8L 16L)")
+    p.add_argument("--finetune", action="store_true",
+                   help="add rows 'rope+PI (ft 4L)' and 'rope+YaRN (ft 4L)': the rope model fine-tuned at 4L with "
+                        "that scaling (factor 4) for 5 %% of its pre-training tokens")
+    p.add_argument("--seeds", type=int, default=None, help="models per scheme and L (default 3; --quick 1)")
+    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
+    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
+    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", default="runs/study-context", metavar="DIR", help="default runs/study-context")
+    return p
+
+
+def study_context(args: argparse.Namespace):
+    """Run the long-context study and print its tables and findings."""
+    from ..studies import context
+
+    given = {"seeds": args.seeds, "data": args.data, "max_tokens": args.max_tokens, "schemes": args.schemes,
+             "train_lens": args.train_lens,
+             "eval_factors": args.eval_lens and tuple(context.parse_eval_len(t) for t in args.eval_lens)}
+    overrides = {"seed": args.seed, "device": args.device, "finetune": args.finetune}
+    overrides |= {k: v for k, v in given.items() if v is not None}
+    cfg = (context.ContextStudyConfig.quick if args.quick else context.ContextStudyConfig)(**overrides)
+    result = context.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
+    print(result.table, "", *result.sentences, "", sep="\n")
+    return result
+
+
 def rerender(args: argparse.Namespace) -> Path:
     """--from-results DIR: the run's results file written again in --lang from its summary.json; print it."""
     from importlib import import_module
@@ -117,18 +161,20 @@ def rerender(args: argparse.Namespace) -> Path:
     return path
 
 
-FIGURES = {"pe": ("pe.png",), "order": (), "kv": ("kv.png",)}  # what --markdown copies beside the page
+FIGURES = {"pe": ("pe.png",), "order": (), "kv": ("kv.png",), "context": ("context.png",)}  # what --markdown copies beside the page
 
 STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds; its module qkv.studies.X)
     "pe": (add_study_pe, study_pe),
     "order": (add_study_order, study_order),
     "kv": (add_study_kv, study_kv),
+    "context": (add_study_context, study_context),
 }
 
 
 def add_study(sub) -> argparse.ArgumentParser:
     """Declare `qkv study` and one subcommand per entry of STUDIES."""
-    p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order; the KV cache: kv",
+    p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order, context "
+                       "(RoPE scaling); the KV cache: kv",
                        description="Experiments on positional encodings, run on this machine.")
     studies = p.add_subparsers(dest="study", metavar="STUDY", required=True, parser_class=Parser)
     for add, _ in STUDIES.values():

@@ -21,8 +21,6 @@ Shapes: B batch, T length, C model width, H heads, G key/value heads, D head wid
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 import time
@@ -33,13 +31,13 @@ import torch
 
 from ..checks import check_positive_int
 from ..data import load_corpus, train_tokenizer
-from ..fileio import atomic_json, atomic_write
+from ..fileio import atomic_write
 from ..generation.timing import decode_step_seconds, fill_random
 from ..models import GPT, ModelConfig
-from ..runtime import fixed_threads, machine, prepare_output_dir
+from ..runtime import fixed_threads, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, eval_starts, evaluate, train
 from . import pages
-from .pages import RESULTS, finished_summary, language, localized, run_stamp, write_results
+from .pages import RESULTS, csv_bytes, finished_summary, language, localized, write_results, write_summary
 from .progress import models_bar
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")  # the models trained
@@ -363,19 +361,11 @@ COLUMNS = ["path", "variant", "kv_heads", "d_ff", "parameters", "cache_numbers",
 def _write(result: KVStudyResult, corpus, lang: str) -> None:
     out, cfg = result.out, result.config
     columns = COLUMNS + [f"tok_s_{S}" for S in cfg.contexts]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    for r in result.rows:
-        w.writerow(["n/a" if isinstance(r[c], float) and math.isnan(r[c]) else
-                    (f"{r[c]:.6f}" if isinstance(r[c], float) else r[c]) for c in columns])
-    atomic_write(out / "results.csv", buf.getvalue().encode())
+    atomic_write(out / "results.csv", csv_bytes(result.rows, columns))
     plot(result.rows, out / "kv.png")
-    summary = {"config": asdict(cfg), "rows": result.rows, "verdict": result.verdict, "bpcs": result.bpcs,
-               "sentences": result.sentences, "seconds": round(result.seconds, 1), "machine": machine(),
-               "corpus": corpus.source, "run": run_stamp()}
-    atomic_json(out / "summary.json", summary)
-    write_results(out, results_text(summary, lang), lang)
+    fields = {"config": asdict(cfg), "rows": result.rows, "verdict": result.verdict, "bpcs": result.bpcs,
+              "sentences": result.sentences, "seconds": round(result.seconds, 1)}
+    write_summary(out, fields, corpus.source, results_text, lang)
 
 
 def results_text(summary: dict, lang: str) -> str:

@@ -14,14 +14,17 @@ line that says which command produced them. No number is typed into the site by 
 """
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import json
+import math
 import re
 import shutil
 from pathlib import Path
 
-from ..fileio import atomic_text
-from ..runtime import source_commit
+from ..fileio import atomic_json, atomic_text
+from ..runtime import machine, source_commit
 from ..viz.text import language
 
 RESULTS = {"en": "results.md", "zh": "results.zh.md"}  # the results file of each language
@@ -132,6 +135,26 @@ def finished_summary(folder: str | Path) -> dict:
                          "found none (run the study with --out DIR first)")
     summary = json.loads(path.read_text(encoding="utf-8"))  # n/a cells: NaN, read back as floats
     return summary | {"run": recorded_run(Path(folder), summary)}
+
+
+def csv_bytes(rows: list[dict], columns: list[str]) -> bytes:
+    """``rows``' ``columns`` as CSV: floats to 6 places, NaN as n/a."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["n/a" if isinstance(r[c], float) and math.isnan(r[c]) else
+                    (f"{r[c]:.6f}" if isinstance(r[c], float) else r[c]) for c in columns])
+    return buf.getvalue().encode()
+
+
+def write_summary(out: Path, fields: dict, corpus_source: str, text_of, lang: str) -> dict:
+    """A finished run's summary.json (``fields`` with the machine, the corpus and the run's date and commit) and
+    its results file of ``lang``, ``text_of(summary, lang)``; the summary."""
+    summary = fields | {"machine": machine(), "corpus": corpus_source, "run": run_stamp()}
+    atomic_json(Path(out) / "summary.json", summary)
+    write_results(out, text_of(summary, lang), lang)
+    return summary
 
 
 def write_results(folder: str | Path, text: str, lang: str) -> Path:

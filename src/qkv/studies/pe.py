@@ -18,8 +18,6 @@ Shapes: N windows, T evaluation length, V vocabulary.
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 import time
@@ -32,11 +30,11 @@ from torch import Tensor
 
 from ..checks import check_positive_int
 from ..data import load_corpus, train_tokenizer
-from ..fileio import atomic_json, atomic_write
+from ..fileio import atomic_write
 from ..models import POSITIONAL, ModelConfig
-from ..runtime import fixed_threads, machine, prepare_output_dir
+from ..runtime import fixed_threads, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, train
-from .pages import RESULTS, finished_summary, language, localized, run_stamp, say, write_results
+from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
 from .progress import models_bar
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")  # every position.kind
@@ -88,9 +86,15 @@ class PEStudyConfig:
         Token embeddings are scaled by √d_model (the paper's §3.4) so that sinusoids of amplitude 1
         do not drown N(0, 0.02) token vectors; every scheme gets the same scaling."""
         max_len = self.train_len if scheme == "learned" else self.train_len * FACTORS[-1]
-        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads,
-                           num_layers=self.num_layers, max_len=max_len, positional=scheme, bias=False,
-                           scale_embeddings=True)
+        return study_model_config(scheme, vocab_size, d_model=self.d_model, num_heads=self.num_heads,
+                                  num_layers=self.num_layers, max_len=max_len)
+
+
+def study_model_config(scheme: str, vocab_size: int, *, d_model: int, num_heads: int, num_layers: int,
+                       max_len: int) -> ModelConfig:
+    """The studies' GPT: no biases, token embeddings × √d_model (Vaswani §3.4), position kind ``scheme``."""
+    return ModelConfig(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
+                       max_len=max_len, positional=scheme, bias=False, scale_embeddings=True)
 
 
 @dataclass
@@ -173,21 +177,32 @@ def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool, lang: str
     params: dict[str, int] = {}
     for seed, scheme in models_bar(jobs, desc="qkv study pe", enabled=progress,
                                    label=lambda job: f"{job[1]}, seed {job[0]}"):
-        tc = TrainConfig(model=cfg.model_config(scheme, tokenizer.vocab_size), context=L,
-                         max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
-                         warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8,
-                         final_eval=False, seed=seed, device=cfg.device, threads=cfg.threads, progress=False)
-        model = train(tc, corpus=corpus, tokenizer=tokenizer).model
+        model = train_model(cfg, cfg.model_config(scheme, tokenizer.vocab_size), seed, corpus, tokenizer,
+                            context=L, batch_size=cfg.batch_size)
         params[scheme] = model.num_parameters()
         for T in lengths:
             per_seed[(scheme, T)].append(_score(model, val_ids, starts, lengths[-1], T))
-    rows, positions = _summarise(per_seed, cfg, lengths)
+    rows, positions = summarise(per_seed, L, cfg.seeds)
     result = PEStudyResult(rows=rows, positions=positions, sentences=sentences(rows, L, lang), table="",
                            config=cfg, seconds=time.perf_counter() - t0, parameters=params, out=out)
     result.table = markdown_table(rows, L, cfg.seeds, lang)
     if out is not None:
         _write(result, corpus, len(starts), lang)
     return result
+
+
+def study_train_config(cfg, mconf: ModelConfig, seed: int, *, context: int, batch_size: int) -> TrainConfig:
+    """The recipe's settings for one study model: ``cfg``'s budget and optimizer (any study config with
+    max_tokens, lr, warmup_steps, device, threads), no evaluation while training."""
+    return TrainConfig(model=mconf, context=context, max_tokens=cfg.max_tokens, batch_size=batch_size, lr=cfg.lr,
+                       warmup_steps=cfg.warmup_steps, eval_interval=1 << 30, eval_windows=8, final_eval=False,
+                       seed=seed, device=cfg.device, threads=cfg.threads, progress=False)
+
+
+def train_model(cfg, mconf: ModelConfig, seed: int, corpus, tokenizer, *, context: int, batch_size: int):
+    """One model trained by the recipe (``qkv.training.recipe.train``) as ``study_train_config`` says."""
+    tc = study_train_config(cfg, mconf, seed, context=context, batch_size=batch_size)
+    return train(tc, corpus=corpus, tokenizer=tokenizer).model
 
 
 def _score(model, val_ids: Tensor, starts: list[int], chunk: int, T: int) -> Tensor | None:
@@ -200,7 +215,9 @@ def _score(model, val_ids: Tensor, starts: list[int], chunk: int, T: int) -> Ten
         raise
 
 
-def _summarise(per_seed, cfg: PEStudyConfig, lengths: list[int]):
+def summarise(per_seed: dict, train_len: int, seeds: int) -> tuple[list[dict], dict]:
+    """Rows {scheme, eval_len, bpc[, bpc_std, seeds], ratio_to_L} and mean per-position losses of
+    ``per_seed`` ((scheme, T) -> one (T,) loss per seed, None where n/a)."""
     rows, positions = [], {}
     for (scheme, T), runs in per_seed.items():
         if any(r is None for r in runs):
@@ -210,12 +227,12 @@ def _summarise(per_seed, cfg: PEStudyConfig, lengths: list[int]):
             positions[(scheme, T)] = torch.stack(runs).mean(0).tolist()
         mean = sum(bpcs) / len(bpcs)
         row = {"scheme": scheme, "eval_len": T, "bpc": mean}
-        if cfg.seeds > 1:
+        if seeds > 1:
             row |= {"bpc_std": float(torch.tensor(bpcs).std()) if not math.isnan(mean) else math.nan,
-                    "seeds": cfg.seeds}
+                    "seeds": seeds}
         rows.append(row)
     for row in rows:
-        at_l = next(r["bpc"] for r in rows if r["scheme"] == row["scheme"] and r["eval_len"] == cfg.train_len)
+        at_l = next(r["bpc"] for r in rows if r["scheme"] == row["scheme"] and r["eval_len"] == train_len)
         row["ratio_to_L"] = row["bpc"] / at_l
     return rows, positions
 
@@ -276,29 +293,17 @@ def markdown_table(rows: list[dict], L: int, seeds: int = 1, lang: str = "en") -
 
 # --- output ----------------------------------------------------------------------------------
 
-def _csv(rows: list[dict], columns: list[str]) -> bytes:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    for r in rows:
-        w.writerow(["n/a" if isinstance(r[c], float) and math.isnan(r[c]) else
-                    (f"{r[c]:.6f}" if isinstance(r[c], float) else r[c]) for c in columns])
-    return buf.getvalue().encode()
-
-
 def _write(result: PEStudyResult, corpus, n_chunks: int, lang: str) -> None:
     out, cfg = result.out, result.config
     columns = ["scheme", "eval_len", "bpc"] + (["bpc_std", "seeds"] if cfg.seeds > 1 else []) + ["ratio_to_L"]
-    atomic_write(out / "results.csv", _csv(result.rows, columns))
+    atomic_write(out / "results.csv", csv_bytes(result.rows, columns))
     pos_rows = [{"scheme": s, "eval_len": T, "position": i, "loss_nats": v}
                 for (s, T), losses in result.positions.items() for i, v in enumerate(losses)]
-    atomic_write(out / "positions.csv", _csv(pos_rows, ["scheme", "eval_len", "position", "loss_nats"]))
+    atomic_write(out / "positions.csv", csv_bytes(pos_rows, ["scheme", "eval_len", "position", "loss_nats"]))
     plot(result, out / "pe.png")
-    summary = {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
-               "parameters": result.parameters, "seconds": round(result.seconds, 1), "machine": machine(),
-               "corpus": corpus.source, "eval_chunks": n_chunks, "run": run_stamp()}
-    atomic_json(out / "summary.json", summary)
-    write_results(out, results_text(summary, lang), lang)
+    fields = {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
+              "parameters": result.parameters, "seconds": round(result.seconds, 1), "eval_chunks": n_chunks}
+    write_summary(out, fields, corpus.source, results_text, lang)
 
 
 def results_text(summary: dict, lang: str) -> str:
@@ -333,15 +338,22 @@ def plot(result: PEStudyResult, path: Path) -> Path:
 
     from ..viz.figures import save_png
 
-    L = result.config.train_len
-    lengths = sorted({r["eval_len"] for r in result.rows})
     fig = Figure(figsize=(10, 3.8), layout="tight")
     a, b = fig.subplots(1, 2)
-    for s in dict.fromkeys(r["scheme"] for r in result.rows):
-        ys = [result.bpc(s, T) for T in lengths]
+    plot_panels(a, b, result.rows, result.positions, result.config.train_len)
+    return save_png(fig, path, dpi=80)
+
+
+def plot_panels(a, b, rows: list[dict], positions: dict, L: int) -> None:
+    """On axes ``a``: bpc against evaluation length, one line per scheme; on ``b``: loss per position
+    at the longest length (buckets of L/8 positions)."""
+    lengths = sorted({r["eval_len"] for r in rows})
+    bpc = {(r["scheme"], r["eval_len"]): r["bpc"] for r in rows}
+    for s in dict.fromkeys(r["scheme"] for r in rows):
+        ys = [bpc[(s, T)] for T in lengths]
         line, = a.plot(lengths, ys, marker="o", label=s)
-        if (s, lengths[-1]) in result.positions:
-            losses = torch.tensor(result.positions[(s, lengths[-1])]) / LN2  # bits per character
+        if (s, lengths[-1]) in positions:
+            losses = torch.tensor(positions[(s, lengths[-1])]) / LN2  # bits per character
             k = max(1, L // 8)  # average over buckets of L/8 positions
             xs = torch.arange(0, len(losses), k).float() + (k - 1) / 2
             b.plot(xs, losses[: len(losses) // k * k].view(-1, k).mean(1), color=line.get_color(), label=s)
@@ -354,4 +366,3 @@ def plot(result: PEStudyResult, path: Path) -> Path:
     b.set(xlabel="position in the window", ylabel="bits per character",
           title=f"loss per position, windows of {lengths[-1]}")
     b.legend(fontsize=8)
-    return save_png(fig, path, dpi=80)
