@@ -84,8 +84,9 @@ def decode_row(kind: str, new: int, repeats: int) -> list:
     hf_rate = new / seconds["HF generate"]
     cells = [f"{new / s:.0f} ({new / s / hf_rate:.2f}×)" for s in seconds.values()]
     chosen, why = pick(model, 1, "fused")
-    fastest = chosen + (f" ({why})" if why else "")
-    return [kind, f"{model.num_parameters() / 1e6:.1f} M", *cells, "yes" if same else "NO", fastest], list(seconds)
+    if why:
+        print(f"{kind}: {why}")
+    return [kind, f"{model.num_parameters() / 1e6:.1f} M", *cells, "yes" if same else "NO", chosen], list(seconds)
 
 
 def cache_bytes(caches) -> int:
