@@ -353,7 +353,8 @@ def test_from_hf_and_to_hf_reject_wrong_types():
         to_hf(qkv.Encoder(qkv.PRESETS["tiny"]))
     with pytest.raises(ValueError, match=r"positional='learned' \(GPT-2\) or positional='rope' and norm='rmsnorm' "
                                          r"\(LLaMA\) or positional='rope' and norm='layernorm' \(GPT-NeoX\) or .* \(Mistral\) "
-                                         r"or positional='rope' and norm='rmsnorm_plus_one' \(Gemma2\); "
+                                         r"or positional='rope' and norm='rmsnorm_plus_one' \(Gemma2\) or .* "
+                                         r"\(Gemma3\) or .* \(DeepSeek-V3\) or .* \(DeepSeek-V2\); "
                                          r"got positional='alibi', norm='layernorm'"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
     with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):
