@@ -72,11 +72,12 @@ SECTIONS = {  # name -> (English title, what it measures; Chinese title, the sam
     "open_models": ("(g) Today's open models at batch 1",
                     "Qwen2- and Gemma-2-shaped models (about 25 M parameters, random weights read by `from_hf`): "
                     "qkv eager, auto and its fastest backend against Hugging Face `generate` on the same weights; "
-                    "and the sliding-window ring cache's bytes against a full cache at 1×, 4× and 16× the window.",
+                    "and the sliding-window ring cache's bytes against a full cache as the length grows past the "
+                    "window.",
                     "(g) 当今开放模型，批大小 1",
                     "Qwen2 与 Gemma 2 形状的模型（约 25 M 参数，随机权重经 `from_hf` 读入）：qkv 的 eager、auto "
-                    "与最快后端，对比同一权重上的 Hugging Face `generate`；以及滑动窗口环形缓存在窗口 1 倍、4 倍、"
-                    "16 倍长度时与完整缓存的字节数对比。"),
+                    "与最快后端，对比同一权重上的 Hugging Face `generate`；以及长度超过窗口后，滑动窗口环形缓存"
+                    "与完整缓存的字节数对比。"),
 }
 TEXT = {
     "en": dict(title="# Speed: side by side with PyTorch and Hugging Face",
