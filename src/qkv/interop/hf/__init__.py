@@ -1,4 +1,5 @@
-"""Hugging Face GPT-2, LLaMA, GPT-NeoX, BERT and Marian checkpoints as qkv models, and qkv models as Hugging Face ones.
+"""Hugging Face checkpoints (GPT-2, LLaMA and the families on it, GPT-NeoX, DeepSeek, BERT, Marian) as qkv models,
+and qkv models as Hugging Face ones.
 
 A checkpoint becomes two things in qkv's terms: a ``ModelConfig`` (what the HF config
 means — widths, norm, activation, positional scheme) and a table of weight ``Rule``s,
@@ -8,7 +9,10 @@ Nothing model-specific runs inside qkv's attention:
     GPT-2  learned PE · pre-LN LayerNorm · gelu_tanh · biases · tied head; Conv1D stores W
            transposed and packs Q, K, V in one c_attn (Radford et al. 2019)
     LLaMA  RoPE half-split (rope_theta) · RMSNorm · SwiGLU · grouped K/V heads · head_dim and
-           attention/MLP biases as configured (Touvron et al. 2023)
+           attention/MLP biases as configured (Touvron et al. 2023); on it, each saying what differs:
+           Qwen2/Qwen3 (q/k/v bias; QK-norm), Mistral (sliding window), Gemma 2/3 ((1 + w) sandwich
+           norms, soft caps, sliding layers, local RoPE base)
+    DeepSeek-V2/V3 multi-head latent attention, dense layers only (DeepSeek-AI 2024)
     GPT-NeoX RoPE half-split on part of each head (rotary_pct) · LayerNorm · gelu · q/k/v packed by head ·
            a parallel or sequential residual (Black et al. 2022; Pythia, Biderman et al. 2023)
     BERT   learned PE + token types + embedding LayerNorm · post-LN · gelu (Devlin et al. 2019)
@@ -21,7 +25,8 @@ The package, shared pieces first:
     settings    reading a HF config (transformers 4.x and 5.x spellings) and the checks for writing one
     files       config.json, generation_config.json, safetensors (never unpickled)
     family      Family: what is particular to one model_type, as data
-    families/   one module per family (gpt2, llama, gpt_neox, bert, marian) and the FAMILIES registry
+    families/   one module per family (gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3, deepseek, gpt_neox,
+                bert, marian) and the FAMILIES registry
     load        from_hf: every problem in one ValueError, found on a meta-device skeleton
     export      to_hf
     tokenizer   the tokenizer wrapper and find_tokenizer

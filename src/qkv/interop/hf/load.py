@@ -119,7 +119,8 @@ def hf_generation_settings(source: nn.Module) -> dict:
 
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
-    """A qkv model with the weights of a Hugging Face GPT-2, LLaMA, GPT-NeoX, BERT or Marian checkpoint.
+    """A qkv model with the weights of a Hugging Face checkpoint of a family in ``FAMILIES`` (GPT-2, LLaMA,
+    Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, GPT-NeoX, BERT, Marian).
 
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,
@@ -127,7 +128,7 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         dtype: the returned model's dtype.
         dropout: qkv's one dropout rate (HF's several rates are training settings, not loaded).
     Returns:
-        ``qkv.GPT`` (gpt2, llama, gpt_neox), ``qkv.Encoder`` (bert, without pooler or MLM head) or
+        ``qkv.GPT`` (the decoders), ``qkv.Encoder`` (bert, without pooler or MLM head) or
         ``qkv.Transformer`` (marian: MarianMTModel), in eval mode. A GPT or Transformer carries the
         checkpoint's generation settings as ``model.generation_config`` (a ``qkv.generation.GenerationConfig``
         from generation_config.json over config.json): its ``generate`` defaults, as Hugging Face's.
