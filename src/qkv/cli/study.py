@@ -7,6 +7,16 @@ from pathlib import Path
 from .errors import CommandError, Parser
 
 
+def add_run_options(p: argparse.ArgumentParser, name: str) -> None:
+    """The options every training study shares: its first seed, its text, its budget, its device, its folder."""
+    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
+    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
+    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", default=f"runs/study-{name}", metavar="DIR",
+                   help=f"output directory (default runs/study-{name})")
+
+
 def add_study_pe(studies) -> argparse.ArgumentParser:
     """Declare `qkv study pe`."""
     p = studies.add_parser("pe", help="train GPTs differing only in PE at L, score bpc at L, 2L, 4L, 8L",
@@ -21,12 +31,8 @@ def add_study_pe(studies) -> argparse.ArgumentParser:
                    help="the positional schemes to train (default: none sinusoidal learned rope alibi; also t5, "
                         "T5's bucketed relative bias)")
     p.add_argument("--seeds", type=int, default=1, help="models per scheme; > 1 adds std columns (default 1)")
-    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
-    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
     p.add_argument("--train-len", type=int, default=64, help="training length L (default 64)")
-    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--out", default="runs/study-pe", metavar="DIR", help="output directory (default runs/study-pe)")
+    add_run_options(p, "pe")
     return p
 
 
@@ -86,11 +92,7 @@ def add_study_kv(studies) -> argparse.ArgumentParser:
                            "(about half an hour on two cores); --quick: seconds, a smoke test.")
     p.add_argument("--quick", action="store_true", help="a tiny model and budget (a smoke test)")
     p.add_argument("--seeds", type=int, default=2, help="models per variant (default 2)")
-    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
-    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
-    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--out", default="runs/study-kv", metavar="DIR", help="output directory (default runs/study-kv)")
+    add_run_options(p, "kv")
     return p
 
 
@@ -128,11 +130,7 @@ def add_study_context(studies) -> argparse.ArgumentParser:
                    help="add rows 'rope+PI (ft 4L)' and 'rope+YaRN (ft 4L)': the rope model fine-tuned at 4L with "
                         "that scaling (factor 4) for 5 %% of its pre-training tokens")
     p.add_argument("--seeds", type=int, default=None, help="models per scheme and L (default 3; --quick 1)")
-    p.add_argument("--seed", type=int, default=1337, help="first seed (default 1337)")
-    p.add_argument("--data", default=None, help="a UTF-8 text file or directory (default: the Python standard library)")
-    p.add_argument("--max-tokens", type=int, default=None, help="training tokens per model (overrides the budget)")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--out", default="runs/study-context", metavar="DIR", help="default runs/study-context")
+    add_run_options(p, "context")
     return p
 
 
