@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -29,17 +31,61 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def cpu_threads() -> int:
-    """Threads for CPU work: the cores that other processes leave free (at least one).
+@dataclass(frozen=True)
+class CpuTimes:
+    """One reading of the kernel's CPU counters (clock ticks, /proc/stat and /proc/self/stat)."""
+
+    total: int  # ticks of every CPU, all states
+    idle: int  # ticks spent idle or waiting for I/O
+    own: int  # ticks this process spent running (user + system, all its threads)
+    cpus: int  # CPUs the counters cover
+
+
+def cpu_times(allowed: set[int] | None = None) -> CpuTimes | None:
+    """The CPU counters now, summed over the CPUs in ``allowed`` (None: all); None where /proc/stat is missing."""
+    try:
+        stat = Path("/proc/stat").read_text().splitlines()
+        own = Path("/proc/self/stat").read_text()
+    except OSError:
+        return None
+    total = idle = cpus = 0
+    for line in stat:
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and (allowed is None or int(name[3:]) in allowed):
+            ticks = [int(x) for x in values[:8]]  # user nice system idle iowait irq softirq steal
+            total, idle, cpus = total + sum(ticks), idle + ticks[3] + ticks[4], cpus + 1
+    fields = own[own.rindex(")") + 2:].split()  # the process name may hold spaces: fields from the 3rd on
+    return CpuTimes(total=total, idle=idle, own=int(fields[11]) + int(fields[12]), cpus=max(1, cpus))
+
+
+def free_cores(before: CpuTimes, after: CpuTimes) -> float:
+    """CPUs that other processes left idle between two readings (this process's own time counts as free)."""
+    total = after.total - before.total
+    if total <= 0:
+        return float(after.cpus)
+    others = total - (after.idle - before.idle) - (after.own - before.own)
+    return after.cpus * (1 - min(total, max(0, others)) / total)
+
+
+def cpu_threads(window: float = 0.25) -> int:
+    """Threads for CPU work: the cores that other processes leave free now (at least one).
 
     On a busy machine OpenMP's threads wait on each other at every operation, so threads on cores that
-    other jobs share run slower than fewer threads. OMP_NUM_THREADS wins if set.
+    other jobs share run slower than fewer threads. What is free is read from the kernel's counters over
+    ``window`` seconds, not counting this process's own work (a load average lags by a minute, and qkv's
+    own data preparation raises it just before training); where those counters are missing, from the
+    1-minute load average. OMP_NUM_THREADS wins if set.
     """
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(cores, round(cores - busy)))
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores = len(allowed) if allowed else (os.cpu_count() or 1)
+    before = cpu_times(allowed)
+    if before is None:
+        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        return max(1, min(cores, round(cores - busy)))
+    time.sleep(window)
+    return max(1, min(cores, round(free_cores(before, cpu_times(allowed) or before))))
 
 
 @contextmanager

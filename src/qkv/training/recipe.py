@@ -666,7 +666,8 @@ class Recipe:
             summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
         n, k = parameter_counts(self.model)
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
-                                          "device": str(self.device), "world_size": self.dist.world}
+                                          "device": str(self.device), "world_size": self.dist.world,
+                                          "threads": torch.get_num_threads() if self.device.type == "cpu" else None}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
             if self.records:
