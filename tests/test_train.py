@@ -96,9 +96,10 @@ def test_refuses_to_overwrite_a_run(tmp_path):
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
 
 
-def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
-    full = train(cfg(out=str(tmp_path / "a")), corpus=CORPUS)
-    stopped = train(cfg(out=str(tmp_path / "b")), corpus=CORPUS, stop_at=3)  # interrupted mid-interval
+@pytest.mark.parametrize("options", [{}, dict(optimizer="muon", schedule="wsd", fused_adamw=True)])
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, options):
+    full = train(cfg(out=str(tmp_path / "a"), **options), corpus=CORPUS)
+    stopped = train(cfg(out=str(tmp_path / "b"), **options), corpus=CORPUS, stop_at=3)  # interrupted mid-interval
     assert [m["step"] for m in stopped.metrics] == [2] and not stopped.summary
     resumed = train(TrainConfig.for_resume(tmp_path / "b", progress=False), corpus=CORPUS)
     drop_time = lambda ms: [{k: v for k, v in m.items() if k != "elapsed_s"} for m in ms]  # noqa: E731
@@ -114,6 +115,8 @@ def test_resume_refuses_a_changed_config(tmp_path):
     train(cfg(out=str(out)), corpus=CORPUS, stop_at=2)
     with pytest.raises(ValueError, match=r"changed config \(lr: 0.01 -> 0.02\)"):
         TrainConfig.for_resume(out, lr=0.02)
+    with pytest.raises(ValueError, match=r"changed config \(optimizer: 'adamw' -> 'muon'\)"):
+        TrainConfig.for_resume(out, optimizer="muon")
     with pytest.raises(ValueError, match="changed config .*num_layers"):
         train(cfg(out=str(out), resume=True, model=ModelConfig(**(TINY.to_dict() | {"num_layers": 3}))), corpus=CORPUS)
     state = (out / ckpt.STATE_FILE).read_bytes()

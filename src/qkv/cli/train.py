@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..generation.backends import BACKENDS
+from ..training.optim import OPTIMIZERS, SCHEDULES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .sources import add_model_source, check_directory_kind, load_model_source
@@ -34,6 +35,13 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
+    "--optimizer": ("optimizer", str, "adamw (default: every weight) or muon (Muon for the attention and feed-forward "
+                    "matrices, AdamW for embeddings, the output head, norms and biases)"),
+    "--muon-lr": ("muon_lr", float, "with --optimizer muon: Muon's peak learning rate (default: --lr; its updates "
+                  "are scaled to AdamW's size)"),
+    "--schedule": ("schedule", str, "cosine (default: warmup, then cosine decay over the budget) or wsd "
+                   "(warmup-stable-decay: warmup, constant, then linear decay over the last fifth of the budget)"),
+    "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
     "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face decoder directory (GPT-2, LLaMA, "
                        "GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
                        "model.safetensors, its tokenizer, kept unchanged)"),
@@ -52,7 +60,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
                                    "the backward: less memory, about a third more compute"),
 }
-CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate")}
+CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate"), "--optimizer": OPTIMIZERS,
+           "--schedule": SCHEDULES}
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)

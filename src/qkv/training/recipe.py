@@ -1,4 +1,5 @@
-"""The training recipe: AdamW, linear warmup + cosine decay, gradient clipping and accumulation,
+"""The training recipe: AdamW (or Muon for the hidden matrices), linear warmup + cosine (or
+warmup-stable-decay) schedule (``qkv.training.optim``), gradient clipping and accumulation,
 optional bf16 autocast and ``torch.compile``, periodic validation, checkpoints, DDP — for any task.
 
     setup → restore → repeat { step → [evaluate → save] } → summarise
@@ -36,6 +37,7 @@ from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_w
 from ..models import PRESETS, ModelConfig
 from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
+from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharding import (check_sharding, checkpoint_blocks, full_optimizer_state, full_weights, load_full,
                        memory_line, resolve_sharding, shard_model)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
@@ -45,14 +47,15 @@ from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # 
 # task's options are compared one by one, but for those its options type leaves free (FREE_ON_RESUME).
 RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets",
                 "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum", "lr", "min_lr_ratio",
-                "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
+                "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16", "optimizer", "muon_lr",
+                "schedule")
 TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
 
 
 @dataclass(init=False)
 class TrainConfig:
     """How to train. A budget is required: ``max_steps``, ``max_tokens`` or ``max_minutes``
-    (the first reached ends the run; the cosine schedule follows whichever is furthest along).
+    (the first reached ends the run; the schedule follows whichever is furthest along).
 
     What only one task uses lives in ``task_options``, that task's ``options_type`` (e.g.
     ``TranslationOptions``), validated by it. Its options' own names also construct and read a config:
@@ -81,7 +84,11 @@ class TrainConfig:
     batch_size: int | None = None  # sequences (pairs) per optimizer step, over all ranks and micro-steps
     grad_accum: int = 1
     lr: float | None = None
-    min_lr_ratio: float = 0.1  # the cosine ends at lr · min_lr_ratio
+    min_lr_ratio: float = 0.1  # the schedule ends at lr · min_lr_ratio
+    optimizer: str = "adamw"  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); qkv.training.optim
+    muon_lr: float | None = None  # muon: its peak learning rate; None: lr (its updates match AdamW's RMS)
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth)
+    fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
     warmup_steps: int | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -141,6 +148,7 @@ class TrainConfig:
             self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         check_sharding(self.sharding)
+        check_optimizer_options(self)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
         for name in ("max_steps", "max_tokens", "vocab_size", "context", "threads"):
@@ -319,23 +327,6 @@ class TrainState:
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
     """(all parameters, those that train): fewer train when LoRA freezes the base."""
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Linear warmup over ``warmup_steps``, then cosine from lr to lr · min_lr_ratio over the budget."""
-    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (weights, embeddings), none on biases and norm gains."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    other = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type == "cuda" or None)
 
 
 def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
@@ -578,8 +569,7 @@ class Recipe:
     def step(self, model: nn.Module) -> float:
         """One optimizer step at the scheduled learning rate; Diverged on a NaN/Inf loss."""
         cfg, s, t0 = self.cfg, self.state, time.perf_counter()
-        for group in self.opt.param_groups:
-            group["lr"] = lr_at(cfg, s.step, self.progress())
+        set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
         micros = self.task.draw(self.batch_gen, cfg, self.dist)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
                                          autocast=self.autocast, ddp=self.sharding == "ddp"))

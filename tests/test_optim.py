@@ -1,0 +1,91 @@
+"""qkv.training.optim: which weights Muon takes, the schedules, the pair's state, the checks."""
+import pytest
+import torch
+
+from qkv.models import GPT, ModelConfig
+from qkv.training.optim import WSD_DECAY, OptimizerPair, build_optimizer, lr_at, muon_matrices, set_lr
+from qkv.training.recipe import TrainConfig
+
+TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=16)
+CPU = torch.device("cpu")
+
+
+def cfg(**kw) -> TrainConfig:
+    return TrainConfig(**(dict(model=TINY, max_steps=10, lr=1.0, warmup_steps=4, min_lr_ratio=0.1) | kw))
+
+
+def test_wsd_holds_the_peak_then_decays_linearly():
+    c = cfg(schedule="wsd")
+    assert [lr_at(c, s, 0.0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]  # the same warmup as cosine
+    assert lr_at(c, 10, 0.3) == 1.0 and lr_at(c, 10, 1 - WSD_DECAY) == pytest.approx(1.0)
+    assert lr_at(c, 10, 1 - WSD_DECAY / 2) == pytest.approx(0.55)  # halfway down from 1 to 0.1
+    assert lr_at(c, 10, 1.0) == lr_at(c, 10, 1.5) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_takes_the_hidden_matrices_only(tie):
+    model = GPT(ModelConfig(**(TINY.to_dict() | {"head": {"tie": tie}})))
+    names = {id(p): n for n, p in model.named_parameters()}
+    taken = sorted(names[id(p)] for p in muon_matrices(model))
+    assert taken == sorted(n for n in names.values() if n.startswith("blocks.") and n.endswith("proj.weight"))
+    opt = build_optimizer(model, cfg(optimizer="muon"), CPU)
+    assert isinstance(opt, OptimizerPair) and isinstance(opt.parts["muon"], torch.optim.Muon)
+    held = [id(p) for group in opt.param_groups for p in group["params"]]
+    assert sorted(held) == sorted(names)  # every weight in exactly one part (the tied head once)
+
+
+def test_muon_lr_scales_its_groups_and_the_pair_round_trips():
+    model = GPT(TINY)
+    opt = build_optimizer(model, cfg(optimizer="muon", lr=0.01, muon_lr=0.02), CPU)
+    set_lr(opt, 0.005)
+    assert [g["lr"] for g in opt.param_groups] == [0.005, 0.005, 0.01]  # AdamW's two groups, then Muon's
+    model(torch.randint(0, 40, (2, 8)), targets=torch.randint(0, 40, (2, 8))).loss.backward()
+    opt.step()
+    again = build_optimizer(model, cfg(optimizer="muon", lr=0.01, muon_lr=0.02), CPU)
+    again.load_state_dict(opt.state_dict())
+    momentum = lambda o: [s["momentum_buffer"] for s in o.parts["muon"].state.values()]  # noqa: E731
+    assert all(torch.equal(a, b) for a, b in zip(momentum(opt), momentum(again), strict=True))
+    with pytest.raises(ValueError, match=r"holds \['param_groups', 'state'\], expected the parts \['adamw', 'muon'\]"):
+        again.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
+
+
+def test_fused_adamw_takes_nearly_the_same_steps():
+    torch.manual_seed(0)
+    models = [GPT(TINY), GPT(TINY)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randint(0, 40, (2, 9))
+    for model, fused in zip(models, (False, True)):
+        opt = build_optimizer(model, cfg(lr=1e-2, fused_adamw=fused), CPU)
+        assert opt.defaults["fused"] is (True if fused else None)
+        for _ in range(3):
+            model(x[:, :-1], targets=x[:, 1:]).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)  # a hundredth of one step (lr 1e-2): not bit for bit
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(optimizer="sgd"), "optimizer must be one of adamw, muon, got 'sgd'"),
+    (dict(schedule="linear"), "schedule must be one of cosine, wsd, got 'linear'"),
+    (dict(muon_lr=0.02), "muon_lr is Muon's learning rate: it needs optimizer 'muon', got 'adamw'"),
+    (dict(optimizer="muon", muon_lr=0.0), "muon_lr must be > 0, got 0.0"),
+    (dict(optimizer="muon", sharding="fsdp"), "sharding 'fsdp' splits them"),
+])
+def test_bad_optimizer_options(bad, message):
+    with pytest.raises(ValueError, match=message):
+        cfg(**bad)
+
+
+def test_muon_lowers_the_loss_of_a_batch():
+    torch.manual_seed(0)
+    model, x = GPT(TINY), torch.randint(0, 40, (4, 9))
+    opt = build_optimizer(model, cfg(optimizer="muon", lr=1e-2), CPU)
+    losses = []
+    for _ in range(5):
+        loss = model(x[:, :-1], targets=x[:, 1:]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.1
