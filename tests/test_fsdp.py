@@ -3,8 +3,11 @@ reach one process's losses and weights, hold half the parameters each, and resum
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +44,11 @@ train(cfg, stop_at=4)
 """
 
 
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+
+
 def launch(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=200, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -59,6 +64,8 @@ def runs(tmp_path_factory):
                   "--out", "fsdp"], d)
     (d / "script.py").write_text(SCRIPT, encoding="utf-8")
     launch([*TORCHRUN, str(d / "script.py"), str(d), str(d / "data.txt")], d)
+    for copy in ("to_one", "broken"):  # the run stopped at step 4, for the tests that resume it elsewhere
+        shutil.copytree(d / "resumed", d / copy)
     return d, two.stderr
 
 
@@ -183,3 +190,74 @@ def test_fsdp_lora_matches_one_process(with_tokenizer, tmp_path):
     assert a.keys() == b.keys() and a and not (tmp_path / "fsdp" / "model.safetensors").exists()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    script = ("import sys, torch; from qkv.training.recipe import TrainConfig, train; "
+              "torch.distributed.init_process_group('gloo'); "
+              f"train(TrainConfig(init_from_hf={str(with_tokenizer)!r}, lora=4, data='data.txt', max_steps=10, "
+              "eval_interval=1, batch_size=4, context=32, lr=3e-2, device='cpu', seed=3, sharding='fsdp', "
+              "progress=False, out='stopped'), stop_at=4)")
+    (tmp_path / "stop.py").write_text(script, encoding="utf-8")
+    launch([*TORCHRUN, "stop.py"], tmp_path)  # its distributed checkpoint holds the adapters alone
+    launch([sys.executable, "-m", "qkv", "train", "--resume", "--out", "stopped", "--sharding", "none", "--quiet",
+            "--sample-tokens", "0"], tmp_path)
+    assert_same_losses(metrics(tmp_path / "one"), metrics(tmp_path / "stopped"))
+
+
+def saved_step(run: Path) -> int:
+    try:
+        return torch.load(run / "train_state.pt", weights_only=True)["step"]
+    except (FileNotFoundError, RuntimeError, EOFError):
+        return 0
+
+
+def rank_pid(torchrun: int, rank: int) -> int:
+    """The process id of ``rank`` among torchrun's workers (its children)."""
+    children = Path(f"/proc/{torchrun}/task/{torchrun}/children").read_text().split()
+    for pid in children:
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return int(pid)
+    raise AssertionError(f"no rank {rank} among torchrun's children {children}")
+
+
+def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_weights(runs):
+    """SIGKILL rank 0 (the writer, holding the lock) once a checkpoint exists; --resume ends bit for bit where
+    the uninterrupted run ended. The folder of the step after the checkpoint holds debris, as a kill would leave."""
+    d, _ = runs
+    run = d / "killed"
+    job = subprocess.Popen([*TORCHRUN, "-m", "qkv", *ARGS, "--data", str(d / "data.txt"), "--sharding", "fsdp",
+                            "--quiet", "--out", "killed"], cwd=d, env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 150
+    while saved_step(run) < 2 and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(rank_pid(job.pid, 0), signal.SIGKILL)
+    assert job.wait(timeout=100) != 0 and not (run / "summary.json").exists()
+    step = saved_step(run)
+    assert 2 <= step < 10, step
+    debris = run / "train_state.dcp" / f"step-{step + 1:08d}"
+    debris.mkdir(exist_ok=True)
+    (debris / "__0_0.distcp").write_bytes(b"half")
+    launch([*TORCHRUN, "-m", "qkv", "train", "--resume", "--out", "killed", "--quiet", "--sample-tokens", "0"], d)
+    assert metrics(run) == metrics(d / "fsdp")
+    a, b = load_file(run / "model.safetensors"), load_file(d / "fsdp" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [p.name for p in (run / "train_state.dcp").iterdir()] == ["step-00000010"]
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(runs):
+    """The distributed checkpoint of 2 fsdp processes, resharded into one process without torchrun."""
+    d, _ = runs
+    assert torch.load(d / "to_one" / "train_state.pt", weights_only=True)["sharded"] == "train_state.dcp/step-00000004"
+    launch([sys.executable, "-m", "qkv", "train", "--resume", "--out", "to_one", "--sharding", "none", "--quiet",
+            "--sample-tokens", "0"], d)
+    assert_same_losses(metrics(d / "one"), metrics(d / "to_one"))
+    assert_same_weights(d / "one", d / "to_one")
+
+
+def test_an_incomplete_distributed_checkpoint_is_one_line(runs, capsys):
+    d, _ = runs
+    (d / "broken" / "train_state.dcp" / "step-00000004" / ".metadata").unlink()
+    before = (d / "broken" / "metrics.jsonl").read_bytes()
+    assert main(["train", "--resume", "--out", str(d / "broken"), "--sharding", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step-00000004 is not a complete distributed checkpoint (no .metadata)" in err[0], err
+    assert (d / "broken" / "metrics.jsonl").read_bytes() == before

@@ -184,7 +184,7 @@ def test_train_state_round_trips_every_field(tmp_path):
     captured = recipe.capture_state()
     for f in fields(TrainState):
         a, b = getattr(saved, f.name), getattr(captured, f.name)
-        assert a is not None or f.name == "cuda_rng", f"{f.name} was not saved"  # no CUDA here
+        assert a is not None or f.name in ("cuda_rng", "sharded"), f"{f.name} was not saved"  # no CUDA, no fsdp
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b), f.name
         elif f.name not in ("model", "optimizer"):

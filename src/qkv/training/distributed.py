@@ -43,6 +43,10 @@ class Dist:
         if self.owns_group:
             torch.distributed.destroy_process_group()
 
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
     def any(self, flag: bool) -> bool:
         """True on every rank when any rank's flag is set (so all stop at the same step)."""
         if self.world == 1:

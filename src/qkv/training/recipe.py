@@ -38,8 +38,9 @@ from ..models import PRESETS, ModelConfig
 from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
-from .sharding import (check_sharding, checkpoint_blocks, full_optimizer_state, full_weights, load_full,
-                       memory_line, resolve_sharding, shard_model)
+from .sharded_checkpoint import load_sharded, save_sharded
+from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, memory_line, resolve_sharding,
+                       shard_model)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
@@ -299,7 +300,8 @@ class TrainState:
     """Everything a checkpoint restores: counters, weights, optimizer and RNG states.
 
     The weights are saved here too, beside model.safetensors: a kill between the two files
-    still resumes from one consistent snapshot.
+    still resumes from one consistent snapshot. Under fsdp ``model`` and ``optimizer`` are None and
+    ``sharded`` names the distributed checkpoint that holds them (written before this file, by every rank).
     """
 
     step: int = 0
@@ -313,6 +315,7 @@ class TrainState:
     batch_rng: Tensor | None = None
     torch_rng: Tensor | None = None
     cuda_rng: Tensor | None = None
+    sharded: str | None = None  # fsdp: the run's DCP checkpoint of weights and optimizer (RunDir.sharded_name)
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str) -> "TrainState":
@@ -417,6 +420,7 @@ class Recipe:
         self.run = RunDir(cfg.out) if cfg.out else None
         self.state, self.records = TrainState(), []
         self.last_saved: int | None = None
+        self.sharded_saved: str | None = None  # the distributed checkpoint train_state.pt names
 
     # --- setup ---------------------------------------------------------------------------
     def check_out(self) -> TrainState | None:
@@ -508,10 +512,26 @@ class Recipe:
 
     # --- the one pair that saves and restores ----------------------------------------------------
     def capture_state(self) -> TrainState:
+        """Counters and RNGs; the weights and optimizer in it, or under fsdp in the distributed checkpoint
+        every rank writes now (a collective)."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        optimizer = full_optimizer_state(self.model, self.opt) if self.plain is not None else self.opt.state_dict()
-        return replace(self.state, model=model_weights(self.whole_model()), optimizer=optimizer,
+        weights, optimizer, sharded = None, None, None
+        if self.plain is not None:
+            sharded = self.save_sharded()
+        else:
+            weights, optimizer = model_weights(self.model), self.opt.state_dict()
+        return replace(self.state, model=weights, optimizer=optimizer, sharded=sharded,
                        batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
+
+    def save_sharded(self) -> str:
+        """Every rank writes its shards of the weights and optimizer into this step's folder (what a killed
+        run left there is removed first; the complete checkpoint train_state.pt names is kept)."""
+        name = self.run.sharded_name(self.state.step)
+        if self.dist.is_main:
+            self.run.discard_sharded(keep=self.sharded_saved)
+        self.dist.barrier()
+        save_sharded(self.model, self.opt, self.run / name)
+        return name
 
     def restore(self, saved: TrainState) -> None:
         """Weights (checked against model.safetensors' checksum first), optimizer, RNGs, counters, metrics."""
@@ -520,14 +540,19 @@ class Recipe:
         whole = self.whole_model()
         load_weights(whole, self.run.path, device=self.device)  # refuses a damaged model.safetensors
         try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
-            set_model_weights(whole, saved.model, where=str(self.run / self.run.STATE))
-            if self.plain is None:
+            if saved.sharded is not None:  # a distributed checkpoint, resharded to this world size
+                load_sharded(self.model, self.opt, self.run / saved.sharded)
+            else:
+                set_model_weights(whole, saved.model, where=str(self.run / self.run.STATE))
+            if self.plain is None and saved.sharded is None:
                 self.opt.load_state_dict(saved.optimizer)
-            else:  # fsdp: each rank keeps its shards of the whole state dicts
+            elif saved.sharded is None:  # fsdp from a full state: each rank keeps its shards of it
                 load_full(self.model, self.opt, whole.state_dict(), saved.optimizer)
-                self.plain_step = None
+            self.plain_step = None
         except (ValueError, KeyError, RuntimeError) as e:
-            raise ValueError(f"{self.run / self.run.STATE} does not match the model: {e}") from None
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # one line
+            raise ValueError(f"{self.run / self.run.STATE} does not match the model: {first}") from None
+        self.sharded_saved = saved.sharded
         self.batch_gen.set_state(saved.batch_rng)
         torch.set_rng_state(saved.torch_rng)
         if self.device.type == "cuda" and saved.cuda_rng is not None:
@@ -544,12 +569,15 @@ class Recipe:
         """The model files, then the training state (rank 0); a full disk keeps the last complete checkpoint."""
         if self.run is None:
             return
-        state = self.capture_state() if self.dist.is_main or self.plain is not None else None  # fsdp: all gather
+        whole = self.whole_model()  # fsdp: every rank gathers the weights, then writes its shards
+        state = self.capture_state() if self.dist.is_main or self.plain is not None else None
         if not self.dist.is_main:
             return
         try:
-            self.run.save_model(self.whole_model(), self.task.tokenizer, step=self.state.step)
-            self.run.save_state(asdict(state))
+            self.run.save_model(whole, self.task.tokenizer, step=self.state.step)
+            self.run.save_state(asdict(state))  # last: it names the complete distributed checkpoint, if any
+            self.sharded_saved = state.sharded
+            self.run.discard_sharded(keep=self.sharded_saved)
         except DiskFullError as e:
             kept = "no checkpoint was written yet" if self.last_saved is None else \
                 f"the last complete checkpoint (step {self.last_saved}) is kept; after freeing space, continue " \

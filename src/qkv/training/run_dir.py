@@ -10,6 +10,9 @@ A run directory holds::
     tokenizer.json      the tokenizer (qkv.data)
     train_config.json   how it was trained            (training only)
     train_state.pt      optimizer + RNG state, step  (training only; read with weights_only=True)
+    train_state.dcp/    an fsdp run's weights and optimizer state as a distributed checkpoint, one folder per
+                        step (step-00000040/: each rank's shards, then DCP's index); train_state.pt, written
+                        last, names the complete one to resume (qkv.training.sharded_checkpoint)
     metrics.jsonl, summary.json, loss.png
     .lock               held (flock) by the one process that writes the run
 
@@ -25,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -53,6 +57,7 @@ class RunDir:
     TOKENIZER = "tokenizer.json"
     TRAIN_CONFIG = "train_config.json"
     STATE = "train_state.pt"
+    SHARDED = "train_state.dcp"  # a folder: an fsdp run's distributed checkpoints, one per step
     METRICS = "metrics.jsonl"
     SUMMARY = "summary.json"
     LOSS_PLOT = "loss.png"
@@ -94,6 +99,7 @@ class RunDir:
         """--overwrite: remove the files a run writes (and only those)."""
         for name in self.OUTPUTS:
             (self.path / name).unlink(missing_ok=True)
+        shutil.rmtree(self / self.SHARDED, ignore_errors=True)
 
     # --- one writer ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -216,6 +222,17 @@ class RunDir:
         buf = io.BytesIO()
         torch.save(state, buf)
         atomic_write(self / self.STATE, buf.getvalue())
+
+    def sharded_name(self, step: int) -> str:
+        """Where the distributed checkpoint of ``step`` goes, relative to the run (train_state.pt names it)."""
+        return f"{self.SHARDED}/step-{step:08d}"
+
+    def discard_sharded(self, keep: str | None = None) -> None:
+        """Remove the distributed checkpoints but ``keep``: older ones, and any a killed run left half-written."""
+        folder = self / self.SHARDED
+        for old in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if f"{self.SHARDED}/{old.name}" != keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load_state(self) -> dict:
         path = self / self.STATE

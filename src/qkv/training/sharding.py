@@ -105,13 +105,6 @@ def full_weights(model: nn.Module, *, everywhere: bool = False) -> dict[str, Ten
     return get_model_state_dict(model, options=full_options(cpu_offload=not everywhere))
 
 
-def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """The optimizer's whole state, keyed by parameter name, on rank 0 (CPU). A collective."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, opt, options=full_options(cpu_offload=True))
-
-
 def load_full(model: nn.Module, opt: torch.optim.Optimizer, weights: dict, optimizer: dict) -> None:
     """Shard whole state dicts (every rank holds them) into the sharded model and its optimizer."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
