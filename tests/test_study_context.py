@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -122,9 +123,20 @@ def test_bad_options(tmp_path, capsys):
                               "rope+PI", -2.0, 16)
     out = tmp_path / "run"
     for argv in (["--eval-lens", "1L", "0L"], ["--eval-lens", "1L", "3.5L"], ["--eval-lens", "1L", "fourL"],
-                 ["--schemes", "rope+ReRoPE"], ["--train-lens", "0"]):
+                 ["--schemes", "rope+ReRoPE"], ["--train-lens", "0"], ["--workers", "0"]):
         assert main(["study", "context", "--quick", "--out", str(out), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("qkv: error:") and err.count("\n") == 1, err
     assert not out.exists()
     assert math.isclose(context.parse_eval_len("16L"), 16)
+
+
+def test_two_workers_give_the_rows_one_process_gives():
+    """Models trained side by side in two spawned processes (one thread each) = one after the other here."""
+    cfg = context.ContextStudyConfig.quick(eval_factors=(1, 2), schemes=("rope", "rope+YaRN", "alibi"),
+                                           max_tokens=4096)
+    alone = context.run(replace(cfg, threads=1), corpus=_corpus(), progress=False)
+    pair = context.run(replace(cfg, threads=2, workers=2), corpus=_corpus(), progress=False)
+    assert (alone.config.workers, pair.config.workers) == (1, 2)
+    assert pair.rows == alone.rows and pair.parameters == alone.parameters
+    assert {r["scheme"] for r in pair.rows} == {"rope", "rope+YaRN", "alibi", *context.FINETUNED}

@@ -126,9 +126,11 @@ def add_study_context(studies) -> argparse.ArgumentParser:
                    help="training lengths, each on the same tokens (default 64 256)")
     p.add_argument("--eval-lens", nargs="+", metavar="kL", default=None,
                    help="evaluation lengths as multiples of L, e.g. 1L 2L 4L (default 1L 2L 4L 8L 16L)")
-    p.add_argument("--finetune", action="store_true",
-                   help="add rows 'rope+PI (ft 4L)' and 'rope+YaRN (ft 4L)': the rope model fine-tuned at 4L with "
-                        "that scaling (factor 4) for 5 %% of its pre-training tokens")
+    p.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=True,
+                   help="rows 'rope+PI (ft 4L)' and 'rope+YaRN (ft 4L)': the rope model fine-tuned at 4L with that "
+                        "scaling (factor 4) for 5 %% of its pre-training tokens (default on; --no-finetune: without)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes training models side by side, sharing the threads (default: one per free core)")
     p.add_argument("--seeds", type=int, default=None, help="models per scheme and L (default 3; --quick 1)")
     add_run_options(p, "context")
     return p
@@ -141,7 +143,7 @@ def study_context(args: argparse.Namespace):
     given = {"seeds": args.seeds, "data": args.data, "max_tokens": args.max_tokens, "schemes": args.schemes,
              "train_lens": args.train_lens,
              "eval_factors": args.eval_lens and tuple(context.parse_eval_len(t) for t in args.eval_lens)}
-    overrides = {"seed": args.seed, "device": args.device, "finetune": args.finetune}
+    overrides = {"seed": args.seed, "device": args.device, "finetune": args.finetune, "workers": args.workers}
     overrides |= {k: v for k, v in given.items() if v is not None}
     cfg = (context.ContextStudyConfig.quick if args.quick else context.ContextStudyConfig)(**overrides)
     result = context.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)

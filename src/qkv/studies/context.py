@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from multiprocessing import get_context
 from pathlib import Path
 
 from torch import Tensor
@@ -47,7 +50,8 @@ SCALED = {"rope+PI": "linear", "rope+NTK": "ntk", "rope+dynamic NTK": "dynamic",
 SCHEMES = ("none", "sinusoidal", "rope", *SCALED, "alibi", "t5")
 FINETUNED = {"rope+PI (ft 4L)": "rope+PI", "rope+YaRN (ft 4L)": "rope+YaRN"}  # row -> the scaling fine-tuned
 ROWS = (*SCHEMES, *FINETUNED)  # the order of the tables
-FT_FACTOR, FT_TOKENS, FT_LR = 4, 0.05, 0.1  # fine-tune at 4L on 5 % of the pre-training tokens, lr × 0.1
+FT_FACTOR, FT_TOKENS, FT_LR = 4, 0.05, 0.3  # fine-tune at 4L on 5 % of the pre-training tokens, lr × 0.3
+FT_STEP = 4  # the fine-tune's steps carry a quarter of pre-training's tokens (at least one 4L window)
 FACTORS = (1, 2, 4, 8, 16)  # evaluation lengths, in multiples of L
 OUTPUTS = ("results.csv", *RESULTS.values(), "positions.csv", "context.png", "summary.json")
 EVAL_TOKENS = 4096  # tokens per evaluation batch: one window of 16 × 256, or 64 of 64
@@ -63,8 +67,8 @@ pages.TEXT["en"].update({
                       "({step} per step at every L), seeds {seed} … {last}{std}.",
     "context.std": " (mean ± std)",
     "context.ft": "Fine-tuned rows: the trained rope model with PI or YaRN at factor {ft}, trained further on windows "
-                  "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, lr × {lr}) by the same "
-                  "recipe, then scored with factor max({ft}, T / L).",
+                  "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, a quarter of its tokens per "
+                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L).",
 })
 pages.TEXT["zh"].update({
     "context.title": "# 长上下文：RoPE 缩放对比 ALiBi、T5 偏置与无位置编码",
@@ -76,7 +80,8 @@ pages.TEXT["zh"].update({
                       "每步 {step} 个），种子 {seed} … {last}{std}。",
     "context.std": "（均值 ± 标准差）",
     "context.ft": "微调的行：训练好的 rope 模型加上因子 {ft} 的 PI 或 YaRN，在长度 {ft}L 的窗口上用同一套训练流程再训练 "
-                  "{tokens} 个 token（预训练预算的 {pct:.0f} %，学习率 × {lr}），然后以因子 max({ft}, T / L) 打分。",
+                  "{tokens} 个 token（预训练预算的 {pct:.0f} %，每步的 token 数为预训练的四分之一，学习率 × {lr}），"
+                  "然后以因子 max({ft}, T / L) 打分。",
 })
 
 
@@ -84,10 +89,8 @@ pages.TEXT["zh"].update({
 class ContextStudyConfig:
     """The study's settings; ``ContextStudyConfig.quick()`` is the well-under-a-minute version.
 
-    The default (30 models: 5 schemes × 2 L × 3 seeds) was sized from measured throughput, not run: about
-    0.18 s per 2048-token step on one thread (d_model 128, 4 layers; ~35 min of training) and ~15 min of
-    evaluation (ALiBi's and T5's biases at 4096 dominate): about 50 min on one thread, 35–45 on two cores;
-    ``finetune`` adds about 3 min."""
+    The default trains 30 models (5 schemes × 2 L × 3 seeds) and fine-tunes 12, in ``workers`` processes
+    (default: one per free core, each on ``threads / workers`` threads); results.md says how long it took."""
 
     train_lens: tuple[int, ...] = (64, 256)  # L, each trained on the same tokens
     eval_factors: tuple[int, ...] = FACTORS  # evaluation lengths T = f·L; must hold 1
@@ -103,12 +106,14 @@ class ContextStudyConfig:
     seed: int = 1337
     data: str | None = None
     schemes: tuple[str, ...] = SCHEMES
-    finetune: bool = False  # add FINETUNED's rows: PI and YaRN fine-tuned at 4L from the trained rope model
+    finetune: bool = True  # add FINETUNED's rows: PI and YaRN fine-tuned at 4L from the trained rope model
     device: str = "auto"
-    threads: int | None = None
+    threads: int | None = None  # all workers together; None: the free cores (qkv.runtime.cpu_threads)
+    workers: int | None = None  # processes training models side by side; None: one per thread
 
     def __post_init__(self) -> None:
         check_positive_int("threads", self.threads, optional=True)
+        check_positive_int("workers", self.workers, optional=True)
         for name in ("d_model", "num_heads", "num_layers", "max_tokens", "step_tokens", "eval_chunks", "seeds"):
             check_positive_int(name, getattr(self, name))
         self.schemes, self.train_lens = tuple(self.schemes), tuple(self.train_lens)
@@ -202,27 +207,22 @@ def run(config: ContextStudyConfig | None = None, *, out: str | os.PathLike | No
     cfg, lang = config or ContextStudyConfig(), language(lang)
     out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
     with fixed_threads(cfg.threads) as n:
-        return _run(replace(cfg, threads=n), out, corpus, progress, lang)
+        workers = min(cfg.workers or n, n)
+        return _run(replace(cfg, threads=n, workers=workers), out, corpus, progress, lang)
 
 
 def _run(cfg: ContextStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> ContextStudyResult:
     t0 = time.perf_counter()
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    tokenizer = train_tokenizer("char", corpus.train + corpus.val)
-    val_ids = tokenizer.encode_tensor(corpus.val)  # (N_val,)
     jobs = [(L, seed, s) for L in cfg.train_lens for seed in range(cfg.seed, cfg.seed + cfg.seeds)
             for s in cfg.trained()]
+    done = run_jobs(cfg, corpus, jobs, progress)
     per_seed: dict[int, dict] = {L: {} for L in cfg.train_lens}
     params: dict[str, int] = {}
-    for L, seed, scheme in models_bar(jobs, desc="qkv study context", enabled=progress,
-                                      label=lambda job: f"{job[2]} at L = {job[0]}, seed {job[1]}"):
-        mconf = study_model_config(scheme, tokenizer.vocab_size, d_model=cfg.d_model, num_heads=cfg.num_heads,
-                                   num_layers=cfg.num_layers, max_len=L * cfg.eval_factors[-1])
-        model = train_model(cfg, mconf, seed, corpus, tokenizer, context=L, batch_size=cfg.step_tokens // L)
-        params[scheme] = model.num_parameters()
-        rows = variants(model, scheme, cfg, seed, corpus, tokenizer, L)
-        for name, losses in score_rows(rows, cfg, val_ids, L).items():
-            per_seed[L].setdefault(name, []).append(losses)
+    for job in jobs:  # in seed order, whatever order the workers finished in
+        scores, params[job[2]] = done[job]
+        for name, losses in scores.items():
+            per_seed[job[0]].setdefault(name, []).append(losses)
     rows, positions = [], {}
     for L in cfg.train_lens:
         order = {k: per_seed[L][k] for k in sorted(per_seed[L], key=lambda k: (ROWS.index(k[0]), k[1]))}
@@ -235,6 +235,34 @@ def _run(cfg: ContextStudyConfig, out: Path | None, corpus, progress: bool, lang
     if out is not None:
         _write(result, corpus, lang)
     return result
+
+
+def run_jobs(cfg: ContextStudyConfig, corpus, jobs: list[tuple], progress: bool) -> dict:
+    """{(L, seed, scheme): (``score_rows``' losses, parameters)} of each job, trained in ``cfg.workers``
+    processes of ``cfg.threads // cfg.workers`` threads (one worker: in this process), longest jobs first."""
+    def label(job):
+        return f"{job[2]} at L = {job[0]}, seed {job[1]}"
+    bar = partial(models_bar, desc="qkv study context", enabled=progress, label=label, total=len(jobs))
+    if cfg.workers == 1:
+        return {job: model_scores(cfg, corpus, job)[1] for job in bar(jobs)}
+    each = replace(cfg, threads=max(1, cfg.threads // cfg.workers), workers=1)
+    order = sorted(jobs, key=lambda job: (job[2] != "rope", -job[0]))  # rope carries its scalings and fine-tunes
+    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(model_scores, each, corpus, job) for job in order]
+        return dict(f.result() for f in bar(as_completed(futures)))
+
+
+def model_scores(cfg: ContextStudyConfig, corpus, job: tuple) -> tuple[tuple, tuple[dict, int]]:
+    """(job, (losses of every row the model gives, its parameters)): train the job's (L, seed, scheme) model,
+    score it and its variants at every f·L on ``cfg.threads`` threads."""
+    L, seed, scheme = job
+    with fixed_threads(cfg.threads):
+        tokenizer = train_tokenizer("char", corpus.train + corpus.val)
+        mconf = study_model_config(scheme, tokenizer.vocab_size, d_model=cfg.d_model, num_heads=cfg.num_heads,
+                                   num_layers=cfg.num_layers, max_len=L * cfg.eval_factors[-1])
+        model = train_model(cfg, mconf, seed, corpus, tokenizer, context=L, batch_size=cfg.step_tokens // L)
+        rows = variants(model, scheme, cfg, seed, corpus, tokenizer, L)
+        return job, (score_rows(rows, cfg, tokenizer.encode_tensor(corpus.val), L), model.num_parameters())
 
 
 def variants(model: GPT, scheme: str, cfg: ContextStudyConfig, seed: int, corpus, tokenizer, L: int) -> list:
@@ -269,13 +297,13 @@ def ft_tokens(max_tokens: int) -> int:
 
 def finetune(model: GPT, scheme: str, cfg: ContextStudyConfig, seed: int, corpus, tokenizer, L: int) -> GPT:
     """``model`` (rope, trained at L) with ``scheme``'s scaling at factor 4, trained further on windows of 4L
-    for 5 % of the pre-training tokens at a tenth of the lr, as PI (Chen et al. 2023, 1000 steps) and YaRN
-    (Peng et al. 2023, 400 steps) fine-tune: the recipe's own loop, starting from these weights as it
+    for 5 % of the pre-training tokens in steps of a quarter of pre-training's tokens (at least one window) at
+    0.3 × its lr, as PI (Chen et al. 2023, 1000 steps) and YaRN (Peng et al. 2023, 400 steps) fine-tune: the recipe's own loop, starting from these weights as it
     starts from a checkpoint's (the language-model task's ``base``)."""
     start = scaled_model(model, scheme, FT_FACTOR, L).train()
     T = FT_FACTOR * L
     budget = replace(cfg, max_tokens=ft_tokens(cfg.max_tokens), lr=cfg.lr * FT_LR, warmup_steps=0)
-    tc = study_train_config(budget, start.config, seed, context=T, batch_size=max(1, cfg.step_tokens // T))
+    tc = study_train_config(budget, start.config, seed, context=T, batch_size=max(1, cfg.step_tokens // (FT_STEP * T)))
     dist = Dist.from_env(tc.device)
     recipe = Recipe(tc, dist, corpus=corpus, tokenizer=tokenizer)
     recipe.task.base = Base(model=start, tokenizer=tokenizer, sha256="in memory", path=f"the rope model at L = {L}")

@@ -5,19 +5,21 @@ Shapes: none.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 Job = TypeVar("Job")
 
 
-def models_bar(jobs: Sequence[Job], *, desc: str, enabled: bool, label: Callable[[Job], str]) -> Iterator[Job]:
-    """Yield each job; when ``enabled``, a bar counts them (unit: model) and shows ``label(job)``."""
+def models_bar(jobs: Iterable[Job], *, desc: str, enabled: bool, label: Callable[[Job], str],
+               total: int | None = None) -> Iterator[Job]:
+    """Yield each job; when ``enabled``, a bar counts them (unit: model, ``total`` or ``len(jobs)``) and shows
+    ``label(job)``."""
     if not enabled:
         yield from jobs
         return
     from ..training.progress import progress_bar
 
-    with progress_bar(len(jobs), unit="model", desc=desc, interval=0) as bar:
+    with progress_bar(len(jobs) if total is None else total, unit="model", desc=desc, interval=0) as bar:
         for job in jobs:
             bar.set_postfix_str(label(job))
             yield job
