@@ -123,7 +123,8 @@ def test_bad_options(tmp_path, capsys):
                               "rope+PI", -2.0, 16)
     out = tmp_path / "run"
     for argv in (["--eval-lens", "1L", "0L"], ["--eval-lens", "1L", "3.5L"], ["--eval-lens", "1L", "fourL"],
-                 ["--schemes", "rope+ReRoPE"], ["--train-lens", "0"], ["--workers", "0"]):
+                 ["--schemes", "rope+ReRoPE"], ["--train-lens", "0"], ["--workers", "0"],
+                 ["--threads", "0"]):
         assert main(["study", "context", "--quick", "--out", str(out), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("qkv: error:") and err.count("\n") == 1, err

@@ -130,7 +130,9 @@ def add_study_context(studies) -> argparse.ArgumentParser:
                    help="rows 'rope+PI (ft 4L)' and 'rope+YaRN (ft 4L)': the rope model fine-tuned at 4L with that "
                         "scaling (factor 4) for 5 %% of its pre-training tokens (default on; --no-finetune: without)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes training models side by side, sharing the threads (default: one per free core)")
+                   help="processes training models side by side, sharing the threads (default: one per thread)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the whole study (default: the cores other processes leave free)")
     p.add_argument("--seeds", type=int, default=None, help="models per scheme and L (default 3; --quick 1)")
     add_run_options(p, "context")
     return p
@@ -143,7 +145,8 @@ def study_context(args: argparse.Namespace):
     given = {"seeds": args.seeds, "data": args.data, "max_tokens": args.max_tokens, "schemes": args.schemes,
              "train_lens": args.train_lens,
              "eval_factors": args.eval_lens and tuple(context.parse_eval_len(t) for t in args.eval_lens)}
-    overrides = {"seed": args.seed, "device": args.device, "finetune": args.finetune, "workers": args.workers}
+    overrides = {"seed": args.seed, "device": args.device, "finetune": args.finetune, "workers": args.workers,
+                 "threads": args.threads}
     overrides |= {k: v for k, v in given.items() if v is not None}
     cfg = (context.ContextStudyConfig.quick if args.quick else context.ContextStudyConfig)(**overrides)
     result = context.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
