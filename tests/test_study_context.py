@@ -57,6 +57,10 @@ def test_quick_run_writes_every_output_and_its_sentences_follow_its_numbers(quic
         assert all(r["bpc"] == rope for r in at_l if r["scheme"] in context.SCALED)  # scale 1 at L
         tuned = {r["scheme"]: r["bpc"] for r in at_l if r["scheme"] in context.FINETUNED}
         assert len(tuned) == 2 and rope not in tuned.values()  # the fine-tune moved the weights
+        for held, tuned_row in context.HELD.items():  # the same weights at s = 4: equal up to 4L, not past it
+            got = {int(r["eval_len"]): float(r["bpc"]) for r in mine if r["scheme"] == held}
+            want = {int(r["eval_len"]): float(r["bpc"]) for r in mine if r["scheme"] == tuned_row}
+            assert got == want  # eval lengths 1L, 2L, 4L here: max(4, f) = 4
     with open(out / "positions.csv") as f:
         pos = [p for p in csv.DictReader(f) if p["train_len"] == "32" and p["scheme"] == "rope+YaRN"]
     assert sum(1 for p in pos if p["eval_len"] == "128") == 128
@@ -68,7 +72,7 @@ def test_quick_run_writes_every_output_and_its_sentences_follow_its_numbers(quic
 
 def test_results_again_in_chinese_from_the_summary(quick, tmp_path, capsys):
     summary = json.loads((quick.out / "summary.json").read_text())
-    assert summary["config"]["train_lens"] == [16, 32] and len(summary["rows"]) == 2 * 11 * 3
+    assert summary["config"]["train_lens"] == [16, 32] and len(summary["rows"]) == 2 * 13 * 3
     path, table, said = context.rerender(quick.out, "zh")
     text = path.read_text(encoding="utf-8")
     assert path.name == "results.zh.md" and CJK.search(text) and "## 训练长度 L = 16" in table
@@ -140,4 +144,5 @@ def test_two_workers_give_the_rows_one_process_gives():
     pair = context.run(replace(cfg, threads=2, workers=2), corpus=_corpus(), progress=False)
     assert (alone.config.workers, pair.config.workers) == (1, 2)
     assert pair.rows == alone.rows and pair.parameters == alone.parameters
-    assert {r["scheme"] for r in pair.rows} == {"rope", "rope+YaRN", "alibi", *context.FINETUNED}
+    assert {r["scheme"] for r in pair.rows} == {"rope", "rope+YaRN", "alibi", *context.FINETUNED,
+                                                *context.HELD}

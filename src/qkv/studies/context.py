@@ -49,7 +49,8 @@ TRAINED = ("none", "sinusoidal", "rope", "alibi", "t5")  # one model each
 SCALED = {"rope+PI": "linear", "rope+NTK": "ntk", "rope+dynamic NTK": "dynamic", "rope+YaRN": "yarn"}
 SCHEMES = ("none", "sinusoidal", "rope", *SCALED, "alibi", "t5")
 FINETUNED = {"rope+PI (ft 4L)": "rope+PI", "rope+YaRN (ft 4L)": "rope+YaRN"}  # row -> the scaling fine-tuned
-ROWS = (*SCHEMES, *FINETUNED)  # the order of the tables
+HELD = {f"{row[:-1]}, s = 4)": row for row in FINETUNED}  # the fine-tuned model kept at its factor 4 past 4L
+ROWS = (*SCHEMES, *FINETUNED, *HELD)  # the order of the tables
 FT_FACTOR, FT_TOKENS, FT_LR = 4, 0.05, 0.3  # fine-tune at 4L on 5 % of the pre-training tokens, lr × 0.3
 FT_STEP = 4  # the fine-tune's steps carry a quarter of pre-training's tokens (at least one 4L window)
 FACTORS = (1, 2, 4, 8, 16)  # evaluation lengths, in multiples of L
@@ -68,7 +69,8 @@ pages.TEXT["en"].update({
     "context.std": " (mean ± std)",
     "context.ft": "Fine-tuned rows: the trained rope model with PI or YaRN at factor {ft}, trained further on windows "
                   "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, a quarter of its tokens per "
-                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L).",
+                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L); the rows marked s = {ft} keep the "
+                  "fine-tune's factor at every length, as a fine-tuned checkpoint is used.",
 })
 pages.TEXT["zh"].update({
     "context.title": "# 长上下文：RoPE 缩放对比 ALiBi、T5 偏置与无位置编码",
@@ -81,7 +83,8 @@ pages.TEXT["zh"].update({
     "context.std": "（均值 ± 标准差）",
     "context.ft": "微调的行：训练好的 rope 模型加上因子 {ft} 的 PI 或 YaRN，在长度 {ft}L 的窗口上用同一套训练流程再训练 "
                   "{tokens} 个 token（预训练预算的 {pct:.0f} %，每步的 token 数为预训练的四分之一，学习率 × {lr}），"
-                  "然后以因子 max({ft}, T / L) 打分。",
+                  "然后以因子 max({ft}, T / L) 打分；标为 s = {ft} 的行在每个长度都保持微调时的因子，就像使用微调后的检查点"
+                  "那样。",
 })
 
 
@@ -267,13 +270,15 @@ def model_scores(cfg: ContextStudyConfig, corpus, job: tuple) -> tuple[tuple, tu
 
 def variants(model: GPT, scheme: str, cfg: ContextStudyConfig, seed: int, corpus, tokenizer, L: int) -> list:
     """(row, weights, scaling row or None, factor of f) for each row a model trained as ``scheme`` at L gives:
-    itself; for rope each rope+X at s = f, and with ``cfg.finetune`` PI and YaRN fine-tuned at 4L."""
+    itself; for rope each rope+X at s = f, and with ``cfg.finetune`` PI and YaRN fine-tuned at 4L, scored at
+    s = max(4, f) and, as a fine-tuned checkpoint is used, at its own s = 4 (``HELD``)."""
     out = [(scheme, model, None, None)] if scheme in cfg.schemes else []
     if scheme == "rope":
         out += [(name, model, name, lambda f: f) for name in SCALED if name in cfg.schemes]
     if scheme == "rope" and cfg.finetune:
-        out += [(row, finetune(model, name, cfg, seed, corpus, tokenizer, L), name, lambda f: max(FT_FACTOR, f))
-                for row, name in FINETUNED.items()]
+        for (row, name), held in zip(FINETUNED.items(), HELD):
+            tuned = finetune(model, name, cfg, seed, corpus, tokenizer, L)
+            out += [(row, tuned, name, lambda f: max(FT_FACTOR, f)), (held, tuned, name, lambda f: FT_FACTOR)]
     return out
 
 

@@ -39,7 +39,8 @@ from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: r
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharded_checkpoint import load_sharded, save_sharded
-from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, memory_line, resolve_sharding,
+from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memory, memory_line
+from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, model_blocks, resolve_sharding,
                        shard_model)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
@@ -50,6 +51,7 @@ RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora"
                 "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum", "lr", "min_lr_ratio",
                 "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16", "optimizer", "muon_lr",
                 "schedule")
+PEAK_STEPS = 3  # the measured peak memory is reported after this many steps
 TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
 
 
@@ -468,15 +470,42 @@ class Recipe:
             by_tokens = math.ceil(cfg.max_tokens / self.task.tokens_per_step)
             self.max_steps = min(self.max_steps, by_tokens) if self.max_steps else by_tokens
         torch.manual_seed(cfg.seed)
+        self.memory, available = PeakMemory(self.device), available_bytes(self.device, dist.local_world)
         self.model = self.task.build_model(self.mconf)
         if cfg.lora:
             add_lora(self.model, r=cfg.lora, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
+        self.check_memory(available)
         self.model.to(self.device)
         self.shard()
         self.opt = build_optimizer(self.model, cfg, self.device)
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
         return saved
+
+    def check_memory(self, available: int | None) -> None:
+        """The estimate per rank (``self.estimate``), refused when it exceeds what the device has free; rank 0's
+        reading decides for all, so that every rank stops together."""
+        cfg, world = self.cfg, self.dist.world
+        self.estimate = estimate_memory(
+            self.model, self.mconf, sharding=self.sharding, world=world, checkpointed=cfg.activation_checkpointing,
+            rows=cfg.batch_size // (world * cfg.grad_accum), T=getattr(self.task, "T", self.mconf.max_len),
+            blocks=len(model_blocks(self.model)))
+        if self.dist.world > 1 and available is not None:
+            available = int(self.dist.from_main(float(available)))
+        check_fits(self.estimate, available, self.device)
+
+    def report_peak(self, bar, steps: int) -> None:
+        """The peak measured over the first ``steps`` steps, the most of the ranks, beside the estimate."""
+        from .progress import note
+
+        peak = self.memory.peak()
+        if peak is None:
+            return
+        self.peak_bytes = int(self.dist.max(float(peak)))
+        if bar is not None:
+            note(bar, f"qkv: measured peak over the first {steps} step(s): {self.peak_bytes / MiB:.1f} MiB per rank "
+                      f"(the most of {self.dist.world}; {self.memory.how} since before the model was built), "
+                      f"estimated {self.estimate.total / MiB:.1f} MiB")
 
     def shard(self) -> None:
         """Activation checkpointing, then FSDP2 (``self.model`` becomes the sharded one; ``self.plain`` a whole
@@ -639,7 +668,7 @@ class Recipe:
         from .progress import progress_bar
 
         print(self.header(), file=sys.stderr)
-        print(memory_line(self.model, self.sharding, self.dist.world), file=sys.stderr)
+        print(memory_line(self.estimate), file=sys.stderr)
         return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 
@@ -647,7 +676,7 @@ class Recipe:
     def loop(self, model: nn.Module, stop: "StopRequest") -> bool:
         """Step until the budget, ``stop_at`` or Ctrl-C; True when the budget was reached."""
         s, cfg, bar = self.state, self.cfg, self.progress_bar()
-        clock, start_elapsed = time.perf_counter(), s.elapsed
+        clock, start_elapsed, first = time.perf_counter(), s.elapsed, s.step
         finished = done = False
         model.train()
         try:
@@ -656,6 +685,8 @@ class Recipe:
                 s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
                 finished = self.progress() >= 1
                 done = finished or s.step == self.stop_at or self.dist.any(stop.requested)
+                if s.step - first == PEAK_STEPS or (done and s.step - first < PEAK_STEPS):
+                    self.report_peak(bar, s.step - first)
                 if bar is not None:
                     bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
                     bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, "
