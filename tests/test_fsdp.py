@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from qkv.cli import main
 from qkv.models import GPT, ModelConfig
-from qkv.training.sharding import checkpoint_blocks, estimated_bytes, model_blocks, resolve_sharding
+from qkv.training.memory import PeakMemory, activation_bytes, estimated_bytes
+from qkv.training.sharding import checkpoint_blocks, model_blocks, resolve_sharding
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
 ARGS = ["train", "--preset", "tiny", "--max-steps", "10", "--eval-interval", "1", "--batch-size", "4",
@@ -92,9 +93,11 @@ def test_fsdp_with_checkpointing_matches_one_process_losses_and_weights(runs, ca
     assert_same_losses(metrics(d / "one"), metrics(d / "fsdp"))
     assert_same_weights(d / "one", d / "fsdp")
     assert json.loads((d / "fsdp" / "summary.json").read_text())["world_size"] == 2
-    line = re.search(r"sharding fsdp: about ([\d.]+) MiB per rank", stderr)
+    line = re.search(r"sharding fsdp: about [\d.]+ MiB per rank = ([\d.]+) MiB weights, gradients and AdamW", stderr)
     n = sum(t.numel() for t in load_file(d / "one" / "model.safetensors").values())
     assert line and abs(float(line[1]) - 16 * n / 2 / 2**20) < 0.1, stderr[-2000:]  # ties are stored once
+    peak = re.search(r"measured peak over the first 3 step\(s\): ([\d.]+) MiB per rank \(the most of 2;", stderr)
+    assert peak and float(peak[1]) > 0, stderr[-2000:]
     assert main(["info", "--run", str(d / "fsdp")]) == 0 and "GPT" in capsys.readouterr().out
 
 
@@ -261,3 +264,30 @@ def test_an_incomplete_distributed_checkpoint_is_one_line(runs, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "step-00000004 is not a complete distributed checkpoint (no .metadata)" in err[0], err
     assert (d / "broken" / "metrics.jsonl").read_bytes() == before
+
+
+def test_activation_estimate_and_measured_peak():
+    c = ModelConfig(vocab_size=40, d_model=32, num_heads=2, num_layers=3, max_len=16, d_ff=64)
+    per_block = 8 * 32 + 2 * 64 + 2 * 2 * 16  # floats per token: the block's tensors, the attention weights
+    head = 2 * 40 + 32  # logits and log-softmax, the embeddings' output
+    assert activation_bytes(c, 3, 4, 16, checkpointed=False) == 4 * 4 * 16 * (3 * per_block + head)
+    assert activation_bytes(c, 3, 4, 16, checkpointed=True) == 4 * 4 * 16 * (3 * 32 + per_block + head)
+    memory = PeakMemory(torch.device("cpu"))
+    held = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched
+    if memory.peak() is None:
+        pytest.skip("this platform does not report the peak resident set")
+    assert memory.peak() >= 16 * 2**20 and held.sum() > 0
+
+
+def test_a_run_that_will_not_fit_is_refused_with_the_arithmetic(tmp_path, capsys, monkeypatch):
+    import qkv.training.recipe as recipe
+
+    monkeypatch.setattr(recipe, "available_bytes", lambda device, processes: 2**19)  # half a MiB free
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main([*ARGS, "--data", str(tmp_path / "data.txt"), "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"the run will not fit: about [\d.]+ MiB per rank = [\d.]+ MiB weights, "
+                                       r"gradients and AdamW state .* \+ [\d.]+ MiB activations .* but 0.5 MiB are "
+                                       r"available \(MemAvailable", err[0]), err
+    assert not out.exists()

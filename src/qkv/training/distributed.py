@@ -14,8 +14,10 @@ class Dist:
     """This process's place in a ``torchrun`` job (one process: rank 0 of 1), and the few collectives
     the training recipe needs so that every rank takes the same decisions."""
 
-    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, *, owns_group: bool = False) -> None:
+    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, *, owns_group: bool = False,
+                 local_world: int = 1) -> None:
         self.rank, self.world, self.local_rank, self.owns_group = rank, world, local_rank, owns_group
+        self.local_world = local_world  # the processes on this machine (torchrun's LOCAL_WORLD_SIZE)
         self.device = torch.device("cpu")  # where collectives' tensors live; set by the recipe
 
     @classmethod
@@ -33,7 +35,8 @@ class Dist:
                 torch.cuda.set_device(local)
             dist.init_process_group("nccl" if cuda else "gloo")
             owns = True
-        return cls(dist.get_rank(), dist.get_world_size(), local, owns_group=owns)
+        return cls(dist.get_rank(), dist.get_world_size(), local, owns_group=owns,
+                   local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
 
     @property
     def is_main(self) -> bool:
@@ -61,6 +64,14 @@ class Dist:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         torch.distributed.broadcast(t, src=0)
+        return float(t)
+
+    def max(self, value: float) -> float:
+        """The largest of the ranks' values, on every rank."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t)
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:

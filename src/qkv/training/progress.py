@@ -74,6 +74,14 @@ class LineProgress:
                 self.write()
 
 
+def note(bar, text: str) -> None:
+    """A line of text above a terminal's bar, or between a log's progress lines."""
+    if isinstance(bar, LineProgress):
+        print(text, file=bar.file, flush=True)
+    else:
+        bar.write(text, file=bar.fp)
+
+
 def progress_bar(total: float, *, desc: str, unit: str, initial: float = 0, bar_format: str | None = None,
                  file: IO | None = None, interval: float = LOG_INTERVAL_S):
     """A progress bar on ``file`` (default: stderr): tqdm's on a terminal, else a ``LineProgress``.

@@ -134,17 +134,3 @@ def local_parameter_bytes(model: nn.Module) -> int:
     """Bytes of parameters this rank holds: its DTensor shards under fsdp, else every parameter."""
     local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # noqa: E731
     return sum(local(p).numel() * p.element_size() for p in model.parameters())
-
-
-def estimated_bytes(model: nn.Module, sharding: str, world: int) -> int:
-    """Training memory per rank before activations: fp32 weights 4 B/param, and for trained ones gradients
-    4 B + AdamW's two moments 8 B (16 B/param in all); fsdp divides it by the world size."""
-    total = sum(p.numel() * (16 if p.requires_grad else 4) for p in model.parameters())
-    return total // world if sharding == "fsdp" else total
-
-
-def memory_line(model: nn.Module, sharding: str, world: int) -> str:
-    per = estimated_bytes(model, sharding, world)
-    how = f"1/{world} of it (fsdp)" if sharding == "fsdp" else "all of it" + (f" on each of {world}" * (world > 1))
-    return (f"qkv: sharding {sharding}: about {per / 2**20:.1f} MiB per rank for weights, gradients and AdamW state "
-            f"(16 B per trained parameter, 4 B per frozen one; {how}), activations not counted")

@@ -1,0 +1,134 @@
+"""Training memory per rank: the estimate before training, the peak measured over the first steps, and the
+refusal of a run that will not fit.
+
+Estimate (fp32, per rank):
+    states       4 B per parameter for its weight; a trained one adds its gradient (4 B) and AdamW's two
+                 moments (8 B): 16 B in all. fsdp holds 1/N of them.
+    whole copy   fsdp only: the whole weights each rank gathers for evaluation and saving, 4 B per parameter
+    activations  what the backward keeps of one micro-batch (rows × T tokens), per token: in each block its
+                 inputs, norms, q, k, v, attention output (8 C), the feed-forward's two hidden layers (2 F) and
+                 the attention weights (2 H T, as if materialised: an upper bound when SDPA is fused); the
+                 logits and their log-softmax (2 V). With activation checkpointing each block keeps its input
+                 (C) and one block at a time is recomputed. A rough count (after Korthikanti et al. 2022,
+                 "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198, §4).
+
+Measured: CUDA, ``torch.cuda.max_memory_allocated`` since before the model was built; CPU, the growth of the
+process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over its resident set then.
+Available: CUDA, ``torch.cuda.mem_get_info``'s free bytes; CPU, /proc/meminfo's MemAvailable shared by the
+processes of this machine (``LOCAL_WORLD_SIZE``) — both read before the model is built.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MiB = 2**20
+
+
+def estimated_bytes(model: nn.Module, sharding: str, world: int) -> int:
+    """Weights, gradients and AdamW state per rank: 16 B per trained parameter, 4 B per frozen one;
+    fsdp divides it by the world size."""
+    total = sum(p.numel() * (16 if p.requires_grad else 4) for p in model.parameters())
+    return total // world if sharding == "fsdp" else total
+
+
+def activation_bytes(config, blocks: int, rows: int, T: int, *, checkpointed: bool) -> int:
+    """What the backward keeps of one micro-batch of ``rows`` × ``T`` tokens (fp32; see the module's notes)."""
+    block = 8 * config.d_model + 2 * config.ff_width + 2 * config.num_heads * T  # floats per token
+    kept = blocks * config.d_model + block if checkpointed else blocks * block
+    return 4 * rows * T * (kept + 2 * config.vocab_size + config.d_model)
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per rank: the training states, fsdp's whole copy of the weights, one micro-batch's activations."""
+
+    sharding: str
+    world: int
+    states: int
+    copy: int
+    activations: int
+    tokens: str  # "rows x T"
+
+    @property
+    def total(self) -> int:
+        return self.states + self.copy + self.activations
+
+    def describe(self) -> str:
+        share = f"1/{self.world} of them" if self.sharding == "fsdp" else "all of them"
+        copy = f" + {self.copy / MiB:.1f} MiB whole weights (evaluation, saving)" if self.copy else ""
+        return (f"about {self.total / MiB:.1f} MiB per rank = {self.states / MiB:.1f} MiB weights, gradients and "
+                f"AdamW state (16 B per trained parameter, 4 B per frozen one; {share}){copy} + "
+                f"{self.activations / MiB:.1f} MiB activations ({self.tokens} tokens per micro-step, fp32, rough)")
+
+
+def estimate_memory(model: nn.Module, config, *, sharding: str, world: int, rows: int, T: int, blocks: int,
+                    checkpointed: bool) -> MemoryEstimate:
+    copy = 4 * sum(p.numel() for p in model.parameters()) if sharding == "fsdp" else 0
+    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world), copy,
+                          activation_bytes(config, blocks, rows, T, checkpointed=checkpointed), f"{rows} x {T}")
+
+
+def memory_line(estimate: MemoryEstimate) -> str:
+    return f"qkv: sharding {estimate.sharding}: {estimate.describe()}"
+
+
+def available_bytes(device: torch.device, local_world: int = 1) -> int | None:
+    """Memory this rank may use: the GPU's free bytes, or the machine's MemAvailable over its processes;
+    None where the device does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        kib = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return int(kib[1]) * 1024 // max(1, local_world) if kib else None
+
+
+def check_fits(estimate: MemoryEstimate, available: int | None, device: torch.device) -> None:
+    """ValueError with the arithmetic when the estimate exceeds what the device has free."""
+    if available is None or estimate.total <= available:
+        return
+    where = "free on the GPU (torch.cuda.mem_get_info)" if device.type == "cuda" else \
+        "available (MemAvailable of /proc/meminfo, shared by this machine's processes)"
+    raise ValueError(f"the run will not fit: {estimate.describe()}, but {available / MiB:.1f} MiB are {where}; "
+                     "use --sharding fsdp over more processes, --activation-checkpointing, a smaller --batch-size "
+                     "or more --grad-accum")
+
+
+def _status_kib(field: str) -> int | None:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    return int(match[1]) if match else None
+
+
+class PeakMemory:
+    """The most memory this process used since it was made (see the module's notes); ``peak()`` is None
+    where the platform does not tell."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.base = device, None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device)
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the resident set now
+            self.base = _status_kib("VmRSS")
+        except OSError:
+            pass
+
+    @property
+    def how(self) -> str:
+        return "torch.cuda.max_memory_allocated" if self.device.type == "cuda" else "growth of the peak resident set"
+
+    def peak(self) -> int | None:
+        if self.base is None:
+            return None
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        hwm = _status_kib("VmHWM")
+        return None if hwm is None else (hwm - self.base) * 1024
