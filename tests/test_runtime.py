@@ -68,3 +68,20 @@ def test_omp_num_threads_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setattr(runtime, "cpu_times", lambda allowed=None: pytest.fail("read /proc/stat despite OMP"))
     assert runtime.cpu_threads() == torch.get_num_threads()
+
+
+def test_compiled_kernels_go_to_qkvs_cache_unless_the_user_chose(monkeypatch, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))
+    for before, after in [(None, tmp_path / "inductor"), (default_cache_dir(), tmp_path / "inductor"),
+                          ("/mine", "/mine")]:
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        if before is not None:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", before)
+        runtime.use_compile_cache()
+        assert runtime.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(after)
+    monkeypatch.setenv("QKV_CACHE_DIR", "off")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    runtime.use_compile_cache()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in runtime.os.environ

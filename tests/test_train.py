@@ -96,7 +96,7 @@ def test_refuses_to_overwrite_a_run(tmp_path):
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
 
 
-@pytest.mark.parametrize("options", [{}, dict(optimizer="muon", schedule="wsd", fused_adamw=True)])
+@pytest.mark.parametrize("options", [{}, dict(optimizer="muon", schedule="wsd", fused_adamw=True), dict(compile=True)])
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, options):
     full = train(cfg(out=str(tmp_path / "a"), **options), corpus=CORPUS)
     stopped = train(cfg(out=str(tmp_path / "b"), **options), corpus=CORPUS, stop_at=3)  # interrupted mid-interval

@@ -109,6 +109,17 @@ def cache_dir() -> Path | None:
     return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qkv"
 
 
+def use_compile_cache() -> None:
+    """Keep inductor's compiled code in qkv's cache (``cache_dir()/inductor``), so that a later run of the same
+    model and shapes loads its kernels instead of compiling them again. A TORCHINDUCTOR_CACHE_DIR the user set
+    is left alone, and so is inductor's own temporary folder when qkv's cache is off."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    root, current = cache_dir(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if root is not None and current in (None, os.path.abspath(default_cache_dir())):  # importing dynamo sets the
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")  # default: not the user's choice
+
+
 def machine() -> str:
     """A one-line description of where a measurement ran."""
     cpu = platform.processor() or platform.machine()

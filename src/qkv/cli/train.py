@@ -107,7 +107,8 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--copy", action=argparse.BooleanOptionalAction, default=None,
                    help="translate: the pointer-generator's copy mechanism (default: on)")
     p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (in the first "
+                   "step: the compile counts against --max-minutes; kernels kept in qkv's cache for the next run)")
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p

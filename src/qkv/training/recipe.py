@@ -35,7 +35,7 @@ from .run_dir import RunDir
 from ..fileio import DiskFullError
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
-from ..runtime import cpu_threads, resolve_device  # noqa: F401  (cpu_threads: re-exported)
+from ..runtime import cpu_threads, resolve_device, use_compile_cache  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharded_checkpoint import load_sharded, save_sharded
@@ -725,7 +725,10 @@ class Recipe:
 
     def wrapped(self) -> nn.Module:
         """The model the loop steps: compiled and/or wrapped in DDP (``self.model`` stays the plain one)."""
-        model = torch.compile(self.model) if self.cfg.compile else self.model
+        model = self.model
+        if self.cfg.compile:  # compiled in the first step: inside the loop, so a time budget counts the compile
+            use_compile_cache()
+            model = torch.compile(model, dynamic=False)
         if self.sharding == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
