@@ -1,9 +1,10 @@
-"""Every side-by-side measurement in one run: ``python -m benchmarks [--quick] [--only NAME ...]``.
+"""Every side-by-side measurement in one run: ``python -m benchmarks [--quick] [--only NAME ...] [--nanogpt PATH]``.
 
 attention  (a) MHA forward and forward+backward vs nn.MultiheadAttention and a naive module
 memory     (b) peak memory of one attention forward, fused vs reference path
 generation (c) greedy tokens/s, eager and compiled, vs Hugging Face generate and the memory roofline
-train_speed (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel
+train_speed (d) training tokens/s and MFU vs Hugging Face GPT2LMHeadModel, and at the demo's shape vs nanoGPT's
+           model.py (--nanogpt PATH), eager and compiled (the compile counted)
 marian     (e) beam-search translation (8 and 32 sentences, beam 4) vs Hugging Face MarianMTModel.generate
 low_precision (f) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
 open_models batch-1 decoding of Qwen2- and Gemma-2-shaped models vs Hugging Face generate; the ring
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats (a few minutes)")
     p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    p.add_argument("--nanogpt", metavar="PATH", help="nanoGPT's model.py: train_speed also times nanoGPT (imported "
+                   "from there at run time)")
     p.add_argument("--markdown", type=Path, metavar="DIR", help="also write DIR/speed.md and DIR/speed.zh.md from "
                    "this run (date, commit, machine, command) and the READMEs' speed table (benchmarks.report)")
     args = p.parse_args(argv)
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         module = importlib.import_module(f"benchmarks.{name}")
         with tee() as seen:
-            module.main(["--quick"] if args.quick else [])
+            module.main(section_args(name, args))
         outputs[name] = seen.getvalue()
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     if args.markdown:
@@ -49,6 +52,12 @@ def main(argv=None) -> int:
         for path in report.write(args.markdown, outputs, command.strip(), where):
             print(f"wrote {path}")
     return 0
+
+
+def section_args(name: str, args: argparse.Namespace) -> list[str]:
+    """The command line a section's own ``main`` gets: --quick, and --nanogpt for train_speed."""
+    extra = ["--nanogpt", args.nanogpt] if name == "train_speed" and args.nanogpt else []
+    return (["--quick"] if args.quick else []) + extra
 
 
 class Tee(io.StringIO):

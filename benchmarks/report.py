@@ -48,10 +48,13 @@ SECTIONS = {  # name -> (English title, what it measures; Chinese title, the sam
                    "除以每次调用前后测得的带宽）。所有参赛者生成的 token 都断言相同。"),
     "train_speed": ("(d) Training speed",
                     "Training tokens/s and model FLOPs utilisation of qkv's recipe beside Hugging Face "
-                    "`GPT2LMHeadModel` on the same weights, batch and optimizer.",
+                    "`GPT2LMHeadModel` on the same weights, batch and optimizer; then, at the demo's shape with "
+                    "nanoGPT's choices, beside nanoGPT's `model.py` when a checkout is given (`--nanogpt`), eager "
+                    "and compiled, a compiled step timed over a wall-clock budget that includes its compile.",
                     "(d) 训练速度",
                     "qkv 的训练流程与相同权重、批量和优化器下的 Hugging Face `GPT2LMHeadModel` 的训练 tokens/s 与"
-                    "模型 FLOPs 利用率并排。"),
+                    "模型 FLOPs 利用率并排；然后在 demo 的形状、采用 nanoGPT 的设计选择时，与 nanoGPT 的 `model.py`"
+                    "（给出 `--nanogpt` 检出路径时）并排，分 eager 与编译两种，编译的一步在包含编译时间的墙钟预算内计时。"),
     "complexity": ("Time and memory against sequence length",
                    "The reference, fused, hand-tiled (FlashAttention's loop) and linear attention paths, with "
                    "the exponents fitted to their time and memory.",
