@@ -56,7 +56,9 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
     "--sharding": ("sharding", str, "auto (default: ddp under torchrun, none in one process), none, ddp or fsdp "
                    "(FSDP2: weights, gradients and AdamW state split over the torchrun processes); ddp and fsdp "
-                   "need torchrun --nproc_per_node N >= 2 (in one process they stop with exit status 2)"),
+                   "need torchrun --nproc_per_node N >= 2 (in one process they stop with exit status 2); fsdp saves "
+                   "its resume state as a distributed checkpoint that --resume reshards to any number of processes "
+                   "(--sharding none: one)"),
     "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
                                    "the backward: less memory, about a third more compute"),
 }
