@@ -21,6 +21,7 @@ NEUTRAL = {
     "fp64", "tanh", "conv1d", "DIR", "WMT", "Press", "et", "al", "sinusoidal", "out", "pos", "spec", "key",
     "query", "scores", "CPU", "embedding",  # the spec writes "embedding" and "token" in Chinese text too
     "paper-base", "verify", "study",  # a preset's and qkv's commands' names
+    "YaRN", "PI", "NTK", "Peng",  # RoPE scaling methods' names and an author's
 }
 QUOTED = re.compile(r"「[^」]*」|(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"|`[^`]*`|\[[^\]]*\]")  # the spec's words, errors, code, names
 

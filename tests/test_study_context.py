@@ -13,6 +13,8 @@ from qkv.models import GPT
 from qkv.nn.positional import RotaryEmbedding
 from qkv.nn.rope_scaling import RopeScaling
 from qkv.studies import context, pe
+from qkv.studies import context_verdicts as verdict_module
+from qkv.studies.context_verdicts import verdicts
 from qkv.viz.text import CJK
 
 
@@ -146,3 +148,65 @@ def test_two_workers_give_the_rows_one_process_gives():
     assert pair.rows == alone.rows and pair.parameters == alone.parameters
     assert {r["scheme"] for r in pair.rows} == {"rope", "rope+YaRN", "alibi", *context.FINETUNED,
                                                 *context.HELD}
+
+
+def _rows(bpc: dict) -> list[dict]:
+    """Study rows from {(L, scheme, f): bpc}, ratio_to_L as the study computes it."""
+    return [{"train_len": L, "scheme": s, "eval_len": f * L, "bpc": b, "ratio_to_L": b / bpc[(L, s, 1)]}
+            for (L, s, f), b in bpc.items()]
+
+
+def test_verdicts_follow_the_numbers():
+    flat = {(L, s, f): 2.0 for L in (64, 256) for s in ("sinusoidal", "alibi") for f in (1, 2, 4)}
+    v = verdicts(_rows(flat), seeds=3)
+    assert v["sinusoidal"] == {"factor": 2, "ratios": {"64": 1.0, "256": 1.0}, "holds": True}
+    assert v["alibi"]["factor"] == 4 and v["alibi"]["holds"] and v["yarn"]["holds"] is None
+    v = verdicts(_rows(flat | {(64, "sinusoidal", 2): 2.21}), seeds=3)  # +10.5 % at 2L for one L: fails
+    assert v["sinusoidal"]["holds"] is False and v["sinusoidal"]["ratios"]["64"] == pytest.approx(1.105)
+    scaled = {(64, s, f): 2.0 + f / 10 for s in (*verdict_module.UNTUNED_SCALINGS, "rope+PI (ft 4L)") for f in (1, 2, 4)}
+    yarn = {(64, "rope+YaRN", f): 2.0 + f / 20 for f in (1, 2, 4)} | {(64, "rope+YaRN (ft 4L)", f): 1.9 for f in (1, 2, 4)}
+    got = verdicts(_rows(scaled | yarn), seeds=1)["yarn"]
+    assert got == {"untuned": (2, 2), "finetuned": (2, 2), "holds": True}
+    yarn[(64, "rope+YaRN", 4)] = 2.45  # above PI's 2.4 at 4L
+    assert verdicts(_rows(scaled | yarn), seeds=1)["yarn"] == {"untuned": (1, 2), "finetuned": (2, 2), "holds": False}
+
+
+def test_the_published_anchors_and_the_orders_compared():
+    assert verdict_module.loss_ratio(43.54, 20.05) == pytest.approx(math.log(43.54) / math.log(20.05))
+    as_press = {(64, s, f): 2.0 * (1 + k * (f - 1) / 10) for k, s in enumerate(("alibi", "t5", "rope", "sinusoidal"))
+                for f in (1, 2, 4)}
+    text = "\n".join(verdict_module.press_text(_rows(as_press), "en"))
+    assert "| sinusoidal | 1.259 | 1.630 | 1.300 | 1.900 |" in text and "The orders agree." in text
+    swapped = as_press | {(64, "t5", 2): 2.8, (64, "t5", 4): 3.9}  # t5 now worse than rope and sinusoidal at 4L
+    assert "They differ where Press et al. have t5 < rope, t5 < sinusoidal (qkv the reverse)." in \
+        verdict_module.press_order(_rows(swapped), "en")
+
+
+def test_the_advice_names_the_best_rows():
+    bpc = {(L, s, f): b + f / 100 for L in (64, 256) for s, b in
+           (("alibi", 2.5), ("rope+NTK", 2.4), ("rope+YaRN (ft 4L)", 2.3)) for f in (1, 4, 16)}
+    bpc[(64, "rope+NTK", 16)] = bpc[(256, "rope+NTK", 16)] = 3.0
+    bpc[(64, "rope+YaRN (ft 4L)", 16)] = bpc[(256, "rope+YaRN (ft 4L)", 16)] = 2.9
+    four, sixteen = verdict_module.advice(_rows(bpc), "en")
+    assert "without a fine-tune, rope+NTK (2.440 bpc at L = 64, 2.440 at L = 256); with a fine-tune at 4L, " \
+           "rope+YaRN (ft 4L)" in four
+    assert "without a fine-tune, alibi" in sixteen and "the same: no fine-tuned row does better" in sixteen
+    assert all(CJK.search(s) for s in verdict_module.advice(_rows(bpc), "zh"))
+
+
+def test_verify_rows_read_the_study(quick, tmp_path, monkeypatch):
+    from qkv import claims
+
+    names = ["sinusoidal-extrapolates", "alibi-extrapolates", "yarn-beats-pi-ntk"]
+    (tmp_path / "runs" / "study-context").mkdir(parents=True)
+    (tmp_path / "runs" / "study-context" / "summary.json").write_text((quick.out / "summary.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    rows = claims.run_claims(names, unmeasurable=True)
+    v = json.loads((quick.out / "summary.json").read_text())["verdict"]
+    assert [r.name for r in rows] == names and all(r.holds is None for r in rows)
+    sin = rows[0]
+    assert sin.measured == v["sinusoidal"] and "measured that it" in sin.summary
+    assert f"{v['sinusoidal']['ratios']['16']:.3f} (L = 16)" in sin.summary and "（L = 16）" in sin.summary_zh
+    won, of = v["yarn"]["untuned"]
+    assert f"at {won} of {of} lengths past L" in rows[2].summary and "### Which to pick" in \
+        (quick.out / "results.md").read_text()

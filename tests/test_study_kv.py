@@ -121,11 +121,11 @@ def test_cli_quick_and_bad_options(capsys, tmp_path):
 
 def test_verify_row_reads_the_study(quick, tmp_path, monkeypatch):
     from qkv import claims
-    from qkv.claims import faq
+    from qkv.claims.registry import study_summary
 
     (row,) = claims.run_claims(["mla-kv-cache"])
     assert row.holds is None and row.section == "Q4"
-    if faq.kv_study_summary() is None:  # not run here: the row says how
+    if study_summary("kv") is None:  # not run here: the row says how
         assert "run `qkv study kv`" in row.summary and "qkv study kv" in row.summary_zh
     (tmp_path / "runs" / "study-kv").mkdir(parents=True)
     (tmp_path / "runs" / "study-kv" / "summary.json").write_text((quick.out / "summary.json").read_text())

@@ -14,7 +14,7 @@ They are imported below in the spec's order, which is the registry's and ``qkv v
 from .registry import (CHECKS, FULL_CHECKS, NOT_MEASURABLE, RUN_CHECKS, Claim, all_hold, check, claim_names,
                        not_measurable, resolve_names, run_claims, seeded)
 from . import (self_attention, recurrence, multi_head, positional, placement, block_order, masks,  # noqa: E402,F401
-               faq, alternatives, complexity, spec_code, corrections, unmeasurable)  # (registers, in this order)
+               faq, extrapolation, alternatives, complexity, spec_code, corrections, unmeasurable)  # (registers, in this order)
 from .complexity import measure_complexity
 from .report import format_markdown, format_table, words
 from .runs import run_text_ids, validation_text

@@ -8,9 +8,7 @@ Shapes: B batch, T length (S the source's), C model width, N layers, H heads.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +18,7 @@ from ..models import GPT, ModelConfig, Transformer
 from ..viz.maps import attention_weights
 from .measure import FLOAT_TOL, fmt, rel_err
 from .messages import Joined, Term, render, say
-from .registry import Claim, check, measured_by_study
+from .registry import Claim, check, measured_by_study, study_summary
 
 
 def self_argmax_fraction(module: nn.Module, x: Tensor) -> float:
@@ -149,28 +147,13 @@ def length_stable(attention=scaled_dot_product_attention, *, lengths=(16, 256, 4
 
 
 # --- Q4's memory, at decode time: the KV cache (DeepSeek-V2's claim, measured by `qkv study kv`) ------------
-KV_STUDY = Path("runs") / "study-kv"  # `qkv study kv`'s default --out, from here or from the source checkout
-
-
-def kv_study_summary(folder: Path = KV_STUDY) -> dict | None:
-    """The summary.json of a finished `qkv study kv` in ``folder`` (relative: here, else the checkout), else the
-    one its docs page was written from (the checkout's docs/generated/study-kv.json), or None."""
-    checkout = Path(__file__).resolve().parents[3]
-    for path in (Path.cwd() / folder / "summary.json", checkout / folder / "summary.json",
-                 checkout / "docs" / "generated" / "study-kv.json"):
-        if path.is_file():
-            summary = json.loads(path.read_text(encoding="utf-8"))
-            return summary if isinstance(summary.get("verdict"), dict) else None
-    return None
-
-
 def kv_cache_row(row: Claim) -> Claim:
     """The row with the study's verdict and numbers once `qkv study kv` has run; as registered (how to run it) before."""
-    summary = kv_study_summary()
+    summary = study_summary("kv")
     if summary is None:
         return row
     v = summary["verdict"]
-    message = say("kv-cache-mla", verdict=say("kv-cache-mla/holds" if v["holds"] else "kv-cache-mla/fails"),
+    message = say("kv-cache-mla", verdict=say("study/holds" if v["holds"] else "study/fails"),
                   date=summary.get("run", {}).get("date", "?"), seeds=v["seeds"], mla=v["bpc_mla"], mha=v["bpc_mha"],
                   diff=v["difference"], noise=v["noise"], mla_n=v["mla_numbers"], mha_n=v["mha_numbers"],
                   reduction=100 * v["reduction"], bar=100 * v["bar"])

@@ -255,8 +255,20 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "`qkv study kv`（{date}，{seeds} 个种子）测得它在这个规模上{verdict}：`MLA` {mla:.3f} `bpc`，"
               "MHA {mha:.3f}（{diff:+.3f}；种子标准差 {noise:.3f}）；`MLA` 每 token 每层缓存 {mla_n} 个数，MHA "
               "{mha_n} 个：小 {reduction:.1f} %（论断要求至少 {bar:.0f} %）"},
-    "kv-cache-mla/holds": {"en": "holds", "zh": "成立"},
-    "kv-cache-mla/fails": {"en": "does not hold", "zh": "不成立"},
+    "study/holds": {"en": "holds", "zh": "成立"},
+    "study/fails": {"en": "does not hold", "zh": "不成立"},
+    "context-within": {
+        "en": "`qkv study context` ({date}, {seeds} seeds) measured that it {verdict} at this scale: {scheme}'s bits "
+              "per character at {factor}L over those at L: {ratios} (the claim: within {tol:.0f} %)",
+        "zh": "`qkv study context`（{date}，{seeds} 个种子）测得它在这个规模上{verdict}：`{scheme}` 在 {factor}L 处的每字符"
+              "比特数与 L 处之比：{ratios}（论断要求在 {tol:.0f} % 以内）"},
+    "context-ratio": {"en": "{ratio:.3f} (L = {L})", "zh": "{ratio:.3f}（L = {L}）"},
+    "context-yarn": {
+        "en": "`qkv study context` ({date}, {seeds} seeds) measured that it {verdict} at this scale: without a "
+              "fine-tune YaRN's bits per character are below PI's, NTK's and dynamic NTK's at {won} of {of} lengths "
+              "past L; after the 4L fine-tune below PI's at {ft_won} of {ft_of}",
+        "zh": "`qkv study context`（{date}，{seeds} 个种子）测得它在这个规模上{verdict}：不微调时，YaRN 的每字符比特数在超过 "
+              "L 的 {of} 个长度中有 {won} 个低于 PI、NTK 和动态 NTK；在 4L 微调后，{ft_of} 个中有 {ft_won} 个低于 PI"},
 }
 
 # Names a summary shows, in each language (missing: shown as written, e.g. code names and models).

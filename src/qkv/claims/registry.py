@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -109,6 +111,19 @@ def measured_by_study(name: str, section: str, claim: str, reason: str, read: Ca
     row = not_measurable(name, section, claim, reason, claim_zh=claim_zh, reason_zh=reason_zh)
     STUDY_ROWS[name] = read
     return row
+
+
+def study_summary(name: str) -> dict | None:
+    """The summary.json of a finished ``qkv study NAME`` in its default --out, runs/study-NAME (here, else in the
+    source checkout), else the one its docs page was written from (the checkout's docs/generated/study-NAME.json);
+    None where none exists or it holds no verdict."""
+    checkout, folder = Path(__file__).resolve().parents[3], Path("runs") / f"study-{name}"
+    for path in (Path.cwd() / folder / "summary.json", checkout / folder / "summary.json",
+                 checkout / "docs" / "generated" / f"study-{name}.json"):
+        if path.is_file():
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            return summary if isinstance(summary.get("verdict"), dict) else None
+    return None
 
 
 def claim_names() -> list[str]:

@@ -25,17 +25,6 @@ not_measurable(
     reason_zh="这是关于论文中训练好的 WMT 2014 模型的陈述，论文没有公开其权重；head-diversity（--run）改为测量你自己的模型的各头")
 
 not_measurable(
-    "sinusoidal-extrapolates", "§3.3 / Q9",
-    "sinusoidal PE extrapolates: trained at 512, it roughly works at 1024",
-    "needs models trained at one length and scored at longer ones (tens of minutes), beyond verify's budget; "
-    "`qkv study pe` measures it (its results.md: bits per character at 2L and beyond); Press et al. 2022, "
-    "Table 2, found sinusoidal PE's perplexity to rise sharply past the training length",
-    claim_zh="「Sinusoidal 的最大优势是可外推：训练时用了 512 长度，推理时给 1024 也大致能跑」",
-    reason_zh="需要在一个长度上训练、在更长的长度上评估（需要数十分钟），超出 verify 的时间预算；`qkv study pe` "
-              "测量了它（见它的 results.md：2L 及更长时的每字符比特数）；Press et al. 2022 表 2 发现 sinusoidal 的困惑度"
-              "在超过训练长度后急剧上升")
-
-not_measurable(
     "only-multi-head-in-a-block", "§4 (view 2)",
     "a block only ever holds multi-head attention, never single-head self-attention",
     "a matter of naming: single-head attention is multi-head attention with h = 1, which qkv builds like any h "

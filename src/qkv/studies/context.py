@@ -43,6 +43,7 @@ from ..training.finetune import Base
 from ..training.recipe import Recipe
 from .pe import (chunk_starts, markdown_table, plot_panels, position_losses, sentences,
                  study_model_config, study_train_config, summarise, train_model)
+from .context_verdicts import reading, verdicts
 from .progress import models_bar
 
 TRAINED = ("none", "sinusoidal", "rope", "alibi", "t5")  # one model each
@@ -346,7 +347,8 @@ def _write(result: ContextStudyResult, corpus, lang: str) -> None:
     atomic_write(out / "positions.csv", csv_bytes(pos_rows, ["train_len", "scheme", "eval_len", "position",
                                                              "loss_nats"]))
     plot(result, out / "context.png")
-    fields = {"config": asdict(cfg), "rows": result.rows, "sentences": result.sentences,
+    fields = {"config": asdict(cfg), "rows": result.rows, "verdict": verdicts(result.rows, cfg.seeds),
+              "sentences": result.sentences,
               "parameters": result.parameters, "seconds": round(result.seconds, 1)}
     write_summary(out, fields, corpus.source, results_text, lang)
 
@@ -359,7 +361,7 @@ def results_text(summary: dict, lang: str) -> str:
     return "\n".join([
         say("context.title", lang), "",
         say("context.intro", lang, chunks=cfg["eval_chunks"], factor=cfg["eval_factors"][-1]), "",
-        tables(rows, seeds, lang), "", *[f"- {s}" for s in all_sentences(rows, lang)], "",
+        tables(rows, seeds, lang), "", *[f"- {s}" for s in all_sentences(rows, lang)], "", *reading(rows, lang), "",
         say("context.models", lang, d_model=cfg["d_model"], heads=cfg["num_heads"], layers=cfg["num_layers"],
             tokens=cfg["max_tokens"], step=cfg["step_tokens"], seed=cfg["seed"], last=cfg["seed"] + seeds - 1,
             std=say("context.std", lang) if seeds > 1 else ""),
