@@ -291,3 +291,27 @@ def test_a_run_that_will_not_fit_is_refused_with_the_arithmetic(tmp_path, capsys
                                        r"gradients and AdamW state .* \+ [\d.]+ MiB activations .* but 0.5 MiB are "
                                        r"available \(MemAvailable", err[0]), err
     assert not out.exists()
+
+
+def test_a_distributed_checkpoint_runs_no_code_from_its_index(tmp_path):
+    """DCP pickles its index: one naming anything but DCP's metadata classes is refused, unexecuted."""
+    import pickle
+    import warnings
+
+    from qkv.training.sharded_checkpoint import load_sharded, save_sharded
+
+    model = GPT(ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, max_len=8))
+    opt = torch.optim.AdamW(model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP: "assuming the intent is to save in a single process"
+        save_sharded(model, opt, tmp_path / "ck")
+    load_sharded(model, opt, tmp_path / "ck")  # its own index loads
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ValueError, match=r"ck/.metadata is not a distributed checkpoint's index \(a DCP index may not name (posix|os)\.system\)"):
+        load_sharded(model, opt, tmp_path / "ck")
+    assert not (tmp_path / "ran").exists()

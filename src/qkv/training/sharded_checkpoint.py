@@ -40,8 +40,9 @@ def reader(path: Path):
     from torch.distributed.checkpoint import FileSystemReader
 
     class SafeReader(FileSystemReader):
-        def read_metadata(self, *args, **kwargs):
-            metadata = SafeUnpickler(io.BytesIO((Path(self.path) / INDEX).read_bytes())).load()
+        def read_metadata(self, *args, rank: int | None = None, **kwargs):
+            name = INDEX if rank is None else f"__{rank}{INDEX}"  # DCP asks for a rank's own index first
+            metadata = SafeUnpickler(io.BytesIO((Path(self.path) / name).read_bytes())).load()
             metadata.storage_meta = metadata.storage_meta or _storage_meta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
@@ -98,6 +99,11 @@ def load_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> No
 
     if not is_complete(path):
         raise ValueError(f"{path} is not a complete distributed checkpoint (no {INDEX})")
+    try:  # once here, for a clear message; DCP reads it again through the same unpickler
+        SafeUnpickler(io.BytesIO((path / INDEX).read_bytes())).load()
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, … for a damaged or hostile index
+        raise ValueError(f"{path / INDEX} is not a distributed checkpoint's index ({str(e)[:200] or type(e).__name__})") \
+            from None
     state = state_dicts(model, opt)
     alone = not (dist.is_available() and dist.is_initialized())
     try:
