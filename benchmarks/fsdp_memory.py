@@ -57,9 +57,9 @@ def worker(spec: dict) -> None:
         summary = recipe.train().summary
         tokens = summary["tokens"] / summary["steps"] * (len(seconds) - 1)
         if dist.is_main:
-            print("RESULT " + json.dumps({"estimate": recipe.estimate.total, "peak": getattr(recipe, "peak_bytes", None),
-                                          "tokens_per_s": tokens / sum(seconds[1:]),
-                                          "parameters": summary["parameters"]}), flush=True)
+            result = {"estimate": recipe.estimate.total, "peak": getattr(recipe, "peak_bytes", None),
+                      "tokens_per_s": tokens / sum(seconds[1:]), "parameters": summary["parameters"]}
+            print("RESULT " + json.dumps(result), flush=True)
     finally:
         dist.close()
 

@@ -102,8 +102,8 @@ def load_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> No
     try:  # once here, for a clear message; DCP reads it again through the same unpickler
         SafeUnpickler(io.BytesIO((path / INDEX).read_bytes())).load()
     except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, … for a damaged or hostile index
-        raise ValueError(f"{path / INDEX} is not a distributed checkpoint's index ({str(e)[:200] or type(e).__name__})") \
-            from None
+        why = str(e)[:200] or type(e).__name__
+        raise ValueError(f"{path / INDEX} is not a distributed checkpoint's index ({why})") from None
     state = state_dicts(model, opt)
     alone = not (dist.is_available() and dist.is_initialized())
     try:
