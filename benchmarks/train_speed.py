@@ -211,7 +211,8 @@ def demo_shape_rows(nanogpt: str | None, *, batch: int, repeats: int, budget_s: 
              for name, (model, loss) in contenders.items()}
     rates = {f"{name} eager": (tokens / sec, f"median of {repeats} interleaved steps")
              for name, sec in time_interleaved(steps, repeats=repeats, warmup=2).items()}
-    compiled = [("qkv compiled + fused AdamW", "qkv", True)] + ([("nanoGPT compiled", "nanoGPT", False)] if nanogpt else [])
+    compiled = [("qkv compiled + fused AdamW", "qkv", True)]
+    compiled += [("nanoGPT compiled", "nanoGPT", False)] if nanogpt else []
     for label, name, fused in compiled:
         rate, n = budget_rate(*contenders[name], x, budget_s, fused=fused)
         rates[label] = (rate, f"{n} steps in {budget_s:g} s, compile included")
