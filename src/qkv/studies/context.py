@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..checks import check_positive_int
 from ..data import load_corpus, train_tokenizer
-from ..fileio import atomic_write
+from ..fileio import atomic_json, atomic_write
 from ..models import GPT, ModelConfig
 from ..nn.rope_scaling import RopeScaling
 from ..runtime import fixed_threads, prepare_output_dir
@@ -54,6 +54,7 @@ HELD = {f"{row[:-1]}, s = 4)": row for row in FINETUNED}  # the fine-tuned model
 ROWS = (*SCHEMES, *FINETUNED, *HELD)  # the order of the tables
 FT_FACTOR, FT_TOKENS, FT_LR = 4, 0.05, 0.3  # fine-tune at 4L on 5 % of the pre-training tokens, lr × 0.3
 FT_STEP = 4  # the fine-tune's steps carry a quarter of pre-training's tokens (at least one 4L window)
+FINETUNE = {"factor": FT_FACTOR, "token_share": FT_TOKENS, "lr_scale": FT_LR, "step_share": FT_STEP}  # in summary.json
 FACTORS = (1, 2, 4, 8, 16)  # evaluation lengths, in multiples of L
 OUTPUTS = ("results.csv", *RESULTS.values(), "positions.csv", "context.png", "summary.json")
 EVAL_TOKENS = 4096  # tokens per evaluation batch: one window of 16 × 256, or 64 of 64
@@ -69,9 +70,9 @@ pages.TEXT["en"].update({
                       "({step} per step at every L), seeds {seed} … {last}{std}.",
     "context.std": " (mean ± std)",
     "context.ft": "Fine-tuned rows: the trained rope model with PI or YaRN at factor {ft}, trained further on windows "
-                  "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, a quarter of its tokens per "
-                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L); the rows marked s = {ft} keep the "
-                  "fine-tune's factor at every length, as a fine-tuned checkpoint is used.",
+                  "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, 1/{step} of its tokens per "
+                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L); the rows marked "
+                  "s = {ft} keep the fine-tune's factor at every length, as a fine-tuned checkpoint is used.",
 })
 pages.TEXT["zh"].update({
     "context.title": "# 长上下文：RoPE 缩放对比 ALiBi、T5 偏置与无位置编码",
@@ -83,7 +84,7 @@ pages.TEXT["zh"].update({
                       "每步 {step} 个），种子 {seed} … {last}{std}。",
     "context.std": "（均值 ± 标准差）",
     "context.ft": "微调的行：训练好的 rope 模型加上因子 {ft} 的 PI 或 YaRN，在长度 {ft}L 的窗口上用同一套训练流程再训练 "
-                  "{tokens} 个 token（预训练预算的 {pct:.0f} %，每步的 token 数为预训练的四分之一，学习率 × {lr}），"
+                  "{tokens} 个 token（预训练预算的 {pct:.0f} %，每步的 token 数为预训练的 1/{step}，学习率 × {lr}），"
                   "然后以因子 max({ft}, T / L) 打分；标为 s = {ft} 的行在每个长度都保持微调时的因子，就像使用微调后的检查点"
                   "那样。",
 })
@@ -296,9 +297,9 @@ def score_rows(rows: list, cfg: ContextStudyConfig, val_ids: Tensor, L: int) -> 
     return out
 
 
-def ft_tokens(max_tokens: int) -> int:
-    """The fine-tune's budget: 5 % of the pre-training tokens (at least one)."""
-    return max(1, round(FT_TOKENS * max_tokens))
+def ft_tokens(max_tokens: int, share: float = FT_TOKENS) -> int:
+    """The fine-tune's budget: ``share`` (5 %) of the pre-training tokens (at least one)."""
+    return max(1, round(share * max_tokens))
 
 
 def finetune(model: GPT, scheme: str, cfg: ContextStudyConfig, seed: int, corpus, tokenizer, L: int) -> GPT:
@@ -347,7 +348,8 @@ def _write(result: ContextStudyResult, corpus, lang: str) -> None:
     atomic_write(out / "positions.csv", csv_bytes(pos_rows, ["train_len", "scheme", "eval_len", "position",
                                                              "loss_nats"]))
     plot(result, out / "context.png")
-    fields = {"config": asdict(cfg), "rows": result.rows, "verdict": verdicts(result.rows, cfg.seeds),
+    fields = {"config": asdict(cfg), "finetune": FINETUNE, "rows": result.rows,
+              "verdict": verdicts(result.rows, cfg.seeds),
               "sentences": result.sentences,
               "parameters": result.parameters, "seconds": round(result.seconds, 1)}
     write_summary(out, fields, corpus.source, results_text, lang)
@@ -365,17 +367,24 @@ def results_text(summary: dict, lang: str) -> str:
         say("context.models", lang, d_model=cfg["d_model"], heads=cfg["num_heads"], layers=cfg["num_layers"],
             tokens=cfg["max_tokens"], step=cfg["step_tokens"], seed=cfg["seed"], last=cfg["seed"] + seeds - 1,
             std=say("context.std", lang) if seeds > 1 else ""),
-        *([say("context.ft", lang, ft=FT_FACTOR, tokens=ft_tokens(cfg["max_tokens"]), pct=100 * FT_TOKENS,
-               lr=FT_LR)] if cfg.get("finetune") else []),
+        *([finetune_text(summary.get("finetune", FINETUNE), cfg["max_tokens"], lang)] if cfg.get("finetune") else []),
         say("pe.parameters", lang, counts=counts), say("corpus", lang, corpus=localized(summary["corpus"], lang)),
         say("machine", lang, machine=localized(summary["machine"], lang)),
         say("pe.wall", lang, minutes=summary["seconds"] / 60), say("stamp", lang, **summary["run"]), ""])
 
 
+def finetune_text(ft: dict, max_tokens: int, lang: str) -> str:
+    """The sentence on the fine-tuned rows, from the settings a run recorded (``FINETUNE``)."""
+    return say("context.ft", lang, ft=ft["factor"], tokens=ft_tokens(max_tokens, ft["token_share"]),
+               pct=100 * ft["token_share"], step=ft["step_share"], lr=ft["lr_scale"])
+
+
 def rerender(folder: str | os.PathLike, lang: str) -> tuple[Path, str, list[str]]:
-    """A finished run's results file written again in ``lang`` from its summary.json, no training."""
+    """A finished run's results file written again in ``lang`` from its summary.json, no training; the verdicts
+    in summary.json computed again from its rows (a run of an older qkv may lack them)."""
     summary = finished_summary(folder)
     rows = summary["rows"]
+    atomic_json(Path(folder) / "summary.json", summary | {"verdict": verdicts(rows, summary["config"]["seeds"])})
     path = write_results(folder, results_text(summary, lang), lang)
     return path, tables(rows, summary["config"]["seeds"], lang), all_sentences(rows, lang)
 
