@@ -448,14 +448,14 @@ class Recipe:
         return None
 
     def setup(self) -> TrainState | None:
-        """Device and threads, data and tokenizer (the task), model and optimizer."""
+        """Device, data and tokenizer (the task), threads, model and optimizer."""
         cfg, dist = self.cfg, self.dist
         self.device = dist.device = resolve_device(cfg.device, dist.local_rank)
         self.sharding = resolve_sharding(cfg.sharding, dist.world)
-        if self.device.type == "cpu":
-            torch.set_num_threads(cfg.threads or (cpu_threads() if dist.world == 1 else torch.get_num_threads()))
         saved = self.check_out()
         self.task.prepare(cfg, self.run, dist)
+        if self.device.type == "cpu":  # after the data preparation: the cores free when training starts
+            torch.set_num_threads(cfg.threads or (cpu_threads() if dist.world == 1 else torch.get_num_threads()))
         self.mconf = self.task.model_config(cfg)
         if saved is not None and self.run.read_config() != self.mconf:
             old, new = self.run.read_config().to_dict(), self.mconf.to_dict()
