@@ -1,0 +1,38 @@
+"""benchmarks.demo_levers and train_speed's demo-shape contenders: every variant is a valid training config
+(checked before any run), and qkv and HF compute the same function at the demo's shape. No timing here."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks is a package beside src/, run as python -m benchmarks
+
+from benchmarks import demo_levers, train_speed  # noqa: E402
+from qkv.models import PRESETS  # noqa: E402
+from qkv.training.recipe import TrainConfig  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(demo_levers.VARIANTS))
+def test_every_variant_is_a_valid_config(name):
+    cfg = TrainConfig(max_minutes=0.1, **demo_levers.settings(name))
+    assert cfg.tokenizer == "bpe"  # a variant of the model keeps the demo's tokenizer
+
+
+def test_variants_combine_and_a_typo_is_named():
+    both = demo_levers.settings("muon+wsd+qk-norm")
+    assert both["optimizer"] == "muon" and both["schedule"] == "wsd" and both["model"].attention.qk_norm
+    with pytest.raises(SystemExit, match="unknown variant 'mu0n'; choose from baseline, muon"):
+        demo_levers.settings("mu0n+wsd")
+
+
+def test_the_demo_shape_with_nanogpts_choices():
+    c, demo = train_speed.demo_gpt2_config(), PRESETS["demo"]
+    assert (c.d_model, c.num_layers, c.num_heads, c.max_len) == (demo.d_model, demo.num_layers, demo.num_heads,
+                                                                 demo.max_len)
+    assert (c.positional, c.normalization.kind, c.feed_forward.activation, c.feed_forward.bias) == \
+        ("learned", "layernorm", "gelu", True)
+    contenders, x = train_speed.demo_contenders(None, batch=2)  # asserts the first losses equal
+    assert set(contenders) == {"qkv", "HF"} and x.shape == (2, c.max_len + 1)
+    with pytest.raises(SystemExit, match="expects the path of nanoGPT's model.py"):
+        train_speed.load_nanogpt(str(ROOT / "no-such-model.py"))
