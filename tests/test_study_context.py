@@ -143,7 +143,7 @@ def test_two_workers_give_the_rows_one_process_gives():
     cfg = context.ContextStudyConfig.quick(eval_factors=(1, 2), schemes=("rope", "rope+YaRN", "alibi"),
                                            max_tokens=4096)
     alone = context.run(replace(cfg, threads=1), corpus=_corpus(), progress=False)
-    pair = context.run(replace(cfg, threads=2, workers=2), corpus=_corpus(), progress=False)
+    pair = context.run(replace(cfg, threads=2, workers=2), corpus=_corpus(), progress=True)  # the bar names each job
     assert (alone.config.workers, pair.config.workers) == (1, 2)
     assert pair.rows == alone.rows and pair.parameters == alone.parameters
     assert {r["scheme"] for r in pair.rows} == {"rope", "rope+YaRN", "alibi", *context.FINETUNED,

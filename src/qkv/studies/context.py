@@ -247,14 +247,18 @@ def run_jobs(cfg: ContextStudyConfig, corpus, jobs: list[tuple], progress: bool)
     processes of ``cfg.threads // cfg.workers`` threads (one worker: in this process), longest jobs first."""
     def label(job):
         return f"{job[2]} at L = {job[0]}, seed {job[1]}"
-    bar = partial(models_bar, desc="qkv study context", enabled=progress, label=label, total=len(jobs))
+    bar = partial(models_bar, desc="qkv study context", enabled=progress, total=len(jobs))
     if cfg.workers == 1:
-        return {job: model_scores(cfg, corpus, job)[1] for job in bar(jobs)}
+        return {job: model_scores(cfg, corpus, job)[1] for job in bar(jobs, label=label)}
     each = replace(cfg, threads=max(1, cfg.threads // cfg.workers), workers=1)
     order = sorted(jobs, key=lambda job: (job[2] != "rope", -job[0]))  # rope carries its scalings and fine-tunes
     with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(model_scores, each, corpus, job) for job in order]
-        return dict(f.result() for f in bar(as_completed(futures)))
+        try:
+            return dict(bar((f.result() for f in as_completed(futures)), label=lambda done: label(done[0])))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # the jobs not started; the running ones end first
+            raise
 
 
 def model_scores(cfg: ContextStudyConfig, corpus, job: tuple) -> tuple[tuple, tuple[dict, int]]:
