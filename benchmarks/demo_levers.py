@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 
 import qkv
+from qkv.training.tasks import task_type
 
 from .common import table
 from .train_speed import BPC_HEADER, bpc_row, bpc_run
@@ -23,8 +24,6 @@ from .train_speed import BPC_HEADER, bpc_row, bpc_run
 def demo_model(**flat) -> dict:
     """Settings that train another model shape on the demo's own tokenizer (a given model would otherwise
     train on characters)."""
-    from qkv.training.tasks import task_type
-
     kind, vocab = task_type("lm").defaults.tokenizer_for("demo")
     return {"model": qkv.ModelConfig.preset("demo", **flat), "tokenizer": kind, "vocab_size": vocab}
 
@@ -36,12 +35,14 @@ def demo_sections(**sections) -> dict:
     return demo_model() | {"model": demo.replace(**changed)}
 
 
-VARIANTS = {  # name -> (what it changes, TrainConfig settings)
+LR = task_type("lm").defaults.lr  # the demo's peak learning rate
+VARIANTS = {  # name -> (what it changes, TrainConfig settings; None: a model_variant)
     "baseline": ("the default recipe", {}),
     "muon": ("Muon for the hidden matrices, AdamW for the rest", {"optimizer": "muon"}),
+    "muon-lr2x": ("Muon at twice the peak learning rate, AdamW's unchanged", {"optimizer": "muon", "muon_lr": 2 * LR}),
     "wsd": ("warmup-stable-decay schedule", {"schedule": "wsd"}),
-    "lr3e-3": ("half the peak learning rate", {"lr": 3e-3}),
-    "lr1.2e-2": ("twice the peak learning rate", {"lr": 1.2e-2}),
+    "lr-half": ("half the peak learning rate", {"lr": LR / 2}),
+    "lr-2x": ("twice the peak learning rate", {"lr": 2 * LR}),
     "threads1": ("one CPU thread", {"threads": 1}),
     "threads2": ("two CPU threads", {"threads": 2}),
     "compile": ("torch.compile'd model (the compile counted)", {"compile": True}),
