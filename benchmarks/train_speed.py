@@ -215,7 +215,7 @@ def demo_shape_rows(nanogpt: str | None, *, batch: int, repeats: int, budget_s: 
     compiled += [("nanoGPT compiled", "nanoGPT", False)] if nanogpt else []
     for label, name, fused in compiled:
         rate, n = budget_rate(*contenders[name], x, budget_s, fused=fused)
-        rates[label] = (rate, f"{n} steps in {budget_s:g} s, compile included")
+        rates[label] = (rate, f"{n} step{'s' * (n != 1)} in {budget_s:g} s, compile included")
     ref = "nanoGPT eager" if nanogpt else "HF eager"
     flops = flops_per_token(contenders["qkv"][0].config, x.size(1) - 1)
     return [[label, f"{rate:.0f}", f"{rate / rates[ref][0]:.2f}x", f"{100 * rate * flops / (peak * 1e9):.1f}%", note]
