@@ -5,8 +5,8 @@ torchrun with DDP and with FSDP, each without and with activation checkpointing.
 
 Each configuration is a fresh job (``torchrun --standalone`` for two processes) training the same model on
 the same text with ``qkv.training``'s recipe (nothing written, no final evaluation). It reports the recipe's
-own numbers: the estimate printed before training (weights, gradients, AdamW state, fsdp's whole copy of the
-weights, one micro-batch's activations) and the peak measured over the first steps, the most of the ranks
+own numbers: the estimate printed before training (weights, gradients, AdamW state, one micro-batch's
+activations) and the peak measured over the first steps, the most of the ranks
 (CPU: growth of the peak resident set, which includes the libraries' code and buffers loaded on first use;
 CUDA: ``torch.cuda.max_memory_allocated``), and tokens/s over the steps after the first. The processes of one job share
 ``--threads`` (default: every core), so that tokens/s compares the same machine split two ways.

@@ -23,13 +23,25 @@ TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(
 ARGS = ["train", "--preset", "tiny", "--max-steps", "10", "--eval-interval", "1", "--batch-size", "4",
         "--context", "32", "--sample-tokens", "0", "--device", "cpu", "--seed", "3"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-# Under torchrun: each rank's share of a sharded tiny GPT, then a run stopped at step 4 (resumed by the test).
+# Under torchrun: each rank's share of a sharded tiny GPT, then a run stopped at step 4 (resumed by the test), then
+# the bytes a recipe's modules and optimizer hold outside FSDP's shards, after setup and after an evaluation.
 SCRIPT = """
 import json, os, sys
 import torch
+from torch.distributed.tensor import DTensor
 from qkv.models import GPT, ModelConfig
-from qkv.training.recipe import TrainConfig, train
+from qkv.training.distributed import Dist
+from qkv.training.recipe import Recipe, TrainConfig, train
 from qkv.training.sharding import local_parameter_bytes, shard_model
+
+
+def outside_shards(recipe):
+    modules = [v for o in (recipe, recipe.task) for v in vars(o).values() if isinstance(v, torch.nn.Module)]
+    tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    tensors += [t for s in recipe.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    unique = {id(t): t for t in tensors if not isinstance(t, DTensor)}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
 
 torch.distributed.init_process_group("gloo")
 model = GPT(ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=2, max_len=32))
@@ -42,6 +54,14 @@ torch.distributed.barrier()
 cfg = TrainConfig(preset="tiny", data=sys.argv[2], max_steps=10, eval_interval=1, batch_size=4, context=32,
                   device="cpu", seed=3, sharding="fsdp", progress=False, out=os.path.join(out, "resumed"))
 train(cfg, stop_at=4)
+recipe = Recipe(TrainConfig(**{**cfg.to_dict(), "out": None}), Dist.from_env("cpu"))
+recipe.setup()
+held = {"setup": outside_shards(recipe)}
+recipe.evaluate()
+held |= {"evaluated": outside_shards(recipe), "val_loss": recipe.records[-1]["val_loss"],
+         "whole": sum(p.numel() * p.element_size() for p in recipe.model.parameters())}
+with open(os.path.join(out, "held%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(held, f)
 """
 
 
@@ -108,6 +128,16 @@ def test_each_rank_holds_half_the_parameters(runs):
     assert sum(s["local"] for s in shares) == whole
     for s in shares:
         assert abs(s["local"] / whole - 0.5) < 0.05, shares
+
+
+def test_no_rank_holds_a_whole_copy(runs):
+    """After setup and after an evaluation, what a rank's recipe holds outside FSDP's shards (buffers, AdamW's
+    step counts) is a small fraction of the model; every rank scores the same validation loss."""
+    d, _ = runs
+    held = [json.loads((d / f"held{r}.json").read_text()) for r in (0, 1)]
+    for h in held:
+        assert h["setup"] <= h["whole"] // 100 and h["evaluated"] <= h["whole"] // 100, held
+    assert held[0]["val_loss"] == held[1]["val_loss"], held
 
 
 def test_fsdp_resume_continues_exactly(runs):

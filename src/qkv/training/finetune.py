@@ -141,6 +141,18 @@ def set_model_weights(model: nn.Module, state: dict[str, Tensor], *, where: str)
     set_peft_model_state_dict(model, state)
 
 
+def keyed_as_model(model: nn.Module, state: dict[str, Tensor], *, where: str) -> dict[str, Tensor]:
+    """``model_weights``' dict keyed as ``model.state_dict()`` is (peft's keys of the adapters leave out the
+    adapter's name, ``default``); ValueError when ``state`` does not hold this model's adapters."""
+    if not has_lora(model):
+        return state
+    named = {k.replace(".default", ""): k for k in model.state_dict() if ".lora_" in k}
+    wrong = set(state) ^ set(named)
+    if wrong:
+        raise ValueError(f"{where} does not hold this model's LoRA adapters ({', '.join(sorted(wrong)[:3])} …)")
+    return {named[k]: v for k, v in state.items()}
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """``model`` with each adapter folded into its layer (W ← W + (α / r) · B A) and the plain nn.Linear
     put back: the same outputs, qkv's own module tree again."""

@@ -3,8 +3,9 @@ refusal of a run that will not fit.
 
 Estimate (fp32, per rank):
     states       4 B per parameter for its weight; a trained one adds its gradient (4 B) and AdamW's two
-                 moments (8 B): 16 B in all. fsdp holds 1/N of them.
-    whole copy   fsdp only: the whole weights each rank gathers for evaluation and saving, 4 B per parameter
+                 moments (8 B): 16 B in all. fsdp holds 1/N of them, and no whole copy: evaluation runs the
+                 shards; saving gathers the whole weights into rank 0's CPU memory alone, between steps (when
+                 no activations or gradients are held)
     activations  what the backward keeps of one micro-batch (rows × T tokens), per token: in each block its
                  inputs, norms, q, k, v, attention output (8 C), the feed-forward's two hidden layers (2 F) and
                  the attention weights (2 H T, as if materialised: an upper bound when SDPA is fused); the
@@ -45,31 +46,28 @@ def activation_bytes(config, blocks: int, rows: int, T: int, *, checkpointed: bo
 
 @dataclass
 class MemoryEstimate:
-    """Bytes per rank: the training states, fsdp's whole copy of the weights, one micro-batch's activations."""
+    """Bytes per rank: the training states and one micro-batch's activations."""
 
     sharding: str
     world: int
     states: int
-    copy: int
     activations: int
     tokens: str  # "rows x T"
 
     @property
     def total(self) -> int:
-        return self.states + self.copy + self.activations
+        return self.states + self.activations
 
     def describe(self) -> str:
         share = f"1/{self.world} of them" if self.sharding == "fsdp" else "all of them"
-        copy = f" + {self.copy / MiB:.1f} MiB whole weights (evaluation, saving)" if self.copy else ""
         return (f"about {self.total / MiB:.1f} MiB per rank = {self.states / MiB:.1f} MiB weights, gradients and "
-                f"AdamW state (16 B per trained parameter, 4 B per frozen one; {share}){copy} + "
+                f"AdamW state (16 B per trained parameter, 4 B per frozen one; {share}) + "
                 f"{self.activations / MiB:.1f} MiB activations ({self.tokens} tokens per micro-step, fp32, rough)")
 
 
 def estimate_memory(model: nn.Module, config, *, sharding: str, world: int, rows: int, T: int, blocks: int,
                     checkpointed: bool) -> MemoryEstimate:
-    copy = 4 * sum(p.numel() for p in model.parameters()) if sharding == "fsdp" else 0
-    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world), copy,
+    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world),
                           activation_bytes(config, blocks, rows, T, checkpointed=checkpointed), f"{rows} x {T}")
 
 

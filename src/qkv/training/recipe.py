@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..checks import check_positive_int
 from .run_dir import RunDir
 from ..fileio import DiskFullError
-from .finetune import DEFAULT_LORA_TARGETS, add_lora, model_weights, set_model_weights
+from .finetune import DEFAULT_LORA_TARGETS, add_lora, keyed_as_model, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
 from ..runtime import cpu_threads, resolve_device, use_compile_cache  # noqa: F401  (cpu_threads: re-exported)
 from .distributed import Dist
@@ -41,7 +41,7 @@ from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # no
 from .sharded_checkpoint import load_sharded, save_sharded
 from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memory, memory_line
 from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, model_blocks, resolve_sharding,
-                       shard_model)
+                       shard_model, whole_from)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
@@ -508,27 +508,42 @@ class Recipe:
                       f"estimated {self.estimate.total / MiB:.1f} MiB")
 
     def shard(self) -> None:
-        """Activation checkpointing, then FSDP2 (``self.model`` becomes the sharded one; ``self.plain`` a whole
-        copy that evaluation and checkpoints fill from it, see ``whole_model``)."""
-        self.plain, self.plain_step = None, None
-        if self.sharding == "fsdp":
-            import copy
-
-            self.plain = copy.deepcopy(self.model)
+        """Activation checkpointing, then FSDP2: ``self.model`` becomes the sharded one, and no rank keeps a
+        whole copy (evaluation runs the shards, see ``eval_dist``; saving gathers, see ``gathered_model``)."""
+        self.model_type = type(self.model)  # before fully_shard swaps the class
         if self.cfg.activation_checkpointing:
             checkpoint_blocks(self.model)
         if self.sharding == "fsdp":
             shard_model(self.model, self.device, self.dist.world, bf16=self.cfg.bf16)
 
-    def whole_model(self) -> nn.Module:
-        """The model with all its weights on every rank, for evaluation and saving: ``self.model``, or under
-        fsdp the plain copy refreshed from the shards (once per step; a collective, every rank calls it)."""
-        if self.plain is None:
+    def eval_dist(self) -> Dist:
+        """The ranks as evaluation sees them: under fsdp each rank alone, scoring every window itself, for a
+        sharded forward is a collective (every rank runs the same ones, in the same order); else ``self.dist``."""
+        if self.sharding != "fsdp":
+            return self.dist
+        alone = Dist()
+        alone.device = self.device
+        return alone
+
+    def resharded(self) -> None:
+        """Under fsdp, drop the root's gathered weights that a forward without a backward leaves behind."""
+        if self.sharding == "fsdp":
+            self.model.reshard()
+
+    def gathered_model(self, *, frozen: bool = True) -> nn.Module | None:
+        """The model with all its weights: ``self.model``, or under fsdp one built on rank 0 alone around the
+        weights gathered there into CPU memory (None on the other ranks; a collective, every rank calls it).
+        ``frozen=False`` gathers only what trains (a LoRA run's adapters, all it saves)."""
+        if self.sharding != "fsdp":
             return self.model
-        if self.plain_step != self.state.step:
-            self.plain.load_state_dict(full_weights(self.model, everywhere=True))
-            self.plain_step = self.state.step
-        return self.plain
+        weights = full_weights(self.model, frozen=frozen)
+        if not self.dist.is_main:
+            return None
+        with torch.device("meta"):
+            skeleton = self.model_type(self.mconf)
+            if self.cfg.lora:
+                add_lora(skeleton, r=self.cfg.lora, alpha=self.cfg.lora_alpha, targets=self.cfg.lora_targets)
+        return whole_from(skeleton, weights, self.model, strict=frozen)
 
     def progress(self) -> float:
         """Fraction of the budget spent; a time budget keeps back what the final evaluation will take."""
@@ -545,7 +560,7 @@ class Recipe:
         every rank writes now (a collective)."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         weights, optimizer, sharded = None, None, None
-        if self.plain is not None:
+        if self.sharding == "fsdp":
             sharded = self.save_sharded()
         else:
             weights, optimizer = model_weights(self.model), self.opt.state_dict()
@@ -564,20 +579,14 @@ class Recipe:
 
     def restore(self, saved: TrainState) -> None:
         """Weights (checked against model.safetensors' checksum first), optimizer, RNGs, counters, metrics."""
-        from .run_dir import load_weights
+        from .run_dir import check_weights, load_weights
 
-        whole = self.whole_model()
-        load_weights(whole, self.run.path, device=self.device)  # refuses a damaged model.safetensors
+        if self.sharding == "fsdp":  # no rank holds the whole model: the file is read one tensor at a time
+            check_weights(self.run.path)
+        else:
+            load_weights(self.model, self.run.path, device=self.device)  # refuses a damaged model.safetensors
         try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
-            if saved.sharded is not None:  # a distributed checkpoint, resharded to this world size
-                load_sharded(self.model, self.opt, self.run / saved.sharded)
-            else:
-                set_model_weights(whole, saved.model, where=str(self.run / self.run.STATE))
-            if self.plain is None and saved.sharded is None:
-                self.opt.load_state_dict(saved.optimizer)
-            elif saved.sharded is None:  # fsdp from a full state: each rank keeps its shards of it
-                load_full(self.model, self.opt, whole.state_dict(), saved.optimizer)
-            self.plain_step = None
+            self.restore_training(saved)
         except (ValueError, KeyError, RuntimeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # one line
             raise ValueError(f"{self.run / self.run.STATE} does not match the model: {first}") from None
@@ -594,12 +603,25 @@ class Recipe:
             raise ValueError(f"{self.run} already finished its budget ({self.cfg.budget}) at step {saved.step}; "
                              "raise --max-steps or --max-minutes to train further")
 
+    def restore_training(self, saved: TrainState) -> None:
+        """The trained weights and the optimizer: from a distributed checkpoint (resharded to this world size),
+        else from the whole state dicts in ``saved`` (under fsdp each rank keeps its shards of them)."""
+        where = str(self.run / self.run.STATE)
+        if saved.sharded is not None:
+            load_sharded(self.model, self.opt, self.run / saved.sharded)
+        elif self.sharding == "fsdp":  # a LoRA run's state holds the adapters alone: the base is in the model
+            weights = keyed_as_model(self.model, saved.model, where=where)
+            load_full(self.model, self.opt, weights, saved.optimizer, strict=not self.cfg.lora)
+        else:
+            set_model_weights(self.model, saved.model, where=where)
+            self.opt.load_state_dict(saved.optimizer)
+
     def save(self) -> None:
         """The model files, then the training state (rank 0); a full disk keeps the last complete checkpoint."""
         if self.run is None:
             return
-        whole = self.whole_model()  # fsdp: every rank gathers the weights, then writes its shards
-        state = self.capture_state() if self.dist.is_main or self.plain is not None else None
+        whole = self.gathered_model(frozen=not self.cfg.lora)  # fsdp: rank 0's alone, freed once written
+        state = self.capture_state() if self.dist.is_main or self.sharding == "fsdp" else None
         if not self.dist.is_main:
             return
         try:
@@ -643,9 +665,10 @@ class Recipe:
 
     def evaluate(self) -> None:
         """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
-        s, t0 = self.state, time.perf_counter()
-        fields_, units = self.task.evaluate(self.whole_model(), autocast=self.autocast, dist=self.dist)
-        s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * self.dist.world / max(1, units))
+        s, t0, dist = self.state, time.perf_counter(), self.eval_dist()
+        fields_, units = self.task.evaluate(self.model, autocast=self.autocast, dist=dist)
+        self.resharded()
+        s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * dist.world / max(1, units))
         self.records.append({"step": s.step, "train_loss": s.running[0] / max(1, s.running[1])} | fields_ |
                             {"lr": self.opt.param_groups[0]["lr"], "tokens": s.tokens, "elapsed_s": round(s.elapsed, 2)})
         s.running = [0.0, 0]
@@ -653,7 +676,7 @@ class Recipe:
             self.run.write_metrics(self.records)
 
     def header(self) -> str:
-        c, (n, k), kind = self.cfg, parameter_counts(self.model), type(self.model if self.plain is None else self.plain)
+        c, (n, k), kind = self.cfg, parameter_counts(self.model), self.model_type
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
         source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
         trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
@@ -709,8 +732,7 @@ class Recipe:
                    "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.prepare_s, 2),
                    "train_loss": self.records[-1]["train_loss"] if self.records else None}
         if cfg.final_eval:
-            summary |= self.task.final_metrics(self.whole_model(), autocast=self.autocast, dist=self.dist,
-                                               progress=cfg.progress and self.dist.is_main)
+            summary |= self.final_metrics()
         elif self.records:
             summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
         n, k = parameter_counts(self.model)
@@ -722,6 +744,20 @@ class Recipe:
             if self.records:
                 plot_losses(self.run / self.run.LOSS_PLOT, self.records, summary)
         return summary
+
+    def final_metrics(self) -> dict:
+        """The task's numbers on the whole validation split, on the sharded model itself under fsdp (every rank
+        alike); a task whose final evaluation needs a whole model gets one built on rank 0 alone from the gathered
+        weights (the other ranks return no numbers: rank 0 writes the summary)."""
+        progress = self.cfg.progress and self.dist.is_main
+        if self.sharding == "fsdp" and self.task.final_needs_whole_model:
+            whole = self.gathered_model()
+            return {} if whole is None else self.task.final_metrics(
+                whole.to(self.device).eval(), autocast=self.autocast, dist=self.eval_dist(), progress=progress)
+        metrics = self.task.final_metrics(self.model, autocast=self.autocast, dist=self.eval_dist(),
+                                          progress=progress)
+        self.resharded()
+        return metrics
 
     def wrapped(self) -> nn.Module:
         """The model the loop steps: compiled and/or wrapped in DDP (``self.model`` stays the plain one)."""
@@ -750,11 +786,16 @@ class Recipe:
                 else "nothing saved (no --out)"
             raise Interrupted(f"interrupted at step {self.state.step}, {saved_msg}")
         self.model.eval()
-        result = TrainResult(model=self.whole_model().eval(), tokenizer=self.task.tokenizer, config=self.mconf,
-                             metrics=self.records, path=self.run.path if self.run else None)
-        if finished:  # else stopped early (stop_at): resume to finish
-            result.summary = self.summarise()
-        return result
+        summary = self.summarise() if finished else {}  # else stopped early (stop_at): resume to finish
+        self.resharded()
+        return TrainResult(model=self.final_model(), tokenizer=self.task.tokenizer, config=self.mconf,
+                           metrics=self.records, summary=summary, path=self.run.path if self.run else None)
+
+    def final_model(self) -> nn.Module:
+        """What ``train`` returns, in eval mode: ``self.model``; under fsdp, on rank 0, a whole model built
+        after training from the weights gathered there (the other ranks return their shards, ``self.model``)."""
+        whole = self.gathered_model()
+        return (self.model if whole is None else whole.to(self.device)).eval()
 
 
 def train(cfg: TrainConfig, *, corpus: object | None = None, tokenizer: object | None = None,

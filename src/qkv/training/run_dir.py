@@ -31,7 +31,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -274,11 +274,35 @@ def state_digest(model: nn.Module) -> str:
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 of the tensors' bytes, by name."""
+    return streamed_digest(tensors, tensors.__getitem__)
+
+
+def streamed_digest(names, tensor: Callable[[str], torch.Tensor]) -> str:
+    """``tensors_digest`` of the tensors ``tensor(name)`` gives for ``names``, asked for one at a time."""
     h = hashlib.sha256()
-    for name, t in sorted(tensors.items()):
+    for name in sorted(names):
         h.update(name.encode())
-        h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor(name).detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def check_weights(directory: str | os.PathLike) -> None:
+    """model.safetensors (adapters.safetensors) against the checksum saved with it, read one tensor at a time,
+    without a model (an fsdp run holds none whole); ValueError when it is damaged."""
+    from safetensors import safe_open
+
+    run = RunDir(directory)
+    path = run / (run.ADAPTERS if run.has(run.ADAPTERS) else run.WEIGHTS)
+    meta = run.weights_metadata()  # ValueError for a damaged header
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = set(f.keys())  # a tied matrix once: its other names map to the stored one in the metadata
+            names = stored | {alias for alias, kept in meta.items() if kept in stored}
+            digest = streamed_digest(names, lambda n: f.get_tensor(n if n in stored else meta[n]))
+    except Exception as e:  # noqa: BLE001 - SafetensorError for truncated data, OSError
+        raise ValueError(f"{path} is corrupt or truncated ({str(e).strip()[:200] or type(e).__name__})") from None
+    if meta.get("sha256") not in (None, digest):
+        raise ValueError(f"{path} is corrupt: its weights do not match the checksum saved with them")
 
 
 def check_shapes(path: Path, model_config: ModelConfig, cls: type[nn.Module] = GPT) -> None:

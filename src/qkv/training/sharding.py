@@ -5,7 +5,9 @@
     fsdp   FSDP2 (``torch.distributed.fsdp.fully_shard``): each block, then the root, is sharded per
            parameter (DTensor, dim 0 over the ranks); a block's weights are all-gathered for its forward
            and backward and its gradients reduce-scattered, so weights, gradients and AdamW state take
-           1/world of the memory each (Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277)
+           1/world of the memory each (Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277). No rank keeps
+           a whole copy: evaluation runs the sharded model itself, saving gathers the weights to rank 0
+           alone (``full_weights``) around a meta-device skeleton (``whole_from``)
 
 Activation checkpointing (Chen et al. 2016, arXiv:1604.06174) keeps only each block's inputs in the
 forward and recomputes the block in the backward (``torch.utils.checkpoint``, non-reentrant), for any of
@@ -91,27 +93,53 @@ def shard_model(model: nn.Module, device: torch.device, world: int, *, bf16: boo
     return model
 
 
-def full_options(*, cpu_offload: bool):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+def full_weights(model: nn.Module, *, frozen: bool = True) -> dict[str, Tensor]:
+    """The sharded model's whole state dict, gathered on rank 0 alone into CPU memory (the other ranks get an
+    empty dict); ``frozen=False`` leaves the frozen parameters out (a LoRA run's base). A collective: every
+    rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-
-
-def full_weights(model: nn.Module, *, everywhere: bool = False) -> dict[str, Tensor]:
-    """The sharded model's whole state dict: on rank 0 only, in CPU memory (``everywhere``: on every rank,
-    on the model's device). A collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=full_options(cpu_offload=not everywhere))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not frozen)
+    return get_model_state_dict(model, options=options)
 
 
-def load_full(model: nn.Module, opt: torch.optim.Optimizer, weights: dict, optimizer: dict) -> None:
-    """Shard whole state dicts (every rank holds them) into the sharded model and its optimizer."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+def whole_from(skeleton: nn.Module, weights: dict[str, Tensor], sharded: nn.Module, *,
+               strict: bool = True) -> nn.Module:
+    """``skeleton`` (the model ``sharded`` was, built again on the meta device) around the gathered ``weights``
+    themselves (assigned, not copied), tied where ``sharded`` is tied, with ``sharded``'s buffers (FSDP does not
+    shard them). Not ``strict``: parameters missing from ``weights`` stay on the meta device."""
+    for name, t in weights.items():  # on CPU they are views into each group's gathered buffer, which
+        if t.untyped_storage().nbytes() != t.nbytes:  # safetensors refuses: copied one at a time, a buffer
+            weights[name] = t.clone()  # goes once its last view is copied
+    skeleton.load_state_dict(weights, strict=strict, assign=True)
+    first: dict[int, str] = {}
+    for name, p in sharded.named_parameters(remove_duplicate=False):
+        if id(p) in first:  # assign gave each name its own tensor: share the first's again
+            set_tensor(skeleton, name, skeleton.get_parameter(first[id(p)]))
+        first.setdefault(id(p), name)
+    for name, b in sharded.named_buffers():
+        if skeleton.get_buffer(name).is_meta:  # not in the state dict (non-persistent)
+            set_tensor(skeleton, name, b)
+    return skeleton
 
-    set_model_state_dict(model, weights, options=full_options(cpu_offload=False))
+
+def set_tensor(model: nn.Module, name: str, value: Tensor) -> None:
+    """Register ``value`` as ``model``'s parameter or buffer ``name`` (a dotted path)."""
+    owner, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(owner), leaf, value)
+
+
+def load_full(model: nn.Module, opt: torch.optim.Optimizer, weights: dict, optimizer: dict, *,
+              strict: bool = True) -> None:
+    """Shard whole state dicts (every rank holds them) into the sharded model and its optimizer; not ``strict``:
+    ``weights`` may leave parameters out (a LoRA run's frozen base, already in the model)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+    set_model_state_dict(model, weights, options=options)
     optimizer = keyed_by_name(optimizer, model, opt)
-    set_optimizer_state_dict(model, opt, optimizer, options=full_options(cpu_offload=False))
+    set_optimizer_state_dict(model, opt, optimizer, options=options)
 
 
 def keyed_by_name(optimizer: dict, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
