@@ -39,6 +39,7 @@ LR = task_type("lm").defaults.lr  # the demo's peak learning rate
 VARIANTS = {  # name -> (what it changes, TrainConfig settings; None: a model_variant)
     "baseline": ("the default recipe", {}),
     "muon": ("Muon for the hidden matrices, AdamW for the rest", {"optimizer": "muon"}),
+    "adamw": ("AdamW for every weight (the demo's optimizer before Muon)", {"optimizer": "adamw"}),
     "muon-lr2x": ("Muon at twice the peak learning rate, AdamW's unchanged", {"optimizer": "muon", "muon_lr": 2 * LR}),
     "wsd": ("warmup-stable-decay schedule", {"schedule": "wsd"}),
     "lr-half": ("half the peak learning rate", {"lr": LR / 2}),

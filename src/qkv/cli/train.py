@@ -35,12 +35,14 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
-    "--optimizer": ("optimizer", str, "adamw (default: every weight) or muon (Muon for the attention and feed-forward "
-                    "matrices, AdamW for embeddings, the output head, norms and biases)"),
+    "--optimizer": ("optimizer", str, "muon (Muon for the attention and feed-forward matrices, AdamW for embeddings, "
+                    "the output head, norms and biases; the default for the demo preset trained from scratch) or "
+                    "adamw (every weight; the default for every other run, and the demo's before)"),
     "--muon-lr": ("muon_lr", float, "with --optimizer muon: Muon's peak learning rate (default: --lr; its updates "
                   "are scaled to AdamW's size)"),
-    "--schedule": ("schedule", str, "cosine (default: warmup, then cosine decay over the budget) or wsd "
-                   "(warmup-stable-decay: warmup, constant, then linear decay over the last fifth of the budget)"),
+    "--schedule": ("schedule", str, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last fifth "
+                   "of the budget; the default for the demo preset trained from scratch) or cosine (warmup, then "
+                   "cosine decay over the budget; the default for every other run)"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
     "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face decoder directory (GPT-2, LLaMA, "
                        "GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "

@@ -43,6 +43,7 @@ from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memor
 from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, model_blocks, resolve_sharding,
                        shard_model, whole_from)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
+from .tasks.base import RECIPE
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not). The
@@ -88,9 +89,11 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float | None = None
     min_lr_ratio: float = 0.1  # the schedule ends at lr · min_lr_ratio
-    optimizer: str = "adamw"  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); qkv.training.optim
+    optimizer: str | None = None  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); None: the
+    # task's for its preset (TaskDefaults.optimizer_for: muon for the demo trained from scratch), else adamw
     muon_lr: float | None = None  # muon: its peak learning rate; None: lr (its updates match AdamW's RMS)
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth)
+    schedule: str | None = None  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth);
+    # None as optimizer: the preset's (wsd for the demo from scratch), else cosine
     fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
     warmup_steps: int | None = None
     weight_decay: float = 0.1
@@ -151,6 +154,9 @@ class TrainConfig:
             self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         check_sharding(self.sharding)
+        scratch = self.model is None and self.init_from_hf is None and self.sharding != "fsdp"
+        for name, value in task.defaults.recipe_for(self.preset if scratch else None).items():
+            setattr(self, name, value if getattr(self, name) is None else getattr(self, name))
         check_optimizer_options(self)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
@@ -220,7 +226,7 @@ class TrainConfig:
         saved = d.get("task_options") or {k: v for k, v in flat.items() if k in options_type.names()}
         if not isinstance(saved, dict):
             raise ValueError(f"task_options must be a JSON object, got {type(saved).__name__}")
-        general = {k: v for k, v in d.items() if k in known}
+        general = RECIPE | {k: v for k, v in d.items() if k in known}  # a run saved before muon: its recipe
         return cls(**(general | {"task_options": options_type.SAVED_BEFORE | saved}))
 
     @classmethod

@@ -74,6 +74,9 @@ class TaskOptions:
                          f"got {type(value).__name__}")
 
 
+RECIPE = {"optimizer": "adamw", "schedule": "cosine"}  # a run's optimizer and schedule unless its preset sets them
+
+
 @dataclass(frozen=True)
 class TaskDefaults:
     """What a ``TrainConfig`` left None takes from its task, and the budget ``qkv train`` gives when none is."""
@@ -86,10 +89,16 @@ class TaskDefaults:
     preset_tokenizers: dict[str, tuple[str, int]] = field(default_factory=dict)  # by preset (a preset's model only)
     minutes: float = 3.0
     data: str = "the task's default data"  # what a run without --data learns from, in words (qkv info)
+    preset_recipes: dict[str, dict] = field(default_factory=dict)  # RECIPE's fields by preset, trained from scratch
 
     def tokenizer_for(self, preset: str | None) -> tuple[str, int | None]:
         """(kind, vocabulary) for a run of ``preset`` (None: a model of its own shape)."""
         return self.preset_tokenizers.get(preset, self.tokenizer)
+
+    def recipe_for(self, preset: str | None) -> dict:
+        """Optimizer and schedule of a run of ``preset`` trained from scratch (None: any other run): RECIPE with
+        what the preset sets instead."""
+        return RECIPE | self.preset_recipes.get(preset, {})
 
 
 class Task:

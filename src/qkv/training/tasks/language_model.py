@@ -29,6 +29,8 @@ LN2 = math.log(2)
 # The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs);
 # a run of the translate preset, its shared vocabulary; every other preset and a model of its own shape: characters.
 PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
+# The demo from scratch: Muon for the hidden matrices and warmup-stable-decay (docs/training.md has the lever runs).
+PRESET_RECIPES = {"demo": {"optimizer": "muon", "schedule": "wsd"}}
 
 
 def compressor_bpc(text: str) -> dict[str, float]:
@@ -107,7 +109,7 @@ class LanguageModelTask(Task):
     name = "lm"
     model_class = GPT
     defaults = TaskDefaults(preset="demo", batch_size=16, lr=6e-3, warmup_steps=50,
-                            preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0,
+                            preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0, preset_recipes=PRESET_RECIPES,
                             data="the Python standard library's source (the default corpus)")
 
     base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
