@@ -184,3 +184,10 @@ def test_register_refuses_what_is_not_a_task():
     with pytest.raises(TypeError, match="defaults must be a TaskDefaults, got None"):
         register("x", type("NoDefaults", (LanguageModelTask,), {"defaults": None}))
     assert "x" not in TASKS
+
+
+def test_translation_refuses_fsdp_in_one_line():
+    from qkv.training.recipe import TrainConfig
+
+    with pytest.raises(ValueError, match="--task translate trains with --sharding ddp or none, not fsdp"):
+        TrainConfig(task="translate", sharding="fsdp").validate()

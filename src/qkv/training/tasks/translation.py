@@ -143,6 +143,9 @@ class TranslationTask(Task):
         if cfg.tokenizer not in (None, "bpe"):
             raise ValueError(f"translation uses a shared byte-level BPE vocabulary; --tokenizer {cfg.tokenizer} "
                              "is for language modelling")
+        if cfg.sharding == "fsdp":  # the decoder projects the encoder's K/V outside its blocks' sharded forwards
+            raise ValueError("--task translate trains with --sharding ddp or none, not fsdp (the encoder-decoder's "
+                             "cross-attention keys and values are projected outside the sharded blocks)")
 
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
