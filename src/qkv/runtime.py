@@ -120,6 +120,20 @@ def use_compile_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")  # default: not the user's choice
 
 
+@contextmanager
+def deterministic_kernels() -> Iterator[None]:
+    """torch's deterministic algorithms inside (warnings, not errors, where an op has none; the caller's setting
+    restored after). Inductor compiles under it: an accumulating index_put (an embedding's backward) goes to
+    ATen's kernel instead of one whose CPU threads add into shared rows atomically, in an order that changes
+    from run to run, so a compiled run on more than one thread is reproducible and resumes bit for bit."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def machine() -> str:
     """A one-line description of where a measurement ran."""
     cpu = platform.processor() or platform.machine()

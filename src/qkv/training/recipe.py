@@ -35,7 +35,8 @@ from .run_dir import RunDir
 from ..fileio import DiskFullError
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, keyed_as_model, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
-from ..runtime import cpu_threads, resolve_device, use_compile_cache  # noqa: F401  (cpu_threads: re-exported)
+from ..runtime import (cpu_threads, deterministic_kernels, resolve_device,  # noqa: F401  (cpu_threads: re-exported)
+                       use_compile_cache)
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharded_checkpoint import load_sharded, save_sharded
@@ -324,6 +325,7 @@ class TrainState:
     torch_rng: Tensor | None = None
     cuda_rng: Tensor | None = None
     sharded: str | None = None  # fsdp: the run's DCP checkpoint of weights and optimizer (RunDir.sharded_name)
+    threads: int | None = None  # CPU threads the run trained with (a resume keeps them, see Recipe.run_threads)
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str) -> "TrainState":
@@ -461,7 +463,7 @@ class Recipe:
         saved = self.check_out()
         self.task.prepare(cfg, self.run, dist)
         if self.device.type == "cpu":  # after the data preparation: the cores free when training starts
-            torch.set_num_threads(cfg.threads or (cpu_threads() if dist.world == 1 else torch.get_num_threads()))
+            torch.set_num_threads(self.run_threads(saved))
         self.mconf = self.task.model_config(cfg)
         if saved is not None and self.run.read_config() != self.mconf:
             old, new = self.run.read_config().to_dict(), self.mconf.to_dict()
@@ -512,6 +514,16 @@ class Recipe:
             note(bar, f"qkv: measured peak over the first {steps} step(s): {self.peak_bytes / MiB:.1f} MiB per rank "
                       f"(the most of {self.dist.world}; {self.memory.how} since before the model was built), "
                       f"estimated {self.estimate.total / MiB:.1f} MiB")
+
+    def run_threads(self, saved: TrainState | None) -> int:
+        """CPU threads: --threads; else, where qkv chooses (one process, no OMP_NUM_THREADS), the ones a resumed
+        run trained with (inductor's kernels and some eager ops sum in an order set by the count: bit for bit),
+        else the cores free now; under torchrun the launcher's count."""
+        if self.cfg.threads:
+            return self.cfg.threads
+        if self.dist.world > 1 or os.environ.get("OMP_NUM_THREADS"):
+            return torch.get_num_threads()
+        return saved.threads if saved is not None and saved.threads else cpu_threads()
 
     def shard(self) -> None:
         """Activation checkpointing, then FSDP2: ``self.model`` becomes the sharded one, and no rank keeps a
@@ -570,7 +582,8 @@ class Recipe:
             sharded = self.save_sharded()
         else:
             weights, optimizer = model_weights(self.model), self.opt.state_dict()
-        return replace(self.state, model=weights, optimizer=optimizer, sharded=sharded,
+        threads = torch.get_num_threads() if self.device.type == "cpu" else None
+        return replace(self.state, model=weights, optimizer=optimizer, sharded=sharded, threads=threads,
                        batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
 
     def save_sharded(self) -> str:
@@ -601,7 +614,7 @@ class Recipe:
         torch.set_rng_state(saved.torch_rng)
         if self.device.type == "cuda" and saved.cuda_rng is not None:
             torch.cuda.set_rng_state(saved.cuda_rng, self.device)
-        live = {"model": None, "optimizer": None, "batch_rng": None, "torch_rng": None, "cuda_rng": None}
+        live = {k: None for k in ("model", "optimizer", "batch_rng", "torch_rng", "cuda_rng", "threads")}
         self.state = replace(saved, running=list(saved.running), **live)  # the live objects hold the rest
         self.records = self.run.read_metrics(saved.step)
         self.last_saved = saved.step
@@ -785,8 +798,8 @@ class Recipe:
             self.restore(saved)
         self.begin_writing()
         self.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
-        with StopRequest() as stop:
-            finished = self.loop(self.wrapped(), stop)
+        with StopRequest() as stop, deterministic_kernels() if self.cfg.compile else nullcontext():
+            finished = self.loop(self.wrapped(), stop)  # compiled in the first step: deterministic kernels
         if stop.requested and not finished:
             saved_msg = f"checkpoint saved; continue with: qkv train --resume --out {self.run}" if self.run \
                 else "nothing saved (no --out)"
