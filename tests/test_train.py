@@ -24,7 +24,7 @@ def one_thread():
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(model=TINY, max_steps=6, batch_size=4, eval_interval=2, eval_windows=4, lr=1e-2,
+    base = dict(model=TINY, max_steps=6, batch_size=4, eval_interval=2, eval_windows=4, lr=1e-2, threads=1,
                 warmup_steps=2, progress=False, final_eval=False)
     return TrainConfig(**(base | kw))
 
@@ -185,5 +185,5 @@ def test_threads_are_respected_and_recorded(monkeypatch):
 
     assert train(cfg(max_steps=1, threads=1), corpus=CORPUS).summary["threads"] == 1
     monkeypatch.setattr(recipe, "cpu_threads", lambda: 2)  # no --threads: what is free now
-    assert train(cfg(max_steps=1), corpus=CORPUS).summary["threads"] == 2
+    assert train(cfg(max_steps=1, threads=None), corpus=CORPUS).summary["threads"] == 2
     assert torch.get_num_threads() == 1  # the caller's count comes back
