@@ -17,7 +17,7 @@ from qkv.nn.kv_cache import KVCache, RingKVCache
 from qkv.nn.layers import RMSNormPlusOne, soft_cap
 from qkv.nn.masks import causal_mask, sliding_window_mask
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ import torch
 import qkv
 from qkv.interop.hf import FAMILIES, from_hf, to_hf
 
-transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors, a core dependency: pip install -e .")
 
 SIZES = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6,

@@ -14,7 +14,7 @@ import qkv
 from qkv.interop.hf import from_hf, to_hf
 from qkv.interop.hf.families.gemma3 import FAMILY
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 SIZES = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, max_position_embeddings=128, sliding_window=8,

@@ -10,7 +10,7 @@ import qkv
 from qkv.interop.hf import from_hf, to_hf
 from qkv.kernels import fused_step
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 from hf_models import FAMILIES, hf_model  # noqa: E402  (the builders, shared with the CLI's tests)
 
 

@@ -11,7 +11,7 @@ from qkv.models import ModelConfig
 from qkv.nn import MultiHeadAttention
 from qkv.nn.relative_bias import T5RelativePositionBias, relative_position_bucket
 
-modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5", reason="the hf extra: pip install -e '.[hf]'")
 SIZES = [(32, 128), (8, 16), (16, 20), (6, 7), (4, 3)]  # (num_buckets, max_distance)
 
 
