@@ -36,3 +36,29 @@ def test_the_demo_shape_with_nanogpts_choices():
     assert set(contenders) == {"qkv", "HF"} and x.shape == (2, c.max_len + 1)
     with pytest.raises(SystemExit, match="expects the path of nanoGPT's model.py"):
         train_speed.load_nanogpt(str(ROOT / "no-such-model.py"))
+
+
+def fake_run(variant, bpc, steps=100):
+    return {"variant": variant, "val_bpc": bpc, "xz_bpc": 1.5, "gzip_bpc": 1.85, "steps": steps,
+            "tokens_per_s": 9000.0, "threads": 1}
+
+
+def test_the_page_says_when_where_and_how_and_compares_with_the_baseline(tmp_path):
+    runs = [fake_run("baseline", 1.40), fake_run("adamw+cosine", 1.52)]
+    written = demo_levers.write_page(tmp_path, runs, 3.0, 2, "python -m benchmarks.demo_levers --jobs 2")
+    en, zh = (tmp_path / "generated" / name for name in ("demo-levers.md", "demo-levers.zh.md"))
+    assert set(written) >= {en, zh}
+    text = en.read_text()
+    assert "`python -m benchmarks.demo_levers --jobs 2`" in text and "Machine:" in text and "commit" in text
+    assert "| `adamw+cosine` | AdamW for every weight + warmup then cosine decay |" in text and "+0.120" in text
+    assert "0.933" in text and "xz -9e 1.500" in text and "2 at a time" in text
+    assert "所有权重都用 AdamW + 预热后余弦衰减" in zh.read_text()
+    with pytest.raises(SystemExit, match="expected the documentation folder"):
+        demo_levers.write_page(tmp_path / "nope", runs, 3.0, 1, "x")
+
+
+def test_jobs_beyond_the_cores_are_refused_before_any_run(capsys):
+    with pytest.raises(SystemExit, match="--jobs must be between 1 and the"):
+        demo_levers.main(["--jobs", "999", "--variant", "baseline"])
+    with pytest.raises(SystemExit, match="unknown variant"):
+        demo_levers.main(["--variant", "baseline+nope"])
