@@ -19,8 +19,9 @@ head), so that qkv, HF and nanoGPT (imported at run time from the file ``--nanog
 kept here) compute the same function on the same weights (the first losses are asserted equal); AdamW, batch
 16. Eager steps are interleaved as above. A compiled contender is timed over a fixed wall-clock budget
 (``--budget-s``, by default the demo's 3 minutes) that starts before ``torch.compile`` and runs on an empty
-inductor cache, as a fresh clone's first run does: its tokens/s carry its start-up cost. qkv's fastest path is
-its compiled step with fused AdamW (``qkv train --compile --fused-adamw``).
+inductor cache, as a fresh clone's first run does (and once more on the cache a first compile filled, as a second
+run finds it): its tokens/s carry its start-up cost. qkv's paths: eager, eager under bf16 autocast (``qkv train
+--bf16``), compiled with fused AdamW (``--compile --fused-adamw``) in fp32 and in bf16.
 
 ``--bpc-minutes M`` trains the demo preset exactly as ``qkv train --max-minutes M`` does (nothing
 written) and prints its validation bits per character beside the compressors'. ``--sweep`` trains
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.util
 import io
 import os
@@ -172,10 +174,24 @@ def empty_compile_cache():
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
-def budget_rate(model, loss_fn, x, seconds: float, *, fused: bool) -> tuple[float, int]:
+def bf16_loss(loss_fn):
+    """``loss_fn`` under bfloat16 autocast (``qkv train --bf16``): matrix products in bf16, weights in fp32."""
+    def loss(model, x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return loss_fn(model, x)
+
+    return loss
+
+
+def budget_rate(model, loss_fn, x, seconds: float, *, fused: bool, warm: bool = False) -> tuple[float, int]:
     """(tokens/s, steps) of compiled optimizer steps over ``seconds`` of wall clock that start before
-    ``torch.compile``: the compile, on an empty cache, is part of the cost."""
+    ``torch.compile``: the compile is part of the cost — on an empty cache, or with ``warm`` on a cache that a
+    first compile of the same step filled (a second run's start-up), that first compile not timed."""
     with empty_compile_cache():
+        if warm:
+            opt = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=1e-4, fused=fused or None)
+            step_fn(torch.compile(copy.deepcopy(model), dynamic=False), loss_fn, opt, x)()
+            torch._dynamo.reset()  # compiled code gone from memory; its kernels stay in the cache on disk
         t0 = time.perf_counter()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
         step, steps = step_fn(torch.compile(model, dynamic=False), loss_fn, opt, x), 0
@@ -201,21 +217,31 @@ def demo_contenders(nanogpt: str | None, batch: int) -> tuple[dict, torch.Tensor
     return contenders, x
 
 
+COMPILED = [  # (label, contender, fused AdamW, bf16 autocast, warm cache): qkv's fast paths, and nanoGPT's
+    ("qkv compiled + fused AdamW", "qkv", True, False, False),
+    ("qkv compiled + fused AdamW + bf16", "qkv", True, True, False),
+    ("qkv compiled + fused AdamW + bf16, warm cache", "qkv", True, True, True),
+    ("nanoGPT compiled", "nanoGPT", False, False, False),
+]
+
+
 def demo_shape_rows(nanogpt: str | None, *, batch: int, repeats: int, budget_s: float, peak: float) -> list[list]:
-    """Eager steps of each contender interleaved, then qkv's fastest path and nanoGPT compiled, each over
-    ``budget_s`` of wall clock with its compile; tokens/s, the ratio to the reference (nanoGPT eager, else HF
-    eager) and the fraction of the matmul peak ``peak`` (GFLOP/s)."""
+    """Eager steps of each contender (and qkv's under bf16 autocast) interleaved, then qkv's compiled paths and
+    nanoGPT compiled, each over ``budget_s`` of wall clock with its compile; tokens/s, the ratio to the reference
+    (nanoGPT eager, else HF eager) and the fraction of the fp32 matmul peak ``peak`` (GFLOP/s)."""
     contenders, x = demo_contenders(nanogpt, batch)
+    contenders["qkv + bf16"] = (copy.deepcopy(contenders["qkv"][0]), bf16_loss(qkv_loss))
     tokens = x.size(0) * (x.size(1) - 1)
     steps = {name: step_fn(model, loss, torch.optim.AdamW(model.parameters(), lr=1e-4), x)
              for name, (model, loss) in contenders.items()}
     rates = {f"{name} eager": (tokens / sec, f"median of {repeats} interleaved steps")
              for name, sec in time_interleaved(steps, repeats=repeats, warmup=2).items()}
-    compiled = [("qkv compiled + fused AdamW", "qkv", True)]
-    compiled += [("nanoGPT compiled", "nanoGPT", False)] if nanogpt else []
-    for label, name, fused in compiled:
-        rate, n = budget_rate(*contenders[name], x, budget_s, fused=fused)
-        rates[label] = (rate, f"{n} step{'s' * (n != 1)} in {budget_s:g} s, compile included")
+    for label, name, fused, bf16, warm in COMPILED:
+        if name in contenders:
+            model, loss = contenders[name]
+            rate, n = budget_rate(model, bf16_loss(loss) if bf16 else loss, x, budget_s, fused=fused, warm=warm)
+            rates[label] = (rate, f"{n} step{'s' * (n != 1)} in {budget_s:g} s, {'warm' if warm else 'cold'} "
+                                  "compile included")
     ref = "nanoGPT eager" if nanogpt else "HF eager"
     flops = flops_per_token(contenders["qkv"][0].config, x.size(1) - 1)
     return [[label, f"{rate:.0f}", f"{rate / rates[ref][0]:.2f}x", f"{100 * rate * flops / (peak * 1e9):.1f}%", note]

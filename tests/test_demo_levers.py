@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks is a package beside src/, run as python -m benchmarks
@@ -62,3 +63,11 @@ def test_jobs_beyond_the_cores_are_refused_before_any_run(capsys):
         demo_levers.main(["--jobs", "999", "--variant", "baseline"])
     with pytest.raises(SystemExit, match="unknown variant"):
         demo_levers.main(["--variant", "baseline+nope"])
+
+
+def test_the_bf16_contender_computes_the_same_loss_to_bf16_rounding():
+    contenders, x = train_speed.demo_contenders(None, batch=2)
+    model, loss = contenders["qkv"]
+    with torch.no_grad():
+        full, half = loss(model, x), train_speed.bf16_loss(loss)(model, x)
+    assert half.dtype == torch.float32 and abs(full.item() - half.item()) < 0.02 and full.item() != half.item()
