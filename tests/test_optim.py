@@ -91,7 +91,7 @@ def test_muon_lowers_the_loss_of_a_batch():
     assert losses[-1] < losses[0] - 0.1
 
 
-def test_the_demo_from_scratch_trains_with_muon_and_wsd_every_other_run_with_adamw_and_cosine():
+def test_the_demo_and_translate_presets_from_scratch_train_with_muon_and_wsd_other_runs_adamw_and_cosine():
     from qkv.models import ModelConfig
     from qkv.training.recipe import TrainConfig
 
@@ -102,7 +102,8 @@ def test_the_demo_from_scratch_trains_with_muon_and_wsd_every_other_run_with_ada
 
     assert recipe() == ("muon", "wsd")  # qkv train's default: the demo preset
     assert recipe(optimizer="adamw") == ("adamw", "wsd") and recipe(schedule="cosine") == ("muon", "cosine")
-    assert recipe(task="translate") == ("adamw", "cosine")
+    assert recipe(task="translate") == ("muon", "wsd")  # qkv train --task translate's default
+    assert recipe(task="translate", preset="tiny") == ("adamw", "cosine")
     assert recipe(preset="tiny") == ("adamw", "cosine")
     assert recipe(model=ModelConfig(vocab_size=50, d_model=16, num_heads=2, num_layers=1, max_len=16)) == \
         ("adamw", "cosine")

@@ -36,13 +36,13 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
     "--lr": ("lr", float, "peak learning rate"),
     "--optimizer": ("optimizer", str, "muon (Muon for the attention and feed-forward matrices, AdamW for embeddings, "
-                    "the output head, norms and biases; the default for the demo preset trained from scratch) or "
-                    "adamw (every weight; the default for every other run, and the demo's before)"),
+                    "the output head, norms and biases; the default for the demo and translate presets trained from "
+                    "scratch) or adamw (every weight; the default for every other run, and those presets' before)"),
     "--muon-lr": ("muon_lr", float, "with --optimizer muon: Muon's peak learning rate (default: --lr; its updates "
                   "are scaled to AdamW's size)"),
     "--schedule": ("schedule", str, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last fifth "
-                   "of the budget; the default for the demo preset trained from scratch) or cosine (warmup, then "
-                   "cosine decay over the budget; the default for every other run)"),
+                   "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
+                   "(warmup, then cosine decay over the budget; the default for every other run)"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
     "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face decoder directory (GPT-2, LLaMA, "
                        "GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "

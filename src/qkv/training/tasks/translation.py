@@ -133,10 +133,11 @@ class TranslationTask(Task):
     model_class = Transformer
     options_type = TranslationOptions
     final_needs_whole_model = True  # beam search: encode, cross_kv, cached decode
-    # Copying on by default (TranslationOptions.copy); the batch, lr and budget that serve it best on CPU
-    # (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
+    # Copying on by default (TranslationOptions.copy); the batch, lr, optimizer, schedule and budget that serve it
+    # best on CPU (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
     defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
-                            minutes=10.0, data="the system's gettext catalogs (English -> the target language)")
+                            minutes=10.0, data="the system's gettext catalogs (English -> the target language)",
+                            preset_recipes={"translate": {"optimizer": "muon", "schedule": "wsd"}})
 
     @classmethod
     def check_config(cls, cfg) -> None:
