@@ -43,9 +43,12 @@ def test_translation_run_writes_a_transformer_run_and_scores_it(pairs_file, tmp_
     assert isinstance(text, str)
 
 
-def test_translation_resume_is_exact(pairs_file, tmp_path):
-    full = train(cfg(pairs_file, out=str(tmp_path / "a")))
-    train(cfg(pairs_file, out=str(tmp_path / "b")), stop_at=2)
+@pytest.mark.parametrize("recipe", [{}, {"optimizer": "muon", "schedule": "wsd"}])  # the translate preset's
+def test_translation_resume_is_exact(pairs_file, tmp_path, recipe):
+    full = train(cfg(pairs_file, out=str(tmp_path / "a"), **recipe))
+    saved = TrainConfig.for_resume(tmp_path / "a")
+    assert (saved.optimizer, saved.schedule) == (recipe.get("optimizer", "adamw"), recipe.get("schedule", "cosine"))
+    train(cfg(pairs_file, out=str(tmp_path / "b"), **recipe), stop_at=2)
     resumed = train(TrainConfig.for_resume(tmp_path / "b", progress=False))
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
