@@ -1,5 +1,7 @@
 """benchmarks.demo_levers and train_speed's demo-shape contenders: every variant is a valid training config
 (checked before any run), and qkv and HF compute the same function at the demo's shape. No timing here."""
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -51,7 +53,7 @@ def test_the_page_says_when_where_and_how_and_compares_with_the_baseline(tmp_pat
     assert set(written) >= {en, zh}
     text = en.read_text()
     assert "`python -m benchmarks.demo_levers --jobs 2`" in text and "Machine:" in text and "commit" in text
-    assert "| `adamw+cosine` | AdamW for every weight + warmup then cosine decay |" in text and "+0.120" in text
+    assert "| `adamw+cosine` | AdamW for every weight + warmup then cosine decay | alone |" in text and "+0.120" in text
     assert "0.933" in text and "xz -9e 1.500" in text and "2 at a time" in text
     assert "所有权重都用 AdamW + 预热后余弦衰减" in zh.read_text()
     with pytest.raises(SystemExit, match="expected the documentation folder"):
@@ -71,3 +73,19 @@ def test_the_bf16_contender_computes_the_same_loss_to_bf16_rounding():
     with torch.no_grad():
         full, half = loss(model, x), train_speed.bf16_loss(loss)(model, x)
     assert half.dtype == torch.float32 and abs(full.item() - half.item()) < 0.02 and full.item() != half.item()
+
+
+def test_the_pages_are_written_again_from_the_saved_json_with_its_stamp(tmp_path):
+    runs = [fake_run("baseline", 1.40) | {"batch": 1}, fake_run("lr-2x", 1.35) | {"batch": 1}]
+    demo_levers.write_page(tmp_path, runs, 3.0, 2, "python -m benchmarks.demo_levers --jobs 2")
+    saved = tmp_path / "generated" / "demo-levers.json"
+    data = json.loads(saved.read_text())
+    data["date"], data["commit"] = "2026-01-02", "abc1234"
+    saved.write_text(json.dumps(data))
+    (tmp_path / "generated" / "demo-levers.md").unlink()
+    table = demo_levers.main(["--from-json", str(saved), "--markdown", str(tmp_path)])
+    text = re.sub(" +", " ", (tmp_path / "generated" / "demo-levers.md").read_text())
+    assert "on 2026-01-02 at commit `abc1234`" in text and "| `lr-2x` | twice the peak learning rate | 1 |" in text
+    assert "-0.050" in table
+    with pytest.raises(SystemExit, match="give --markdown DOCS too"):
+        demo_levers.main(["--from-json", str(saved)])
