@@ -114,13 +114,14 @@ def section_markdown(output: str) -> str:
     return "\n".join(lines)
 
 
-def page(lang: str, outputs: dict[str, str], command: str, machine: str, kept: dict[str, str] | None = None) -> str:
-    """The page of ``lang``: each section run now (``outputs``) under its stamp, each other one as ``kept`` has it
-    (``kept_sections`` of the page before), else said to be missing."""
+def page(lang: str, outputs: dict[str, str], command: str, machine: str, kept: dict[str, str] | None = None,
+         commit: str | None = None) -> str:
+    """The page of ``lang``: each section run now (``outputs``) under its stamp (``commit``: by default the source's
+    now), each other one as ``kept`` has it (``kept_sections`` of the page before), else said to be missing."""
     t, kept = TEXT[lang], kept or {}
     i = 0 if lang == "en" else 2
     date = datetime.date.today().isoformat()
-    stamp = t["stamp"].format(command=command, date=date, commit=source_commit(), machine=machine)
+    stamp = t["stamp"].format(command=command, date=date, commit=commit or source_commit(), machine=machine)
     parts = [t["title"], "", t["other"], "", t["made"].format(command=command, date=date), "", t["how"], ""]
     for name, texts in SECTIONS.items():
         parts += [f"## {texts[i]}", "", texts[i + 1], ""]
@@ -199,13 +200,13 @@ def summary_rows(outputs: dict[str, str], lang: str) -> list[list[str]]:
     return rows
 
 
-def readme_table(outputs: dict[str, str], lang: str, command: str) -> str:
+def readme_table(outputs: dict[str, str], lang: str, command: str, commit: str | None = None) -> str:
     from .common import table
 
-    rows = summary_rows(outputs, lang)
-    made = (f"由 `{command}` 于 {datetime.date.today().isoformat()} 在提交 `{source_commit()}` 上更新；各节的测量命令、"
+    rows, commit = summary_rows(outputs, lang), commit or source_commit()
+    made = (f"由 `{command}` 于 {datetime.date.today().isoformat()} 在提交 `{commit}` 上更新；各节的测量命令、"
             "日期和机器见 [docs/speed.zh.md](docs/speed.zh.md)。") if lang == "zh" else (
-        f"Updated by `{command}` on {datetime.date.today().isoformat()} at commit `{source_commit()}`; how and when "
+        f"Updated by `{command}` on {datetime.date.today().isoformat()} at commit `{commit}`; how and when "
         "each figure was measured: [docs/speed.md](docs/speed.md).")
     return table(rows, list(ROWS[lang])) + "\n\n" + made if rows else made
 
@@ -224,14 +225,14 @@ def write(out: Path, outputs: dict[str, str], command: str, machine: str) -> lis
     """docs/speed.md and docs/speed.zh.md in ``out`` — the sections not in ``outputs`` kept as the pages had them —
     and the READMEs' tables; the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, commit = [], source_commit()  # before any page is written (a written page would read as a change)
     for lang, name in (("en", "speed.md"), ("zh", "speed.zh.md")):
         before = out / name
         kept = kept_sections(before.read_text(encoding="utf-8"), lang) if before.is_file() else {}
         kept = {k: v for k, v in kept.items() if k not in outputs}
-        atomic_text(out / name, page(lang, outputs, command, machine, kept))
+        atomic_text(out / name, page(lang, outputs, command, machine, kept, commit))
         written.append(out / name)
-        if update_readme(README[lang], readme_table(kept | outputs, lang, command)):
+        if update_readme(README[lang], readme_table(kept | outputs, lang, command, commit)):
             written.append(README[lang])
     return written
 

@@ -99,3 +99,15 @@ def test_a_page_of_one_run_gives_its_stamp_to_each_kept_section():
     kept = report.kept_sections(old, "en")
     assert list(kept) == ["marian"] and kept["marian"].startswith("Measured by `python -m benchmarks` on 2026-12-02")
     assert MARIAN in kept["marian"]
+
+
+def test_the_commit_is_read_once_before_any_page_is_written(tmp_path, monkeypatch):
+    readmes = {"en": tmp_path / "R.md", "zh": tmp_path / "R.zh.md"}
+    for path in readmes.values():
+        path.write_text(f"{report.MARKERS[0]}\n{report.MARKERS[1]}\n")
+    monkeypatch.setattr(report, "README", readmes)
+    answers = iter(["abc1234"] + ["abc1234+changes"] * 10)  # what git says once the first page is written
+    monkeypatch.setattr(report, "source_commit", lambda: next(answers))
+    report.write(tmp_path, {"marian": MARIAN}, "python -m benchmarks --only marian", "B")
+    for path in [tmp_path / "speed.md", tmp_path / "speed.zh.md", *readmes.values()]:
+        assert "abc1234`" in path.read_text() and "+changes" not in path.read_text(), path
