@@ -173,16 +173,19 @@ HOW = {"en": ("They ran {jobs} at a time, each pinned to its own core on one thr
               "依次运行，线程数由 qkv 选择。")}
 
 
-def write_page(docs: Path, runs: list[dict], minutes: float, jobs: int, command: str,
-               stamp: dict | None = None) -> list[Path]:
-    """DOCS/generated/demo-levers.md, .zh.md and .json from ``runs``, stamped now (or with ``stamp``: command,
-    date, commit and machine of a saved run); the paths written."""
+def stamp_now(command: str) -> dict:
+    """The command, today's date, the source's commit and this machine, for a page written now."""
+    return {"command": command, "date": datetime.date.today().isoformat(), "commit": source_commit(),
+            "machine": machine()}
+
+
+def write_page(docs: Path, runs: list[dict], minutes: float, jobs: int, stamp: dict) -> list[Path]:
+    """DOCS/generated/demo-levers.md, .zh.md and .json from ``runs`` under ``stamp`` (``stamp_now``, or a saved
+    run's); the paths written."""
     if not docs.is_dir():
         raise SystemExit(f"--markdown {docs}: expected the documentation folder (e.g. docs), found no such directory")
     out, written = docs / "generated", []
     out.mkdir(exist_ok=True)
-    stamp = stamp or {"command": command, "date": datetime.date.today().isoformat(), "commit": source_commit(),
-                      "machine": machine()}
     for lang, suffix in (("en", ""), ("zh", ".zh")):
         how = HOW[lang][0 if jobs > 1 else 1].format(jobs=jobs)
         made, said = PAGE[lang]
@@ -227,7 +230,7 @@ def main(argv=None) -> str:
     print(out)
     if args.markdown:
         command = "python -m benchmarks.demo_levers " + " ".join(sys.argv[1:] if argv is None else argv)
-        for path in write_page(args.markdown, runs, args.minutes, args.jobs, command):
+        for path in write_page(args.markdown, runs, args.minutes, args.jobs, stamp_now(command)):
             print(f"wrote {path}")
     return out
 
@@ -238,7 +241,7 @@ def rewrite(saved: Path, docs: Path | None) -> str:
         raise SystemExit("--from-json writes the pages again: give --markdown DOCS too")
     d = json.loads(saved.read_text(encoding="utf-8"))
     stamp = {key: d[key] for key in ("command", "date", "commit", "machine")}
-    for path in write_page(docs, d["runs"], d["minutes"], d["jobs"], d["command"], stamp):
+    for path in write_page(docs, d["runs"], d["minutes"], d["jobs"], stamp):
         print(f"wrote {path}")
     return result_table(d["runs"])
 

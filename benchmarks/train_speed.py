@@ -189,8 +189,9 @@ def budget_rate(model, loss_fn, x, seconds: float, *, fused: bool, warm: bool = 
     first compile of the same step filled (a second run's start-up), that first compile not timed."""
     with empty_compile_cache():
         if warm:
-            opt = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=1e-4, fused=fused or None)
-            step_fn(torch.compile(copy.deepcopy(model), dynamic=False), loss_fn, opt, x)()
+            first = copy.deepcopy(model)  # its compile fills the cache; the timed model stays as it was
+            opt = torch.optim.AdamW(first.parameters(), lr=1e-4, fused=fused or None)
+            step_fn(torch.compile(first, dynamic=False), loss_fn, opt, x)()
             torch._dynamo.reset()  # compiled code gone from memory; its kernels stay in the cache on disk
         t0 = time.perf_counter()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)

@@ -48,7 +48,8 @@ def fake_run(variant, bpc, steps=100):
 
 def test_the_page_says_when_where_and_how_and_compares_with_the_baseline(tmp_path):
     runs = [fake_run("baseline", 1.40), fake_run("adamw+cosine", 1.52)]
-    written = demo_levers.write_page(tmp_path, runs, 3.0, 2, "python -m benchmarks.demo_levers --jobs 2")
+    stamp = demo_levers.stamp_now("python -m benchmarks.demo_levers --jobs 2")
+    written = demo_levers.write_page(tmp_path, runs, 3.0, 2, stamp)
     en, zh = (tmp_path / "generated" / name for name in ("demo-levers.md", "demo-levers.zh.md"))
     assert set(written) >= {en, zh}
     text = en.read_text()
@@ -57,7 +58,7 @@ def test_the_page_says_when_where_and_how_and_compares_with_the_baseline(tmp_pat
     assert "0.933" in text and "xz -9e 1.500" in text and "2 at a time" in text
     assert "所有权重都用 AdamW + 预热后余弦衰减" in zh.read_text()
     with pytest.raises(SystemExit, match="expected the documentation folder"):
-        demo_levers.write_page(tmp_path / "nope", runs, 3.0, 1, "x")
+        demo_levers.write_page(tmp_path / "nope", runs, 3.0, 1, demo_levers.stamp_now("x"))
 
 
 def test_jobs_beyond_the_cores_are_refused_before_any_run(capsys):
@@ -77,7 +78,7 @@ def test_the_bf16_contender_computes_the_same_loss_to_bf16_rounding():
 
 def test_the_pages_are_written_again_from_the_saved_json_with_its_stamp(tmp_path):
     runs = [fake_run("baseline", 1.40) | {"batch": 1}, fake_run("lr-2x", 1.35) | {"batch": 1}]
-    demo_levers.write_page(tmp_path, runs, 3.0, 2, "python -m benchmarks.demo_levers --jobs 2")
+    demo_levers.write_page(tmp_path, runs, 3.0, 2, demo_levers.stamp_now("python -m benchmarks.demo_levers --jobs 2"))
     saved = tmp_path / "generated" / "demo-levers.json"
     data = json.loads(saved.read_text())
     data["date"], data["commit"] = "2026-01-02", "abc1234"

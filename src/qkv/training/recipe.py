@@ -91,10 +91,10 @@ class TrainConfig:
     lr: float | None = None
     min_lr_ratio: float = 0.1  # the schedule ends at lr · min_lr_ratio
     optimizer: str | None = None  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); None: the
-    # task's for its preset (TaskDefaults.optimizer_for: muon for the demo trained from scratch), else adamw
+    # task's for its preset (TaskDefaults.recipe_for: muon for the demo and translate presets from scratch), else adamw
     muon_lr: float | None = None  # muon: its peak learning rate; None: lr (its updates match AdamW's RMS)
     schedule: str | None = None  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth);
-    # None as optimizer: the preset's (wsd for the demo from scratch), else cosine
+    # None as optimizer: the preset's (wsd for the demo and translate presets from scratch), else cosine
     fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
     warmup_steps: int | None = None
     weight_decay: float = 0.1
@@ -766,15 +766,9 @@ class Recipe:
 
     def final_metrics(self) -> dict:
         """The task's numbers on the whole validation split, on the sharded model itself under fsdp (every rank
-        alike); a task whose final evaluation needs a whole model gets one built on rank 0 alone from the gathered
-        weights (the other ranks return no numbers: rank 0 writes the summary)."""
-        progress = self.cfg.progress and self.dist.is_main
-        if self.sharding == "fsdp" and self.task.final_needs_whole_model:
-            whole = self.gathered_model()
-            return {} if whole is None else self.task.final_metrics(
-                whole.to(self.device).eval(), autocast=self.autocast, dist=self.eval_dist(), progress=progress)
+        alike; a task that decodes, translate, refuses fsdp)."""
         metrics = self.task.final_metrics(self.model, autocast=self.autocast, dist=self.eval_dist(),
-                                          progress=progress)
+                                          progress=self.cfg.progress and self.dist.is_main)
         self.resharded()
         return metrics
 

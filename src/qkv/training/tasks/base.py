@@ -158,9 +158,6 @@ class Task:
         raise NotImplementedError
 
     final_units: int = 0  # units the final evaluation will take (the time budget keeps that much back)
-    # The final evaluation calls the model's other methods too (decoding: encode, decode, a block's own
-    # projections), which a sharded model cannot run: under fsdp it runs on rank 0, on a whole model.
-    final_needs_whole_model: bool = False
 
     def final_metrics(self, model: nn.Module, *, autocast: Callable, dist, progress: bool) -> dict:
         """The summary's measured numbers, on the whole validation split."""

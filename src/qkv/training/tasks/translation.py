@@ -132,7 +132,6 @@ class TranslationTask(Task):
     name = "translate"
     model_class = Transformer
     options_type = TranslationOptions
-    final_needs_whole_model = True  # beam search: encode, cross_kv, cached decode
     # Copying on by default (TranslationOptions.copy); the batch, lr, optimizer, schedule and budget that serve it
     # best on CPU (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
     defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
