@@ -66,6 +66,8 @@ VARIANTS = {  # name -> (what it changes, in English and Chinese; TrainConfig se
                 {"compile": True}),
     "fused-adamw": ("AdamW's fused CPU kernel", "AdamW 的融合 CPU kernel", {"fused_adamw": True}),
     "bf16": ("bfloat16 autocast", "bfloat16 自动混合精度", {"bf16": True}),
+    "reference": ("the reference modules, without the speed layer's training path",
+                  "参考模块，不走速度层的训练路径", {"speed_layer": False}),
     "batch8": ("8 sequences per step", "每步 8 个序列", {"batch_size": 8}),
     "batch32": ("32 sequences per step", "每步 32 个序列", {"batch_size": 32}),
     "vocab1024": ("BPE vocabulary 1024", "BPE 词表 1024", {"vocab_size": 1024}),

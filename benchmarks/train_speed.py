@@ -20,8 +20,9 @@ kept here) compute the same function on the same weights (the first losses are a
 16. Eager steps are interleaved as above. A compiled contender is timed over a fixed wall-clock budget
 (``--budget-s``, by default the demo's 3 minutes) that starts before ``torch.compile`` and runs on an empty
 inductor cache, as a fresh clone's first run does (and once more on the cache a first compile filled, as a second
-run finds it): its tokens/s carry its start-up cost. qkv's paths: eager, eager under bf16 autocast (``qkv train
---bf16``), compiled with fused AdamW (``--compile --fused-adamw``) in fp32 and in bf16.
+run finds it): its tokens/s carry its start-up cost. qkv's paths: its reference modules eager, and through the speed
+layer's training path (``qkv.kernels.training``, what ``qkv train`` runs) eager, each in fp32 and under bf16
+autocast (``qkv train --bf16``), then compiled with fused AdamW (``--compile --fused-adamw``) in fp32 and in bf16.
 
 ``--bpc-minutes M`` trains the demo preset exactly as ``qkv train --max-minutes M`` does (nothing
 written) and prints its validation bits per character beside the compressors'. ``--sweep`` trains
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 
 import qkv
 from qkv.interop import to_hf
+from qkv.kernels import accelerate_training
 
 from .common import machine_info, matmul_peak_gflops, table, time_interleaved
 
@@ -203,12 +205,14 @@ def budget_rate(model, loss_fn, x, seconds: float, *, fused: bool, warm: bool = 
 
 
 def demo_contenders(nanogpt: str | None, batch: int) -> tuple[dict, torch.Tensor]:
-    """{name: (model, loss function)} at the demo's shape with nanoGPT's choices, on qkv's weights — qkv, HF and,
-    given its model.py, nanoGPT — and a random batch on which their losses are asserted equal."""
+    """{name: (model, loss function)} at the demo's shape with nanoGPT's choices, on qkv's weights — qkv (the
+    reference modules, and through the speed layer's training path), HF and, given its model.py, nanoGPT — and a
+    random batch on which their losses are asserted equal."""
     config = demo_gpt2_config()
     torch.manual_seed(0)
     ours = qkv.GPT(config).train()
-    contenders = {"qkv": (ours, qkv_loss), "HF": (to_hf(ours).train(), hf_loss)}
+    contenders = {"qkv": (ours, qkv_loss), "qkv + speed layer": (accelerate_training(copy.deepcopy(ours)), qkv_loss),
+                  "HF": (to_hf(ours).train(), hf_loss)}
     if nanogpt:
         contenders["nanoGPT"] = (build_nanogpt(load_nanogpt(nanogpt), ours).train(), nanogpt_loss)
     x = torch.randint(0, config.vocab_size, (batch, config.max_len + 1))
@@ -218,12 +222,24 @@ def demo_contenders(nanogpt: str | None, batch: int) -> tuple[dict, torch.Tensor
     return contenders, x
 
 
-COMPILED = [  # (label, contender, fused AdamW, bf16 autocast, warm cache): qkv's fast paths, and nanoGPT's
-    ("qkv compiled + fused AdamW", "qkv", True, False, False),
-    ("qkv compiled + fused AdamW + bf16", "qkv", True, True, False),
-    ("qkv compiled + fused AdamW + bf16, warm cache", "qkv", True, True, True),
+COMPILED = [  # (label, contender, fused AdamW, bf16 autocast, warm cache): qkv's fastest paths, and nanoGPT's
+    ("qkv + speed layer compiled + fused AdamW", "qkv + speed layer", True, False, False),
+    ("qkv + speed layer compiled + fused AdamW + bf16", "qkv + speed layer", True, True, False),
+    ("qkv + speed layer compiled + fused AdamW + bf16, warm cache", "qkv + speed layer", True, True, True),
     ("nanoGPT compiled", "nanoGPT", False, False, False),
 ]
+
+
+def eager_rates(contenders: dict, x: torch.Tensor, repeats: int) -> dict[str, tuple[float, str]]:
+    """{label: (tokens/s, how)} of each contender's eager step, and qkv's two under bf16 autocast, interleaved."""
+    for name in ("qkv", "qkv + speed layer"):
+        model, loss = contenders[name]
+        contenders[f"{name} + bf16"] = (copy.deepcopy(model), bf16_loss(loss))  # deepcopy keeps the swapped class
+    tokens = x.size(0) * (x.size(1) - 1)
+    steps = {name: step_fn(model, loss, torch.optim.AdamW(model.parameters(), lr=1e-4), x)
+             for name, (model, loss) in contenders.items()}
+    return {f"{name} eager": (tokens / sec, f"median of {repeats} interleaved steps")
+            for name, sec in time_interleaved(steps, repeats=repeats, warmup=2).items()}
 
 
 def demo_shape_rows(nanogpt: str | None, *, batch: int, repeats: int, budget_s: float, peak: float) -> list[list]:
@@ -231,12 +247,7 @@ def demo_shape_rows(nanogpt: str | None, *, batch: int, repeats: int, budget_s: 
     nanoGPT compiled, each over ``budget_s`` of wall clock with its compile; tokens/s, the ratio to the reference
     (nanoGPT eager, else HF eager) and the fraction of the fp32 matmul peak ``peak`` (GFLOP/s)."""
     contenders, x = demo_contenders(nanogpt, batch)
-    contenders["qkv + bf16"] = (copy.deepcopy(contenders["qkv"][0]), bf16_loss(qkv_loss))
-    tokens = x.size(0) * (x.size(1) - 1)
-    steps = {name: step_fn(model, loss, torch.optim.AdamW(model.parameters(), lr=1e-4), x)
-             for name, (model, loss) in contenders.items()}
-    rates = {f"{name} eager": (tokens / sec, f"median of {repeats} interleaved steps")
-             for name, sec in time_interleaved(steps, repeats=repeats, warmup=2).items()}
+    rates = eager_rates(contenders, x, repeats)
     for label, name, fused, bf16, warm in COMPILED:
         if name in contenders:
             model, loss = contenders[name]

@@ -198,7 +198,7 @@ class LinearMHA(qkv.MultiHeadAttention):
     """Multi-head attention with linear attention inside: O(n) in FLOPs."""
 
     def forward(self, x, return_weights=False):
-        q, k, v = (self._heads(p(x), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (self.split_heads(p(x), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
         out = qkv.linear_attention(q, k, v).transpose(1, 2).reshape(x.shape)  # (B, H, T, D) -> (B, T, C)
         return self.out_proj(out)
 

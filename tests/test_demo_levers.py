@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks is a package beside src/, run as python -m benchmarks
 
 from benchmarks import demo_levers, train_speed  # noqa: E402
+import qkv  # noqa: E402
+from qkv.kernels.training import TrainingAttention  # noqa: E402
 from qkv.models import PRESETS  # noqa: E402
 from qkv.training.recipe import TrainConfig  # noqa: E402
 
@@ -36,7 +38,7 @@ def test_the_demo_shape_with_nanogpts_choices():
     assert (c.positional, c.normalization.kind, c.feed_forward.activation, c.feed_forward.bias) == \
         ("learned", "layernorm", "gelu", True)
     contenders, x = train_speed.demo_contenders(None, batch=2)  # asserts the first losses equal
-    assert set(contenders) == {"qkv", "HF"} and x.shape == (2, c.max_len + 1)
+    assert set(contenders) == {"qkv", "qkv + speed layer", "HF"} and x.shape == (2, c.max_len + 1)
     with pytest.raises(SystemExit, match="expects the path of nanoGPT's model.py"):
         train_speed.load_nanogpt(str(ROOT / "no-such-model.py"))
 
@@ -68,12 +70,16 @@ def test_jobs_beyond_the_cores_are_refused_before_any_run(capsys):
         demo_levers.main(["--variant", "baseline+nope"])
 
 
-def test_the_bf16_contender_computes_the_same_loss_to_bf16_rounding():
+def test_the_bf16_contenders_compute_the_same_loss_to_bf16_rounding_the_speed_layers_on_its_path():
     contenders, x = train_speed.demo_contenders(None, batch=2)
-    model, loss = contenders["qkv"]
-    with torch.no_grad():
-        full, half = loss(model, x), train_speed.bf16_loss(loss)(model, x)
-    assert half.dtype == torch.float32 and abs(full.item() - half.item()) < 0.02 and full.item() != half.item()
+    fast = contenders["qkv + speed layer"][0]
+    assert {type(b.attn) for b in fast.blocks} == {TrainingAttention}
+    assert {type(b.attn) for b in contenders["qkv"][0].blocks} == {qkv.MultiHeadAttention}
+    for name in ("qkv", "qkv + speed layer"):
+        model, loss = contenders[name]
+        with torch.no_grad():
+            full, half = loss(model, x), train_speed.bf16_loss(loss)(model, x)
+        assert half.dtype == torch.float32 and abs(full.item() - half.item()) < 0.02 and full.item() != half.item()
 
 
 def test_the_pages_are_written_again_from_the_saved_json_with_its_stamp(tmp_path):

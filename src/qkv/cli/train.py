@@ -113,6 +113,9 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (in the first "
                    "step: the compile counts against --max-minutes; kernels kept in qkv's cache for the next run)")
+    p.add_argument("--speed-layer", action=argparse.BooleanOptionalAction, default=None,
+                   help="attention through qkv's training path: q, k, v in one product, and with --bf16 on a CPU the "
+                        "attention core in fp32 where that is faster (default: on, but under fsdp; the same function)")
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p
@@ -139,7 +142,8 @@ def train_config(args: argparse.Namespace):
             raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
         if value is not None:
             given[field] = value
-    given |= {k: v for k, v in (("bf16", args.bf16), ("compile", args.compile), ("copy", args.copy)) if v is not None}
+    switches = ("bf16", "compile", "copy", "speed_layer")
+    given |= {k: getattr(args, k) for k in switches if getattr(args, k) is not None}
     overrides = model_overrides(args)
     if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to continue it instead
         check_directory_kind(given["init_from_hf"], "--init-from-hf",

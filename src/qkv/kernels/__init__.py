@@ -1,6 +1,8 @@
 """The speed layer: qkv's CPU kernels and the transforms that apply them on top of a model.
 
     transform.py    accelerate / restore / accelerated: a model's linears served by the kernels, in place
+                    (accelerate_training, accelerated(training=True): its attention by training.py's path)
+    training.py     attention in training: q, k, v in one product; the core in fp32 where a CPU's bf16 is slower
     linear.py       F.linear at inference on a CPU through oneDNN, inductor's reduction or qkv's matvec kernel
     fused_step.py   one decoded token through a whole pre-norm decoder in one C++ call, for the models and
                     settings it accepts (an allow-list); generate falls back, saying why, for the rest
@@ -8,6 +10,6 @@
 
 Nothing in the reference layers (qkv.nn, qkv.models) imports this package: it is applied on top.
 """
-from .transform import accelerate, accelerated, restore
+from .transform import accelerate, accelerate_training, accelerated, restore
 
-__all__ = ["accelerate", "accelerated", "restore"]
+__all__ = ["accelerate", "accelerate_training", "accelerated", "restore"]

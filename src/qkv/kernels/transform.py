@@ -1,15 +1,18 @@
 """The speed layer applied on top of a model, as torchao's ``quantize_`` is: nothing in the model changes but
-which function computes its linear products.
+which function computes some of its steps — a module's class, swapped in place for a subclass.
 
     accelerate(model)        in place: every plain nn.Linear becomes a KernelLinear (same parameters, names,
                              state dict; the class alone changes), whose product at inference on a CPU goes
                              through qkv.kernels.linear; training, autocast and other devices keep F.linear's
-    restore(model)           the reverse: plain nn.Linear again
+    accelerate_training(m)   in place: every plain MultiHeadAttention becomes a TrainingAttention
+                             (qkv.kernels.training: q, k, v in one product; the core in fp32 where faster)
+    restore(model)           the reverse of both: the reference classes again
     with accelerated(model): accelerate for the block's duration, then restore (what generate, beam search
-                             and the benchmarks do)
+                             and the benchmarks do); accelerated(model, training=True) for training's swap
 
-Only plain ``nn.Linear`` is swapped (a subclass such as a LoRA layer, or a module with hooks, keeps its own
-forward), so a saved, copied, moved, adapted or trained model behaves as the reference one does.
+Only a module of exactly the reference class is swapped (a subclass such as a LoRA layer, or a module with
+hooks, keeps its own forward), so a saved, copied, moved, adapted or trained model behaves as the reference
+one does.
 """
 from __future__ import annotations
 
@@ -18,37 +21,56 @@ from typing import Iterator
 
 from torch import nn
 
+from ..nn.attention import MultiHeadAttention
 from .linear import KernelLinear
+from .training import TrainingAttention
+
+INFERENCE = {nn.Linear: KernelLinear}  # reference class -> the speed layer's subclass of it
+TRAINING = {MultiHeadAttention: TrainingAttention}
+
+
+def plain_modules(model: nn.Module, swaps: dict[type, type]) -> list[nn.Module]:
+    """The model's modules whose class is exactly one ``swaps`` names (no subclass) and that have no hooks."""
+    return [m for m in model.modules() if type(m) in swaps and not (m._forward_hooks or m._forward_pre_hooks)]
 
 
 def plain_linears(model: nn.Module) -> list[nn.Linear]:
     """The model's ``nn.Linear`` layers that are exactly that: no subclass and no hooks."""
-    return [m for m in model.modules() if type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)]
+    return plain_modules(model, INFERENCE)
+
+
+def swap(modules: list[nn.Module], swaps: dict[type, type]) -> None:
+    for m in modules:
+        m.__class__ = swaps[type(m)]  # forward alone differs: parameters, buffers and hooks are untouched
 
 
 def accelerate(model: nn.Module) -> nn.Module:
     """Serve ``model``'s plain linears through qkv's CPU kernels at inference, in place; returns ``model``."""
-    for m in plain_linears(model):
-        m.__class__ = KernelLinear  # forward alone differs: parameters, buffers and hooks are untouched
+    swap(plain_linears(model), INFERENCE)
+    return model
+
+
+def accelerate_training(model: nn.Module) -> nn.Module:
+    """Compute ``model``'s plain attention modules through the training path, in place; returns ``model``."""
+    swap(plain_modules(model, TRAINING), TRAINING)
     return model
 
 
 def restore(model: nn.Module) -> nn.Module:
-    """Undo ``accelerate``: every ``KernelLinear`` of ``model`` is a plain ``nn.Linear`` again; returns ``model``."""
-    for m in model.modules():
-        if type(m) is KernelLinear:
-            m.__class__ = nn.Linear
+    """Undo ``accelerate`` and ``accelerate_training``: the reference classes again; returns ``model``."""
+    back = {fast: ref for swaps in (INFERENCE, TRAINING) for ref, fast in swaps.items()}
+    swap([m for m in model.modules() if type(m) in back], back)
     return model
 
 
 @contextmanager
-def accelerated(model: nn.Module) -> Iterator[nn.Module]:
-    """``accelerate(model)`` inside the block, the linears it swapped restored after (also on an error)."""
-    swapped = plain_linears(model)
-    for m in swapped:
-        m.__class__ = KernelLinear
+def accelerated(model: nn.Module, *, training: bool = False) -> Iterator[nn.Module]:
+    """``accelerate(model)`` (``accelerate_training`` with ``training``) inside the block, the modules it swapped
+    restored after (also on an error)."""
+    swaps = TRAINING if training else INFERENCE
+    swapped = plain_modules(model, swaps)
+    swap(swapped, swaps)
     try:
         yield model
     finally:
-        for m in swapped:
-            m.__class__ = nn.Linear
+        swap(swapped, {fast: ref for ref, fast in swaps.items()})

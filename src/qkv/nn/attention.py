@@ -350,7 +350,7 @@ class MultiHeadAttention(nn.Module):
         check_softcap("softcap", softcap)
         self.q_norm, self.k_norm, self.scale, self.softcap = q_norm, k_norm, scale, softcap
 
-    def _heads(self, t: Tensor, n: int) -> Tensor:
+    def split_heads(self, t: Tensor, n: int) -> Tensor:
         B, T, _ = t.shape
         return t.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n·D) -> (B, n, T, D)
 
@@ -362,8 +362,8 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_context(context)
         k, v = self.k_proj(context), self.v_proj(context)  # (B, S, G·D) each
-        k = self._heads(k, self.num_kv_heads)  # (B, G, S, D)
-        return (k if self.k_norm is None else self.k_norm(k)), self._heads(v, self.num_kv_heads)  # (B, G, S, D) each
+        k = self.split_heads(k, self.num_kv_heads)  # (B, G, S, D)
+        return (k if self.k_norm is None else self.k_norm(k)), self.split_heads(v, self.num_kv_heads)  # (B, G, S, D)
 
     def forward(
         self,
@@ -388,7 +388,7 @@ class MultiHeadAttention(nn.Module):
         are the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
         """
         self._check(x, context, context_kv, kv_cache, input_pos)
-        q, k, v = self._project(x, context, context_kv)  # (B, H, L, D), (B, G, S, D), (B, G, S, D)
+        q, k, v = self.project_qkv(x, context, context_kv)  # (B, H, L, D), (B, G, S, D), (B, G, S, D)
         # x's positions on the key axis: static slots, or continuing the cache (RoPE is relative)
         positions = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
         if self.rope is not None:
@@ -399,21 +399,22 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.update(k, v)  # (B, G, pos + L, D)
         if isinstance(kv_cache, RingKVCache):
             mask, is_causal = ring_mask(kv_cache, mask, is_causal, q.size(-2), k.size(-2))
-        out, weights = self._attend(q, k, v, mask=mask, is_causal=is_causal, positions=input_pos,
+        out, weights = self.attend_heads(q, k, v, mask=mask, is_causal=is_causal, positions=input_pos,
                                     return_weights=return_weights)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, H, L, D) -> (B, L, H·D)
         out = self.out_proj(out)
         return (out, weights) if return_weights else out
 
-    def _project(self, x: Tensor, context: Tensor | None, context_kv) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, L, D) from x; keys and values (B, G, S, D) from context, context_kv or x."""
-        q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
+    def project_qkv(self, x: Tensor, context: Tensor | None, context_kv) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, L, D) from x; keys and values (B, G, S, D) from context, context_kv or x, QK-normed, not
+        rotated. (With ``attend_heads``, a step a speed-layer subclass may compute otherwise: ``qkv.kernels``.)"""
+        q = self.split_heads(self.q_proj(x), self.num_heads)  # (B, H, L, D)
         q = q if self.q_norm is None else self.q_norm(q)  # QK-norm: over each head's D, before RoPE
         k, v = self.project_kv(x if context is None else context) if context_kv is None else context_kv
         return q, k, v
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool,
-                positions: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool,
+                     positions: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
         """q (B, H, L, D) over k, v (B, G, S, D) -> out (B, H, L, D), weights (B, H, L, S) or None."""
         scores_bias = self.alibi if self.relative_bias is None else self.relative_bias
         bias = None if scores_bias is None else scores_bias(q.size(-2), k.size(-2), positions=positions)  # (…, L, S)

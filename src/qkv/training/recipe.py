@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..checks import check_positive_int
 from .run_dir import RunDir
 from ..fileio import DiskFullError
+from ..kernels import accelerated
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, keyed_as_model, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
 from ..runtime import (cpu_threads, deterministic_kernels, resolve_device,  # noqa: F401  (cpu_threads: re-exported)
@@ -107,6 +108,7 @@ class TrainConfig:
     seed: int = 1337
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False
+    speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
     sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -460,6 +462,7 @@ class Recipe:
         cfg, dist = self.cfg, self.dist
         self.device = dist.device = resolve_device(cfg.device, dist.local_rank)
         self.sharding = resolve_sharding(cfg.sharding, dist.world)
+        self.speed_layer = cfg.speed_layer and self.sharding != "fsdp"  # built and tested unsharded and under DDP
         saved = self.check_out()
         self.task.prepare(cfg, self.run, dist)
         if self.device.type == "cpu":  # after the data preparation: the cores free when training starts
@@ -757,7 +760,8 @@ class Recipe:
         n, k = parameter_counts(self.model)
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
                                           "device": str(self.device), "world_size": self.dist.world,
-                                          "threads": torch.get_num_threads() if self.device.type == "cpu" else None}
+                                          "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
+                                          "speed_layer": self.speed_layer}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
             if self.records:
@@ -792,7 +796,8 @@ class Recipe:
             self.restore(saved)
         self.begin_writing()
         self.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
-        with StopRequest() as stop, deterministic_kernels() if self.cfg.compile else nullcontext():
+        with StopRequest() as stop, deterministic_kernels() if self.cfg.compile else nullcontext(), \
+                accelerated(self.model, training=True) if self.speed_layer else nullcontext():
             finished = self.loop(self.wrapped(), stop)  # compiled in the first step: deterministic kernels
         if stop.requested and not finished:
             saved_msg = f"checkpoint saved; continue with: qkv train --resume --out {self.run}" if self.run \
