@@ -58,6 +58,13 @@ def test_train_prints_bpc_beside_compressors_and_a_sample(data, tmp_path, capsys
     assert (out / "loss.png").is_file() and (out / "metrics.jsonl").read_text().count("\n") == 2
 
 
+def test_no_speed_layer_trains_the_reference_modules_and_says_so(data, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--data", str(data), "--max-steps", "2", "--out", str(out), "--sample-tokens", "0",
+                 "--no-speed-layer"]) == 0
+    assert json.loads((out / "summary.json").read_text())["speed_layer"] is False
+
+
 def test_the_sample_after_training_starts_from_the_users_text(tmp_path, capsys):
     """Trained on Chinese, the closing sample starts from Chinese characters of the data, not from `def `."""
     text = "".join(f"第{i}天，狗咬人，人咬狗。今天天气很好，我们去公园散步。\n" for i in range(400))
