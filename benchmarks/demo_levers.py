@@ -50,7 +50,8 @@ def demo_sections(**sections) -> dict:
 
 LR = task_type("lm").defaults.lr  # the demo's peak learning rate
 VARIANTS = {  # name -> (what it changes, in English and Chinese; TrainConfig settings, None: a model_variant)
-    "baseline": ("the default recipe (Muon + warmup-stable-decay)", "默认配方（Muon + warmup-stable-decay）", {}),
+    "baseline": ("the default recipe (Muon + warmup-stable-decay; bf16 where the CPU has it)",
+                 "默认配方（Muon + warmup-stable-decay；CPU 支持时用 bf16）", {}),
     "muon": ("Muon for the hidden matrices, AdamW for the rest", "隐藏层矩阵用 Muon，其余用 AdamW",
              {"optimizer": "muon"}),
     "adamw": ("AdamW for every weight", "所有权重都用 AdamW", {"optimizer": "adamw"}),
@@ -66,6 +67,7 @@ VARIANTS = {  # name -> (what it changes, in English and Chinese; TrainConfig se
                 {"compile": True}),
     "fused-adamw": ("AdamW's fused CPU kernel", "AdamW 的融合 CPU kernel", {"fused_adamw": True}),
     "bf16": ("bfloat16 autocast", "bfloat16 自动混合精度", {"bf16": True}),
+    "fp32": ("fp32 throughout (no bf16 autocast)", "全程 fp32（不用 bf16 自动混合精度）", {"bf16": False}),
     "reference": ("the reference modules, without the speed layer's training path",
                   "参考模块，不走速度层的训练路径", {"speed_layer": False}),
     "batch8": ("8 sequences per step", "每步 8 个序列", {"batch_size": 8}),

@@ -56,7 +56,8 @@ def test_the_page_says_when_where_and_how_and_compares_with_the_baseline(tmp_pat
     assert set(written) >= {en, zh}
     text = en.read_text()
     assert "`python -m benchmarks.demo_levers --jobs 2`" in text and "Machine:" in text and "commit" in text
-    assert "| `adamw+cosine` | AdamW for every weight + warmup then cosine decay | alone |" in text and "+0.120" in text
+    assert re.search(r"\| `adamw\+cosine` +\| AdamW for every weight \+ warmup then cosine decay +\| alone +\|", text)
+    assert "+0.120" in text
     assert "0.933" in text and "xz -9e 1.500" in text and "2 at a time" in text
     assert "所有权重都用 AdamW + 预热后余弦衰减" in zh.read_text()
     with pytest.raises(SystemExit, match="expected the documentation folder"):

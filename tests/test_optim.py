@@ -109,3 +109,27 @@ def test_the_demo_and_translate_presets_from_scratch_train_with_muon_and_wsd_oth
         ("adamw", "cosine")
     old = TrainConfig.from_dict({"task": "lm", "preset": "demo"})  # saved before either option existed
     assert (old.optimizer, old.schedule) == ("adamw", "cosine")
+
+
+def test_the_demo_preset_from_scratch_trains_in_bf16_where_the_hardware_has_it(monkeypatch):
+    from qkv.training import recipe as r
+
+    for native in (True, False):
+        monkeypatch.setattr(r, "native_bf16", lambda device, native=native: native)
+        assert r.TrainConfig().bf16 is native  # qkv train's default: the demo preset
+        assert r.TrainConfig(bf16=False).bf16 is False and r.TrainConfig(preset="tiny", bf16=True).bf16 is True
+        assert r.TrainConfig(preset="tiny").bf16 is False and r.TrainConfig(task="translate").bf16 is False
+    assert r.TrainConfig.from_dict({"task": "lm", "preset": "demo", "bf16": False}).bf16 is False  # a saved run's
+
+
+def test_native_bf16_asks_the_gpu_or_the_cpus_probes(monkeypatch):
+    from qkv import runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for avx512_bf16, amx, want in ((True, False, True), (False, True, True), (False, False, False)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert runtime.native_bf16("auto") is want and runtime.native_bf16("cpu") is want
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert runtime.native_bf16("cpu") is False  # an older torch without the probes: fp32

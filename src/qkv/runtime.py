@@ -31,6 +31,15 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: str = "auto") -> bool:
+    """``device`` (auto | cpu | cuda[:N]) computes bfloat16 products natively: a GPU with bf16, or a CPU with
+    AVX-512 BF16 or AMX tiles, where bf16 matrix products beat fp32's (elsewhere bf16 is emulated, slower)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe() for probe in probes if probe is not None)  # torch.cpu's probes; absent in old torch: False
+
+
 @dataclass(frozen=True)
 class CpuTimes:
     """One reading of the kernel's CPU counters (clock ticks, /proc/stat and /proc/self/stat)."""

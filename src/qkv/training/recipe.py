@@ -36,8 +36,8 @@ from ..fileio import DiskFullError
 from ..kernels import accelerated
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, keyed_as_model, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
-from ..runtime import (cpu_threads, deterministic_kernels, resolve_device,  # noqa: F401  (cpu_threads: re-exported)
-                       use_compile_cache)
+from ..runtime import (cpu_threads, deterministic_kernels, native_bf16,  # noqa: F401  (cpu_threads: re-exported)
+                       resolve_device, use_compile_cache)
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharded_checkpoint import load_sharded, save_sharded
@@ -45,7 +45,7 @@ from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memor
 from .sharding import (check_sharding, checkpoint_blocks, full_weights, load_full, model_blocks, resolve_sharding,
                        shard_model, whole_from)
 from .tasks import Task, TaskOptions, make_task, option_owner, task_options, task_type
-from .tasks.base import RECIPE
+from .tasks.base import NATIVE, RECIPE
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: F401  (re-exported)
 
 # Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not). The
@@ -106,7 +106,8 @@ class TrainConfig:
     eval_windows: int = 48  # validation windows per periodic evaluation; the final one uses all
     final_eval: bool = True  # score the whole validation text at the end (summary.json's val_bpc)
     seed: int = 1337
-    bf16: bool = False  # bfloat16 autocast
+    bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo preset from
+    # scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
     compile: bool = False
     speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
     sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
@@ -160,6 +161,7 @@ class TrainConfig:
         scratch = self.model is None and self.init_from_hf is None and self.sharding != "fsdp"
         for name, value in task.defaults.recipe_for(self.preset if scratch else None).items():
             setattr(self, name, value if getattr(self, name) is None else getattr(self, name))
+        self.bf16 = native_bf16(self.device) if self.bf16 == NATIVE else self.bf16
         check_optimizer_options(self)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
@@ -702,10 +704,11 @@ class Recipe:
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
         source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
         trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
+        precision = ("bf16 autocast" if c.bf16 else "fp32") + (", speed layer" if self.speed_layer else "")
         return (f"qkv: training a {n / 1e6:.2f} M-parameter {kind.__name__}{trains} "
                 f"({source}, {self.task.describe()}; prepared in "
                 f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
-                f" -> {self.run or '(not saved)'}")
+                f", {precision} -> {self.run or '(not saved)'}")
 
     def progress_bar(self):
         if not (self.cfg.progress and self.dist.is_main):
@@ -761,7 +764,7 @@ class Recipe:
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
                                           "device": str(self.device), "world_size": self.dist.world,
                                           "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
-                                          "speed_layer": self.speed_layer}
+                                          "bf16": self.cfg.bf16, "speed_layer": self.speed_layer}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
             if self.records:

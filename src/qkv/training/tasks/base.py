@@ -74,7 +74,10 @@ class TaskOptions:
                          f"got {type(value).__name__}")
 
 
-RECIPE = {"optimizer": "adamw", "schedule": "cosine"}  # a run's optimizer and schedule unless its preset sets them
+# A run's optimizer, schedule and precision unless its preset sets them; NATIVE: bf16 where the device computes
+# it natively (qkv.runtime.native_bf16), fp32 elsewhere.
+NATIVE = "native"
+RECIPE = {"optimizer": "adamw", "schedule": "cosine", "bf16": False}
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,8 @@ class TaskDefaults:
         return self.preset_tokenizers.get(preset, self.tokenizer)
 
     def recipe_for(self, preset: str | None) -> dict:
-        """Optimizer and schedule of a run of ``preset`` trained from scratch (None: any other run): RECIPE with
-        what the preset sets instead."""
+        """Optimizer, schedule and precision of a run of ``preset`` trained from scratch (None: any other run):
+        RECIPE with what the preset sets instead."""
         return RECIPE | self.preset_recipes.get(preset, {})
 
 

@@ -23,14 +23,14 @@ from torch import Tensor, nn
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
 from ..finetune import Base, load_base
 from ...models import GPT, PRESETS, ModelConfig
-from .base import Task, TaskDefaults
+from .base import NATIVE, Task, TaskDefaults
 
 LN2 = math.log(2)
 # The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs);
 # a run of the translate preset, its shared vocabulary; every other preset and a model of its own shape: characters.
 PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
 # The demo from scratch: Muon for the hidden matrices and warmup-stable-decay (docs/training.md has the lever runs).
-PRESET_RECIPES = {"demo": {"optimizer": "muon", "schedule": "wsd"}}
+PRESET_RECIPES = {"demo": {"optimizer": "muon", "schedule": "wsd", "bf16": NATIVE}}
 
 
 def compressor_bpc(text: str) -> dict[str, float]:
