@@ -176,6 +176,23 @@ ROWS = {  # the README table's header
 }
 
 
+NANOGPT_ROWS = {  # the demo-shape table's qkv rows the README shows: label there -> (English, Chinese)
+    "qkv + speed layer + bf16 eager": ("training, demo shape, bf16 eager, tokens/s", "训练，demo 形状，bf16 eager，tokens/s"),
+    "qkv + speed layer compiled + fused AdamW + bf16": ("training, demo shape, bf16 compiled (compile counted), tokens/s",
+                                                        "训练，demo 形状，bf16 编译（计入编译时间），tokens/s"),
+}
+
+
+def nanogpt_rows(output: str, zh: bool) -> list[list[str]]:
+    """The README's rows for qkv's fastest training paths beside nanoGPT eager, where the run had nanoGPT."""
+    table = {r["contender"]: r for t in parse_tables(output) for r in t if "vs nanoGPT eager" in r}
+    if "nanoGPT eager" not in table:
+        return []
+    ref = table["nanoGPT eager"]["tok/s"]
+    return [[NANOGPT_ROWS[label][zh], table[label]["tok/s"], f"nanoGPT eager {ref}", table[label]["vs nanoGPT eager"]]
+            for label in NANOGPT_ROWS if label in table]
+
+
 def summary_rows(outputs: dict[str, str], lang: str) -> list[list[str]]:
     zh = lang == "zh"
     rows = []
@@ -189,6 +206,7 @@ def summary_rows(outputs: dict[str, str], lang: str) -> list[list[str]]:
         for r in (r for t in parse_tables(outputs["train_speed"]) for r in t if "qkv / HF" in r):
             rows.append([(f"训练，{r['shape']}，tokens/s" if zh else f"training, {r['shape']}, tokens/s"),
                          r["qkv tok/s"], f"HF GPT2LMHeadModel {r['HF tok/s']}", r["qkv / HF"]])
+        rows += nanogpt_rows(outputs["train_speed"], zh)
     if "marian" in outputs:
         for r in (r for t in parse_tables(outputs["marian"]) for r in t if "HF / qkv" in r):
             rows.append([(f"束搜索 4，{r['sentences']} 句，秒" if zh else f"beam search 4, {r['sentences']} sentences, s"),

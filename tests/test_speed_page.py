@@ -33,6 +33,27 @@ def test_the_summary_takes_batch_one_and_each_section_present():
     assert report.summary_rows({}, "zh") == []
 
 
+TRAIN = """| shape | params | batch | qkv tok/s | HF tok/s | qkv / HF | MFU qkv / HF |
+|---|---|---|---|---|---|---|
+| demo-size | 0.84 M | 32x128 | 18739 | 14708 | 1.27x | 50.1% / 39.3% |
+
+| contender | tok/s | vs nanoGPT eager | of matmul peak | measured as |
+|---|---|---|---|---|
+| qkv eager | 17161 | 0.93x | 35.6% | median of 21 interleaved steps |
+| nanoGPT eager | 18381 | 1.00x | 38.1% | median of 21 interleaved steps |
+| qkv + speed layer + bf16 eager | 22191 | 1.21x | 46.0% | median of 21 interleaved steps |
+| qkv + speed layer compiled + fused AdamW + bf16 | 28628 | 1.56x | 59.4% | 2517 steps in 180 s |"""
+
+
+def test_the_summary_shows_qkvs_fastest_training_beside_nanogpt_where_the_run_had_it():
+    rows = report.summary_rows({"train_speed": TRAIN}, "en")
+    assert rows[1:] == [["training, demo shape, bf16 eager, tokens/s", "22191", "nanoGPT eager 18381", "1.21x"],
+                        ["training, demo shape, bf16 compiled (compile counted), tokens/s", "28628",
+                         "nanoGPT eager 18381", "1.56x"]]
+    without = TRAIN.replace("vs nanoGPT eager", "vs HF eager").replace("nanoGPT eager |", "HF eager |")
+    assert len(report.summary_rows({"train_speed": without}, "zh")) == 1  # no nanoGPT: the qkv / HF row alone
+
+
 @pytest.mark.parametrize("lang, title", [("en", "# Speed"), ("zh", "# 速度")])
 def test_the_page_says_when_where_and_how_and_keeps_the_output(lang, title):
     text = report.page(lang, {"generation": GENERATION}, "python -m benchmarks --quick", "a test machine")
