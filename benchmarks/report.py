@@ -50,11 +50,16 @@ SECTIONS = {  # name -> (English title, what it measures; Chinese title, the sam
                     "Training tokens/s and model FLOPs utilisation of qkv's recipe beside Hugging Face "
                     "`GPT2LMHeadModel` on the same weights, batch and optimizer; then, at the demo's shape with "
                     "nanoGPT's choices, beside nanoGPT's `model.py` when a checkout is given (`--nanogpt`), eager "
-                    "and compiled, a compiled step timed over a wall-clock budget that includes its compile.",
+                    "and compiled, a compiled step timed over a wall-clock budget that includes its compile. qkv's "
+                    "paths there: its reference modules and the speed layer's training path (`qkv.kernels.training`, "
+                    "what `qkv train` runs), each in fp32 and under bf16 autocast; the fraction of the matmul peak is "
+                    "of the fp32 peak, whatever the contender's precision.",
                     "(d) 训练速度",
                     "qkv 的训练流程与相同权重、批量和优化器下的 Hugging Face `GPT2LMHeadModel` 的训练 tokens/s 与"
                     "模型 FLOPs 利用率并排；然后在 demo 的形状、采用 nanoGPT 的设计选择时，与 nanoGPT 的 `model.py`"
-                    "（给出 `--nanogpt` 检出路径时）并排，分 eager 与编译两种，编译的一步在包含编译时间的墙钟预算内计时。"),
+                    "（给出 `--nanogpt` 检出路径时）并排，分 eager 与编译两种，编译的一步在包含编译时间的墙钟预算内计时。"
+                    "其中 qkv 的路径：参考模块与速度层的训练路径（`qkv.kernels.training`，即 `qkv train` 所用），"
+                    "各自在 fp32 与 bf16 autocast 下；占矩阵乘法峰值的比例一律相对 fp32 峰值，不论参赛者用何种精度。"),
     "complexity": ("Time and memory against sequence length",
                    "The reference, fused, hand-tiled (FlashAttention's loop) and linear attention paths, with "
                    "the exponents fitted to their time and memory.",
