@@ -111,14 +111,15 @@ def test_the_demo_and_translate_presets_from_scratch_train_with_muon_and_wsd_oth
     assert (old.optimizer, old.schedule) == ("adamw", "cosine")
 
 
-def test_the_demo_preset_from_scratch_trains_in_bf16_where_the_hardware_has_it(monkeypatch):
+def test_the_demo_and_translate_presets_from_scratch_train_in_bf16_where_the_hardware_has_it(monkeypatch):
     from qkv.training import recipe as r
 
     for native in (True, False):
         monkeypatch.setattr(r, "native_bf16", lambda device, native=native: native)
         assert r.TrainConfig().bf16 is native  # qkv train's default: the demo preset
         assert r.TrainConfig(bf16=False).bf16 is False and r.TrainConfig(preset="tiny", bf16=True).bf16 is True
-        assert r.TrainConfig(preset="tiny").bf16 is False and r.TrainConfig(task="translate").bf16 is False
+        assert r.TrainConfig(task="translate").bf16 is native  # qkv train --task translate's default
+        assert r.TrainConfig(preset="tiny").bf16 is False and r.TrainConfig(task="translate", preset="tiny").bf16 is False
     assert r.TrainConfig.from_dict({"task": "lm", "preset": "demo", "bf16": False}).bf16 is False  # a saved run's
 
 

@@ -106,8 +106,8 @@ class TrainConfig:
     eval_windows: int = 48  # validation windows per periodic evaluation; the final one uses all
     final_eval: bool = True  # score the whole validation text at the end (summary.json's val_bpc)
     seed: int = 1337
-    bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo preset from
-    # scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
+    bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo and translate
+    # presets from scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
     compile: bool = False
     speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
     sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
