@@ -182,9 +182,10 @@ ROWS = {  # the README table's header
 
 
 NANOGPT_ROWS = {  # the demo-shape table's qkv rows the README shows: label there -> (English, Chinese)
-    "qkv + speed layer + bf16 eager": ("training, demo shape, bf16 eager, tokens/s", "训练，demo 形状，bf16 eager，tokens/s"),
-    "qkv + speed layer compiled + fused AdamW + bf16": ("training, demo shape, bf16 compiled (compile counted), tokens/s",
-                                                        "训练，demo 形状，bf16 编译（计入编译时间），tokens/s"),
+    "qkv + speed layer + bf16 eager": ("training, demo shape, bf16 eager, tokens/s",
+                                       "训练，demo 形状，bf16 eager，tokens/s"),
+    "qkv + speed layer compiled + fused AdamW + bf16": (
+        "training, demo shape, bf16 compiled (compile counted), tokens/s", "训练，demo 形状，bf16 编译（计入编译时间），tokens/s"),
 }
 
 

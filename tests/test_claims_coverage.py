@@ -300,8 +300,9 @@ def test_chinese_table_quotes_the_spec_and_keeps_the_numbers():
         claims.format_table(results, lang="fr")
 
 
-@pytest.mark.skipif(not SEED_FILE.is_file(), reason="the original spec (../shared/seed, beside the checkout) is not here: "
-                    "the claims' Chinese quotes are checked against its text")
+@pytest.mark.skipif(not SEED_FILE.is_file(), reason="the original spec (../shared/seed beside the checkout: an authored "
+                    "article, not redistributed with qkv) is not here; the claims' Chinese quotes are checked against "
+                    "its text wherever it is")
 def test_every_claim_zh_quotes_the_spec():
     spec = " ".join(SEED_FILE.read_text(encoding="utf-8").split())
     texts = {name: claims.NOT_MEASURABLE[name].claim_zh for name in claims.NOT_MEASURABLE}

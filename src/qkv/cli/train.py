@@ -112,8 +112,8 @@ def add_train(sub) -> argparse.ArgumentParser:
                    help="translate: the pointer-generator's copy mechanism (default: on)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast: products in bf16, weights and optimizer state in fp32 (default: on for "
-                        "the demo and translate presets trained from scratch where the hardware computes bf16 natively — AVX-512 BF16 "
-                        "or AMX on a CPU, a bf16 GPU — and off for every other run)")
+                        "the demo and translate presets trained from scratch where the hardware computes bf16 "
+                        "natively — AVX-512 BF16 or AMX on a CPU, a bf16 GPU — and off for every other run)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (in the first "
                    "step: the compile counts against --max-minutes; kernels kept in qkv's cache for the next run)")
     p.add_argument("--speed-layer", action=argparse.BooleanOptionalAction, default=None,

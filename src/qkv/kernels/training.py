@@ -10,14 +10,14 @@
   the concatenation). It takes plain ``nn.Linear`` projections (no adapter, no hook) with biases on all three
   or none; anything else is the reference's three products.
 - ``attend_heads``: on a CPU under bf16 autocast, PyTorch's bf16 flash-attention backward is slower than its
-  fp32 one at small heads (docs/generated/speed.md measures it), so where the head is at most
+  fp32 one at small heads (docs/design-notes.md, issue 35), so where the head is at most
   ``FP32_CORE_MAX_HEAD_DIM`` wide and the keys at most ``FP32_CORE_MAX_KEYS`` long, the core runs on q, k, v
   cast to fp32 (exactly: every bf16 value is an fp32 value) and its output is cast back to bf16 — the reference's
   answer to within its bf16 rounding. Elsewhere it is the reference's own.
 
 The model's ``MultiHeadAttention.forward`` is the reference; the tests compare outputs and gradients, fp32 and
 bf16, and every refusal. Applied by ``qkv.kernels.accelerate_training`` (``qkv train`` does, unless
-``--reference``), undone by ``restore``.
+``--no-speed-layer``), undone by ``restore``.
 """
 from __future__ import annotations
 
@@ -27,13 +27,18 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 
-FP32_CORE_MAX_HEAD_DIM = 64  # measured: fp32 faster than bf16 at D ≤ 64 for keys ≤ 256, even at D = 128
+FP32_CORE_MAX_HEAD_DIM = 64  # the shapes where the fp32 core measured faster than bf16's (design notes)
 FP32_CORE_MAX_KEYS = 256
+
+
+def hookless(module: nn.Module) -> bool:
+    """No forward hooks on ``module``: the speed layer may compute its forward otherwise."""
+    return not (module._forward_hooks or module._forward_pre_hooks)
 
 
 def plain(module: nn.Module | None) -> bool:
     """``module`` is an ``nn.Linear`` exactly (no subclass, no adapter) with no hooks."""
-    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+    return type(module) is nn.Linear and hookless(module)
 
 
 def packable(attn: MultiHeadAttention) -> bool:

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..nn.attention import MultiHeadAttention
 from .linear import KernelLinear
-from .training import TrainingAttention
+from .training import TrainingAttention, hookless
 
 INFERENCE = {nn.Linear: KernelLinear}  # reference class -> the speed layer's subclass of it
 TRAINING = {MultiHeadAttention: TrainingAttention}
@@ -31,7 +31,7 @@ TRAINING = {MultiHeadAttention: TrainingAttention}
 
 def plain_modules(model: nn.Module, swaps: dict[type, type]) -> list[nn.Module]:
     """The model's modules whose class is exactly one ``swaps`` names (no subclass) and that have no hooks."""
-    return [m for m in model.modules() if type(m) in swaps and not (m._forward_hooks or m._forward_pre_hooks)]
+    return [m for m in model.modules() if type(m) in swaps and hookless(m)]
 
 
 def plain_linears(model: nn.Module) -> list[nn.Linear]:
