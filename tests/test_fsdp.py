@@ -302,6 +302,10 @@ def test_activation_estimate_and_measured_peak():
     head = 2 * 40 + 32  # logits and log-softmax, the embeddings' output
     assert activation_bytes(c, 3, 4, 16, checkpointed=False) == 4 * 4 * 16 * (3 * per_block + head)
     assert activation_bytes(c, 3, 4, 16, checkpointed=True) == 4 * 4 * 16 * (3 * 32 + per_block + head)
+    # bf16 autocast on a GPU: 2 B a float, no attention weights kept (fused SDPA), the log-softmax still fp32
+    fused = 8 * 32 + 2 * 64
+    assert activation_bytes(c, 3, 4, 16, checkpointed=False, bf16=True, attention_weights=False) == \
+        4 * 16 * (2 * (3 * fused + 40 + 32) + 4 * 40)
     memory = PeakMemory(torch.device("cpu"))
     # 64 MiB, touched: past glibc's largest mmap threshold (32 MiB), so fresh pages, not resident free heap
     held = torch.ones(64 * 2**20 // 4)

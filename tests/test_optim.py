@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from qkv.models import GPT, ModelConfig
+from qkv.training.muon import Muon
 from qkv.training.optim import WSD_DECAY, OptimizerPair, build_optimizer, lr_at, muon_matrices, set_lr
 from qkv.training.recipe import TrainConfig
 
@@ -29,7 +30,7 @@ def test_muon_takes_the_hidden_matrices_only(tie):
     taken = sorted(names[id(p)] for p in muon_matrices(model))
     assert taken == sorted(n for n in names.values() if n.startswith("blocks.") and n.endswith("proj.weight"))
     opt = build_optimizer(model, cfg(optimizer="muon"), CPU)
-    assert isinstance(opt, OptimizerPair) and isinstance(opt.parts["muon"], torch.optim.Muon)
+    assert isinstance(opt, OptimizerPair) and isinstance(opt.parts["muon"], Muon)
     held = [id(p) for group in opt.param_groups for p in group["params"]]
     assert sorted(held) == sorted(names)  # every weight in exactly one part (the tied head once)
 

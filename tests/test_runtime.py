@@ -85,3 +85,22 @@ def test_compiled_kernels_go_to_qkvs_cache_unless_the_user_chose(monkeypatch, tm
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     runtime.use_compile_cache()
     assert "TORCHINDUCTOR_CACHE_DIR" not in runtime.os.environ
+
+
+@pytest.mark.parametrize("env, capped", [
+    ({}, None), ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),
+    ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, "ONEDNN_MAX_CPU_ISA=AVX512_CORE"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None), ({"ONEDNN_MAX_CPU_ISA": "ALL"}, None),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "ATEN_CPU_CAPABILITY=avx2"), ({"ATEN_CPU_CAPABILITY": "avx512"}, None)])
+def test_bf16_capped_by_the_isa_variables(env, capped):
+    from qkv.runtime import cpu_bf16_capped
+
+    assert cpu_bf16_capped(env) == capped
+
+
+def test_native_bf16_honours_the_isa_cap(monkeypatch):
+    from qkv import runtime
+
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert runtime.native_bf16() is False and "capped by ONEDNN_MAX_CPU_ISA=AVX2" in runtime.bf16_words()

@@ -187,3 +187,23 @@ def test_threads_are_respected_and_recorded(monkeypatch):
     monkeypatch.setattr(recipe, "cpu_threads", lambda: 2)  # no --threads: what is free now
     assert train(cfg(max_steps=1, threads=None), corpus=CORPUS).summary["threads"] == 2
     assert torch.get_num_threads() == 1  # the caller's count comes back
+
+
+def test_a_gpu_runs_state_resumes_on_a_cpu_exactly(tmp_path):
+    """What a GPU run saves that a CPU run does not (its CUDA RNG state, its device in train_config.json) is set
+    aside on a CPU: the resumed run continues exactly as the uninterrupted one."""
+    from qkv.training.run_dir import RunDir
+
+    full = train(cfg(out=str(tmp_path / "a")), corpus=CORPUS)
+    train(cfg(out=str(tmp_path / "b")), corpus=CORPUS, stop_at=3)
+    run = RunDir(tmp_path / "b")
+    state = run.load_state()
+    state["cuda_rng"] = torch.zeros(16, dtype=torch.uint8)  # as a GPU run's checkpoint holds one
+    run.save_state(state)
+    config = json.loads((run.path / run.TRAIN_CONFIG).read_text())
+    (run.path / run.TRAIN_CONFIG).write_text(json.dumps(config | {"device": "cuda"}))
+    resumed = train(TrainConfig.for_resume(tmp_path / "b", device="cpu", progress=False), corpus=CORPUS)
+    drop_time = lambda ms: [{k: v for k, v in m.items() if k != "elapsed_s"} for m in ms]  # noqa: E731
+    assert drop_time(resumed.metrics) == drop_time(full.metrics)
+    for p, q in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)

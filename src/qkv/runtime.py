@@ -17,27 +17,90 @@ from typing import Iterable, Iterator
 import torch
 
 
-def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a torch.device; ValueError for CUDA on a machine without it."""
+AUTO: list[str] = []  # what "auto" names inside ``auto_means`` (the innermost last); empty: a GPU if any, else the CPU
+
+
+@contextmanager
+def auto_means(name: str) -> Iterator[torch.device]:
+    """Inside, "auto" names ``name`` (checked first): a command's --device reaches the code that asks for "auto"."""
+    device = resolve_device(name)
+    AUTO.append(str(device))
+    try:
+        yield device
+    finally:
+        AUTO.pop()
+
+
+def resolve_device(name: str = "auto", local_rank: int = 0, local_world: int = 1) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a torch.device; ValueError for CUDA on a machine without it, a GPU index the
+    machine lacks, or one fixed GPU for several processes of a torchrun job (each takes ``cuda:LOCAL_RANK``)."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: CUDA is not available on this machine (use --device cpu or auto)")
-        if name == "cuda":
-            name = f"cuda:{local_rank}"
-    elif name != "cpu":
+        name = AUTO[-1] if AUTO else "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
         raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    elif local_world > 1:
+        raise ValueError(f"--device {name} under torchrun: its {local_world} processes would share one GPU; pass "
+                         "--device cuda (each process takes cuda:LOCAL_RANK)")
+    index, count = int(name[5:]), torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"--device {name}: this machine has {count} GPU(s), cuda:0 … cuda:{count - 1}")
     return torch.device(name)
+
+
+def device_type(name: str = "auto") -> str:
+    """"cuda" or "cpu": where ``name`` runs (no checks; ``resolve_device`` refuses a bad name)."""
+    if name == "auto":
+        name = AUTO[-1] if AUTO else "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if name.startswith("cuda") else "cpu"
+
+
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from which its bf16 products run in hardware (AVX-512 BF16 and up);
+# ATen's vector levels (ATEN_CPU_CAPABILITY) below AVX-512.
+ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                    "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2",
+                    "ALL", "DEFAULT")
+ATEN_BELOW_AVX512 = ("default", "avx2")
+
+
+def cpu_bf16_capped(env: dict | None = None) -> str | None:
+    """Why this process cannot use the CPU's bf16 instructions though the CPU has them: ONEDNN_MAX_CPU_ISA or
+    ATEN_CPU_CAPABILITY set below AVX-512 BF16 (what an AVX2 machine runs like); None when neither caps it."""
+    env = os.environ if env is None else env
+    isa = env.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if isa and isa not in ONEDNN_BF16_ISAS:
+        return f"ONEDNN_MAX_CPU_ISA={isa}"
+    aten = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in ATEN_BELOW_AVX512:
+        return f"ATEN_CPU_CAPABILITY={aten}"
+    return None
 
 
 def native_bf16(device: str = "auto") -> bool:
     """``device`` (auto | cpu | cuda[:N]) computes bfloat16 products natively: a GPU with bf16, or a CPU with
-    AVX-512 BF16 or AMX tiles, where bf16 matrix products beat fp32's (elsewhere bf16 is emulated, slower)."""
+    AVX-512 BF16 or AMX tiles that this process may use (``cpu_bf16_capped``), where bf16 matrix products beat
+    fp32's (elsewhere bf16 is emulated, slower)."""
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
+    if cpu_bf16_capped() is not None:
+        return False
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(probe() for probe in probes if probe is not None)  # torch.cpu's probes; absent in old torch: False
+
+
+def bf16_words(device: str = "auto") -> str:
+    """Why ``native_bf16(device)`` says what it says, in a few words (a run's summary records them)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}: bf16 {'supported' if torch.cuda.is_bf16_supported() else 'not supported'}"
+    capped = cpu_bf16_capped()
+    if capped:
+        return f"CPU capped by {capped}: bf16 emulated"
+    return "CPU with AVX-512 BF16 or AMX: bf16 native" if native_bf16("cpu") else "CPU without AVX-512 BF16 or AMX: bf16 emulated"
 
 
 @dataclass(frozen=True)

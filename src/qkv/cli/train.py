@@ -255,7 +255,8 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
+                                                     "cuda or cuda:N")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the weights' type while decoding: bfloat16 halves the bytes each token reads "

@@ -24,7 +24,8 @@ def add_translate(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest translation (default: 2 × source + 10)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="sentences decoded together (default 32; one at a time from a terminal)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
+                                                     "cuda or cuda:N")
     return p
 
 

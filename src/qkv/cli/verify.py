@@ -28,6 +28,8 @@ def add_verify(sub) -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="DIR", help="a run written by `qkv train`: adds the Q3 head-diversity claim")
     p.add_argument("--text", help="with --run: the text for head diversity (default: the run's validation text)")
     p.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
+    p.add_argument("--device", default="auto", help="where the measurements and --run's model run: auto (default: a "
+                                                     "GPU where there is one, else the CPU), cpu, cuda or cuda:N")
     p.add_argument("--full", action="store_true", help="also the heavy measurements (time and memory over n; "
                    "a few minutes)")
     p.add_argument("--lang", choices=("en", "zh"), default="en", help="the language of the table and the --markdown "
@@ -48,9 +50,12 @@ def trained_model(args: argparse.Namespace, names: list[str] | None):
         raise CommandError(f"--run {args.run}: no such run directory")
     from ..training.run_dir import load_run
 
-    run = load_run(args.run, device="cpu")
+    from ..runtime import resolve_device
+
+    device = resolve_device(args.device)
+    run = load_run(args.run, device=device)
     if names is None or "head-diversity" in names or args.markdown:
-        return run, run.model, claims.run_text_ids(run, args.text)
+        return run, run.model, claims.run_text_ids(run, args.text).to(device)
     return run, None, None
 
 
@@ -63,10 +68,14 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(claims.claim_names()))
         return 0
+    from ..runtime import auto_means, resolve_device
+
     names = claims.resolve_names(args.only)
+    resolve_device(args.device)  # a bad name or a missing GPU: one line, before any work
     run, model, ids = trained_model(args, names)
-    results = claims.run_claims(names, full=args.full, unmeasurable=names is None, model=model, ids=ids,
-                                seed=args.seed)
+    with auto_means(args.device):
+        results = claims.run_claims(names, full=args.full, unmeasurable=names is None, model=model, ids=ids,
+                                    seed=args.seed)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
     else:

@@ -133,9 +133,11 @@ def compiled_step(model):
     """
     holder = model.__dict__.setdefault("_qkv_compiled_step", CompiledStep())  # not a submodule: not in state_dict
     if holder.step is None:
-        build.available()  # built (or found missing) before tracing, which reads build.LOADED as a constant
-        # cpp_wrapper: inductor calls the step's kernels from generated C++, not from Python
-        options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" else None
+        on_cpu = next(model.parameters()).is_cpu
+        if on_cpu:  # qkv's CPU kernels: built (or found missing) before tracing, which reads build.LOADED as a constant
+            build.available()
+        # cpp_wrapper: inductor calls the step's CPU kernels from generated C++, not from Python
+        options = {"cpp_wrapper": True} if COMPILE_BACKEND == "inductor" and on_cpu else None
         holder.step = torch.compile(last_logits(model), dynamic=False, backend=COMPILE_BACKEND, options=options)
     return holder.step
 

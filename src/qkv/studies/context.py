@@ -35,7 +35,7 @@ from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_json, atomic_write
 from ..models import GPT, ModelConfig
 from ..nn.rope_scaling import RopeScaling
-from ..runtime import fixed_threads, prepare_output_dir
+from ..runtime import device_type, fixed_threads, prepare_output_dir
 from . import pages
 from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
 from ..training.distributed import Dist
@@ -212,8 +212,16 @@ def run(config: ContextStudyConfig | None = None, *, out: str | os.PathLike | No
     cfg, lang = config or ContextStudyConfig(), language(lang)
     out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
     with fixed_threads(cfg.threads) as n:
-        workers = min(cfg.workers or n, n)
-        return _run(replace(cfg, threads=n, workers=workers), out, corpus, progress, lang)
+        return _run(replace(cfg, threads=n, workers=study_workers(cfg.workers, n, cfg.device)), out, corpus,
+                    progress, lang)
+
+
+def study_workers(asked: int | None, threads: int, device: str) -> int:
+    """Processes training side by side: ``asked``, else one per thread on a CPU; on a GPU one (the models are
+    small, and each process would take its own CUDA context on the same device), unless asked for more."""
+    if asked is None and device_type(device) == "cuda":
+        return 1
+    return min(asked or threads, threads)
 
 
 def _run(cfg: ContextStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> ContextStudyResult:

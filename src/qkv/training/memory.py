@@ -1,16 +1,18 @@
 """Training memory per rank: the estimate before training, the peak measured over the first steps, and the
 refusal of a run that will not fit.
 
-Estimate (fp32, per rank):
+Estimate (per rank):
     states       4 B per parameter for its weight; a trained one adds its gradient (4 B) and AdamW's two
                  moments (8 B): 16 B in all. fsdp holds 1/N of them, and no whole copy: evaluation runs the
                  shards; saving gathers the whole weights into rank 0's CPU memory alone, between steps (when
                  no activations or gradients are held)
     activations  what the backward keeps of one micro-batch (rows × T tokens), per token: in each block its
                  inputs, norms, q, k, v, attention output (8 C), the feed-forward's two hidden layers (2 F) and
-                 the attention weights (2 H T, as if materialised: an upper bound when SDPA is fused); the
-                 logits and their log-softmax (2 V). With activation checkpointing each block keeps its input
-                 (C) and one block at a time is recomputed. A rough count (after Korthikanti et al. 2022,
+                 the attention weights (2 H T) where they are materialised — on a CPU, counted as an upper bound;
+                 on a GPU SDPA's fused kernels keep none — and the logits with their fp32 log-softmax (2 V).
+                 4 B a float, 2 B under bf16 autocast (the fp32 log-softmax stays 4 B). With activation
+                 checkpointing each block keeps its input (C) and one block at a time is recomputed. A rough
+                 count (after Korthikanti et al. 2022,
                  "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198, §4).
 
 Measured: CUDA, ``torch.cuda.max_memory_allocated`` since before the model was built; CPU, the growth of the
@@ -37,11 +39,14 @@ def estimated_bytes(model: nn.Module, sharding: str, world: int) -> int:
     return total // world if sharding == "fsdp" else total
 
 
-def activation_bytes(config, blocks: int, rows: int, T: int, *, checkpointed: bool) -> int:
-    """What the backward keeps of one micro-batch of ``rows`` × ``T`` tokens (fp32; see the module's notes)."""
-    block = 8 * config.d_model + 2 * config.ff_width + 2 * config.num_heads * T  # floats per token
+def activation_bytes(config, blocks: int, rows: int, T: int, *, checkpointed: bool, bf16: bool = False,
+                     attention_weights: bool = True) -> int:
+    """What the backward keeps of one micro-batch of ``rows`` × ``T`` tokens (see the module's notes)."""
+    weights = 2 * config.num_heads * T if attention_weights else 0
+    block = 8 * config.d_model + 2 * config.ff_width + weights  # floats per token
     kept = blocks * config.d_model + block if checkpointed else blocks * block
-    return 4 * rows * T * (kept + 2 * config.vocab_size + config.d_model)
+    size = 2 if bf16 else 4
+    return rows * T * (size * (kept + config.vocab_size + config.d_model) + 4 * config.vocab_size)
 
 
 @dataclass
@@ -53,6 +58,7 @@ class MemoryEstimate:
     states: int
     activations: int
     tokens: str  # "rows x T"
+    precision: str = "fp32"
 
     @property
     def total(self) -> int:
@@ -62,13 +68,15 @@ class MemoryEstimate:
         share = f"1/{self.world} of them" if self.sharding == "fsdp" else "all of them"
         return (f"about {self.total / MiB:.1f} MiB per rank = {self.states / MiB:.1f} MiB weights, gradients and "
                 f"AdamW state (16 B per trained parameter, 4 B per frozen one; {share}) + "
-                f"{self.activations / MiB:.1f} MiB activations ({self.tokens} tokens per micro-step, fp32, rough)")
+                f"{self.activations / MiB:.1f} MiB activations ({self.tokens} tokens per micro-step, {self.precision}, rough)")
 
 
 def estimate_memory(model: nn.Module, config, *, sharding: str, world: int, rows: int, T: int, blocks: int,
-                    checkpointed: bool) -> MemoryEstimate:
-    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world),
-                          activation_bytes(config, blocks, rows, T, checkpointed=checkpointed), f"{rows} x {T}")
+                    checkpointed: bool, bf16: bool = False, device: torch.device = torch.device("cpu")) -> MemoryEstimate:
+    activations = activation_bytes(config, blocks, rows, T, checkpointed=checkpointed, bf16=bf16,
+                                   attention_weights=device.type == "cpu")
+    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world), activations, f"{rows} x {T}",
+                          "bf16" if bf16 else "fp32")
 
 
 def memory_line(estimate: MemoryEstimate) -> str:
@@ -110,6 +118,7 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device, self.base = device, None
         if device.type == "cuda":
+            torch.empty(1, device=device)  # the caching allocator exists only after a first allocation
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device)
             return

@@ -5,7 +5,8 @@ Optimizers (``TrainConfig.optimizer``):
     adamw  AdamW on every weight (Loshchilov & Hutter 2019); weight decay on matrices only
     muon   Muon on the hidden matrices — the attention and feed-forward projections — and AdamW on the
            rest: embeddings, the output head, norm gains and biases (Jordan et al. 2024,
-           https://kellerjordan.github.io/posts/muon/; ``torch.optim.Muon``)
+           https://kellerjordan.github.io/posts/muon/; ``qkv.training.muon``: torch.optim.Muon's algorithm, its
+           Newton–Schulz in bf16 where the device computes bf16 natively and in fp32 elsewhere)
 
 Muon orthogonalises each matrix's momentum (Newton–Schulz) and scales the result to the RMS of an AdamW
 update ("Muon is Scalable for LLM Training", Liu et al. 2025; torch's ``adjust_lr_fn="match_rms_adamw"``),
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .muon import Muon, ns_dtype_for
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
@@ -93,8 +96,8 @@ def build_optimizer(model: nn.Module, cfg, device: torch.device):
     matrices = muon_matrices(model)
     chosen = {id(p) for p in matrices}
     muon_lr = cfg.muon_lr or cfg.lr
-    muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr / cfg.lr}], lr=muon_lr,
-                            weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+    muon = Muon([{"params": matrices, "lr_scale": muon_lr / cfg.lr}], lr=muon_lr, weight_decay=cfg.weight_decay,
+                ns_dtype=ns_dtype_for(device))
     return OptimizerPair(adamw=adamw([p for p in params if id(p) not in chosen], cfg, device), muon=muon)
 
 

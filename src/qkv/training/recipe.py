@@ -36,8 +36,8 @@ from ..fileio import DiskFullError
 from ..kernels import accelerated
 from .finetune import DEFAULT_LORA_TARGETS, add_lora, keyed_as_model, model_weights, set_model_weights
 from ..models import PRESETS, ModelConfig
-from ..runtime import (cpu_threads, deterministic_kernels, native_bf16,  # noqa: F401  (cpu_threads: re-exported)
-                       resolve_device, use_compile_cache)
+from ..runtime import (bf16_words, cpu_threads, deterministic_kernels, device_type,  # noqa: F401  (cpu_threads:
+                       native_bf16, resolve_device, use_compile_cache)  # re-exported)
 from .distributed import Dist
 from .optim import build_optimizer, check_optimizer_options, lr_at, set_lr  # noqa: F401  (re-exported)
 from .sharded_checkpoint import load_sharded, save_sharded
@@ -54,7 +54,8 @@ RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora"
                 "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum", "lr", "min_lr_ratio",
                 "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16", "optimizer", "muon_lr",
                 "schedule")
-PEAK_STEPS = 3  # the measured peak memory is reported after this many steps
+PEAK_STEPS = 3  # the measured peak memory is reported after this many steps (on a GPU: at the next reading)
+SYNC_STEPS = 25  # on a GPU the losses are read back (the host waits for the device) every this many steps
 TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
 
 
@@ -108,7 +109,8 @@ class TrainConfig:
     seed: int = 1337
     bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo and translate
     # presets from scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
-    compile: bool = False
+    compile: bool | None = None  # torch.compile the model; None: the preset's (TaskDefaults.recipe_for: the gpu
+    # preset from scratch), else False
     speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
     sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
@@ -145,9 +147,12 @@ class TrainConfig:
     def validate(self, task: type[Task] | None = None) -> None:
         """Fill in the task's defaults, then check every field (the options checked themselves)."""
         task = task or task_type(self.task)
+        if self.preset is None and self.model is None and self.init_from_hf is None:
+            self.preset = task.defaults.preset_for(device_type(self.device))
         for name in TASK_DEFAULTED:
             if getattr(self, name) is None:
-                setattr(self, name, getattr(task.defaults, name))
+                setattr(self, name, task.defaults.value(name, self.preset, self.model,
+                                                        scratch=self.init_from_hf is None))
         if self.model is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
@@ -162,6 +167,7 @@ class TrainConfig:
         for name, value in task.defaults.recipe_for(self.preset if scratch else None).items():
             setattr(self, name, value if getattr(self, name) is None else getattr(self, name))
         self.bf16 = native_bf16(self.device) if self.bf16 == NATIVE else self.bf16
+        self.check_device()
         check_optimizer_options(self)
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
@@ -180,6 +186,13 @@ class TrainConfig:
             raise ValueError("--resume and --overwrite contradict each other; pass one")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out (the run directory to continue)")
+
+    def check_device(self) -> None:
+        """bf16 asked for on a GPU without it: refused here, before anything is read or written (a bad device
+        name or a GPU the machine lacks is ``resolve_device``'s to refuse, at setup)."""
+        if self.bf16 is True and device_type(self.device) == "cuda" and torch.cuda.is_available() \
+                and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"--bf16: {torch.cuda.get_device_name()} does not compute bfloat16; train with --no-bf16")
 
     def check_base(self) -> None:
         """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE; --lora adapts it."""
@@ -462,7 +475,9 @@ class Recipe:
     def setup(self) -> TrainState | None:
         """Device, data and tokenizer (the task), threads, model and optimizer."""
         cfg, dist = self.cfg, self.dist
-        self.device = dist.device = resolve_device(cfg.device, dist.local_rank)
+        self.device = dist.device = resolve_device(cfg.device, dist.local_rank, dist.local_world)
+        if self.device.type == "cuda":  # fp32 products on tensor cores (TF32), as PyTorch's own examples train
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.sharding = resolve_sharding(cfg.sharding, dist.world)
         self.speed_layer = cfg.speed_layer and self.sharding != "fsdp"  # built and tested unsharded and under DDP
         saved = self.check_out()
@@ -502,7 +517,7 @@ class Recipe:
         self.estimate = estimate_memory(
             self.model, self.mconf, sharding=self.sharding, world=world, checkpointed=cfg.activation_checkpointing,
             rows=cfg.batch_size // (world * cfg.grad_accum), T=getattr(self.task, "T", self.mconf.max_len),
-            blocks=len(model_blocks(self.model)))
+            blocks=len(model_blocks(self.model)), bf16=cfg.bf16, device=self.device)
         if self.dist.world > 1 and available is not None:
             available = int(self.dist.from_main(float(available)))
         check_fits(self.estimate, available, self.device)
@@ -669,23 +684,42 @@ class Recipe:
         self.run.write_metrics(self.records)
 
     # --- step and evaluate -------------------------------------------------------------------
-    def step(self, model: nn.Module) -> float:
-        """One optimizer step at the scheduled learning rate; Diverged on a NaN/Inf loss."""
+    def step(self, model: nn.Module) -> Tensor:
+        """One optimizer step at the scheduled learning rate; its mean loss stays on the device (``read_losses``)."""
         cfg, s, t0 = self.cfg, self.state, time.perf_counter()
         set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
         micros = self.task.draw(self.batch_gen, cfg, self.dist)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
                                          autocast=self.autocast, ddp=self.sharding == "ddp"))
-        if not math.isfinite(float(loss)):  # every rank sees the same averaged loss
-            kept = "no checkpoint was written yet" if self.last_saved is None else \
-                f"the last good checkpoint (step {self.last_saved}) in {self.run} is kept"
-            raise Diverged(f"the training loss became {float(loss)} at step {s.step + 1}: stopped; {kept}. "
-                           "Try a lower --lr or a smaller --batch-size")
-        s.running = [s.running[0] + float(loss), s.running[1] + 1]
         s.step += 1
         s.tokens += self.task.tokens_per_step
         s.train_time += time.perf_counter() - t0
-        return float(loss)
+        return loss
+
+    def read_losses(self, pending: list[Tensor]) -> float:
+        """The losses of the steps since the last reading, read back in one transfer (on a GPU the one wait for the
+        device; its time counts as training); the last of them. Diverged on a NaN/Inf loss (every rank sees the
+        same averaged losses)."""
+        s, t0 = self.state, time.perf_counter()
+        values = torch.stack(pending).tolist()
+        pending.clear()
+        s.train_time += time.perf_counter() - t0
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            kept = "no checkpoint was written yet" if self.last_saved is None else \
+                f"the last good checkpoint (step {self.last_saved}) in {self.run} is kept"
+            raise Diverged(f"the training loss became {values[bad]} at step {s.step - len(values) + bad + 1}: "
+                           f"stopped; {kept}. Try a lower --lr or a smaller --batch-size")
+        s.running = [s.running[0] + sum(values), s.running[1] + len(values)]
+        return values[-1]
+
+    def due(self) -> bool:
+        """Whether this step reads the losses back, checks the clock and may stop, log or save: every step on a CPU
+        (nothing to wait for); on a GPU every SYNC_STEPS steps, at evaluations and at the step budget's end, so
+        that the device runs ahead of the host in between."""
+        step = self.state.step
+        return self.device.type == "cpu" or step % SYNC_STEPS == 0 or step % self.cfg.eval_interval == 0 \
+            or step == self.stop_at or (self.max_steps is not None and step >= self.max_steps)
 
     def evaluate(self) -> None:
         """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
@@ -725,20 +759,24 @@ class Recipe:
         """Step until the budget, ``stop_at`` or Ctrl-C; True when the budget was reached."""
         s, cfg, bar = self.state, self.cfg, self.progress_bar()
         clock, start_elapsed, first = time.perf_counter(), s.elapsed, s.step
-        finished = done = False
+        finished = done = reported = False
+        pending: list[Tensor] = []
         model.train()
         try:
             while not done:
-                loss = self.step(model)
+                pending.append(self.step(model))
+                if s.step == first + 1:  # the first step compiles (--compile): steady_tokens_per_s leaves it out
+                    self.first_step = (s.train_time, s.tokens)
+                if not self.due():
+                    continue
+                loss = self.read_losses(pending)
                 s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
                 finished = self.progress() >= 1
                 done = finished or s.step == self.stop_at or self.dist.any(stop.requested)
-                if s.step - first == PEAK_STEPS or (done and s.step - first < PEAK_STEPS):
+                if not reported and (s.step - first >= PEAK_STEPS or done):
                     self.report_peak(bar, s.step - first)
-                if bar is not None:
-                    bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
-                    bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, "
-                                        f"{s.tokens / max(s.train_time, 1e-9):.0f} tok/s", refresh=False)
+                    reported = True
+                self.show(bar, loss)
                 if finished or s.step % cfg.eval_interval == 0:  # an interruption (stop_at) logs nothing extra
                     self.evaluate()
                 if done or s.step % cfg.eval_interval == 0:
@@ -749,11 +787,19 @@ class Recipe:
                 bar.close()
         return finished
 
+    def show(self, bar, loss: float) -> None:
+        if bar is not None:
+            s = self.state
+            bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
+            bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, {s.tokens / max(s.train_time, 1e-9):.0f} tok/s",
+                                refresh=False)
+
     def summarise(self) -> dict:
         """Final metrics on the whole validation split, the task's numbers; summary.json and loss.png."""
         s, cfg = self.state, self.cfg
         summary = {"task": self.task.name, "steps": s.step, "tokens": s.tokens,
-                   "tokens_per_s": s.tokens / max(s.train_time, 1e-9), "train_seconds": round(s.train_time, 2),
+                   "tokens_per_s": s.tokens / max(s.train_time, 1e-9), "steady_tokens_per_s": self.steady_rate(),
+                   "train_seconds": round(s.train_time, 2),
                    "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.prepare_s, 2),
                    "train_loss": self.records[-1]["train_loss"] if self.records else None}
         if cfg.final_eval:
@@ -764,12 +810,30 @@ class Recipe:
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
                                           "device": str(self.device), "world_size": self.dist.world,
                                           "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
-                                          "bf16": self.cfg.bf16, "speed_layer": self.speed_layer}
+                                          "bf16": self.cfg.bf16, "speed_layer": self.speed_layer,
+                                          "recipe": self.recipe_words()}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
             if self.records:
                 plot_losses(self.run / self.run.LOSS_PLOT, self.records, summary)
         return summary
+
+    def steady_rate(self) -> float | None:
+        """Tokens per second of this session's steps after its first (which holds the compile), if it took more."""
+        (t1, n1), s = getattr(self, "first_step", (0.0, 0)), self.state
+        return (s.tokens - n1) / (s.train_time - t1) if n1 and s.tokens > n1 and s.train_time > t1 else None
+
+    def recipe_words(self) -> dict:
+        """Which recipe ran and why (summary.json): optimizer, schedule, peak lr, precision and the machine's word
+        on bf16 that chose it, Muon's Newton–Schulz precision."""
+        c = self.cfg
+        words = {"optimizer": c.optimizer, "schedule": c.schedule, "lr": c.lr, "batch_size": c.batch_size,
+                 "warmup_steps": c.warmup_steps, "compile": bool(c.compile), "bf16": c.bf16,
+                 "bf16_because": bf16_words(self.device.type)}
+        muon = getattr(self.opt, "parts", {}).get("muon")
+        if muon is not None:
+            words["muon_newton_schulz"] = str(muon.ns_dtype).removeprefix("torch.")
+        return words
 
     def final_metrics(self) -> dict:
         """The task's numbers on the whole validation split, on the sharded model itself under fsdp (every rank
@@ -799,7 +863,8 @@ class Recipe:
             self.restore(saved)
         self.begin_writing()
         self.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
-        with StopRequest() as stop, deterministic_kernels() if self.cfg.compile else nullcontext(), \
+        exact = self.cfg.compile and self.device.type == "cpu"  # bit-for-bit resumes of compiled CPU runs
+        with StopRequest() as stop, deterministic_kernels() if exact else nullcontext(), \
                 accelerated(self.model, training=True) if self.speed_layer else nullcontext():
             finished = self.loop(self.wrapped(), stop)  # compiled in the first step: deterministic kernels
         if stop.requested and not finished:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ...data import load_tokenizer, tokenizer_from_json
-from ...models import ModelConfig
+from ...models import PRESETS, ModelConfig
 
 
 def check_option_type(name: str, value, default) -> None:
@@ -74,34 +74,60 @@ class TaskOptions:
                          f"got {type(value).__name__}")
 
 
-# A run's optimizer, schedule and precision unless its preset sets them; NATIVE: bf16 where the device computes
-# it natively (qkv.runtime.native_bf16), fp32 elsewhere.
+# A run's optimizer, schedule, precision and compilation unless its preset sets them; NATIVE: bf16 where the device
+# computes it natively (qkv.runtime.native_bf16), fp32 elsewhere.
 NATIVE = "native"
-RECIPE = {"optimizer": "adamw", "schedule": "cosine", "bf16": False}
+RECIPE = {"optimizer": "adamw", "schedule": "cosine", "bf16": False, "compile": False}
+# What every preset trained from scratch takes (but "tiny", the unit tests' AdamW model): Muon for the hidden
+# matrices, warmup-stable-decay, bf16 where native. docs/training.md has the runs behind it.
+SCRATCH = {"optimizer": "muon", "schedule": "wsd", "bf16": NATIVE}
 
 
 @dataclass(frozen=True)
 class TaskDefaults:
-    """What a ``TrainConfig`` left None takes from its task, and the budget ``qkv train`` gives when none is."""
+    """What a ``TrainConfig`` left None takes from its task, and the budget ``qkv train`` gives when none is.
+
+    The learning rate follows one rule for every model trained from scratch (a preset or a shape of one's own):
+    ``lr = min(lr, lr_width / d_model)`` — the peak shrinks as 1/width (μP's rule for hidden matrices, which
+    GPT-3's table follows: 6e-4 × 768 ≈ 2e-4 × 2048 ≈ 0.4), and never exceeds the task's ``lr``, the peak
+    tuned on its small default. A fine-tune takes ``lr``.
+    """
 
     preset: str
     batch_size: int  # sequences (pairs) per optimizer step
-    lr: float
+    lr: float  # the peak learning rate of a fine-tune, and the most any run from scratch takes
     warmup_steps: int
     tokenizer: tuple[str, int | None] = ("char", None)  # (kind, BPE vocabulary) unless the preset has its own
     preset_tokenizers: dict[str, tuple[str, int]] = field(default_factory=dict)  # by preset (a preset's model only)
     minutes: float = 3.0
     data: str = "the task's default data"  # what a run without --data learns from, in words (qkv info)
     preset_recipes: dict[str, dict] = field(default_factory=dict)  # RECIPE's fields by preset, trained from scratch
+    lr_width: float | None = None  # the rule above: lr = lr_width / d_model (None: ``lr`` for every run)
+    gpu_preset: str | None = None  # the default preset where the run's device is a GPU (None: ``preset``)
+    preset_batches: dict[str, int] = field(default_factory=dict)  # batch_size by preset (a preset's model only)
 
     def tokenizer_for(self, preset: str | None) -> tuple[str, int | None]:
         """(kind, vocabulary) for a run of ``preset`` (None: a model of its own shape)."""
         return self.preset_tokenizers.get(preset, self.tokenizer)
 
     def recipe_for(self, preset: str | None) -> dict:
-        """Optimizer, schedule and precision of a run of ``preset`` trained from scratch (None: any other run):
-        RECIPE with what the preset sets instead."""
+        """Optimizer, schedule, precision and compilation of a run of ``preset`` trained from scratch (None: any
+        other run): RECIPE with what the preset sets instead."""
         return RECIPE | self.preset_recipes.get(preset, {})
+
+    def preset_for(self, device: str) -> str:
+        """The default preset on ``device`` ("cpu" or "cuda")."""
+        return self.gpu_preset if device == "cuda" and self.gpu_preset else self.preset
+
+    def value(self, name: str, preset: str, model: ModelConfig | None, *, scratch: bool = True):
+        """The default of ``name`` (preset, batch_size, lr or warmup_steps) for a run of ``preset`` or ``model``."""
+        if name == "lr":
+            shape = model if model is not None else PRESETS.get(preset)
+            return self.lr if not scratch or self.lr_width is None or shape is None else \
+                min(self.lr, float(f"{self.lr_width / shape.d_model:.3g}"))  # three digits: 7.5e-4, not 7.49…e-4
+        if name == "batch_size" and model is None:
+            return self.preset_batches.get(preset, self.batch_size)
+        return getattr(self, name)
 
 
 class Task:

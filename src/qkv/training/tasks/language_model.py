@@ -23,15 +23,18 @@ from torch import Tensor, nn
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
 from ..finetune import Base, load_base
 from ...models import GPT, PRESETS, ModelConfig
-from .base import NATIVE, Task, TaskDefaults
+from .base import SCRATCH, Task, TaskDefaults
 
 LN2 = math.log(2)
-# The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs);
-# a run of the translate preset, its shared vocabulary; every other preset and a model of its own shape: characters.
-PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "translate": ("bpe", 8000)}
-# The demo from scratch: Muon for the hidden matrices and warmup-stable-decay (docs/training.md has the lever runs).
-PRESET_RECIPES = {"demo": {"optimizer": "muon", "schedule": "wsd", "bf16": NATIVE}}
-
+# The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs), and so
+# does the GPU's default; a run of the translate preset, its shared vocabulary; every other preset and a model of
+# its own shape: characters.
+PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "gpu": ("bpe", 4096), "translate": ("bpe", 8000)}
+# Every preset from scratch but the unit tests' (SCRATCH: Muon + warmup-stable-decay, bf16 where native; the
+# GPU's default compiled too). docs/training.md has the lever runs and the rule.
+PRESET_RECIPES = {"demo": SCRATCH, "gpt2": SCRATCH, "paper-base": SCRATCH, "translate": SCRATCH,
+                  "gpu": SCRATCH | {"compile": True}}
+PRESET_BATCHES = {"gpu": 128}  # sequences per step where a preset fills a GPU
 
 def compressor_bpc(text: str) -> dict[str, float]:
     """Bits per character of gzip -9 and xz -9e on ``text``: the floor a language model should beat."""
@@ -108,8 +111,9 @@ class LanguageModelTask(Task):
 
     name = "lm"
     model_class = GPT
-    defaults = TaskDefaults(preset="demo", batch_size=16, lr=6e-3, warmup_steps=50,
+    defaults = TaskDefaults(preset="demo", batch_size=16, lr=6e-3, warmup_steps=50, lr_width=0.576, gpu_preset="gpu",
                             preset_tokenizers=PRESET_TOKENIZERS, minutes=3.0, preset_recipes=PRESET_RECIPES,
+                            preset_batches=PRESET_BATCHES,
                             data="the Python standard library's source (the default corpus)")
 
     base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
@@ -157,7 +161,10 @@ class LanguageModelTask(Task):
     def draw(self, generator: torch.Generator, cfg, dist) -> Tensor:
         starts = torch.randint(len(self.windows), (cfg.batch_size,), generator=generator)  # the global batch
         mine = starts.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B): this rank's slices
-        return self.windows[mine].to(self.device, non_blocking=True)  # (accum, B, T + 1)
+        rows = self.windows[mine]  # (accum, B, T + 1)
+        if self.device.type == "cuda":  # from pinned memory the copy does not wait for the device's queue
+            rows = rows.pin_memory()
+        return rows.to(self.device, non_blocking=True)
 
     def loss(self, model: nn.Module, micro: Tensor) -> Tensor:
         return model(micro[:, :-1], targets=micro[:, 1:]).loss  # micro (B, T + 1)

@@ -28,7 +28,7 @@ from ...data import SPECIAL_TOKENS, BPETokenizer
 from ...models import PRESETS, ModelConfig, Transformer
 from ...models.pointer import PointerTransformer
 from ...checks import check_fraction, check_positive_int
-from .base import NATIVE, Task, TaskDefaults, TaskOptions
+from .base import SCRATCH, Task, TaskDefaults, TaskOptions
 
 EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
 DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs
@@ -136,7 +136,7 @@ class TranslationTask(Task):
     # best on CPU (docs/design-notes.md has the runs behind them). Always a shared byte-level BPE (§3.4).
     defaults = TaskDefaults(preset="translate", batch_size=32, lr=2e-3, warmup_steps=40, tokenizer=("bpe", 8000),
                             minutes=10.0, data="the system's gettext catalogs (English -> the target language)",
-                            preset_recipes={"translate": {"optimizer": "muon", "schedule": "wsd", "bf16": NATIVE}})
+                            preset_recipes={"translate": SCRATCH, "paper-base": SCRATCH}, lr_width=0.256)
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -1,0 +1,340 @@
+"""The GPU check: every command end to end on one CUDA GPU, and the main job's GPU figures in one table.
+
+    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200)
+    python -m benchmarks.gpu --only commands default      # some sections
+    python -m benchmarks.gpu --nanogpt PATH/model.py      # the step against nanoGPT's model.py
+    python -m benchmarks.gpu --pairs PAIRS.tsv            # translation pairs where the machine has no catalogs
+
+Sections:
+    commands  qkv train (lm, translate), a run resumed GPU → CPU → GPU, sample (two backends), translate,
+              export, verify, study, bench — each a subprocess on ``--device cuda``: passed or the error's last line
+    recipe    the gpt2 preset's defaults against nanoGPT's GPT-2 settings (AdamW 6e-4, β2 0.95, cosine to 6e-5)
+              on qkv's model, equal steps and batches: held-out bits per character (both runs side by side)
+    default   ``qkv train`` with no preset for 3 minutes: the GPU's default preset against xz -9e; and its
+              loop's steady tokens/s against its own compiled step timed alone
+    step      GPT-2 small's shape (vocab 50 304, batch 16 × 1 024), bf16 autocast, compiled, fused AdamW: qkv
+              (speed layer; and with cuDNN attention) against nanoGPT's model.py on the same weights,
+              interleaved; MFU of a measured bf16 matmul peak, peak memory of each
+
+The table (and ``--json``) is what docs/generated/gpu.md holds, with date, GPU, torch and commit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+SECTIONS = ("commands", "recipe", "default", "step")
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+# --- running qkv as a user does -------------------------------------------------------------------------------
+
+def qkv_command(*argv: str, stdin: str | None = None, timeout: float = 300) -> tuple[bool, float, str]:
+    """(passed, seconds, the last line of its output or error) of ``python -m qkv ARGV``."""
+    env = os.environ | {"PYTHONPATH": str(CHECKOUT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "qkv", *argv], input=stdin, capture_output=True, text=True,
+                           env=env, timeout=timeout, cwd=CHECKOUT)
+    except subprocess.TimeoutExpired:
+        return False, time.perf_counter() - t0, f"timed out after {timeout:.0f} s"
+    lines = [ln for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.strip() and "Warning" not in ln]
+    tail = (p.stderr.strip().splitlines() or [""])[-1] if p.returncode else (lines or [""])[-1]
+    return p.returncode == 0, time.perf_counter() - t0, tail[:160]
+
+
+def command_rows(work: Path, pairs: str | None) -> list[list]:
+    """Each command once on the GPU: [command, passed, seconds, note]."""
+    lm, tr, hf = work / "lm", work / "tr", work / "hf"
+    data = ["--data", pairs] if pairs else []
+    runs = {
+        "train (lm, demo preset)": ["train", "--preset", "demo", "--max-steps", "60", "--eval-interval", "30",
+                                    "--device", "cuda", "--out", str(lm), "--sample-tokens", "20", "--quiet"],
+        "train (translate)": ["train", "--task", "translate", *data, "--max-steps", "60", "--eval-interval", "30",
+                              "--device", "cuda", "--out", str(tr), "--quiet"],
+        "sample (auto backend)": ["sample", "--run", str(lm), "--prompt", "def ", "--max-new-tokens", "40",
+                                  "--device", "cuda", "--seed", "0"],
+        "sample (inductor backend)": ["sample", "--run", str(lm), "--prompt", "def ", "--max-new-tokens", "40",
+                                      "--device", "cuda", "--backend", "inductor", "--temperature", "0"],
+        "translate": ["translate", "--run", str(tr), "--device", "cuda", "Open file", "Save as"],
+        "export (Hugging Face)": ["export", "--run", str(lm), "--hf", str(hf)],
+        "verify": ["verify", "--device", "cuda", "--run", str(lm)],
+        "study order (quick)": ["study", "order", "--quick", "--device", "cuda", "--out", str(work / "order")],
+        "bench (attention, quick)": ["bench", "--quick", "--only", "attention"],
+    }
+    rows = []
+    for name, argv in runs.items():
+        ok, seconds, note = qkv_command(*argv)
+        rows.append([name, "passed" if ok else "FAILED", f"{seconds:.0f} s", note])
+        print(f"gpu: {name}: {rows[-1][1]} ({note})", file=sys.stderr, flush=True)
+    rows.append(resume_row(work))
+    count = torch.cuda.device_count()
+    rows.append(["train under torchrun (ddp, fsdp)", "not run" if count < 2 else "see below", "",
+                 f"{count} GPU(s): NCCL needs one GPU per process, DDP and FSDP two or more"])
+    return rows
+
+
+def resume_row(work: Path) -> list:
+    """A demo run stopped on the GPU, continued on the CPU, finished on the GPU: it ends at its step budget."""
+    from qkv.training.recipe import TrainConfig, train
+
+    t0, out = time.perf_counter(), work / "moved"
+    try:
+        base = dict(preset="demo", max_steps=60, eval_interval=20, progress=False, out=str(out), final_eval=False)
+        train(TrainConfig(**base, device="cuda"), stop_at=20)
+        train(TrainConfig.for_resume(out, device="cpu", progress=False), stop_at=40)
+        done = train(TrainConfig.for_resume(out, device="cuda", progress=False))
+        steps = [m["step"] for m in done.metrics]
+        ok = steps == [20, 40, 60] and all(m["val_loss"] < 10 for m in done.metrics)
+        note = f"evaluated at steps {steps}, val loss {done.metrics[-1]['val_loss']:.3f}"
+    except Exception as e:  # noqa: BLE001 — the row says what broke
+        ok, note = False, f"{type(e).__name__}: {e}"[:160]
+    return ["train resumed GPU → CPU → GPU", "passed" if ok else "FAILED", f"{time.perf_counter() - t0:.0f} s", note]
+
+
+# --- the recipes at GPT-2 small's shape ---------------------------------------------------------------------------
+
+NANOGPT_RECIPE = dict(optimizer="adamw", schedule="cosine", lr=6e-4, beta2=0.95, weight_decay=0.1, min_lr_ratio=0.1,
+                      grad_clip=1.0)  # nanoGPT's train_gpt2 config (its warmup, 2 000 of 600 000 steps, scaled)
+
+
+def recipe_run(kind: str, steps: int, out: str) -> None:
+    """One side of the recipe section, in its own process: the gpt2 preset with qkv's defaults or nanoGPT's."""
+    from qkv.training.recipe import TrainConfig, train
+
+    settings = {} if kind == "qkv" else NANOGPT_RECIPE | {"warmup_steps": max(1, round(steps * 2000 / 600_000))}
+    cfg = TrainConfig(preset="gpt2", max_steps=steps, eval_interval=steps, device="cuda", bf16=True, compile=True,
+                      progress=False, **settings)
+    s = train(cfg).summary
+    Path(out).write_text(json.dumps({"kind": kind, "val_bpc": s["val_bpc"], "xz_bpc": s["xz_bpc"],
+                                     "gzip_bpc": s["gzip_bpc"], "tokens": s["tokens"], "steps": s["steps"],
+                                     "recipe": s["recipe"]}))
+
+
+def start_recipes(work: Path, steps: int) -> dict:
+    """Both recipes side by side, started now (two processes on the one GPU: equal steps, so sharing it changes no
+    result); ``recipe_rows`` collects them."""
+    return {kind: subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "--recipe-run", kind, str(steps),
+                                    str(work / f"recipe-{kind}.json")], cwd=CHECKOUT)
+            for kind in ("qkv", "nanogpt")}
+
+
+def recipe_rows(work: Path, procs: dict) -> list[list]:
+    rows = []
+    for kind, p in procs.items():
+        p.wait()
+        path = work / f"recipe-{kind}.json"
+        if p.returncode or not path.exists():
+            rows.append([f"gpt2 preset, {kind} recipe", "FAILED", "", f"exit status {p.returncode}"])
+            continue
+        r = json.loads(path.read_text())
+        words = r["recipe"]
+        rows.append([f"gpt2 preset, {'qkv defaults' if kind == 'qkv' else 'nanoGPT settings'}",
+                     f"{r['val_bpc']:.3f} bpc", f"{r['steps']} steps, {r['tokens'] / 1e6:.1f} M tokens",
+                     f"{words['optimizer']} + {words['schedule']}, lr {words['lr']:g}; gzip {r['gzip_bpc']:.3f}"])
+    return rows
+
+
+# --- the default run and its loop against its step -----------------------------------------------------------------
+
+def default_config(minutes: float, out: Path):
+    """``qkv train --max-minutes M --out OUT``'s config, as the command builds it."""
+    from qkv.cli import build_parser
+    from qkv.cli.train import train_config
+
+    return train_config(build_parser().parse_args(["train", "--max-minutes", str(minutes), "--out", str(out),
+                                                   "--quiet"]))
+
+
+def step_alone(cfg, steps: int = 60) -> float:
+    """Tokens/s of the run's own compiled optimizer step, timed alone (no loop): the recipe's model, optimizer and
+    batches; compiled first (not timed), one wait at the end."""
+    from qkv.kernels import accelerated
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe, train_step
+
+    r = Recipe(replace_out(cfg), Dist())
+    r.setup()
+    model = torch.compile(r.model, dynamic=False)
+    with accelerated(r.model, training=True):
+        def one():
+            return train_step(model, r.opt, r.task.draw(r.batch_gen, r.cfg, r.dist), r.task.loss,
+                              grad_clip=r.cfg.grad_clip, autocast=r.autocast)
+        for _ in range(3):
+            one()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            one()
+        torch.cuda.synchronize()
+        return steps * r.task.tokens_per_step / (time.perf_counter() - t0)
+
+
+def replace_out(cfg):
+    from dataclasses import replace
+
+    return replace(cfg, out=None, resume=False)
+
+
+def default_rows(work: Path, minutes: float) -> list[list]:
+    from qkv.training.recipe import train
+
+    cfg = default_config(minutes, work / "default")
+    alone = step_alone(cfg)
+    torch._dynamo.reset()
+    s = train(cfg).summary
+    ratio = s["val_bpc"] / s["xz_bpc"]
+    return [[f"qkv train (no preset: {cfg.preset}), {minutes:g} min", f"{s['val_bpc']:.3f} bpc",
+             f"{ratio:.3f} × xz -9e", f"{s['parameters'] / 1e6:.1f} M parameters, {s['steps']} steps, "
+             f"{s['tokens'] / 1e6:.0f} M tokens; gzip {s['gzip_bpc']:.3f}, xz {s['xz_bpc']:.3f}"],
+            ["its loop after compile vs its step alone", f"{s['steady_tokens_per_s']:.0f} tok/s",
+             f"{s['steady_tokens_per_s'] / alone:.3f} ×", f"step alone {alone:.0f} tok/s; "
+             f"whole run {s['tokens_per_s']:.0f} tok/s (compile counted)"]]
+
+
+# --- the step against nanoGPT ------------------------------------------------------------------------------------------
+
+def bf16_peak_tflops(n: int = 8192, repeats: int = 20) -> float:
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e12
+
+
+def compiled_step(model, loss_fn, x):
+    """A compiled bf16 training step with fused AdamW; returns (step, peak bytes of its first call)."""
+    from .train_speed import bf16_loss, step_fn
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    step = step_fn(torch.compile(model, dynamic=False), bf16_loss(loss_fn), opt, x)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return step, torch.cuda.max_memory_allocated() - base
+
+
+@contextlib.contextmanager
+def sdpa_backends(flash: bool):
+    """Flash attention allowed or not while a model is traced (the compiled graph keeps the kernel chosen)."""
+    before = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(flash)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_flash_sdp(before)
+
+
+def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]:
+    import qkv
+    from qkv.kernels import accelerate_training
+
+    from .common import time_interleaved
+    from .train_speed import build_nanogpt, flops_per_token, load_nanogpt, nanogpt_loss, qkv_loss
+
+    torch.manual_seed(0)
+    config = qkv.ModelConfig.preset("gpt2", vocab_size=50304, activation="gelu")
+    ours = qkv.GPT(config).cuda()
+    x = torch.randint(0, config.vocab_size, (batch, T + 1), device="cuda")
+    contenders = {}
+    if nanogpt:
+        theirs = build_nanogpt(load_nanogpt(nanogpt), ours.cpu()).cuda()
+        ours.cuda()
+        contenders["nanoGPT model.py"] = compiled_step(theirs, nanogpt_loss, x)
+    fast = accelerate_training(copy.deepcopy(ours))
+    contenders["qkv + speed layer"] = compiled_step(fast, qkv_loss, x)
+    with sdpa_backends(flash=False):
+        cudnn = accelerate_training(copy.deepcopy(ours))
+        contenders["qkv + speed layer, cuDNN attention"] = compiled_step(cudnn, qkv_loss, x)
+    times = time_interleaved({k: step for k, (step, _) in contenders.items()}, repeats=15, warmup=3)
+    peak, tokens = bf16_peak_tflops(), batch * T
+    base = times.get("nanoGPT model.py")
+    rows = []
+    for name, seconds in times.items():
+        rate = tokens / seconds
+        mfu = rate * flops_per_token(config, T) / (peak * 1e12)
+        vs = f"{base / seconds:.3f} × nanoGPT" if base else ""
+        rows.append([f"GPT-2 small step: {name}", f"{rate:.0f} tok/s", vs,
+                     f"MFU {100 * mfu:.1f} % of {peak:.0f} TFLOP/s bf16; peak memory "
+                     f"{contenders[name][1] / 2**30:.1f} GiB"])
+    return rows
+
+
+# --- the whole check -------------------------------------------------------------------------------------------------
+
+def stamp() -> str:
+    from qkv.runtime import source_commit
+
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {torch.cuda.get_device_name()}, torch "
+            f"{torch.__version__}, CUDA {torch.version.cuda}, commit {source_commit()}")
+
+
+def run_sections(args: argparse.Namespace, work: Path) -> dict[str, list[list]]:
+    """Each section asked for, a failure reported in its row; the recipe runs start first, beside the commands."""
+    procs = start_recipes(work, args.recipe_steps) if "recipe" in args.only else None
+    calls = {"commands": lambda: command_rows(work, args.pairs),
+             "recipe": lambda: recipe_rows(work, procs),
+             "default": lambda: default_rows(work, args.minutes),
+             "step": lambda: step_rows(args.nanogpt)}
+    results = {}
+    for name in (n for n in SECTIONS if n in args.only):
+        t0 = time.perf_counter()
+        try:
+            results[name] = calls[name]()
+        except Exception:  # noqa: BLE001 — one section's failure is reported, the others still run
+            results[name] = [[f"{name}: FAILED", "", "", traceback.format_exc().strip().splitlines()[-1][:160]]]
+            traceback.print_exc()
+        print(f"gpu: section {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"stamp": stamp(), "sections": results}, indent=1))
+    return results
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description="qkv on one CUDA GPU: every command, and the main job's GPU figures.")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--nanogpt", default=None, help="nanoGPT's model.py for the step section")
+    p.add_argument("--pairs", default=None, help="translation pairs (TSV) for a machine without gettext catalogs")
+    p.add_argument("--minutes", type=float, default=3.0, help="the default run's budget (default 3)")
+    p.add_argument("--recipe-steps", type=int, default=300, help="steps of each recipe run (default 300)")
+    p.add_argument("--json", default=None, help="also write the results here (after each section)")
+    p.add_argument("--recipe-run", nargs=3, metavar=("KIND", "STEPS", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.recipe_run:
+        kind, steps, out = args.recipe_run
+        recipe_run(kind, int(steps), out)
+        return ""
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.gpu needs a CUDA GPU; this machine has none")
+    with tempfile.TemporaryDirectory(prefix="qkv-gpu-") as work:
+        results = run_sections(args, Path(work))
+    rows = [row for name in SECTIONS for row in results.get(name, [])]
+    text = f"{stamp()}\n\n" + table(rows, ["what", "result", "", "details"])
+    print(text)
+    return text
+
+
+def table(rows, header):
+    from .common import table as markdown
+
+    return markdown(rows, header)
+
+
+if __name__ == "__main__":
+    main()
