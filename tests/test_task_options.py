@@ -197,11 +197,11 @@ def test_the_learning_rate_follows_the_width_rule_and_the_device_picks_the_prese
     from qkv import runtime
 
     # lr = min(task lr, lr_width / d_model) from scratch; a fine-tune keeps the task's lr
-    assert [TrainConfig(preset=p, max_steps=1).lr for p in ("tiny", "demo", "gpu", "gpt2")] == [6e-3, 6e-3, 1.12e-3, 7.5e-4]
+    assert [TrainConfig(preset=p, max_steps=1).lr for p in ("tiny", "demo", "gpu", "gpt2")] == [6e-3, 6e-3, 1.5e-3, 7.5e-4]
     assert TrainConfig(task="translate", preset="paper-base", max_steps=1).lr == 5e-4
     assert TrainConfig(preset="gpt2", lr=1e-3, max_steps=1).lr == 1e-3  # a given lr wins
     gpu = TrainConfig(preset="gpu", max_steps=1, device="cpu")
-    assert (gpu.batch_size, gpu.optimizer, gpu.schedule, gpu.compile) == (32, "muon", "wsd", True)
+    assert (gpu.batch_size, gpu.optimizer, gpu.schedule, gpu.compile) == (128, "muon", "wsd", True)
     assert TrainConfig(preset="tiny", max_steps=1).optimizer == "adamw"  # the unit tests' preset keeps AdamW
     assert TrainConfig(max_steps=1, device="cpu").preset == "demo"
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)

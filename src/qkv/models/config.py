@@ -515,9 +515,9 @@ PRESETS: dict[str, ModelConfig] = {  # why each is shaped so: docs/design-notes.
     "translate": ModelConfig(vocab_size=8000, d_model=128, num_heads=4, num_layers=2, d_ff=512, max_len=96,
                              positional="sinusoidal", norm_first=True, activation="relu", scale_embeddings=True,
                              embed_init_std=128 ** -0.5),
-    # `qkv train`'s default on a GPU: 3 minutes on one GPU with a 4096-token byte-level BPE and a long context (a
-    # source file's own names come back); the default corpus (about 3 M tokens) is seen many times over: dropout.
-    "gpu": ModelConfig(vocab_size=4096, d_model=512, num_heads=8, num_layers=8, max_len=1024, positional="rope",
+    # `qkv train`'s default on a GPU: 3 minutes on one GPU with a 4096-token byte-level BPE; the default corpus
+    # (about 3 M tokens) is seen many times over, hence dropout.
+    "gpu": ModelConfig(vocab_size=4096, d_model=384, num_heads=6, num_layers=8, max_len=256, positional="rope",
                        bias=False, dropout=0.1),
     # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
     "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,

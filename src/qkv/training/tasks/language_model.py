@@ -34,7 +34,7 @@ PRESET_TOKENIZERS = {"demo": ("bpe", 2048), "gpu": ("bpe", 4096), "translate": (
 # GPU's default compiled too). docs/training.md has the lever runs and the rule.
 PRESET_RECIPES = {"demo": SCRATCH, "gpt2": SCRATCH, "paper-base": SCRATCH, "translate": SCRATCH,
                   "gpu": SCRATCH | {"compile": True}}
-PRESET_BATCHES = {"gpu": 32}  # sequences per step where a preset fills a GPU
+PRESET_BATCHES = {"gpu": 128}  # sequences per step where a preset fills a GPU
 
 def compressor_bpc(text: str) -> dict[str, float]:
     """Bits per character of gzip -9 and xz -9e on ``text``: the floor a language model should beat."""
