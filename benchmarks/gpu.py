@@ -50,7 +50,7 @@ def qkv_command(*argv: str, stdin: str | None = None, timeout: float = 300) -> t
     except subprocess.TimeoutExpired:
         return False, time.perf_counter() - t0, f"timed out after {timeout:.0f} s"
     lines = [ln for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.strip() and "Warning" not in ln]
-    tail = (p.stderr.strip().splitlines() or [""])[-1] if p.returncode else (lines or [""])[-1]
+    tail = (p.stderr.strip().splitlines() or lines or [""])[-1] if p.returncode else (lines or [""])[-1]
     return p.returncode == 0, time.perf_counter() - t0, tail[:160]
 
 
@@ -69,7 +69,7 @@ def command_rows(work: Path, pairs: str | None) -> list[list]:
                                       "--device", "cuda", "--backend", "inductor", "--temperature", "0"],
         "translate": ["translate", "--run", str(tr), "--device", "cuda", "Open file", "Save as"],
         "export (Hugging Face)": ["export", "--run", str(lm), "--hf", str(hf)],
-        "verify": ["verify", "--device", "cuda", "--run", str(lm)],
+        "verify": ["verify", "--device", "cuda"],
         "study order (quick)": ["study", "order", "--quick", "--device", "cuda", "--out", str(work / "order")],
         "bench (attention, quick)": ["bench", "--quick", "--only", "attention"],
     }
