@@ -40,12 +40,13 @@ def table(rows: list[list], header: list[str]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cols[1:]])
 
 
-def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5) -> float:
-    """This machine's fp32 matmul throughput: the best median GFLOP/s of an n×n product over a few n,
-    by ``torch.mm`` and, on a CPU, by oneDNN (``qkv.kernels.linear.onednn_linear``; MKL reaches half of it on AMD)."""
+def matmul_peak_gflops(sizes=(1024, 2048, 3072), repeats: int = 5, device: str | None = None) -> float:
+    """The fp32 matmul throughput of ``device`` (None: the GPU if there is one, else the CPU): the best median
+    GFLOP/s of an n×n product over a few n, by ``torch.mm`` and, on a CPU, by oneDNN
+    (``qkv.kernels.linear.onednn_linear``; MKL reaches half of it on AMD)."""
     from qkv.kernels.linear import ONEDNN, onednn_linear
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     best = 0.0
     for n in sizes:
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
@@ -92,7 +93,7 @@ def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 
     w = stream_matrix(megabytes)
     x, size = torch.randn(1, w.size(1), device=w.device), w.numel() * w.element_size()
     kernels = {"sum": lambda: w.sum()}
-    if matvec.available():
+    if w.is_cpu and matvec.available():  # a CPU kernel
         kernels["qkv.matvec"] = lambda: torch.ops.qkv.matvec(x, w, None)
     if compile:
         compiled = torch.compile(reduction_matvec, dynamic=False)

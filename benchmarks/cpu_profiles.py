@@ -72,9 +72,9 @@ def part_pair(work: Path, profiles: list[str], seconds: float = 45) -> list[list
     rows = []
     for p in profiles:
         minutes = str(seconds / 60)
+        recipes = {"muon": [], "adamw": ["--optimizer", "adamw", "--schedule", "cosine"]}
         procs = {opt: start(p, work / f"pair-{p}-{opt}", "--max-minutes", minutes, *flags, core=i)
-                 for i, (opt, flags) in enumerate((("muon", []), ("adamw", ["--optimizer", "adamw", "--schedule",
-                                                                            "cosine"]))))}
+                 for i, (opt, flags) in enumerate(recipes.items())}
         rates = {opt: finish(proc, work / f"pair-{p}-{opt}")["tokens_per_s"] for opt, proc in procs.items()}
         rows.append([f"optimizer pair, {p}", f"{rates['muon']:.0f} / {rates['adamw']:.0f} tok/s",
                      f"{rates['muon'] / rates['adamw']:.2f} × adamw", "", f"{seconds:.0f} s each, a core each"])

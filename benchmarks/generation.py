@@ -158,8 +158,9 @@ def paired_roofline(model, hf, new: int, nbytes: int, compile: bool, repeats: in
     roofline the mean of the two. The rounds' medians compare moments seconds apart, over which this
     host's bandwidth moves by a third; a call and the reads on either side of it share one moment."""
     w = stream_matrix(nbytes / 2**20)
-    x = torch.randn(1, w.size(1))
-    reads = [lambda: w.sum()] + ([lambda: torch.ops.qkv.matvec(x, w, None)] if matvec.available() else [])
+    x = torch.randn(1, w.size(1), device=w.device)
+    kernel = w.is_cpu and matvec.available()  # qkv's matrix-vector kernel is a CPU kernel
+    reads = [lambda: w.sum()] + ([lambda: torch.ops.qkv.matvec(x, w, None)] if kernel else [])
     calls = {n: fn for n, fn in contenders(model, hf, prompt(1), new, compile).items() if n in DECODERS}
     fractions = {name: [] for name in calls}
     with torch.inference_mode():

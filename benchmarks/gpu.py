@@ -16,7 +16,8 @@ Sections:
               (speed layer; and with cuDNN attention) against nanoGPT's model.py on the same weights,
               interleaved; MFU of a measured bf16 matmul peak, peak memory of each
 
-The table (and ``--json``) is what docs/generated/gpu.md holds, with date, GPU, torch and commit.
+``--markdown docs`` writes the table to docs/generated/gpu.md (and .zh.md, .json) with date, GPU, torch and commit;
+``--from-json FILE --markdown docs`` writes them again from a saved run (``--json FILE``) on any machine.
 """
 from __future__ import annotations
 
@@ -302,8 +303,41 @@ def run_sections(args: argparse.Namespace, work: Path) -> dict[str, list[list]]:
             traceback.print_exc()
         print(f"gpu: section {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps({"stamp": stamp(), "sections": results}, indent=1))
+            Path(args.json).write_text(json.dumps(saved(results), indent=1))
     return results
+
+
+PAGE = {"en": ("The GPU check, `{command}`: {stamp}. Each command ran once on the GPU (a row says passed or its "
+                "error); the figures are side by side in the one run.",
+                ["what", "result", "", "details"]),
+        "zh": ("GPU 检查 `{command}`：{stamp}。每条命令在 GPU 上各跑一次（每行写明通过或其错误）；数字都来自同一次运行，并排比较。",
+               ["项目", "结果", "", "细节"])}
+
+
+def render(saved: dict, lang: str) -> str:
+    """The page of a saved run (``--json``'s file): its stamp and command, then one table."""
+    rows = [[str(cell).replace("|", "\\|") for cell in row] for name in SECTIONS
+            for row in saved["sections"].get(name, [])]  # a bar in a cell would end it
+    text, header = PAGE[lang]
+    return text.format(command=saved.get("command", "python -m benchmarks.gpu"), stamp=saved["stamp"]) + \
+        "\n\n" + table(rows, header) + "\n"
+
+
+def write_pages(saved: dict, docs: Path) -> list[Path]:
+    """DOCS/generated/gpu.md, gpu.zh.md and gpu.json from a saved run."""
+    from qkv.fileio import atomic_text
+
+    if not docs.is_dir():
+        raise SystemExit(f"--markdown {docs}: expected the documentation folder (e.g. docs), found no such directory")
+    out = docs / "generated"
+    out.mkdir(exist_ok=True)
+    written = []
+    for lang, suffix in (("en", ""), ("zh", ".zh")):
+        written.append(out / f"gpu{suffix}.md")
+        atomic_text(written[-1], render(saved, lang))
+    written.append(out / "gpu.json")
+    atomic_text(written[-1], json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
+    return written
 
 
 def main(argv=None) -> str:
@@ -314,8 +348,16 @@ def main(argv=None) -> str:
     p.add_argument("--minutes", type=float, default=3.0, help="the default run's budget (default 3)")
     p.add_argument("--recipe-steps", type=int, default=300, help="steps of each recipe run (default 300)")
     p.add_argument("--json", default=None, help="also write the results here (after each section)")
+    p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/gpu.md, .zh.md and .json")
+    p.add_argument("--from-json", metavar="FILE", default=None, help="render a saved run's pages (no GPU needed)")
     p.add_argument("--recipe-run", nargs=3, metavar=("KIND", "STEPS", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        if args.markdown:
+            write_pages(saved, Path(args.markdown))
+        print(render(saved, "en"))
+        return render(saved, "en")
     if args.recipe_run:
         kind, steps, out = args.recipe_run
         recipe_run(kind, int(steps), out)
@@ -324,10 +366,15 @@ def main(argv=None) -> str:
         raise SystemExit("benchmarks.gpu needs a CUDA GPU; this machine has none")
     with tempfile.TemporaryDirectory(prefix="qkv-gpu-") as work:
         results = run_sections(args, Path(work))
-    rows = [row for name in SECTIONS for row in results.get(name, [])]
-    text = f"{stamp()}\n\n" + table(rows, ["what", "result", "", "details"])
+    text = render(saved(results), "en")
+    if args.markdown:
+        write_pages(saved(results), Path(args.markdown))
     print(text)
     return text
+
+
+def saved(results: dict) -> dict:
+    return {"stamp": stamp(), "command": "python -m benchmarks.gpu " + " ".join(sys.argv[1:]), "sections": results}
 
 
 def table(rows, header):

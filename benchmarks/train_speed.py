@@ -331,6 +331,9 @@ def speed_tables(args: argparse.Namespace) -> str:
           f"heads, context {c.max_len}, vocabulary {c.vocab_size}; learned positions, LayerNorm, GELU, biases), "
           "AdamW, batch 16:")
     budget = args.budget_s or (10.0 if args.quick else 180.0)
+    if torch.cuda.is_available():  # the demo-shape contenders run on the CPU: their fraction is of the CPU's peak
+        peak = matmul_peak_gflops((1024,) if args.quick else (1024, 2048, 3072), device="cpu")
+        print(f"fp32 matmul peak of this CPU (the demo-shape rows): {peak:.0f} GFLOP/s")
     demo = table(demo_shape_rows(args.nanogpt, batch=16, repeats=5 if args.quick else 21, budget_s=budget, peak=peak),
                  ["contender", "tok/s", "vs nanoGPT eager" if args.nanogpt else "vs HF eager", "of matmul peak",
                   "measured as"])

@@ -23,7 +23,7 @@ from ..kernels import accelerated, build, fused_step
 
 BACKENDS = ("auto", "eager", "inductor", "fused")
 BACKEND_NOTES = {  # one line each, for the command to say which ran
-    "auto": "the model's forward, its linears through qkv's CPU kernels",
+    "auto": "the model's forward; on a CPU its linears through qkv's kernels",
     "eager": "the modules as written",
     "inductor": "the one-token step compiled by torch.compile",
     "fused": "qkv's C++ decode step",
