@@ -6,6 +6,7 @@ False, as it does there).
     python -m benchmarks.cpu_profiles                       # every part (about 45 minutes on 2 cores)
     python -m benchmarks.cpu_profiles --only demo pair      # some parts
     python -m benchmarks.cpu_profiles --profile avx2        # one profile
+    python -m benchmarks.cpu_profiles --markdown docs       # and docs/generated/cpu-profiles.md (.zh.md, .json)
 
 Parts, each ``qkv train`` as a user runs it (a subprocess; its summary.json read back):
     demo        the default demo (3 minutes), alone on the machine: held-out bpc against xz -9e
@@ -92,30 +93,66 @@ def part_translate(work: Path, profiles: list[str]) -> list[list]:
     return rows
 
 
-def main(argv=None) -> str:
+HEADER = {"en": ["run", "result", "against", "against", "details"], "zh": ["运行", "结果", "对比", "对比", "细节"]}
+PAGE = {"en": "`{command}`, {stamp}. Native: this CPU as it is; avx2: the same CPU under ONEDNN_MAX_CPU_ISA=AVX2 "
+              "ATEN_CPU_CAPABILITY=avx2, where bf16 products are emulated as on an AVX2-only CPU.",
+        "zh": "`{command}`，{stamp}。native：本机 CPU 原样；avx2：同一 CPU 设置 ONEDNN_MAX_CPU_ISA=AVX2 "
+              "ATEN_CPU_CAPABILITY=avx2，bf16 乘法像在只有 AVX2 的 CPU 上一样被模拟。"}
+
+
+def render(saved: dict, lang: str) -> str:
     from .common import table
 
+    rows = [[str(cell).replace("|", "\\|") for cell in row] for row in saved["rows"]]
+    return PAGE[lang].format(**saved) + "\n\n" + table(rows, HEADER[lang]) + "\n"
+
+
+def write_pages(saved: dict, docs: Path) -> None:
+    """DOCS/generated/cpu-profiles.md, .zh.md and .json."""
+    from qkv.fileio import atomic_text
+
+    out = docs / "generated"
+    if not out.is_dir():
+        raise SystemExit(f"--markdown {docs}: expected the documentation folder (e.g. docs) with generated/ in it")
+    for lang, suffix in (("en", ""), ("zh", ".zh")):
+        atomic_text(out / f"cpu-profiles{suffix}.md", render(saved, lang))
+    atomic_text(out / "cpu-profiles.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
+
+
+def main(argv=None) -> str:
     p = argparse.ArgumentParser(description="qkv's defaults on a CPU with native bf16 and on one without.")
     p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
     p.add_argument("--profile", action="append", choices=tuple(PROFILES), default=None)
-    p.add_argument("--json", default=None, help="also write the rows here (after each part)")
+    p.add_argument("--json", default=None, help="also write the results here (after each part)")
+    p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/cpu-profiles.md, .zh.md")
+    p.add_argument("--from-json", metavar="FILE", default=None, help="render a saved run's pages")
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+    else:
+        saved = measure(args)
+    if args.markdown:
+        write_pages(saved, Path(args.markdown))
+    text = render(saved, "en")
+    print(text)
+    return text
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from qkv.runtime import machine, source_commit
+
     profiles = args.profile or list(PROFILES)
     parts = {"demo": part_demo, "busy": part_busy, "pair": part_pair, "translate": part_translate}
-    rows: list[list] = []
+    saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
+             "command": "python -m benchmarks.cpu_profiles " + " ".join(sys.argv[1:]), "rows": []}
     with tempfile.TemporaryDirectory(prefix="qkv-cpu-profiles-") as work:
         for name in (n for n in PARTS if n in args.only):
             t0 = time.perf_counter()
-            rows += parts[name](Path(work), profiles)
+            saved["rows"] += parts[name](Path(work), profiles)
             print(f"cpu_profiles: {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             if args.json:
-                Path(args.json).write_text(json.dumps(rows, indent=1, ensure_ascii=False))
-    from qkv.runtime import machine, source_commit
-
-    text = (f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}\n\n"
-            + table(rows, ["run", "result", "vs", "vs", "details"]))
-    print(text)
-    return text
+                Path(args.json).write_text(json.dumps(saved, indent=1, ensure_ascii=False))
+    return saved
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def test_bad_inputs(run, data, tmp_path, capsys):
     fails(capsys, ["train", "--resume", "--out", str(run), "--lr", "0.5"], r"changed config \(lr: 0.006 -> 0.5\)")
     fails(capsys, ["train", "--resume", "--out", str(tmp_path / "none")], "not a qkv run")
     fails(capsys, ["train", "--resume", "--out", str(run)], "already finished")
-    fails(capsys, ["train", "--max-steps", "-3", "--out", str(tmp_path / "y")], "max_steps must be a positive")
+    fails(capsys, ["train", "--max-steps", "-3", "--out", str(tmp_path / "y")], "max_steps must be an int >= 0")
     fails(capsys, ["train", "--optimizer", "adamw", "--muon-lr", "0.02", "--out", str(tmp_path / "y")], "needs optimizer 'muon', got 'adamw'")
     fails(capsys, ["train", "--optimizer", "sgd", "--out", str(tmp_path / "y")], r"invalid choice: 'sgd'")
     fails(capsys, ["train", "--resume", "--out", str(run), "--schedule", "wsd"], r"changed config \(schedule: ")

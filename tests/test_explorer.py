@@ -215,7 +215,7 @@ def test_make_server_checks_arguments(gpt):
 def test_command_writes_the_page(gpt, tmp_path, monkeypatch):
     from qkv import cli
 
-    monkeypatch.setattr(cli, "load_model_source", lambda args, device="cpu": (gpt, CharTokenizer()))
+    monkeypatch.setattr(cli.sources, "load_model_source", lambda args, device="cpu": (gpt, CharTokenizer()))
     out = tmp_path / "page.html"
     assert cli.main(["explore", "--run", "somewhere", "--text", "the dog", "--out", str(out)]) == 0
     assert _boot(out.read_text())["data"]["tokens"] == list("the dog")

@@ -24,7 +24,7 @@ STEPS = "30"
 KILLER = r"""
 import os, signal, sys
 from qkv.training import run_dir as ckpt
-from qkv.training import recipe as tr
+from qkv.training import loop as tr  # the loop calls train_step from there
 from qkv.cli import main
 point, argv = sys.argv[1], sys.argv[2:]
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -117,7 +117,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, capsys, monkeypatch):
-    from qkv.training import recipe as tr
+    from qkv.training import loop as tr  # the loop calls train_step from there
 
     real, calls = tr.train_step, [0]
 

@@ -135,7 +135,7 @@ def bad_bases(with_tokenizer, tmp_path_factory):
     ("small_model", [], r"tokenizer .* has \d+ tokens but the model only 200 embeddings"),
     ("gpt2", ["--d-model", "32"], r"takes the model's shape from the checkpoint"),
     ("gpt2", ["--tokenizer", "char"], r"keeps the checkpoint's own tokenizer"),
-    ("gpt2", ["--task", "translate"], r"fine-tunes a decoder \(task lm\)"),
+    ("gpt2", ["--task", "translate"], r"fine-tunes a decoder \(task lm, sft or dpo\)"),
     ("gpt2", ["--context", "64"], r"context 64 exceeds max_len 32"),
 ])
 def test_bad_bases_are_one_line_and_write_nothing(bad_bases, with_tokenizer, text, tmp_path, capsys, base, flags,

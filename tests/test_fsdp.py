@@ -315,9 +315,9 @@ def test_activation_estimate_and_measured_peak():
 
 
 def test_a_run_that_will_not_fit_is_refused_with_the_arithmetic(tmp_path, capsys, monkeypatch):
-    import qkv.training.recipe as recipe
+    import qkv.training.setup as setup  # the recipe's setup reads the free memory
 
-    monkeypatch.setattr(recipe, "available_bytes", lambda device, processes: 2**19)  # half a MiB free
+    monkeypatch.setattr(setup, "available_bytes", lambda device, processes: 2**19)  # half a MiB free
     (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
     out = tmp_path / "run"
     assert main([*ARGS, "--data", str(tmp_path / "data.txt"), "--quiet", "--out", str(out)]) == 2

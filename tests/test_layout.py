@@ -102,7 +102,7 @@ LAYERS = {
     "qkv.cli": {"*"},  # the command: anything
 }
 DOORS = {("qkv.models.gpt", "qkv.generation"), ("qkv.models.encoder_decoder", "qkv.generation.beam_search"),
-         ("qkv.training.recipe", "qkv.viz.figures")}
+         ("qkv.training.report", "qkv.viz.figures")}
 
 
 def layer_of(module: str) -> str | None:

@@ -113,7 +113,7 @@ def test_the_demo_and_translate_presets_from_scratch_train_with_muon_and_wsd_oth
 
 
 def test_the_demo_and_translate_presets_from_scratch_train_in_bf16_where_the_hardware_has_it(monkeypatch):
-    from qkv.training import recipe as r
+    from qkv.training import config as r  # TrainConfig reads native_bf16 there
 
     for native in (True, False):
         monkeypatch.setattr(r, "native_bf16", lambda device, native=native: native)

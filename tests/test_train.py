@@ -143,7 +143,7 @@ def test_time_budget_ends_the_run():
 @pytest.mark.parametrize("bad, message", [
     (dict(preset="huge", model=None), "unknown preset 'huge'"),
     (dict(tokenizer="words"), "'char' or 'bpe'"),
-    (dict(max_steps=0), "max_steps must be a positive int"),
+    (dict(max_steps=-1), "max_steps must be an int >= 0 \\(0: evaluate the starting model\\), got -1"),
     (dict(resume=True, overwrite=True, out="x"), "contradict"),
     (dict(resume=True), "needs --out"),
 ])
@@ -181,10 +181,10 @@ def test_bf16_autocast_trains_and_device_is_checked():
 
 
 def test_threads_are_respected_and_recorded(monkeypatch):
-    from qkv.training import recipe
+    from qkv.training import setup  # the recipe's setup chooses the threads
 
     assert train(cfg(max_steps=1, threads=1), corpus=CORPUS).summary["threads"] == 1
-    monkeypatch.setattr(recipe, "cpu_threads", lambda: 2)  # no --threads: what is free now
+    monkeypatch.setattr(setup, "cpu_threads", lambda: 2)  # no --threads: what is free now
     assert train(cfg(max_steps=1, threads=None), corpus=CORPUS).summary["threads"] == 2
     assert torch.get_num_threads() == 1  # the caller's count comes back
 

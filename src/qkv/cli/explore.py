@@ -30,12 +30,12 @@ def add_explore(sub) -> argparse.ArgumentParser:
 
 def run_explore(args: argparse.Namespace) -> int:
     """Write the page (or serve it until Ctrl-C)."""
-    from .. import cli  # load_model_source through the package: tests/test_explorer.py replaces it there
     from ..viz import explorer
+    from . import sources  # load_model_source through its module: tests/test_explorer.py replaces it there
 
     if not args.serve and args.text is None:
         raise CommandError("explore: give --text TEXT (or --serve for a page with a text box)")
-    model, tokenizer = cli.load_model_source(args, device=args.device)
+    model, tokenizer = sources.load_model_source(args, device=args.device)
     title = args.title or f"qkv explorer: {os.path.basename(os.path.normpath(args.run or args.hf))}"
     if args.serve:
         server = explorer.make_server(model, tokenizer, port=args.port, max_chars=args.max_chars,

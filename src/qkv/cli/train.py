@@ -13,8 +13,10 @@ from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .sources import add_model_source, check_directory_kind, load_model_source
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
-    "--task": ("task", str, "lm (a GPT learns the next token; default) or translate (the paper's encoder-decoder "
-               "learns English -> --target-lang from sentence pairs)"),
+    "--task": ("task", str, "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
+               "learns English -> --target-lang from sentence pairs) or sft (a GPT learns the assistant's turns of "
+               "conversations: --data FILE.jsonl in messages, sharegpt or alpaca form) or dpo (preference pairs: "
+               "prompt, chosen, rejected)"),
     "--preset": ("preset", str, "model preset, listed below (default: demo for lm, translate for translate)"),
     "--data": ("data", str, "lm: a UTF-8 text file or a directory of them (default: the Python standard library); "
                "translate: tab-separated 'source<TAB>target' lines or a directory of .po/.mo catalogs "
@@ -24,7 +26,18 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                       "under /usr/share/locale)"),
     "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's)"),
     "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
-    "--max-steps": ("max_steps", int, "optimizer steps"),
+    "--val-data": ("val_data", str, "sft, dpo: held-out conversations or pairs (JSONL; default: 5 %% of --data, chosen by a hash "
+                   "of each conversation)"),
+    "--train-on-prompt": ("train_on_prompt", bool, "sft: the loss counts every token, not only the assistant's"),
+    "--chat-template": ("chat_template", str, "sft: chatml, a Jinja template file, or a template (default: the "
+                        "checkpoint's; ChatML for a model from scratch)"),
+    "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
+                   "(never an answer); without it such a conversation is an error"),
+    "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
+    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), ipo or hinge"),
+    "--precompute-ref": ("precompute_ref", bool, "dpo: the reference's log-probabilities computed once before "
+                         "training, then its copy dropped (without --lora)"),
+    "--max-steps": ("max_steps", int, "optimizer steps (0: evaluate the starting model and write the summary)"),
     "--max-minutes": ("max_minutes", float, "wall-clock training budget (default when no budget is given: 3 for lm, "
                       "10 for translate)"),
     "--max-tokens": ("max_tokens", int, "training tokens"),
@@ -64,13 +77,14 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
                                    "the backward: less memory, about a third more compute"),
 }
-CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate"), "--optimizer": OPTIMIZERS,
-           "--schedule": SCHEDULES}
+CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate", "sft", "dpo"), "--optimizer": OPTIMIZERS,
+           "--schedule": SCHEDULES, "--dpo-loss": ("sigmoid", "ipo", "hinge")}
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)
     "tiny": "unit tests: trains in seconds",
-    "demo": "--task lm's default: 3 minutes on 2 CPU cores, 2048-token BPE",
+    "demo": "--task lm's default on a CPU: 3 minutes on 2 CPU cores, 2048-token BPE",
+    "gpu": "--task lm's default on a GPU: 3 minutes, 4096-token BPE, compiled, batch 128",
     "paper-base": "the paper's base model (its Table 3), post-LN",
     "translate": "--task translate's default: the encoder-decoder at CPU size",
     "gpt2": "GPT-2 small's shape (124 M parameters)",
@@ -162,7 +176,8 @@ def train_config(args: argparse.Namespace):
     if overrides:
         given |= {"model": shaped(TrainConfig(**given), overrides)} | preset_tokenizer(TrainConfig(**given), given)
     cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
-    cfg.out = args.out or fresh_run_dir(Path(cfg.init_from_hf).resolve().name if cfg.init_from_hf else cfg.preset)
+    name = cfg.preset if cfg.task in ("lm", "translate") else cfg.task  # runs/sft, runs/dpo: not runs/demo
+    cfg.out = args.out or fresh_run_dir(Path(cfg.init_from_hf).resolve().name if cfg.init_from_hf else name)
     return cfg
 
 
@@ -198,7 +213,7 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters{trained}, {s['tokenizer']} tokenizer, "
           f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
     print("\n".join(make_task(cfg.task).result_lines(s)))
-    if args.sample_tokens > 0 and isinstance(result.model, GPT):
+    if args.sample_tokens > 0 and isinstance(result.model, GPT) and cfg.task == "lm":  # a chat run: qkv sample --chat
         print_sample(result, cfg, args.sample_tokens)
     return 0
 
@@ -331,18 +346,36 @@ def chat_ids(args: argparse.Namespace, tokenizer) -> list[int] | None:
     (``Tokenizer.chat_ids``); None without --chat. CommandError when the tokenizer has no template."""
     if not args.chat:
         return None
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    messages = system + [{"role": "user", "content": args.prompt}]
+    template = run_chat_template(args.run)
+    if template is not None:  # a run of --task sft or dpo: the template it trained with
+        from ..data.chat_template import plain_ids, render
+
+        return plain_ids(tokenizer, render(template, messages, add_generation_prompt=True))
     if getattr(tokenizer, "chat_template", None) is None:
         raise CommandError(f"{args.run or args.hf}: the tokenizer has no chat template "
-                           "(tokenizer_config.json 'chat_template')")
-    system = [] if args.system is None else [{"role": "system", "content": args.system}]
-    return tokenizer.chat_ids(system + [{"role": "user", "content": args.prompt}])
+                           "(tokenizer_config.json 'chat_template'; a run's chat_template.jinja)")
+    return tokenizer.chat_ids(messages)
+
+
+def run_chat_template(run: str | None) -> str | None:
+    """The chat template a run of --task sft or dpo trained with (its chat_template.jinja), None for others."""
+    from ..training.tasks.sft import TEMPLATE_FILE
+
+    path = Path(run) / TEMPLATE_FILE if run else None
+    return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
 
 
 def end_of_turn(model, tokenizer) -> list[int] | None:
     """Where a chat reply ends: the model's generation_config eos ids and the tokenizer's eos (None: none)."""
+    from ..data.chat_template import CHATML_TOKENS
+
     config = getattr(model, "generation_config", None)
     ids = list(config.eos_ids) if config is not None else []
-    ids += [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    ids += [] if getattr(tokenizer, "eos_id", None) is None else [tokenizer.eos_id]
+    end = tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(tokenizer, "special_id") else None
+    ids += [] if end is None else [end]  # ChatML's end of turn, in a tokenizer that has it
     return list(dict.fromkeys(ids)) or None
 
 
@@ -355,7 +388,8 @@ def stream_chat(model, tokenizer, ids: list[int], tokens: int, **kwargs) -> None
 
     from ..generation import TextStreamer, generate
 
-    streamer = TextStreamer(SimpleNamespace(decode=tokenizer.decode_text), skip_prompt=True)
+    streamer = TextStreamer(SimpleNamespace(decode=getattr(tokenizer, "decode_text", tokenizer.decode)),
+                            skip_prompt=True)  # qkv's BPE decodes without its special tokens already
     try:
         generate(model, torch.tensor([ids], device=model.lm_head.weight.device), tokens, streamer=streamer, **kwargs)
     finally:

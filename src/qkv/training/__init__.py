@@ -1,7 +1,9 @@
 """Training: the recipe (TrainConfig, train), what a run learns (tasks/), the run directory it writes,
 fine-tuning a real checkpoint (LoRA), torchrun, and the translation metrics.
 
-    recipe.py        setup → restore → repeat { step → [evaluate → save] } → summarise, around one TrainState
+    recipe.py        setup → restore → repeat { step → [evaluate → save] } → summarise, around one TrainState;
+                     its parts: config.py (TrainConfig), setup.py, loop.py, checkpointing.py, state.py, report.py
+    optim.py, muon.py the optimizers (AdamW; Muon, its Newton–Schulz precision by machine) and the schedules
     tasks/           language modelling (lm) and translation: a batch, a loss, the validation metrics
     run_dir.py       the run directory: its files, atomic writes, its lock; load_run for inference
     finetune.py      the base checkpoint, its identity, LoRA adapters

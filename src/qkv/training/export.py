@@ -6,7 +6,8 @@
                (a LoRA run's adapters are merged first); anything else is refused naming each field without
                a counterpart
     tokenizer  byte-level BPE as it is (a ``tokenizers`` Tokenizer); a character vocabulary as a
-               WordLevel model over single characters (same ids, same text back)
+               WordLevel model over single characters (same ids, same text back); a chat run's template
+               (chat_template.jinja) as the tokenizer's chat template, ChatML's end of turn as its eos
 
 Written into a temporary sibling directory, then renamed: a failure leaves nothing behind.
 """
@@ -58,6 +59,13 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
         raise ValueError(f"{run} holds a {type(loaded.model).__name__}; qkv export writes decoder-only "
                          "language models (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …)")
     hf_model, hf_tok = to_hf(loaded.model), hf_tokenizer(loaded.tokenizer)
+    template = Path(run) / "chat_template.jinja"  # a --task sft | dpo run's: transformers chats with it
+    if template.is_file():
+        from ..data.chat_template import CHATML_TOKENS
+
+        hf_tok.chat_template = template.read_text(encoding="utf-8")
+        if hf_tok.convert_tokens_to_ids(CHATML_TOKENS[1]) not in (None, hf_tok.unk_token_id):
+            hf_tok.eos_token = CHATML_TOKENS[1]  # where a ChatML reply ends
 
     def write(tmp: Path) -> None:
         hf_model.save_pretrained(tmp)  # safetensors

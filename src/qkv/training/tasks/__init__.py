@@ -5,16 +5,20 @@ nothing else; a new task plugs in by ``register``-ing its class.
 
     language modelling (``lm``)   GPT, next-token cross-entropy, bits per character
     translation (``translate``)   Transformer, label-smoothed cross-entropy, BLEU / chrF (TranslationOptions)
+    chat fine-tuning (``sft``)    GPT, cross-entropy on the assistant's tokens of conversations (SFTOptions)
+    preferences (``dpo``)         GPT, DPO / IPO / hinge loss on chosen and rejected answers (DPOOptions)
 """
 from __future__ import annotations
 
 from dataclasses import is_dataclass, replace
 
 from .base import Task, TaskDefaults, TaskOptions
+from .dpo import DPOOptions, DPOTask
 from .language_model import LanguageModelTask
+from .sft import SFTOptions, SFTTask
 from .translation import TranslationOptions, TranslationTask
 
-TASKS: dict[str, type[Task]] = {"lm": LanguageModelTask, "translate": TranslationTask}
+TASKS: dict[str, type[Task]] = {"lm": LanguageModelTask, "translate": TranslationTask, "sft": SFTTask, "dpo": DPOTask}
 
 
 def register(name: str, cls: type[Task]) -> None:
@@ -63,5 +67,7 @@ def task_options(task: str, given=None, flat: dict | None = None) -> TaskOptions
     return replace(options, **changes) if changes else options
 
 
-__all__ = ["TASKS", "Task", "TaskDefaults", "TaskOptions", "LanguageModelTask", "TranslationOptions",
+__all__ = ["TASKS", "Task", "TaskDefaults", "TaskOptions", "DPOOptions", "DPOTask", "LanguageModelTask", "SFTOptions",
+           "SFTTask",
+           "TranslationOptions",
            "TranslationTask", "make_task", "option_owner", "register", "task_options", "task_type"]

@@ -11,7 +11,7 @@ end ``final_metrics``; ``describe``/``summary`` feed the progress header and sum
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -207,3 +207,20 @@ class Task:
     def info(self, summary: dict) -> dict[str, str]:
         """What ``qkv info`` shows of a finished run's summary, by label."""
         raise NotImplementedError
+
+
+class DecoderTask(Task):
+    """A task that trains a GPT: from a preset, a shape of its own, or a base checkpoint (``self.base``, which
+    ``prepare`` loads for --init-from-hf)."""
+
+    base = None  # a ``qkv.training.finetune.Base``
+
+    def model_config(self, cfg) -> ModelConfig:
+        if self.base is not None:
+            return self.base.model.config  # vocab_size: the checkpoint's embeddings (its tokenizer may use fewer)
+        shape = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
+        return replace(shape, vocab_size=self.tokenizer.vocab_size)
+
+    def build_model(self, mconf: ModelConfig) -> nn.Module:
+        return self.base.model if self.base is not None else super().build_model(mconf)
+

@@ -14,16 +14,15 @@ import gzip
 import lzma
 import math
 from contextlib import nullcontext
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
-from ..finetune import Base, load_base
-from ...models import GPT, PRESETS, ModelConfig
-from .base import SCRATCH, Task, TaskDefaults
+from ..finetune import load_base
+from ...models import GPT, ModelConfig
+from .base import SCRATCH, DecoderTask, TaskDefaults
 
 LN2 = math.log(2)
 # The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs), and so
@@ -106,7 +105,7 @@ def sample_prompt(text: str, most: int = 12) -> str:
     return line[:cut + 1] if cut > 0 and line[:cut].strip() else line
 
 
-class LanguageModelTask(Task):
+class LanguageModelTask(DecoderTask):
     """Next-token prediction on a text corpus with a GPT."""
 
     name = "lm"
@@ -116,7 +115,6 @@ class LanguageModelTask(Task):
                             preset_batches=PRESET_BATCHES,
                             data="the Python standard library's source (the default corpus)")
 
-    base: Base | None = None  # --init-from-hf: the checkpoint fine-tuned
 
     def prepare(self, cfg, run, dist) -> None:
         self.corpus = self.corpus if self.corpus is not None else load_corpus(cfg.data)
@@ -132,15 +130,6 @@ class LanguageModelTask(Task):
         self.compressors = compressor_bpc(self.corpus.val)
         self.val_chars = predicted_chars(self.tokenizer, self.corpus.val, self.val_ids)
         self.chars_per_token = self.val_chars / max(1, len(self.val_ids) - 1)
-
-    def model_config(self, cfg) -> ModelConfig:
-        if self.base is not None:
-            return self.base.model.config  # vocab_size: the checkpoint's embeddings (its tokenizer may use fewer)
-        base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
-        return replace(base, vocab_size=self.tokenizer.vocab_size)
-
-    def build_model(self, mconf: ModelConfig) -> nn.Module:
-        return self.base.model if self.base is not None else super().build_model(mconf)
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         T = self.T = cfg.context or mconf.max_len

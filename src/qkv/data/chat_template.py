@@ -1,0 +1,109 @@
+"""Chat templates: a conversation rendered as the checkpoint's template says, and which of its tokens are the
+assistant's (what supervised fine-tuning learns).
+
+A template is a Jinja template over ``messages`` (Hugging Face's ``chat_template``), rendered here as
+``transformers`` renders it (a sandbox, ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``). A model trained
+from scratch takes ChatML, whose two markers are special tokens of its tokenizer.
+
+The assistant's tokens come from rendering each prefix of the conversation: the text up to turn k with the
+generation prompt opened, then the text through turn k — the difference is turn k's answer (its end-of-turn
+marker included, so the model learns to stop). Each piece is tokenised apart, so a mask never cuts a token.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+          "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+          "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+GENERATION_TAGS = re.compile(r"\{%-?\s*(?:end)?generation\s*-?%\}")  # transformers' mask markers: no text
+
+
+def template_source(value: str | None) -> str | None:
+    """``--chat-template``'s value as a template: "chatml", a path to a .jinja file, or the template itself."""
+    if value is None or value == "":
+        return None
+    if value == "chatml":
+        return CHATML
+    if "{%" in value or "{{" in value:
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"--chat-template {value!r}: expected 'chatml', a Jinja template, or a template file; "
+                         "no such file")
+    return path.read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=8)
+def compiled(template: str):
+    """The template compiled in a sandbox, its ``{% generation %}`` markers read as nothing."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(GENERATION_TAGS.sub("", template))
+    except TemplateError as e:
+        raise ValueError(f"the chat template does not compile: {e}") from None
+
+
+def render(template: str, messages, *, add_generation_prompt: bool = False, **tokens) -> str:
+    """The conversation as text; ``tokens``: the template's special-token variables (``bos_token`` …)."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return compiled(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                         **tokens)
+    except TemplateError as e:
+        raise ValueError(f"the chat template refused the conversation: {e}") from None
+
+
+def segments(template: str, messages, **tokens) -> list[tuple[str, bool]]:
+    """The rendered conversation as pieces of text, True on each assistant answer (the module's rule)."""
+    pieces, done = [], ""
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render(template, messages[:k], add_generation_prompt=True, **tokens)
+        through = render(template, messages[:k + 1], **tokens)
+        if not (before.startswith(done) and through.startswith(before)):
+            raise ValueError("the chat template does not render a conversation as an extension of its beginning "
+                             "(turn by turn), so the assistant's tokens cannot be found")
+        pieces += [(before[len(done):], False), (through[len(before):], True)]
+        done = through
+    whole = render(template, messages, **tokens)
+    if not whole.startswith(done):
+        raise ValueError("the chat template renders the whole conversation unlike its turns")
+    pieces.append((whole[len(done):], False))
+    return [(text, answer) for text, answer in pieces if text]
+
+
+def plain_ids(tokenizer, text: str) -> list[int]:
+    """``text``'s ids without the special tokens a tokenizer adds by itself (the template places its own)."""
+    backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "tokenizer", None)  # hf's, or qkv's BPE's
+    if backend is not None and hasattr(backend, "convert_ids_to_tokens"):  # a transformers tokenizer
+        return list(backend.encode(text, add_special_tokens=False))
+    if backend is not None:  # a tokenizers.Tokenizer (a LLaMA one would add its BOS)
+        return backend.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode(text)
+
+
+def encode_conversation(tokenizer, template: str, messages, *, train_on_prompt: bool = False,
+                        **tokens) -> tuple[list[int], list[bool]]:
+    """(ids, trained): the conversation's token ids and, per token, whether the loss counts it (the
+    assistant's, or every token with ``train_on_prompt``)."""
+    ids, trained = [], []
+    for text, answer in segments(template, messages, **tokens):
+        piece = plain_ids(tokenizer, text)
+        ids += piece
+        trained += [answer or train_on_prompt] * len(piece)
+    return ids, trained

@@ -1,0 +1,132 @@
+"""A run's checkpoints: the run directory checked before anything is written, the one pair that captures and
+restores the training state, saving (whole or sharded) and resuming."""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, replace
+
+import torch
+
+from ..fileio import DiskFullError
+from .finetune import keyed_as_model, model_weights, set_model_weights
+from .sharded_checkpoint import load_sharded, save_sharded
+from .sharding import load_full
+from .config import TrainConfig, check_same_run
+from .state import TrainState
+
+
+class RecipeCheckpoints:
+    """The checkpoints' part of ``Recipe`` (``qkv.training.recipe``)."""
+
+    def check_out(self) -> TrainState | None:
+        """Refuse a run directory that cannot take this run, before anything is read or written;
+        on --resume, the saved state (None when the run stopped before its first checkpoint)."""
+        cfg, run = self.cfg, self.run
+        if run is None:
+            return None
+        if not cfg.resume:
+            if run.path.exists() and not run.path.is_dir():
+                raise ValueError(f"--out {run} exists and is not a directory")
+            if not run.is_empty() and not cfg.overwrite:
+                raise ValueError(f"{run} already exists; pass --resume to continue it or --overwrite to start again")
+            return None
+        if not run.has(run.TRAIN_CONFIG) or run.has(run.STATE):
+            run.check()  # names what is missing; a run stopped before its first checkpoint passes
+        check_same_run(TrainConfig.for_resume(run.path), self.cfg)
+        if run.has(run.STATE):
+            return TrainState.from_dict(run.load_state(), where=str(run / run.STATE))
+        if self.dist.is_main:
+            print(f"qkv: {run} has no checkpoint yet (stopped before its first one): starting from step 0",
+                  file=sys.stderr)
+        return None
+
+    # --- the one pair that saves and restores ----------------------------------------------------
+    def capture_state(self) -> TrainState:
+        """Counters and RNGs; the weights and optimizer in it, or under fsdp in the distributed checkpoint
+        every rank writes now (a collective)."""
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        weights, optimizer, sharded = None, None, None
+        if self.sharding == "fsdp":
+            sharded = self.save_sharded()
+        else:
+            weights, optimizer = model_weights(self.model), self.opt.state_dict()
+        threads = torch.get_num_threads() if self.device.type == "cpu" else None
+        return replace(self.state, model=weights, optimizer=optimizer, sharded=sharded, threads=threads,
+                       batch_rng=self.batch_gen.get_state(), torch_rng=torch.get_rng_state(), cuda_rng=cuda)
+
+    def save_sharded(self) -> str:
+        """Every rank writes its shards of the weights and optimizer into this step's folder (what a killed
+        run left there is removed first; the complete checkpoint train_state.pt names is kept)."""
+        name = self.run.sharded_name(self.state.step)
+        if self.dist.is_main:
+            self.run.discard_sharded(keep=self.sharded_saved)
+        self.dist.barrier()
+        save_sharded(self.model, self.opt, self.run / name)
+        return name
+
+    def restore(self, saved: TrainState) -> None:
+        """Weights (checked against model.safetensors' checksum first), optimizer, RNGs, counters, metrics."""
+        from .run_dir import check_weights, load_weights
+
+        if self.sharding == "fsdp":  # no rank holds the whole model: the file is read one tensor at a time
+            check_weights(self.run.path)
+        else:
+            load_weights(self.model, self.run.path, device=self.device)  # refuses a damaged model.safetensors
+        try:  # then the weights saved with the optimizer: one consistent snapshot, even if a kill split the files
+            self.restore_training(saved)
+        except (ValueError, KeyError, RuntimeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # one line
+            raise ValueError(f"{self.run / self.run.STATE} does not match the model: {first}") from None
+        self.sharded_saved = saved.sharded
+        self.batch_gen.set_state(saved.batch_rng)
+        torch.set_rng_state(saved.torch_rng)
+        if self.device.type == "cuda" and saved.cuda_rng is not None:
+            torch.cuda.set_rng_state(saved.cuda_rng, self.device)
+        live = {k: None for k in ("model", "optimizer", "batch_rng", "torch_rng", "cuda_rng", "threads")}
+        self.state = replace(saved, running=list(saved.running), **live)  # the live objects hold the rest
+        self.records = self.run.read_metrics(saved.step)
+        self.last_saved = saved.step
+        if self.progress() >= 1:
+            raise ValueError(f"{self.run} already finished its budget ({self.cfg.budget}) at step {saved.step}; "
+                             "raise --max-steps or --max-minutes to train further")
+
+    def restore_training(self, saved: TrainState) -> None:
+        """The trained weights and the optimizer: from a distributed checkpoint (resharded to this world size),
+        else from the whole state dicts in ``saved`` (under fsdp each rank keeps its shards of them)."""
+        where = str(self.run / self.run.STATE)
+        if saved.sharded is not None:
+            load_sharded(self.model, self.opt, self.run / saved.sharded)
+        elif self.sharding == "fsdp":  # a LoRA run's state holds the adapters alone: the base is in the model
+            weights = keyed_as_model(self.model, saved.model, where=where)
+            load_full(self.model, self.opt, weights, saved.optimizer, strict=not self.cfg.lora)
+        else:
+            set_model_weights(self.model, saved.model, where=where)
+            self.opt.load_state_dict(saved.optimizer)
+
+    def save(self) -> None:
+        """The model files, then the training state (rank 0); a full disk keeps the last complete checkpoint."""
+        if self.run is None:
+            return
+        whole = self.gathered_model(frozen=not self.cfg.lora)  # fsdp: rank 0's alone, freed once written
+        state = self.capture_state() if self.dist.is_main or self.sharding == "fsdp" else None
+        if not self.dist.is_main:
+            return
+        try:
+            self.run.save_model(whole, self.task.tokenizer, step=self.state.step)
+            self.run.save_state(asdict(state))  # last: it names the complete distributed checkpoint, if any
+            self.sharded_saved = state.sharded
+            self.run.discard_sharded(keep=self.sharded_saved)
+        except DiskFullError as e:
+            kept = "no checkpoint was written yet" if self.last_saved is None else \
+                f"the last complete checkpoint (step {self.last_saved}) is kept; after freeing space, continue " \
+                f"with: qkv train --resume --out {self.run}"
+            raise ValueError(f"{e}; {kept}") from None
+        self.last_saved = self.state.step
+
+    def begin_writing(self) -> None:
+        if self.run is None or not self.dist.is_main:
+            return
+        if self.cfg.overwrite:
+            self.run.clear()
+        self.run.write_json(self.run.TRAIN_CONFIG, self.cfg.to_dict() | {"resume": False, "overwrite": False})
+        self.run.write_metrics(self.records)

@@ -1,0 +1,282 @@
+"""How to train: ``TrainConfig`` (a task, a model, data, a budget, the recipe's settings; validated, saved with a run,
+read back for ``--resume``) and what a resume may not change."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from typing import Any
+
+import torch
+
+from ..checks import check_positive_int
+from .run_dir import RunDir
+from .finetune import DEFAULT_LORA_TARGETS
+from ..models import PRESETS, ModelConfig
+from ..runtime import device_type, native_bf16
+from .optim import check_optimizer_options
+from .sharding import check_sharding
+from .tasks import Task, TaskOptions, option_owner, task_options, task_type
+from .tasks.base import NATIVE, RECIPE
+
+
+# Fields that define a run: --resume refuses to change them (the budget may grow, the rest may not). The
+# task's options are compared one by one, but for those its options type leaves free (FREE_ON_RESUME).
+RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora", "lora_alpha", "lora_targets",
+                "data", "tokenizer", "vocab_size", "context", "batch_size", "grad_accum", "lr", "min_lr_ratio",
+                "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16", "optimizer", "muon_lr",
+                "schedule")
+TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
+
+
+
+@dataclass(init=False)
+class TrainConfig:
+    """How to train. A budget is required: ``max_steps``, ``max_tokens`` or ``max_minutes``
+    (the first reached ends the run; the schedule follows whichever is furthest along).
+
+    What only one task uses lives in ``task_options``, that task's ``options_type`` (e.g.
+    ``TranslationOptions``), validated by it. Its options' own names also construct and read a config:
+    ``TrainConfig(task="translate", copy=False).copy`` is ``cfg.task_options.copy``. Fields are keywords.
+    """
+
+    task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.training.tasks
+    task_options: TaskOptions | dict | None = None  # None: the task's defaults (lm has none)
+    preset: str | None = None  # None: the task's (Task.defaults): demo for lm, translate for translate
+    model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
+    init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
+    init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
+    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from_hf)
+    lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
+    lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
+    data: str | None = None  # None: the task's (the embedded corpus; the system's gettext catalogs)
+    out: str | None = None  # run directory; None: write nothing
+    resume: bool = False
+    overwrite: bool = False
+    tokenizer: str | None = None  # char | bpe; None: the task's for its preset (Task.defaults), else char
+    vocab_size: int | None = None  # BPE only; None: the preset's, else 1024
+    context: int | None = None  # T; None: the model's max_len
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_minutes: float | None = None
+    batch_size: int | None = None  # sequences (pairs) per optimizer step, over all ranks and micro-steps
+    grad_accum: int = 1
+    lr: float | None = None
+    min_lr_ratio: float = 0.1  # the schedule ends at lr · min_lr_ratio
+    optimizer: str | None = None  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); None: the
+    # task's for its preset (TaskDefaults.recipe_for: muon for the demo and translate presets from scratch), else adamw
+    muon_lr: float | None = None  # muon: its peak learning rate; None: lr (its updates match AdamW's RMS)
+    schedule: str | None = None  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth);
+    # None as optimizer: the preset's (wsd for the demo and translate presets from scratch), else cosine
+    fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
+    warmup_steps: int | None = None
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables
+    eval_interval: int = 100  # steps between evaluations (and checkpoints)
+    eval_windows: int = 48  # validation windows per periodic evaluation; the final one uses all
+    final_eval: bool = True  # score the whole validation text at the end (summary.json's val_bpc)
+    seed: int = 1337
+    bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo and translate
+    # presets from scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
+    compile: bool | None = None  # torch.compile the model; None: the preset's (TaskDefaults.recipe_for: the gpu
+    # preset from scratch), else False
+    speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
+    sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
+    progress: bool = True  # progress on stderr, rank 0 (qkv.training.progress: a bar, or lines in a log)
+
+    def __init__(self, **given) -> None:
+        """Every field by keyword, and the task's options by their own names (``label_smoothing=0.2``)."""
+        names = {f.name for f in fields(TrainConfig)}
+        flat = {k: v for k, v in given.items() if k not in names}
+        for f in fields(TrainConfig):
+            object.__setattr__(self, f.name, given.get(f.name, f.default))
+        task = task_type(self.task)
+        self.task_options = task_options(self.task, self.task_options, flat)
+        self.validate(task)
+
+    def __getattr__(self, name: str):
+        """An option of the task, read by its own name (``cfg.copy`` is ``cfg.task_options.copy``)."""
+        options = self.__dict__.get("task_options")
+        if isinstance(options, TaskOptions) and name in options.names():
+            return getattr(options, name)
+        owner = option_owner(name) if not name.startswith("__") else None
+        hint = f" ({name} is an option of --task {owner}, not of --task {self.__dict__.get('task')})" if owner else ""
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{hint}")
+
+    def __setattr__(self, name: str, value) -> None:
+        """An option set by its own name replaces ``task_options`` with a copy, validated again."""
+        options = self.__dict__.get("task_options")
+        if isinstance(options, TaskOptions) and name in options.names():
+            name, value = "task_options", replace(options, **{name: value})
+        object.__setattr__(self, name, value)
+
+    def validate(self, task: type[Task] | None = None) -> None:
+        """Fill in the task's defaults, then check every field (the options checked themselves)."""
+        task = task or task_type(self.task)
+        if self.preset is None and self.model is None and self.init_from_hf is None:
+            self.preset = task.defaults.preset_for(device_type(self.device))
+        for name in TASK_DEFAULTED:
+            if getattr(self, name) is None:
+                setattr(self, name, task.defaults.value(name, self.preset, self.model,
+                                                        scratch=self.init_from_hf is None))
+        if self.model is None and self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        if isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+        self.check_base()
+        task.check_config(self)
+        if self.tokenizer is None:
+            self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
+            self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
+        check_sharding(self.sharding)
+        scratch = self.model is None and self.init_from_hf is None and self.sharding != "fsdp"
+        for name, value in task.defaults.recipe_for(self.preset if scratch else None).items():
+            setattr(self, name, value if getattr(self, name) is None else getattr(self, name))
+        self.bf16 = native_bf16(self.device) if self.bf16 == NATIVE else self.bf16
+        self.check_device()
+        check_optimizer_options(self)
+        if self.tokenizer not in ("char", "bpe"):
+            raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
+        for name in ("max_tokens", "vocab_size", "context", "threads"):
+            check_positive_int(name, getattr(self, name), optional=True)
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):
+            raise ValueError(f"max_steps must be an int >= 0 (0: evaluate the starting model), got {self.max_steps!r}")
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_windows"):
+            check_positive_int(name, getattr(self, name))
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, min_lr_ratio={self.min_lr_ratio}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError(f"warmup_steps, weight_decay and grad_clip must be >= 0, got {self.warmup_steps}, "
+                             f"{self.weight_decay} and {self.grad_clip}")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite contradict each other; pass one")
+        if self.resume and not self.out:
+            raise ValueError("--resume needs --out (the run directory to continue)")
+
+    def check_device(self) -> None:
+        """bf16 asked for on a GPU without it: refused here, before anything is read or written (a bad device
+        name or a GPU the machine lacks is ``resolve_device``'s to refuse, at setup)."""
+        if self.bf16 is True and device_type(self.device) == "cuda" and torch.cuda.is_available() \
+                and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"--bf16: {torch.cuda.get_device_name()} does not compute bfloat16; train with --no-bf16")
+
+    def check_base(self) -> None:
+        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE; --lora adapts it."""
+        self.check_lora()
+        if self.init_from_hf is None:
+            return
+        if self.task not in ("lm", "sft", "dpo"):
+            raise ValueError(f"--init-from-hf fine-tunes a decoder (task lm, sft or dpo), not task {self.task!r}")
+        if self.model is not None:
+            raise ValueError("--init-from-hf takes the model's shape from the checkpoint; drop the shape flags")
+        if self.tokenizer not in (None, "bpe") or self.vocab_size is not None:
+            raise ValueError("--init-from-hf keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
+        self.tokenizer = "bpe"
+        self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
+
+    def check_lora(self) -> None:
+        """``--lora R [--lora-alpha A] [--lora-targets NAMES]`` adapts a checkpoint; defaults α = 2r, attention."""
+        if self.lora is None:
+            if self.lora_alpha is not None or self.lora_targets is not None:
+                raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
+            return
+        check_positive_int("lora (the adapters' rank)", self.lora)
+        if self.init_from_hf is None:
+            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR too")
+        self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        self.lora_targets = self.lora_targets or DEFAULT_LORA_TARGETS
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: the general fields, the task's options as one object, the model's sections."""
+        d = asdict(self)
+        d["model"] = None if self.model is None else self.model.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """Build from a saved train_config.json: today's (the options in ``task_options``), or the flat one
+        written before tasks owned their options, which carried the translation options in every run (another
+        task's are dropped). An option a run saved before it existed takes its ``SAVED_BEFORE`` value."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a train config must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        options_type = task_type(d.get("task", "lm")).options_type
+        flat = {k: v for k, v in d.items() if k not in known}
+        stray = [k for k in flat if option_owner(k) is None or "task_options" in d]
+        if stray:
+            raise ValueError(f"unknown TrainConfig keys: {sorted(stray)}")
+        saved = d.get("task_options") or {k: v for k, v in flat.items() if k in options_type.names()}
+        if not isinstance(saved, dict):
+            raise ValueError(f"task_options must be a JSON object, got {type(saved).__name__}")
+        general = RECIPE | {k: v for k, v in d.items() if k in known}  # a run saved before muon: its recipe
+        return cls(**(general | {"task_options": options_type.SAVED_BEFORE | saved}))
+
+    @classmethod
+    def for_resume(cls, out: str | os.PathLike, **overrides) -> "TrainConfig":
+        """The saved config of run ``out`` with ``overrides`` applied (train() refuses changes
+        to the fields that define the run; the budget and the device may change)."""
+        run = RunDir(out)
+        path = run / run.TRAIN_CONFIG
+        if not path.is_file():
+            run.check()
+            raise ValueError(f"{out} has no {run.TRAIN_CONFIG}: it cannot be resumed")
+        try:
+            saved = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise ValueError(f"{path} is corrupt: {e}") from None
+        saved.__dict__.update(out=str(out), resume=True, overwrite=False)
+        check_same_run(saved, overrides)
+        return replace(saved, **overrides)
+
+    @property
+    def budget(self) -> str:
+        parts = [f"{self.max_steps} steps" if self.max_steps else "",
+                 f"{self.max_tokens} tokens" if self.max_tokens else "",
+                 f"{self.max_minutes:g} min" if self.max_minutes else ""]
+        return " / ".join(p for p in parts if p)
+
+
+def run_changes(saved: TrainConfig, new: dict | TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(name, saved value, new value) of each field of RESUME_FIXED that ``new`` changes: the model's fields
+    that differ, the task's options by their own names (a dict ``new`` may name them so, as ``copy=True``)."""
+    new = new if isinstance(new, dict) else {k: getattr(new, k) for k in RESUME_FIXED}
+    changes = []
+    for k in RESUME_FIXED:
+        if k == "task_options":
+            changes += option_changes(saved.task_options, new)
+        elif k in new and new[k] != getattr(saved, k):
+            old, cur = getattr(saved, k), new[k]
+            if k == "model" and old is not None and cur is not None:
+                old, cur = old.to_dict(), cur.to_dict()
+                keys = [f for f in old if old[f] != cur[f]]
+                old, cur = {f: old[f] for f in keys}, {f: cur[f] for f in keys}
+            changes.append((k, old, cur))
+    return changes
+
+
+def option_changes(saved: TaskOptions, new: dict) -> list[tuple[str, Any, Any]]:
+    """The options ``new`` changes (its ``task_options``, then options by name), but for the free ones;
+    none when ``new`` holds another task's options (the task's change says it)."""
+    given = new.get("task_options")
+    if is_dataclass(given) and type(given) is not type(saved):
+        return []
+    cur = asdict(given) if is_dataclass(given) else dict(given or {})
+    cur |= {k: v for k, v in new.items() if k in saved.names() and v is not None}
+    return [(k, getattr(saved, k), cur[k]) for k in saved.names()
+            if k in cur and k not in saved.FREE_ON_RESUME and cur[k] != getattr(saved, k)]
+
+
+def check_same_run(saved: TrainConfig, new: dict | TrainConfig) -> None:
+    diffs = [f"{k}: {old!r} -> {cur!r}" for k, old, cur in run_changes(saved, new)]
+    if diffs:
+        raise ValueError(f"--resume with a changed config ({'; '.join(diffs)}); "
+                         "start a new run (--out elsewhere, or --overwrite) to train differently")

@@ -1,0 +1,168 @@
+"""The loop of a run: one optimizer step, the losses read back, the progress shown, evaluation, the budget.
+
+    repeat { step → [read losses → show → evaluate → save] } until the budget, ``stop_at`` or Ctrl-C
+
+On a GPU the losses are read back every SYNC_STEPS steps, so the device runs ahead of the host in between."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from .optim import lr_at, set_lr
+from .memory import memory_line
+from .state import Diverged, StopRequest, parameter_counts
+
+
+PEAK_STEPS = 3  # the measured peak memory is reported after this many steps (on a GPU: at the next reading)
+SYNC_STEPS = 25  # on a GPU the losses are read back (the host waits for the device) every this many steps
+
+
+def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
+               autocast=nullcontext, ddp: bool = False) -> Tensor:
+    """One optimizer step over ``grad_accum`` micro-batches: gradients of the mean loss are accumulated
+    (DDP syncs on the last one only), clipped to ``grad_clip`` and applied. Returns the mean loss (detached)."""
+    micros = list(micros)
+    step_loss = None
+    for m, micro in enumerate(micros):
+        with model.no_sync() if ddp and m < len(micros) - 1 else nullcontext():
+            with autocast():
+                loss = loss_fn(model, micro)
+            (loss / len(micros)).backward()
+        step_loss = loss.detach() / len(micros) if step_loss is None else step_loss + loss.detach() / len(micros)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return step_loss
+
+
+
+class RecipeLoop:
+    """The loop's part of ``Recipe`` (``qkv.training.recipe``)."""
+
+    def progress(self) -> float:
+        """Fraction of the budget spent; a time budget keeps back what the final evaluation will take."""
+        s, by_time = self.state, 0.0
+        if self.cfg.max_minutes:
+            budget_s = self.cfg.max_minutes * 60
+            reserve = min(0.5 * budget_s, s.eval_cost * self.task.final_units)
+            by_time = s.elapsed / (budget_s - reserve)
+        return max(s.step / self.max_steps if self.max_steps else 0.0, by_time)
+
+    # --- step and evaluate -------------------------------------------------------------------
+    def step(self, model: nn.Module) -> Tensor:
+        """One optimizer step at the scheduled learning rate; its mean loss stays on the device (``read_losses``)."""
+        cfg, s, t0 = self.cfg, self.state, time.perf_counter()
+        set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
+        micros = self.task.draw(self.batch_gen, cfg, self.dist)
+        loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
+                                         autocast=self.autocast, ddp=self.sharding == "ddp"))
+        s.step += 1
+        s.tokens += self.task.tokens_per_step
+        s.train_time += time.perf_counter() - t0
+        return loss
+
+    def read_losses(self, pending: list[Tensor]) -> float:
+        """The losses of the steps since the last reading, read back in one transfer (on a GPU the one wait for the
+        device; its time counts as training); the last of them. Diverged on a NaN/Inf loss (every rank sees the
+        same averaged losses)."""
+        s, t0 = self.state, time.perf_counter()
+        values = torch.stack(pending).tolist()
+        pending.clear()
+        s.train_time += time.perf_counter() - t0
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            kept = "no checkpoint was written yet" if self.last_saved is None else \
+                f"the last good checkpoint (step {self.last_saved}) in {self.run} is kept"
+            raise Diverged(f"the training loss became {values[bad]} at step {s.step - len(values) + bad + 1}: "
+                           f"stopped; {kept}. Try a lower --lr or a smaller --batch-size")
+        s.running = [s.running[0] + sum(values), s.running[1] + len(values)]
+        return values[-1]
+
+    def due(self) -> bool:
+        """Whether this step reads the losses back, checks the clock and may stop, log or save: every step on a CPU
+        (nothing to wait for); on a GPU every SYNC_STEPS steps, at evaluations and at the step budget's end, so
+        that the device runs ahead of the host in between."""
+        step = self.state.step
+        return self.device.type == "cpu" or step % SYNC_STEPS == 0 or step % self.cfg.eval_interval == 0 \
+            or step == self.stop_at or (self.max_steps is not None and step >= self.max_steps)
+
+    def evaluate(self) -> None:
+        """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
+        s, t0, dist = self.state, time.perf_counter(), self.eval_dist()
+        fields_, units = self.task.evaluate(self.model, autocast=self.autocast, dist=dist)
+        self.resharded()
+        s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * dist.world / max(1, units))
+        train_loss = s.running[0] / s.running[1] if s.running[1] else None  # None: no step since (max_steps 0)
+        self.records.append({"step": s.step, "train_loss": train_loss} | fields_ |
+                            {"lr": self.opt.param_groups[0]["lr"], "tokens": s.tokens, "elapsed_s": round(s.elapsed, 2)})
+        s.running = [0.0, 0]
+        if self.run is not None and self.dist.is_main:
+            self.run.write_metrics(self.records)
+
+    def header(self) -> str:
+        c, (n, k), kind = self.cfg, parameter_counts(self.model), self.model_type
+        threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
+        source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
+        trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
+        precision = ("bf16 autocast" if c.bf16 else "fp32") + (", speed layer" if self.speed_layer else "")
+        return (f"qkv: training a {n / 1e6:.2f} M-parameter {kind.__name__}{trains} "
+                f"({source}, {self.task.describe()}; prepared in "
+                f"{self.prepare_s:.0f} s; budget {c.budget}; {self.dist.world} process(es) on {self.device}{threads}"
+                f", {precision} -> {self.run or '(not saved)'}")
+
+    def progress_bar(self):
+        if not (self.cfg.progress and self.dist.is_main):
+            return None
+        from .progress import progress_bar
+
+        print(self.header(), file=sys.stderr)
+        print(memory_line(self.estimate), file=sys.stderr)
+        return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
+                            bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
+
+    # --- the loop --------------------------------------------------------------------------------
+    def loop(self, model: nn.Module, stop: "StopRequest") -> bool:
+        """Step until the budget, ``stop_at`` or Ctrl-C; True when the budget was reached."""
+        s, cfg, bar = self.state, self.cfg, self.progress_bar()
+        clock, start_elapsed, first = time.perf_counter(), s.elapsed, s.step
+        finished = done = reported = False
+        pending: list[Tensor] = []
+        model.train()
+        try:
+            while not done:
+                pending.append(self.step(model))
+                if s.step == first + 1:  # the first step compiles (--compile): steady_tokens_per_s leaves it out
+                    self.first_step = (s.train_time, s.tokens)
+                if not self.due():
+                    continue
+                loss = self.read_losses(pending)
+                s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
+                finished = self.progress() >= 1
+                done = finished or s.step == self.stop_at or self.dist.any(stop.requested)
+                if not reported and (s.step - first >= PEAK_STEPS or done):
+                    self.report_peak(bar, s.step - first)
+                    reported = True
+                self.show(bar, loss)
+                if finished or s.step % cfg.eval_interval == 0:  # an interruption (stop_at) logs nothing extra
+                    self.evaluate()
+                if done or s.step % cfg.eval_interval == 0:
+                    self.save()
+                    s.elapsed = self.dist.from_main(start_elapsed + time.perf_counter() - clock)
+        finally:
+            if bar is not None:
+                bar.close()
+        return finished
+
+    def show(self, bar, loss: float) -> None:
+        if bar is not None:
+            s = self.state
+            bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
+            bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, {s.tokens / max(s.train_time, 1e-9):.0f} tok/s",
+                                refresh=False)

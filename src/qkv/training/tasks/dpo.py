@@ -1,0 +1,257 @@
+"""Preference tuning: Direct Preference Optimization (Rafailov et al. 2023) and its IPO and hinge variants.
+
+For a prompt x with a chosen answer y_w and a rejected one y_l, with log π(y | x) the sum of the answer's
+token log-probabilities under the model being trained and log π_ref under the reference (the starting weights):
+
+    h = [log π(y_w|x) − log π_ref(y_w|x)] − [log π(y_l|x) − log π_ref(y_l|x)]
+    sigmoid   loss = −log σ(β h)                         (DPO, eq. 7)
+    ipo       loss = (h − 1 / (2β))²                     (Azar et al. 2023, "A General Theoretical Paradigm…", eq. 17)
+    hinge     loss = max(0, 1 − β h)                     (SLiC, Zhao et al. 2023)
+    rewards   r_w = β [log π(y_w|x) − log π_ref(y_w|x)], r_l likewise; accuracy = mean(r_w > r_l), margin = mean(r_w − r_l)
+
+The reference is the starting weights: with ``--lora`` the same model with its adapters switched off (no copy);
+without, a frozen copy — or, with ``--precompute-ref``, its log-probabilities computed once and the copy dropped.
+Everything else — data, chat template, tokenizer, context — is the SFT task's (``qkv.training.tasks.sft``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...data.chat_template import plain_ids, segments
+from ...data.conversations import Preference, catalog_preferences, load_preferences
+from .base import SCRATCH, TaskDefaults, TaskOptions
+from .sft import SFTTask
+
+LOSSES = ("sigmoid", "ipo", "hinge")
+REWARD_FIELDS = ("val_loss", "val_reward_accuracy", "val_reward_margin", "val_rewards_chosen", "val_rewards_rejected")
+
+
+@dataclass(frozen=True)
+class DPOOptions(TaskOptions):
+    """``--beta``, ``--dpo-loss``, ``--precompute-ref``, and the SFT task's data options."""
+
+    val_data: str = ""
+    chat_template: str = ""
+    truncate: bool = False
+    beta: float = 0.1
+    dpo_loss: str = "sigmoid"
+    precompute_ref: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.dpo_loss not in LOSSES:
+            raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.dpo_loss!r}")
+
+    train_on_prompt = False  # an answer's tokens alone are scored
+
+
+def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
+                    kind: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
+    """(losses (B,), chosen rewards (B,), rejected rewards (B,)) from summed answer log-probabilities (B,) each."""
+    h = (chosen - ref_chosen) - (rejected - ref_rejected)
+    if kind == "sigmoid":
+        losses = -F.logsigmoid(beta * h)
+    elif kind == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif kind == "hinge":
+        losses = torch.relu(1 - beta * h)
+    else:
+        raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {kind!r}")
+    return losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
+
+
+def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
+    """Σ log p(target) over the positions whose target is not −100: inputs, targets (B, L) -> (B,)."""
+    logits = model(inputs).logits.float()  # (B, L, V)
+    kept = targets != -100
+    picked = torch.gather(logits.log_softmax(-1), 2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, L)
+    return (picked * kept).sum(-1)
+
+
+@contextmanager
+def adapters_off(model: nn.Module):
+    """The model with its LoRA adapters switched off inside (peft's layers), on again after."""
+    layers = [m for m in model.modules() if hasattr(m, "enable_adapters") and hasattr(m, "lora_A")]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+
+
+class DPOTask(SFTTask):
+    """Preference pairs: raise the chosen answer's likelihood over the rejected one's, against the reference."""
+
+    name = "dpo"
+    options_type = DPOOptions
+    defaults = TaskDefaults(preset="demo", batch_size=16, lr=1e-4, warmup_steps=10, lr_width=None,
+                            tokenizer=("bpe", 2048), preset_tokenizers={"demo": ("bpe", 2048)}, minutes=5.0,
+                            preset_recipes={"demo": SCRATCH},
+                            data="the system's gettext catalogs as preference pairs (another string's translation "
+                                 "rejected)")
+    reference: nn.Module | None = None
+    ref_logps: dict[str, Tensor] | None = None  # --precompute-ref: {"train", "val"}: (pairs, 2) chosen, rejected
+
+    @staticmethod
+    def read(data, val_data):
+        if data is None:
+            train, val, source = catalog_preferences()
+            return train, (load_preferences(val_data) if val_data else val), source
+        pairs = load_preferences(data)
+        if val_data:
+            return pairs, load_preferences(val_data), data
+        cut = max(1, round(0.05 * len(pairs)))
+        return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
+
+    def fit_messages(self) -> list:
+        return [p.prompt + answer for p in self.train_set for answer in (p.chosen, p.rejected)]
+
+    def encode(self, p: Preference) -> tuple:
+        """(chosen ids, chosen scored, rejected ids, rejected scored, where): each answer after the prompt."""
+        return (*self.scored(p.prompt, p.chosen), *self.scored(p.prompt, p.rejected), p.where)
+
+    def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
+        ids, scored = [], []
+        asked = sum(m["role"] == "assistant" for m in prompt)  # answers inside the prompt are context
+        for text, is_answer in segments(self.template, list(prompt + answer), **self.template_tokens):
+            piece = plain_ids(self.tokenizer, text)
+            ids += piece
+            scored += [is_answer and asked <= 0] * len(piece)
+            asked -= int(is_answer)
+        return torch.tensor(ids), torch.tensor(scored)
+
+    def build_model(self, mconf) -> nn.Module:
+        model = super().build_model(mconf)
+        if not self.lora:  # the starting weights, kept apart (a resume restores the trained ones after this)
+            self.reference = copy.deepcopy(model).requires_grad_(False).eval()
+        return model
+
+    def check(self, cfg, mconf, dist) -> None:
+        self.T, self.lora, self.device = cfg.context or mconf.max_len, bool(cfg.lora), dist.device
+        self.train_rows = [self.fitted_pair(r) for r in self.train_rows]
+        self.val_rows = [self.fitted_pair(r) for r in self.val_rows]
+        self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) + len(r[2]) for r in self.train_rows)
+                                     / max(1, len(self.train_rows)))
+        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // 256)))
+        self.final_units = len(self.val_rows) if cfg.final_eval else 0
+
+    def fitted_pair(self, row: tuple) -> tuple:
+        c_ids, c_scored, r_ids, r_scored, where = row
+        c_ids, c_scored, _ = self.fitted((c_ids, c_scored, where), self.T)
+        r_ids, r_scored, _ = self.fitted((r_ids, r_scored, where), self.T)
+        return c_ids, c_scored, r_ids, r_scored, where
+
+    # --- training ---------------------------------------------------------------------------------
+    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
+        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers."""
+        seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
+        return self.batch(seqs, list(range(len(seqs))))
+
+    def draw(self, generator: torch.Generator, cfg, dist) -> list:
+        idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)
+        return [(row.tolist(), "train") for row in idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]]
+
+    def pair_logps(self, model, micro, *, reference: bool) -> tuple[Tensor, Tensor]:
+        """(chosen, rejected) summed answer log-probabilities (B,) of the policy, or of the reference."""
+        indices, split = micro
+        rows = self.train_rows if split == "train" else self.val_rows
+        if reference and self.ref_logps is not None:
+            cached = self.ref_logps[split][indices].to(self.device)
+            return cached[:, 0], cached[:, 1]
+        inputs, targets = self.pair_batch(rows, indices)
+        if not reference:
+            both = answer_logps(model, inputs, targets)
+        else:
+            with torch.no_grad(), (adapters_off(model) if self.lora else nullcontext()):
+                both = answer_logps(model if self.lora else self.reference_on_device(), inputs, targets)
+        return both[:len(indices)], both[len(indices):]
+
+    def reference_on_device(self) -> nn.Module:
+        if next(self.reference.parameters()).device != self.device:
+            self.reference.to(self.device)
+        return self.reference
+
+    def loss(self, model: nn.Module, micro) -> Tensor:
+        if self.options.precompute_ref and self.ref_logps is None:
+            self.precompute()
+        chosen, rejected = self.pair_logps(model, micro, reference=False)
+        ref_chosen, ref_rejected = self.pair_logps(model, micro, reference=True)
+        losses, _, _ = preference_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.options.beta,
+                                       kind=self.options.dpo_loss)
+        return losses.mean()
+
+    @torch.no_grad()
+    def precompute(self) -> None:
+        """--precompute-ref: the reference's log-probabilities of every pair, once; the reference copy dropped."""
+        model = self.reference_on_device()
+        out = {}
+        for split, rows in (("train", self.train_rows), ("val", self.val_rows)):
+            parts = []
+            for lo in range(0, len(rows), 32):
+                indices = list(range(lo, min(lo + 32, len(rows))))
+                inputs, targets = self.pair_batch(rows, indices)
+                both = answer_logps(model, inputs, targets)
+                parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
+            out[split] = torch.cat(parts)
+        self.ref_logps, self.reference = out, None
+
+    # --- validation -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def scores(self, model, indices: list[int], autocast, dist) -> dict:
+        """The DPO loss and the rewards on held-out pairs ``indices``, as TRL names them."""
+        was, sums = model.training, torch.zeros(6, dtype=torch.float64, device=self.device)
+        model.eval()
+        mine = indices[dist.rank::dist.world]
+        for lo in range(0, len(mine), 16):
+            micro = (mine[lo:lo + 16], "val")
+            with autocast():
+                chosen, rejected = self.pair_logps(model, micro, reference=False)
+                ref = self.pair_logps(model, micro, reference=True)
+            losses, r_w, r_l = preference_loss(chosen, rejected, *ref, beta=self.options.beta,
+                                               kind=self.options.dpo_loss)
+            sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
+                                 torch.tensor(float(len(micro[0])), device=self.device)]).double()
+        model.train(was)
+        sums = dist.sum(sums)
+        return dict(zip(REWARD_FIELDS, (sums[:5] / sums[5].clamp(min=1)).tolist()))
+
+    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
+        return self.scores(model, self.eval_sample, autocast, dist), len(self.eval_sample)
+
+    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
+        return self.scores(model, list(range(len(self.val_rows))), autocast, dist)
+
+    # --- reporting ---------------------------------------------------------------------------------------
+    def describe(self) -> str:
+        ref = "the adapters switched off" if self.lora else "precomputed" if self.options.precompute_ref else \
+            "a frozen copy of the starting weights"
+        return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
+                f"{self.source}: {len(self.train_rows)} preference pairs, {len(self.val_rows)} held out; "
+                f"{self.options.dpo_loss} loss, β {self.options.beta:g}, reference: {ref}")
+
+    def summary(self) -> dict:
+        return {"data": self.source, "pairs": len(self.train_rows), "val_pairs": len(self.val_rows),
+                "chat_template": self.template_from, "beta": self.options.beta, "dpo_loss": self.options.dpo_loss,
+                "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
+
+    def info(self, s: dict) -> dict[str, str]:
+        return {"val_loss": f"{s['val_loss']:.4f} ({s['dpo_loss']}); reward accuracy "
+                            f"{100 * s['val_reward_accuracy']:.1f} %, margin {s['val_reward_margin']:.3f}"}
+
+    def result_lines(self, s: dict) -> list[str]:
+        base = f" (ln 2 = {math.log(2):.4f} where the model is the reference)" if s["dpo_loss"] == "sigmoid" else ""
+        return [f"validation ({s['val_pairs']} held-out pairs): {s['dpo_loss']} loss {s['val_loss']:.4f}{base}; "
+                f"reward accuracy {100 * s['val_reward_accuracy']:.1f} %, margin {s['val_reward_margin']:.3f} "
+                f"(chosen {s['val_rewards_chosen']:.3f}, rejected {s['val_rewards_rejected']:.3f})"]

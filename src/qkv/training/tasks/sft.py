@@ -1,0 +1,274 @@
+"""Supervised fine-tuning on conversations: a decoder learns the assistant's turns of chat conversations.
+
+    loss = Σ cross-entropy over the assistant's tokens of the step / number of those tokens
+
+The mean is over every assistant token of the optimizer step — across its micro-batches, processes and rows —
+so a long answer weighs per token, not per conversation, and 4 micro-batches of 1 equal 1 of 4. The prompt's
+tokens (system, user, the template's markup) are context only; ``--train-on-prompt`` counts them too.
+
+Each conversation is rendered by the chat template (``qkv.data.chat_template``: the checkpoint's, or ChatML for
+a model from scratch) and cut into the assistant's pieces and the rest. Shapes: B conversations, L tokens.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...data import BPETokenizer
+from ...data.chat_template import CHATML, CHATML_TOKENS, encode_conversation, plain_ids, render, template_source
+from ...data.conversations import Conversation, catalog_conversations, load_conversations
+from ...models import GPT, ModelConfig
+from ..finetune import load_base
+from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
+
+VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
+EVAL_CONVERSATIONS = 256  # held-out conversations of each periodic validation
+ANSWERED = 64  # held-out conversations answered greedily at the end (exact match, chrF)
+TEMPLATE_FILE = "chat_template.jinja"  # the template a run trained with, in its directory
+
+
+@dataclass(frozen=True)
+class SFTOptions(TaskOptions):
+    """``--val-data``, ``--train-on-prompt``, ``--chat-template`` (chatml, a file or a template; default the
+    checkpoint's, ChatML from scratch) and ``--truncate`` (cut a long conversation's prompt from the left)."""
+
+    FREE_ON_RESUME = ()
+    val_data: str = ""
+    train_on_prompt: bool = False
+    chat_template: str = ""
+    truncate: bool = False
+
+
+def checkpoint_template(path: str) -> tuple[str | None, dict]:
+    """The chat template of a Hugging Face directory (chat_template.jinja, or tokenizer_config.json's) and its
+    special-token variables (bos_token, eos_token) for rendering."""
+    folder = Path(path)
+    config = {}
+    if (folder / "tokenizer_config.json").is_file():
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = (folder / TEMPLATE_FILE).read_text(encoding="utf-8") if (folder / TEMPLATE_FILE).is_file() \
+        else config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    tokens = {k: (v["content"] if isinstance(v, dict) else v) for k, v in config.items()
+              if k in ("bos_token", "eos_token") and v is not None}
+    return template, tokens
+
+
+def held_out(conversations: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, validation): about VAL_FRACTION of the conversations, chosen by a hash of their messages."""
+    def score(c: Conversation) -> float:
+        key = json.dumps(c.messages, ensure_ascii=False, sort_keys=True).encode()
+        return int(hashlib.sha1(key).hexdigest()[:8], 16) / 16**8
+    chosen = {i for i, c in enumerate(conversations) if score(c) < VAL_FRACTION} or {len(conversations) - 1}
+    train = [c for i, c in enumerate(conversations) if i not in chosen]
+    val = [c for i, c in enumerate(conversations) if i in chosen]
+    return train, val
+
+
+class SFTTask(DecoderTask):
+    """Next-token prediction on the assistant's turns of conversations, with a GPT."""
+
+    name = "sft"
+    model_class = GPT
+    options_type = SFTOptions
+    defaults = TaskDefaults(preset="demo", batch_size=32, lr=6e-3, warmup_steps=20, lr_width=0.576,
+                            tokenizer=("bpe", 2048), preset_tokenizers={"demo": ("bpe", 2048)}, minutes=10.0,
+                            preset_recipes={"demo": SCRATCH},
+                            data="the system's gettext catalogs as 'Translate to Chinese' conversations")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.tokenizer not in (None, "bpe"):
+            raise ValueError(f"--task sft trains a byte-level BPE (its chat markers are special tokens); "
+                             f"--tokenizer {cfg.tokenizer} is for --task lm")
+
+    # --- data ------------------------------------------------------------------------------------
+    def prepare(self, cfg, run, dist) -> None:
+        opts = self.options = cfg.task_options
+        self.train_set, self.val_set, self.source = self.read(cfg.data, opts.val_data)
+        if cfg.init_from_hf:
+            self.base = load_base(cfg.init_from_hf, expect_sha256=cfg.init_sha256)
+            cfg.init_sha256 = self.base.sha256
+        self.template, self.template_tokens, self.template_from = self.chat_template(cfg, opts)
+        fit = (lambda: self.base.tokenizer) if self.base else (lambda: self.fit(cfg.vocab_size))
+        self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)
+        self.train_rows = [self.encode(x) for x in self.train_set]
+        self.val_rows = [self.encode(x) for x in self.val_set]
+        if run is not None and dist.is_main:
+            from ...fileio import atomic_text
+
+            run.path.mkdir(parents=True, exist_ok=True)
+            atomic_text(run / TEMPLATE_FILE, self.template)
+
+    @staticmethod
+    def read(data: str | None, val_data: str) -> tuple[list[Conversation], list[Conversation], str]:
+        """(train, validation, where from): --data's conversations, or the catalogs' by default; validation is
+        --val-data's, or a held-out share."""
+        if data is None:
+            train, val, source = catalog_conversations()
+            return (train, load_conversations(val_data) if val_data else val, source)
+        conversations = load_conversations(data)
+        if val_data:
+            return conversations, load_conversations(val_data), data
+        train, val = held_out(conversations)
+        return train, val, f"{data} ({len(val)} held out: {VAL_FRACTION:.0%} by a hash of each conversation)"
+
+    def chat_template(self, cfg, opts: SFTOptions) -> tuple[str, dict, str]:
+        """(template, its token variables, where it came from): --chat-template, else the checkpoint's; a model
+        from scratch takes ChatML; a checkpoint without one needs --chat-template."""
+        given = template_source(opts.chat_template)
+        if self.base is not None:
+            own, tokens = checkpoint_template(cfg.init_from_hf)
+            if given is None and own is None:
+                raise ValueError(f"{cfg.init_from_hf} has no chat template (tokenizer_config.json 'chat_template' or "
+                                 f"{TEMPLATE_FILE}); give one with --chat-template chatml|FILE")
+            return (given or own), tokens, ("--chat-template" if given else "the checkpoint's")
+        if cfg.resume and cfg.out and (Path(cfg.out) / TEMPLATE_FILE).is_file():
+            return (Path(cfg.out) / TEMPLATE_FILE).read_text(encoding="utf-8"), {}, "the run's"
+        return (given or CHATML), {}, ("--chat-template" if given else "ChatML")
+
+    def fit(self, vocab_size: int | None) -> BPETokenizer:
+        """A byte-level BPE on the rendered training data, ChatML's markers as special tokens."""
+        texts = [render(self.template, messages, **self.template_tokens) for messages in self.fit_messages()]
+        return BPETokenizer.train(texts, vocab_size or 2048, special_tokens=CHATML_TOKENS)
+
+    def fit_messages(self) -> list:
+        """The conversations a new tokenizer is fitted on."""
+        return [c.messages for c in self.train_set]
+
+    def encode(self, c: Conversation) -> tuple[Tensor, Tensor, str]:
+        """(ids (L,), trained (L,) bool, where): the rendered conversation and which tokens the loss counts."""
+        ids, trained = encode_conversation(self.tokenizer, self.template, c.messages,
+                                           train_on_prompt=self.options.train_on_prompt, **self.template_tokens)
+        return torch.tensor(ids), torch.tensor(trained), c.where
+
+    def check(self, cfg, mconf: ModelConfig, dist) -> None:
+        T = self.T = cfg.context or mconf.max_len
+        self.train_rows = [self.fitted(r, T) for r in self.train_rows]
+        self.val_rows = [self.fitted(r, T) for r in self.val_rows]
+        if len(self.train_rows) < 1:
+            raise ValueError("no training conversations")
+        self.answered = torch.tensor([int(t[1:].sum()) for _, t, _ in self.train_rows])  # trained targets per row
+        self.tokens_per_step = round(cfg.batch_size * sum(len(i) for i, _, _ in self.train_rows) / len(self.train_rows))
+        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
+        self.final_units = len(self.val_rows) + 20 * min(ANSWERED, len(self.val_rows)) if cfg.final_eval else 0
+        self.device = dist.device
+
+    def fitted(self, row: tuple[Tensor, Tensor, str], T: int) -> tuple[Tensor, Tensor, str]:
+        """The row within T + 1 tokens: as it is, or with --truncate its prompt cut from the left (never an
+        answer); ValueError naming the conversation and its length otherwise."""
+        ids, trained, where = row
+        cut = len(ids) - (T + 1)
+        if cut <= 0:
+            return row
+        if not self.options.truncate:
+            raise ValueError(f"{where}: a conversation of {len(ids)} tokens, longer than the context ({T} + 1); "
+                             "--truncate cuts its prompt from the left, or raise --context")
+        if bool(trained[:cut].any()):
+            raise ValueError(f"{where}: a conversation of {len(ids)} tokens whose answers alone do not fit the "
+                             f"context ({T} + 1) even with the prompt cut: raise --context")
+        return ids[cut:], trained[cut:], where
+
+    # --- training ------------------------------------------------------------------------------------
+    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
+        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count."""
+        longest = max(len(rows[i][0]) for i in indices)
+        ids = torch.zeros(len(indices), longest, dtype=torch.long)
+        targets = torch.full((len(indices), longest), -100, dtype=torch.long)
+        for b, i in enumerate(indices):
+            row, trained, _ = rows[i]
+            ids[b, :len(row)] = row
+            targets[b, :len(row)] = row.masked_fill(~trained, -100)
+        return ids[:, :-1].to(self.device), targets[:, 1:].to(self.device)
+
+    def draw(self, generator: torch.Generator, cfg, dist) -> list:
+        idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)  # the global batch
+        total = max(1, int(self.answered[idx].sum()))  # every rank counts the whole step's answer tokens
+        scale = cfg.grad_accum * dist.world / total  # see ``loss``
+        mine = idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B)
+        return [self.batch(self.train_rows, row.tolist()) + (scale,) for row in mine]
+
+    def loss(self, model: nn.Module, micro) -> Tensor:
+        """The micro-batch's summed loss × accum · world / the step's answer tokens: the recipe's mean over
+        micro-batches and processes is then the mean over every answer token of the step."""
+        inputs, targets, scale = micro
+        logits = model(inputs).logits  # (B, L, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                               reduction="sum") * scale
+
+    # --- validation ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def nll(self, model: nn.Module, indices: list[int], autocast, dist) -> tuple[float, int]:
+        """(summed nats, answer tokens) of held-out conversations ``indices``."""
+        was, total = model.training, torch.zeros(2, dtype=torch.float64, device=self.device)
+        model.eval()
+        mine = indices[dist.rank::dist.world]
+        for lo in range(0, len(mine), 32):
+            inputs, targets = self.batch(self.val_rows, mine[lo:lo + 32])
+            with autocast():
+                logits = model(inputs).logits
+            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                        reduction="sum").double()
+            total[1] += (targets != -100).sum()
+        model.train(was)
+        total = dist.sum(total)
+        return float(total[0]), int(total[1])
+
+    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
+        nats, n = self.nll(model, self.eval_sample, autocast, dist)
+        return {"val_loss": nats / max(1, n)}, len(self.eval_sample)
+
+    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
+        nats, n = self.nll(model, list(range(len(self.val_rows))), autocast, dist)
+        return {"val_loss": nats / max(1, n), "val_answer_tokens": n} | self.answers(model, autocast)
+
+    @torch.no_grad()
+    def answers(self, model, autocast) -> dict:
+        """Greedy answers to the last user turn of up to ANSWERED held-out conversations: exact match and chrF
+        against the held-out answer."""
+        from ...generation import generate
+        from ..metrics import chrf
+
+        end = self.tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(self.tokenizer, "special_id") else None
+        chosen = self.val_set[:: max(1, len(self.val_set) // ANSWERED)][:ANSWERED]
+        hyps, refs = [], []
+        for c in chosen:
+            last = max(i for i, m in enumerate(c.messages) if m["role"] == "assistant")
+            prompt = render(self.template, c.messages[:last], add_generation_prompt=True, **self.template_tokens)
+            ids = torch.tensor([plain_ids(self.tokenizer, prompt)[-self.T:]], device=self.device)
+            with autocast():
+                out = generate(model, ids, min(64, self.T), temperature=0, eos_id=end)
+            hyps.append(self.tokenizer.decode(out[0, ids.size(1):].tolist()).split(CHATML_TOKENS[1])[0].strip())
+            refs.append(c.messages[last]["content"].strip())
+        exact = 100 * sum(h == r for h, r in zip(hyps, refs)) / max(1, len(refs))
+        examples = [{"answer": h, "reference": r} for h, r in list(zip(hyps, refs))[:5]]
+        return {"val_exact_match": exact, "val_chrf": chrf(hyps, refs), "answered": len(refs), "examples": examples}
+
+    # --- reporting ------------------------------------------------------------------------------------
+    def describe(self) -> str:
+        return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
+                f"{self.source}: {len(self.train_rows)} conversations, {len(self.val_rows)} held out; chat template: "
+                f"{self.template_from}; loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
+
+    def summary(self) -> dict:
+        return {"data": self.source, "conversations": len(self.train_rows), "val_conversations": len(self.val_rows),
+                "chat_template": self.template_from, "train_on_prompt": self.options.train_on_prompt,
+                "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
+
+    def info(self, s: dict) -> dict[str, str]:
+        return {"val_loss": f"{s['val_loss']:.4f} nats per answer token; greedy answers: exact match "
+                            f"{s.get('val_exact_match', 0):.1f} %, chrF {s.get('val_chrf', 0):.1f}"}
+
+    def result_lines(self, s: dict) -> list[str]:
+        lines = [f"validation loss: {s['val_loss']:.4f} nats per answer token ({s['val_conversations']} held-out "
+                 f"conversations); greedy answers to {s.get('answered', 0)}: exact match "
+                 f"{s.get('val_exact_match', 0):.1f} %, chrF {s.get('val_chrf', 0):.1f}"]
+        return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]

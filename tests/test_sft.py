@@ -1,0 +1,215 @@
+"""--task sft: conversation files in their three forms, the chat template's answer mask, the loss over answer
+tokens (its mean independent of how the step is cut), the starting model's baseline, and bad input."""
+import json
+import re
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.data import CharTokenizer
+from qkv.data.chat_template import CHATML, encode_conversation, render, segments
+from qkv.data.conversations import Record, conversation, load_conversations, preference, record_format
+from qkv.training.recipe import TrainConfig, train
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "6"}]
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def arithmetic(n: int = 60) -> list[dict]:
+    """Conversations in the three forms: messages, sharegpt and alpaca."""
+    out = []
+    for i in range(n):
+        a, b = i % 7, i % 5
+        q, r = f"{a}+{b}?", (str(a + b) if i % 2 else f"{a}+{b}={a + b}")  # answers of two lengths
+        out.append([{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]},
+                    {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": r}]},
+                    {"instruction": "add", "input": q, "output": r}][i % 3])
+    return out
+
+
+def test_the_three_forms_read_as_the_same_messages():
+    forms = [{"messages": [{"role": "user", "content": "add\n\n1+2?"}, {"role": "assistant", "content": "3"}]},
+             {"conversations": [{"from": "human", "value": "add\n\n1+2?"}, {"from": "gpt", "value": "3"}]},
+             {"instruction": "add", "input": "1+2?", "output": "3"}]
+    assert [record_format(Record("x:1", f)) for f in forms] == ["messages", "sharegpt", "alpaca"]
+    read = [conversation(Record("x:1", f)).messages for f in forms]
+    assert read[0] == read[1] == read[2]
+    system = conversation(Record("x:1", {"instruction": "i", "output": "o", "system": "s"})).messages
+    assert [m["role"] for m in system] == ["system", "user", "assistant"]
+    pair = preference(Record("x:1", {"prompt": "1+2?", "chosen": "3", "rejected": "4"}))
+    assert pair.prompt[0]["role"] == "user" and pair.chosen[0]["content"] == "3"
+
+
+def test_chatml_masks_exactly_the_answers_and_their_end_markers():
+    pieces = segments(CHATML, CHAT)
+    assert "".join(t for t, _ in pieces) == render(CHATML, CHAT)
+    assert [t for t, answer in pieces if answer] == ["4<|im_end|>\n", "6<|im_end|>\n"]
+    tok = CharTokenizer.train(render(CHATML, CHAT))
+    ids, trained = encode_conversation(tok, CHATML, CHAT)
+    assert tok.decode([i for i, t in zip(ids, trained) if t]) == "4<|im_end|>\n6<|im_end|>\n"
+    assert all(encode_conversation(tok, CHATML, CHAT, train_on_prompt=True)[1])
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"messages": [}'], r"data.jsonl:1: not valid JSON"),
+    (['{"text": "hi"}'], r"data.jsonl:1: a record of no known format \(keys \['text'\]\)"),
+    (['{"messages": [{"role": "user", "content": "hi"}]}'], r"data.jsonl:1: a conversation without an assistant turn"),
+    (['{"messages": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]}'],
+     r"data.jsonl:1: roles out of order at message 0"),
+    (['{"prompt": "p", "chosen": "c"}'], r"data.jsonl:1: a preference record missing 'rejected'"),
+])
+def test_bad_records_name_their_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    reader = preference if "prompt" in lines[0] else conversation
+    with pytest.raises(ValueError, match=message):
+        from qkv.data.conversations import read_records
+
+        [reader(r) for r in read_records(path)]
+
+
+def sft_config(data: str, **kw) -> TrainConfig:
+    base = dict(task="sft", preset="tiny", data=data, vocab_size=300, max_steps=1, batch_size=4, eval_interval=1,
+                lr=1e-2, threads=1, progress=False, final_eval=False, seed=3, device="cpu")
+    return TrainConfig(**(base | kw))
+
+
+def step_gradients(data: str, accum: int) -> tuple[float, dict]:
+    """The loss and gradients of one step as the loop takes it (micro-batches, each loss / their count)."""
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe
+
+    r = Recipe(sft_config(data, grad_accum=accum), Dist())
+    r.setup()
+    micros = r.task.draw(r.batch_gen, r.cfg, r.dist)
+    loss = sum(float(r.task.loss(r.model, m).detach()) / len(micros) for m in micros)
+    for m in micros:
+        (r.task.loss(r.model, m) / len(micros)).backward()
+    return loss, {n: p.grad.clone() for n, p in r.model.named_parameters() if p.grad is not None}
+
+
+def test_the_loss_is_the_mean_over_answer_tokens_however_the_step_is_cut(tmp_path):
+    """4 micro-batches of 1 and 1 of 4 take the same step: conversations of different lengths weigh per token."""
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic())
+    (whole, grads), (cut, cut_grads) = step_gradients(data, 1), step_gradients(data, 4)
+    assert whole == pytest.approx(cut, abs=1e-6)
+    assert grads.keys() == cut_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(cut_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
+    # a per-conversation mean would differ: the rows' answers are of different lengths
+    r_lengths = {len(m["messages"][1]["content"]) for m in arithmetic() if "messages" in m}
+    assert len(r_lengths) > 1
+
+
+def test_max_steps_zero_evaluates_the_starting_model(tmp_path):
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic())
+    out = tmp_path / "run"
+    result = train(sft_config(data, max_steps=0, out=str(out), final_eval=True))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steps"] == 0 and s["val_loss"] == pytest.approx(result.summary["val_loss"])
+    vocab = s["vocab_size"]
+    assert abs(s["val_loss"] - torch.log(torch.tensor(float(vocab)))) < 1.5  # an untrained model: near ln V
+    assert (out / "chat_template.jinja").read_text() == CHATML  # the template it would train with
+
+
+def test_a_short_sft_run_learns_and_the_command_reports_it(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(90))
+    out = tmp_path / "run"
+    assert main(["train", "--task", "sft", "--preset", "tiny", "--data", data, "--vocab-size", "300",
+                 "--max-steps", "30", "--batch-size", "8", "--eval-interval", "15", "--out", str(out), "--quiet",
+                 "--device", "cpu", "--sample-tokens", "0"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"validation loss: [\d.]+ nats per answer token \(\d+ held-out conversations\)", text), text
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["val_loss"] < records[0]["val_loss"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tokenizer", "char"], "--task sft trains a byte-level BPE"),
+    (["--chat-template", "nope.jinja"], "--chat-template 'nope.jinja': expected 'chatml'"),
+])
+def test_bad_settings_are_one_line_and_write_nothing(tmp_path, capsys, extra, message):
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic())
+    out = tmp_path / "run"
+    assert main(["train", "--task", "sft", "--preset", "tiny", "--data", data, "--max-steps", "1", "--out", str(out),
+                 "--quiet", "--device", "cpu", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_a_conversation_longer_than_the_context_is_named_or_cut_from_the_prompt(tmp_path, capsys):
+    noise = "".join(chr(97 + (i * 7 + i // 26) % 26) for i in range(300))  # no merges make it short
+    long = [{"messages": [{"role": "user", "content": noise}, {"role": "assistant", "content": "ok"}]}]
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic() + long)
+    args = ["train", "--task", "sft", "--preset", "tiny", "--data", data, "--max-steps", "1", "--quiet",
+            "--device", "cpu", "--vocab-size", "300", "--val-data", write_jsonl(tmp_path / "v.jsonl", arithmetic(6))]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"chat.jsonl:61: a conversation of \d+ tokens, longer than the context \(64 \+ 1\); "
+                     r"--truncate", err), err
+    assert main([*args, "--out", str(tmp_path / "b"), "--truncate", "--sample-tokens", "0"]) == 0
+
+
+def test_conversations_read_from_a_directory_of_files(tmp_path):
+    d = tmp_path / "chats"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", arithmetic(3))
+    write_jsonl(d / "b.jsonl", arithmetic(4))
+    assert len(load_conversations(d)) == 7
+
+
+def test_a_trained_run_answers_with_its_chat_template(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(90))
+    out = tmp_path / "run"
+    assert main(["train", "--task", "sft", "--preset", "tiny", "--data", data, "--vocab-size", "300", "--max-steps",
+                 "5", "--batch-size", "8", "--out", str(out), "--quiet", "--device", "cpu", "--sample-tokens", "0"]) == 0
+    capsys.readouterr()
+    assert main(["sample", "--run", str(out), "--chat", "--prompt", "1+2?", "--temperature", "0",
+                 "--max-new-tokens", "8", "--device", "cpu"]) == 0
+    reply = capsys.readouterr().out
+    assert "<|im_start|>" not in reply and "1+2?" not in reply  # the answer alone, without the template's markup
+
+
+def test_an_exported_sft_run_chats_in_transformers_with_the_same_template(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="the hf extra brings transformers")
+    from qkv.data.chat_template import plain_ids
+    from qkv.training.export import export_run
+    from qkv.training.run_dir import load_run
+
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(60))
+    out = tmp_path / "run"
+    train(TrainConfig(task="sft", preset="demo", data=data, vocab_size=300, max_steps=2, batch_size=4, threads=1,
+                      progress=False, final_eval=False, out=str(out), device="cpu"))
+    hf_dir = export_run(out, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    messages = [{"role": "user", "content": "1+2?"}]
+    theirs = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    theirs = list(theirs["input_ids"] if isinstance(theirs, dict) else theirs)
+    run = load_run(out)
+    ours = plain_ids(run.tokenizer, render((out / "chat_template.jinja").read_text(), messages,
+                                           add_generation_prompt=True))
+    assert theirs == ours and tok.eos_token == "<|im_end|>"
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    with torch.no_grad():
+        ref = run.model(torch.tensor([ours])).logits
+        torch.testing.assert_close(model(torch.tensor([ours])).logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_datasets_folder_on_disk_reads_as_its_records(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the chat extra brings datasets")
+    records = arithmetic(9)
+    messages = [r for r in records if "messages" in r]
+    datasets.Dataset.from_list(messages).save_to_disk(str(tmp_path / "saved"))
+    assert [c.messages for c in load_conversations(tmp_path / "saved")] == \
+        [tuple(r["messages"]) for r in messages]
+    (tmp_path / "pq").mkdir()
+    datasets.Dataset.from_list(messages).to_parquet(str(tmp_path / "pq" / "train.parquet"))
+    assert len(load_conversations(tmp_path / "pq")) == len(messages)
