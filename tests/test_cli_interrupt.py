@@ -38,7 +38,7 @@ def interrupt(*args, **kwargs):
     ("qkv.cli.train.load_model_source", ["sample", "--run", "R", "--prompt", "def"]),
     ("qkv.cli.translate.load_model_source", ["translate", "--run", "R", "a text"]),
     ("qkv.claims.run_claims", ["verify", "--only", "softmax-rows"]),
-    ("qkv.cli.load_model_source", ["explore", "--run", "R", "--text", "a"]),
+    ("qkv.cli.sources.load_model_source", ["explore", "--run", "R", "--text", "a"]),
 ])
 def test_ctrl_c_is_one_line_and_exit_130(target, argv, run, monkeypatch, capsys):
     module, name = target.rsplit(".", 1)

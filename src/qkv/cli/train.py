@@ -355,7 +355,7 @@ def chat_ids(args: argparse.Namespace, tokenizer) -> list[int] | None:
         return plain_ids(tokenizer, render(template, messages, add_generation_prompt=True))
     if getattr(tokenizer, "chat_template", None) is None:
         raise CommandError(f"{args.run or args.hf}: the tokenizer has no chat template "
-                           "(tokenizer_config.json 'chat_template'; a run's chat_template.jinja)")
+                           "(tokenizer_config.json 'chat_template'), nor the run a chat_template.jinja")
     return tokenizer.chat_ids(messages)
 
 
