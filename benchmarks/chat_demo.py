@@ -1,7 +1,7 @@
 """The chat fine-tuning demo, with no download: supervised fine-tuning on the catalogs' conversations, then DPO on
 their preference pairs, each measured before and after on held-out data.
 
-    python -m benchmarks.chat_demo                        # SFT 10 minutes, DPO 3 (the defaults' budgets)
+    python -m benchmarks.chat_demo                        # SFT 10 minutes, DPO 5 (the defaults' budgets)
     python -m benchmarks.chat_demo --sft-minutes 2 --dpo-minutes 1 --markdown docs
 
 Steps, each ``qkv train`` as a user runs it: ``--task sft --max-steps 0`` (the starting model), ``--task sft``
@@ -103,7 +103,7 @@ def main(argv=None) -> str:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sft-minutes", type=float, default=10.0)
-    p.add_argument("--dpo-minutes", type=float, default=3.0)
+    p.add_argument("--dpo-minutes", type=float, default=5.0)
     p.add_argument("--markdown", metavar="DOCS", default=None)
     p.add_argument("--from-json", metavar="FILE", default=None)
     args = p.parse_args(argv)

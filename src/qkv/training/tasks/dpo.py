@@ -139,6 +139,9 @@ class DPOTask(SFTTask):
 
     def check(self, cfg, mconf, dist) -> None:
         self.T, self.lora, self.device = cfg.context or mconf.max_len, bool(cfg.lora), dist.device
+        if cfg.data is None:  # the built-in pairs: those past the context left out
+            self.train_rows, self.val_rows = (self.fitting(rows, self.T, dist, cfg.progress)
+                                              for rows in (self.train_rows, self.val_rows))
         self.train_rows = [self.fitted_pair(r) for r in self.train_rows]
         self.val_rows = [self.fitted_pair(r) for r in self.val_rows]
         self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) + len(r[2]) for r in self.train_rows)

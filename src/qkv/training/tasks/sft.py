@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,9 @@ class SFTTask(DecoderTask):
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         T = self.T = cfg.context or mconf.max_len
+        if cfg.data is None:  # the built-in conversations: those past the context are left out, as translate does
+            self.train_rows, self.val_rows = (self.fitting(rows, T, dist, cfg.progress)
+                                              for rows in (self.train_rows, self.val_rows))
         self.train_rows = [self.fitted(r, T) for r in self.train_rows]
         self.val_rows = [self.fitted(r, T) for r in self.val_rows]
         if len(self.train_rows) < 1:
@@ -161,6 +165,16 @@ class SFTTask(DecoderTask):
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
         self.final_units = len(self.val_rows) + 20 * min(ANSWERED, len(self.val_rows)) if cfg.final_eval else 0
         self.device = dist.device
+
+    @staticmethod
+    def fitting(rows: list, T: int, dist, progress: bool) -> list:
+        """The rows of at most T + 1 tokens (each sequence of a row: a pair's two answers too), saying how many
+        were left out."""
+        kept = [r for r in rows if all(len(x) <= T + 1 for x in r[:-1:2])]
+        if len(kept) < len(rows) and dist.is_main and progress:
+            print(f"qkv: {len(rows) - len(kept)} of {len(rows)} built-in conversations longer than the context "
+                  f"({T} + 1 tokens) left out", file=sys.stderr)
+        return kept
 
     def fitted(self, row: tuple[Tensor, Tensor, str], T: int) -> tuple[Tensor, Tensor, str]:
         """The row within T + 1 tokens: as it is, or with --truncate its prompt cut from the left (never an
