@@ -207,3 +207,21 @@ def test_a_gpu_runs_state_resumes_on_a_cpu_exactly(tmp_path):
     assert drop_time(resumed.metrics) == drop_time(full.metrics)
     for p, q in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("task", ["lm", "translate"])
+def test_max_steps_zero_summarises_the_starting_model(tmp_path, task):
+    """Every task: no step, one evaluation at step 0, the summary written (the baseline a fine-tune is compared to)."""
+    if task == "lm":
+        config, inputs = cfg(max_steps=0, out=str(tmp_path / "r"), final_eval=True), {"corpus": CORPUS}
+    else:
+        from qkv.data.catalogs import PairCorpus
+
+        pairs = [(f"open file {i}", f"打开文件 {i}") for i in range(40)]
+        inputs = {"corpus": PairCorpus(train=pairs[:32], val=pairs[32:], source="test", target_lang="zh_CN")}
+        config = TrainConfig(task="translate", preset="tiny", max_steps=0, batch_size=4, vocab_size=300, threads=1,
+                             progress=False, out=str(tmp_path / "r"))
+    result = train(config, **inputs)
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["steps"] == 0 and [m["step"] for m in result.metrics] == [0] and s["val_loss"] > 0
+    assert result.metrics[0]["train_loss"] is None
