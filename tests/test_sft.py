@@ -213,3 +213,32 @@ def test_a_datasets_folder_on_disk_reads_as_its_records(tmp_path):
     (tmp_path / "pq").mkdir()
     datasets.Dataset.from_list(messages).to_parquet(str(tmp_path / "pq" / "train.parquet"))
     assert len(load_conversations(tmp_path / "pq")) == len(messages)
+
+
+def test_qkv_chat_keeps_the_history_resets_and_ends(tmp_path, capsys, monkeypatch):
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(60))
+    out = tmp_path / "run"
+    assert main(["train", "--task", "sft", "--preset", "tiny", "--data", data, "--vocab-size", "300", "--max-steps",
+                 "3", "--batch-size", "8", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    from qkv.cli import chat
+
+    seen = []
+    real = chat.conversation_ids
+    monkeypatch.setattr(chat, "conversation_ids", lambda a, t, messages: seen.append(list(messages)) or real(a, t, messages))
+    lines = iter(["1+2?", "and 2+2?", "/reset", "3+3?", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    capsys.readouterr()
+    assert main(["chat", "--run", str(out), "--temperature", "0", "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    turns = [[m["role"] for m in msgs] for msgs in seen[1:]]  # the first renders the template once, as a check
+    assert turns == [["user"], ["user", "assistant", "user"], ["user"]]
+    assert seen[2][2]["content"] == "and 2+2?" and seen[3][0]["content"] == "3+3?"
+    assert "forgotten" in capsys.readouterr().err
+
+
+def test_qkv_chat_refuses_a_model_without_a_template(tmp_path, capsys, data):
+    out = tmp_path / "lm"
+    assert main(["train", "--preset", "tiny", "--data", str(data), "--max-steps", "1", "--out", str(out), "--quiet",
+                 "--device", "cpu", "--sample-tokens", "0"]) == 0
+    capsys.readouterr()
+    assert main(["chat", "--run", str(out), "--device", "cpu"]) == 2
+    assert "has no chat template" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import os
 import sys
 
 from .bench import add_bench, run_bench
+from .chat import add_chat, run_chat
 from .errors import CommandError, Parser, debugging, report
 from .explore import add_explore, run_explore
 from .export import add_export, run_export
@@ -27,6 +28,7 @@ __all__ = ["COMMANDS", "CommandError", "add_model_source", "build_parser", "load
 COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `qkv --help` order
     "train": (add_train, run_train),
     "sample": (add_sample, run_sample),
+    "chat": (add_chat, run_chat),
     "info": (add_info, run_info),
     "export": (add_export, run_export),
     "translate": (add_translate, run_translate),

@@ -10,6 +10,7 @@ from ..generation.backends import BACKENDS
 from ..training.optim import OPTIMIZERS, SCHEDULES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
+from .chat import conversation_ids, end_of_turn, stream_chat
 from .sources import add_model_source, check_directory_kind, load_model_source
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
@@ -342,59 +343,12 @@ def check_decoder(args: argparse.Namespace, model) -> None:
 
 
 def chat_ids(args: argparse.Namespace, tokenizer) -> list[int] | None:
-    """--chat: the --system and --prompt messages in the checkpoint's chat template, as the prompt's ids
-    (``Tokenizer.chat_ids``); None without --chat. CommandError when the tokenizer has no template."""
+    """--chat: the --system and --prompt messages in the checkpoint's (or the run's) chat template, as the prompt's
+    ids; None without --chat."""
     if not args.chat:
         return None
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
-    messages = system + [{"role": "user", "content": args.prompt}]
-    template = run_chat_template(args.run)
-    if template is not None:  # a run of --task sft or dpo: the template it trained with
-        from ..data.chat_template import plain_ids, render
-
-        return plain_ids(tokenizer, render(template, messages, add_generation_prompt=True))
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise CommandError(f"{args.run or args.hf}: the tokenizer has no chat template "
-                           "(tokenizer_config.json 'chat_template'), nor the run a chat_template.jinja")
-    return tokenizer.chat_ids(messages)
-
-
-def run_chat_template(run: str | None) -> str | None:
-    """The chat template a run of --task sft or dpo trained with (its chat_template.jinja), None for others."""
-    from ..training.tasks.sft import TEMPLATE_FILE
-
-    path = Path(run) / TEMPLATE_FILE if run else None
-    return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
-
-
-def end_of_turn(model, tokenizer) -> list[int] | None:
-    """Where a chat reply ends: the model's generation_config eos ids and the tokenizer's eos (None: none)."""
-    from ..data.chat_template import CHATML_TOKENS
-
-    config = getattr(model, "generation_config", None)
-    ids = list(config.eos_ids) if config is not None else []
-    ids += [] if getattr(tokenizer, "eos_id", None) is None else [tokenizer.eos_id]
-    end = tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(tokenizer, "special_id") else None
-    ids += [] if end is None else [end]  # ChatML's end of turn, in a tokenizer that has it
-    return list(dict.fromkeys(ids)) or None
-
-
-def stream_chat(model, tokenizer, ids: list[int], tokens: int, **kwargs) -> None:
-    """Print the reply to a chat prompt's ``ids`` as it comes, then a newline: its text alone, without the
-    prompt or special tokens (``Tokenizer.decode_text``); ``kwargs`` as ``qkv.generation.generate``'s."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from ..generation import TextStreamer, generate
-
-    streamer = TextStreamer(SimpleNamespace(decode=getattr(tokenizer, "decode_text", tokenizer.decode)),
-                            skip_prompt=True)  # qkv's BPE decodes without its special tokens already
-    try:
-        generate(model, torch.tensor([ids], device=model.lm_head.weight.device), tokens, streamer=streamer, **kwargs)
-    finally:
-        if streamer.pieces:
-            print(flush=True)
+    return conversation_ids(args, tokenizer, system + [{"role": "user", "content": args.prompt}])
 
 
 def stream_sample(model, tokenizer, prompt: str, tokens: int, **kwargs) -> None:
