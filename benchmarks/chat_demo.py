@@ -49,10 +49,33 @@ def run_all(work: Path, sft_minutes: float, dpo_minutes: float) -> dict:
             for name in ("sft-start", "sft", "dpo-start", "dpo")}
 
 
+def packing_rates(work: Path, seconds: float) -> dict:
+    """Training tokens per second (padding not counted) of the default SFT run without and with --packing, one
+    after the other for ``seconds`` each."""
+    rates = {}
+    for name, flags in (("padded", []), ("packed", ["--packing"])):
+        out = work / f"sft-{name}"
+        qkv("train", "--task", "sft", "--max-minutes", str(seconds / 60), "--out", str(out), "--quiet",
+            "--sample-tokens", "0", *flags)
+        rates[name] = summary(out)["tokens_per_s"]
+    return rates
+
+
 ROWS = (("sft-start", "SFT: the starting model"), ("sft", "SFT: after training"),
         ("dpo-start", "DPO: the SFT model (policy = reference)"), ("dpo", "DPO: after training"))
 ROWS_ZH = {"sft-start": "SFT：起始模型", "sft": "SFT：训练之后", "dpo-start": "DPO：SFT 模型（策略 = 参考）",
            "dpo": "DPO：训练之后"}
+
+
+def packing_line(saved: dict, lang: str) -> str:
+    p = saved.get("packing")
+    if not p:
+        return ""
+    ratio = p["packed"] / p["padded"]
+    return (f"\n\nSFT training tokens per second (padding not counted), {p.get('stamp', '')}: padded rows "
+            f"{p['padded']:.0f}, packed ({'--packing'}) {p['packed']:.0f}: {ratio:.2f} ×." if lang == "en" else
+            f"\n\nSFT 每秒训练的 token 数（不计填充），{p.get('stamp', '')}：填充的行 {p['padded']:.0f}，打包"
+            f"（--packing）{p['packed']:.0f}：{ratio:.2f} 倍。")
 
 
 def table(saved: dict, lang: str) -> str:
@@ -93,7 +116,7 @@ def write_pages(saved: dict, docs: Path) -> None:
     for lang, suffix in (("en", ""), ("zh", ".zh")):
         head = (f"`{saved['command']}`, {saved['stamp']}." if lang == "en" else
                 f"`{saved['command']}`，{saved['stamp']}。")
-        atomic_text(out / f"chat-demo{suffix}.md", head + "\n\n" + table(saved, lang) + "\n")
+        atomic_text(out / f"chat-demo{suffix}.md", head + "\n\n" + table(saved, lang) + packing_line(saved, lang) + "\n")
     atomic_text(out / "chat-demo.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
     plot(saved, docs / "chat-demo.png")
 
@@ -104,19 +127,26 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sft-minutes", type=float, default=10.0)
     p.add_argument("--dpo-minutes", type=float, default=5.0)
+    p.add_argument("--packing-seconds", type=float, default=60.0, help="each packing run's budget (0: none)")
+    p.add_argument("--only-packing", action="store_true", help="measure packing alone, into the saved --from-json")
     p.add_argument("--markdown", metavar="DOCS", default=None)
     p.add_argument("--from-json", metavar="FILE", default=None)
     args = p.parse_args(argv)
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        if args.only_packing:
+            with tempfile.TemporaryDirectory(prefix="qkv-chat-demo-") as work:
+                saved["packing"] = packing_rates(Path(work), args.packing_seconds) | {
+                    "stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {args.packing_seconds:g} s each"}
     else:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="qkv-chat-demo-") as work:
             runs = run_all(Path(work), args.sft_minutes, args.dpo_minutes)
+            packing = packing_rates(Path(work), args.packing_seconds) if args.packing_seconds else None
         saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}, "
                           f"{(time.perf_counter() - t0) / 60:.1f} min in all",
                  "command": "python -m benchmarks.chat_demo " + " ".join(sys.argv[1:] if argv is None else argv),
-                 "runs": runs}
+                 "runs": runs, "packing": packing}
     if args.markdown:
         write_pages(saved, Path(args.markdown))
     text = table(saved, "en")

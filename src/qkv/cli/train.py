@@ -32,6 +32,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--train-on-prompt": ("train_on_prompt", bool, "sft: the loss counts every token, not only the assistant's"),
     "--chat-template": ("chat_template", str, "sft: chatml, a Jinja template file, or a template (default: the "
                         "checkpoint's; ChatML for a model from scratch)"),
+    "--packing": ("packing", bool, "sft: conversations packed into full rows of the context, each attending "
+                  "within itself with positions restarting (no padding: more tokens a step)"),
     "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
                    "(never an answer); without it such a conversation is an error"),
     "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),

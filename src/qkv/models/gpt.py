@@ -9,7 +9,8 @@ from torch import Tensor, nn
 from ..nn.kv_cache import KVCache
 from ..nn.layers import soft_cap
 from .config import ModelConfig
-from .trunk import CausalTrunk, ModelOutput, check_token_ids, init_weights, token_cross_entropy
+from .trunk import (CausalTrunk, ModelOutput, check_token_ids, document_positions_and_mask, init_weights,
+                    token_cross_entropy)
 
 
 class GPT(CausalTrunk):
@@ -34,6 +35,7 @@ class GPT(CausalTrunk):
         kv_caches: list[KVCache] | None = None,
         input_pos: Tensor | None = None,
         logits_to_keep: int = 0,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """ids (B, T) -> logits (B, T, V); loss when targets (B, T) are given (-100 = ignore).
 
@@ -42,12 +44,22 @@ class GPT(CausalTrunk):
         ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
         the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
         ``logits_to_keep``: logits of the last N positions only (B, N, V), as Hugging Face's; 0: all.
+        ``document_ids`` (B, T): packed rows — each token attends within its document only, and positions restart
+        at each document (as each would alone); not with a mask or caches.
         """
         check_token_ids(ids)
         if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
             raise ValueError(f"logits_to_keep must be an int >= 0, and 0 with targets (the loss needs every "
                              f"position's logits), got {logits_to_keep!r}")
-        positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
+        if document_ids is not None:
+            if mask is not None or kv_caches is not None or input_pos is not None:
+                raise ValueError("document_ids (packed rows) take no mask, kv_caches or input_pos")
+            if document_ids.shape != ids.shape:
+                raise ValueError(f"document_ids must have the shape of ids {tuple(ids.shape)}, "
+                                 f"got {tuple(document_ids.shape)}")
+            positions, attn_mask = document_positions_and_mask(document_ids)
+        else:
+            positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
         out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
                              input_pos=input_pos, return_attention=return_attention)
         out.logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # (B, T or N, V)

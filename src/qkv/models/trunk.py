@@ -102,6 +102,23 @@ def positions_of_new_tokens(mask: Tensor | None, start: int, T: int, device) -> 
     return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T): left padding does not shift positions
 
 
+def document_positions_and_mask(document_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Packed rows (several documents one after another, ``document_ids`` (B, T) equal within each): positions
+    restarting at 0 at each document's first token (B, T), and the mask (B, 1, T, T) keeping attention within a
+    document (the causal part is added by ``layer_masks``)."""
+    if not isinstance(document_ids, Tensor) or document_ids.dim() != 2 or document_ids.is_floating_point():
+        got = f"{document_ids.dtype} {tuple(document_ids.shape)}" if isinstance(document_ids, Tensor) else \
+            type(document_ids).__name__
+        raise ValueError(f"document_ids must be an integer tensor (B, T), got {got}")
+    T = document_ids.size(1)
+    places = torch.arange(T, device=document_ids.device).expand_as(document_ids)  # (B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]  # (B, T): a document begins here
+    first = torch.where(starts, places, torch.zeros_like(places)).cummax(-1).values  # (B, T): its document's start
+    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+    return places - first, same[:, None]
+
+
 def static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor, Tensor]:
     """``static_positions`` and the mask (B, 1, T, M): each new token sees the real slots up to its own."""
     positions = static_positions(slots, input_pos)  # (B, T)

@@ -160,7 +160,7 @@ class DPOTask(SFTTask):
     def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
         """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers."""
         seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
-        return self.batch(seqs, list(range(len(seqs))))
+        return self.batch(seqs, list(range(len(seqs))))[:2]
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)

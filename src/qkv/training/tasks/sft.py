@@ -37,13 +37,15 @@ TEMPLATE_FILE = "chat_template.jinja"  # the template a run trained with, in its
 @dataclass(frozen=True)
 class SFTOptions(TaskOptions):
     """``--val-data``, ``--train-on-prompt``, ``--chat-template`` (chatml, a file or a template; default the
-    checkpoint's, ChatML from scratch) and ``--truncate`` (cut a long conversation's prompt from the left)."""
+    checkpoint's, ChatML from scratch), ``--truncate`` (cut a long conversation's prompt from the left) and
+    ``--packing`` (conversations packed into full rows, each attending within itself)."""
 
     FREE_ON_RESUME = ()
     val_data: str = ""
     train_on_prompt: bool = False
     chat_template: str = ""
     truncate: bool = False
+    packing: bool = False
 
 
 def checkpoint_template(path: str) -> tuple[str | None, dict]:
@@ -159,8 +161,11 @@ class SFTTask(DecoderTask):
         self.val_rows = [self.fitted(r, T) for r in self.val_rows]
         if len(self.train_rows) < 1:
             raise ValueError("no training conversations")
-        self.answered = torch.tensor([int(t[1:].sum()) for _, t, _ in self.train_rows])  # trained targets per row
-        self.tokens_per_step = round(cfg.batch_size * sum(len(i) for i, _, _ in self.train_rows) / len(self.train_rows))
+        self.conversations = len(self.train_rows)
+        if self.options.packing:
+            self.train_rows = pack(self.train_rows, T + 1)
+        self.answered = torch.tensor([int(r[1][1:].sum()) for r in self.train_rows])  # trained targets per row
+        self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) for r in self.train_rows) / len(self.train_rows))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
         self.final_units = len(self.val_rows) + 20 * min(ANSWERED, len(self.val_rows)) if cfg.final_eval else 0
@@ -192,16 +197,21 @@ class SFTTask(DecoderTask):
         return ids[cut:], trained[cut:], where
 
     # --- training ------------------------------------------------------------------------------------
-    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
-        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count."""
+    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, and
+        for packed rows their document ids (B, L − 1), the padding a document of its own (else None)."""
         longest = max(len(rows[i][0]) for i in indices)
         ids = torch.zeros(len(indices), longest, dtype=torch.long)
         targets = torch.full((len(indices), longest), -100, dtype=torch.long)
+        docs = torch.full((len(indices), longest), -1, dtype=torch.long) if len(rows[indices[0]]) > 3 else None
         for b, i in enumerate(indices):
-            row, trained, _ = rows[i]
+            row, trained = rows[i][:2]
             ids[b, :len(row)] = row
             targets[b, :len(row)] = row.masked_fill(~trained, -100)
-        return ids[:, :-1].to(self.device), targets[:, 1:].to(self.device)
+            if docs is not None:
+                docs[b, :len(row)] = rows[i][3]
+        docs = None if docs is None else docs[:, :-1].to(self.device)
+        return ids[:, :-1].to(self.device), targets[:, 1:].to(self.device), docs
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)  # the global batch
@@ -213,8 +223,8 @@ class SFTTask(DecoderTask):
     def loss(self, model: nn.Module, micro) -> Tensor:
         """The micro-batch's summed loss × accum · world / the step's answer tokens: the recipe's mean over
         micro-batches and processes is then the mean over every answer token of the step."""
-        inputs, targets, scale = micro
-        logits = model(inputs).logits  # (B, L, V)
+        inputs, targets, docs, scale = micro
+        logits = (model(inputs) if docs is None else model(inputs, document_ids=docs)).logits  # (B, L, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
                                reduction="sum") * scale
 
@@ -226,7 +236,7 @@ class SFTTask(DecoderTask):
         model.eval()
         mine = indices[dist.rank::dist.world]
         for lo in range(0, len(mine), 32):
-            inputs, targets = self.batch(self.val_rows, mine[lo:lo + 32])
+            inputs, targets, _ = self.batch(self.val_rows, mine[lo:lo + 32])
             with autocast():
                 logits = model(inputs).logits
             total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
@@ -267,13 +277,18 @@ class SFTTask(DecoderTask):
         return {"val_exact_match": exact, "val_chrf": chrf(hyps, refs), "answered": len(refs), "examples": examples}
 
     # --- reporting ------------------------------------------------------------------------------------
+    def packed(self) -> str:
+        return f" packed into {len(self.train_rows)} rows" if self.options.packing else ""
+
     def describe(self) -> str:
         return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
-                f"{self.source}: {len(self.train_rows)} conversations, {len(self.val_rows)} held out; chat template: "
+                f"{self.source}: {self.conversations} conversations{self.packed()}, {len(self.val_rows)} held out; "
+                f"chat template: "
                 f"{self.template_from}; loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
 
     def summary(self) -> dict:
-        return {"data": self.source, "conversations": len(self.train_rows), "val_conversations": len(self.val_rows),
+        return {"data": self.source, "conversations": self.conversations, "val_conversations": len(self.val_rows),
+                "packed_rows": len(self.train_rows) if self.options.packing else None,
                 "chat_template": self.template_from, "train_on_prompt": self.options.train_on_prompt,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
 
@@ -286,3 +301,24 @@ class SFTTask(DecoderTask):
                  f"conversations); greedy answers to {s.get('answered', 0)}: exact match "
                  f"{s.get('val_exact_match', 0):.1f} %, chrF {s.get('val_chrf', 0):.1f}"]
         return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]
+
+
+def pack(rows: list[tuple[Tensor, Tensor, str]], length: int) -> list[tuple[Tensor, Tensor, str, Tensor]]:
+    """Conversations concatenated, in order, into rows of at most ``length`` tokens: (ids, trained, where, document
+    ids). A document's first token is never a target (nothing before it in its own document predicts it)."""
+    packs, current = [], []
+    for row in rows:
+        if current and sum(len(r[0]) for r in current) + len(row[0]) > length:
+            packs.append(current)
+            current = []
+        current.append(row)
+    packs.append(current)
+    out = []
+    for group in packs:
+        trained = [t.clone() for _, t, _ in group]
+        for t in trained:
+            t[0] = False
+        docs = torch.cat([torch.full((len(ids),), d) for d, (ids, _, _) in enumerate(group)])
+        out.append((torch.cat([ids for ids, _, _ in group]), torch.cat(trained), group[0][2], docs))
+    return out
+
