@@ -111,7 +111,7 @@ def test_only_the_answer_is_scored(tmp_path):
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
     ids, scored, *_ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
                                              ({"role": "assistant", "content": "no"},), "x:1"))
-    assert task.tokenizer.decode(ids[scored].tolist()) == "yes<|im_end|>\n"  # not the prompt's own answer a1
+    assert task.tokenizer.decode(ids[scored].tolist()) == "yes<|im_end|>"  # not the prompt's own answer a1
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -8,7 +8,7 @@ import torch
 
 from qkv.cli import main
 from qkv.data import CharTokenizer
-from qkv.data.chat_template import CHATML, encode_conversation, render, segments
+from qkv.data.chat_template import CHATML, GENERATION_TAGS, encode_conversation, render, segments
 from qkv.data.conversations import Record, conversation, load_conversations, preference, record_format
 from qkv.training.recipe import TrainConfig, train
 
@@ -48,13 +48,17 @@ def test_the_three_forms_read_as_the_same_messages():
 
 
 def test_chatml_masks_exactly_the_answers_and_their_end_markers():
-    pieces = segments(CHATML, CHAT)
+    pieces = segments(CHATML, CHAT)  # ChatML's {% generation %} markers
     assert "".join(t for t, _ in pieces) == render(CHATML, CHAT)
-    assert [t for t, answer in pieces if answer] == ["4<|im_end|>\n", "6<|im_end|>\n"]
+    assert [t for t, answer in pieces if answer] == ["4<|im_end|>", "6<|im_end|>"]
     tok = CharTokenizer.train(render(CHATML, CHAT))
     ids, trained = encode_conversation(tok, CHATML, CHAT)
-    assert tok.decode([i for i, t in zip(ids, trained) if t]) == "4<|im_end|>\n6<|im_end|>\n"
+    assert tok.decode([i for i, t in zip(ids, trained) if t]) == "4<|im_end|>6<|im_end|>"
     assert all(encode_conversation(tok, CHATML, CHAT, train_on_prompt=True)[1])
+    # a template without markers: the answers found by rendering each prefix (the newline after the end comes along)
+    plain = GENERATION_TAGS.sub("", CHATML)
+    assert [t for t, answer in segments(plain, CHAT) if answer] == ["4<|im_end|>\n", "6<|im_end|>\n"]
+    assert "".join(t for t, _ in segments(plain, CHAT)) == render(CHATML, CHAT)
 
 
 @pytest.mark.parametrize("lines, message", [
@@ -274,3 +278,19 @@ def test_a_packed_run_trains(tmp_path):
     data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(60))
     s = train(sft_config(data, packing=True, max_steps=3, final_eval=True, batch_size=2)).summary
     assert s["packed_rows"] < s["conversations"] and s["val_loss"] > 0
+
+
+def test_the_answer_mask_is_transformers_generation_mask(tmp_path):
+    """ChatML with its {% generation %} markers: transformers' assistant-token mask (return_assistant_tokens_mask)
+    marks exactly the tokens qkv trains on, and the ids are the same."""
+    transformers = pytest.importorskip("transformers", reason="the hf extra brings transformers")
+    from qkv.data import BPETokenizer
+    from qkv.data.chat_template import CHATML_TOKENS
+
+    bpe = BPETokenizer.train([render(CHATML, CHAT)] * 20, 300, special_tokens=CHATML_TOKENS)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe.tokenizer)
+    hf.chat_template = CHATML
+    out = hf.apply_chat_template(CHAT, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, trained = encode_conversation(bpe, CHATML, CHAT)
+    assert list(out["input_ids"]) == ids
+    assert [bool(m) for m in out["assistant_masks"]] == trained and sum(trained) > 0

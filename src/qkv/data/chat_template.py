@@ -5,9 +5,11 @@ A template is a Jinja template over ``messages`` (Hugging Face's ``chat_template
 ``transformers`` renders it (a sandbox, ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``). A model trained
 from scratch takes ChatML, whose two markers are special tokens of its tokenizer.
 
-The assistant's tokens come from rendering each prefix of the conversation: the text up to turn k with the
-generation prompt opened, then the text through turn k — the difference is turn k's answer (its end-of-turn
-marker included, so the model learns to stop). Each piece is tokenised apart, so a mask never cuts a token.
+The assistant's tokens are the text inside the template's ``{% generation %}`` markers where it has them (what
+transformers' ``return_assistant_tokens_mask`` marks; ChatML's here has them); otherwise they come from rendering
+each prefix of the conversation: the text up to turn k with the generation prompt opened, then the text through
+turn k — the difference is turn k's answer. Either way the end-of-turn marker is the answer's, so the model learns
+to stop. Each piece is tokenised apart, so a mask never cuts a token.
 """
 from __future__ import annotations
 
@@ -67,8 +69,41 @@ def render(template: str, messages, *, add_generation_prompt: bool = False, **to
         raise ValueError(f"the chat template refused the conversation: {e}") from None
 
 
+OPEN, CLOSE = "\x00qkv-generation\x00", "\x00qkv-end\x00"  # where a marker stood, in the rendered text
+
+
 def segments(template: str, messages, **tokens) -> list[tuple[str, bool]]:
-    """The rendered conversation as pieces of text, True on each assistant answer (the module's rule)."""
+    """The rendered conversation as pieces of text, True on each assistant answer: the text inside the template's
+    ``{% generation %}`` markers where it has them (as transformers' ``return_assistant_tokens_mask``), else
+    found by rendering each prefix (the module's rule)."""
+    if GENERATION_TAGS.search(template):
+        return marked_segments(template, messages, **tokens)
+    return prefix_segments(template, messages, **tokens)
+
+
+def marked_segments(template: str, messages, **tokens) -> list[tuple[str, bool]]:
+    """The pieces inside and outside the ``{% generation %}`` markers, from one rendering with each marker
+    replaced by a sentinel."""
+    if any("\x00" in m["content"] for m in messages):
+        raise ValueError("a message holds a NUL character, which the chat template's markers cannot be told from")
+    marked = re.sub(r"\{%-?\s*generation\s*-?%\}", "{{ '" + OPEN + "' }}", template)
+    marked = re.sub(r"\{%-?\s*endgeneration\s*-?%\}", "{{ '" + CLOSE + "' }}", marked)
+    return mark_inside(render(marked, messages, **tokens))
+
+
+def mark_inside(text: str) -> list[tuple[str, bool]]:
+    """Text with sentinels -> [(piece, inside the markers)]."""
+    pieces, inside = [], False
+    for part in re.split(f"({OPEN}|{CLOSE})", text):
+        if part in (OPEN, CLOSE):
+            inside = part == OPEN
+        elif part:
+            pieces.append((part, inside))
+    return pieces
+
+
+def prefix_segments(template: str, messages, **tokens) -> list[tuple[str, bool]]:
+    """The pieces found by rendering each prefix: up to turn k with the generation prompt, then through it."""
     pieces, done = [], ""
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
