@@ -71,7 +71,8 @@ def packing_line(saved: dict, lang: str) -> str:
     p = saved.get("packing")
     if not p:
         return ""
-    ratio, when = p["packed"] / p["padded"], (", " + p["stamp"]) if p.get("stamp") else " (the same run)"
+    same = " (the same run)" if lang == "en" else "（同一次运行）"
+    ratio, when = p["packed"] / p["padded"], (", " + p["stamp"]) if p.get("stamp") else same
     return (f"\n\nSFT training tokens per second (padding not counted){when}: padded rows "
             f"{p['padded']:.0f}, packed ({'--packing'}) {p['packed']:.0f}: {ratio:.2f} ×." if lang == "en" else
             f"\n\nSFT 每秒训练的 token 数（不计填充）{when}：填充的行 {p['padded']:.0f}，打包"
