@@ -51,8 +51,6 @@ class DPOOptions(TaskOptions):
         if self.dpo_loss not in LOSSES:
             raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.dpo_loss!r}")
 
-    train_on_prompt = False  # an answer's tokens alone are scored
-
 
 def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
                     kind: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
