@@ -138,6 +138,7 @@ def test_a_short_sft_run_learns_and_the_command_reports_it(tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--tokenizer", "char"], "--task sft trains a byte-level BPE"),
     (["--chat-template", "nope.jinja"], "--chat-template 'nope.jinja': expected 'chatml'"),
+    (["--context", "128"], "context 128 exceeds max_len 64 of learned positions"),  # the tiny preset's
 ])
 def test_bad_settings_are_one_line_and_write_nothing(tmp_path, capsys, extra, message):
     data = write_jsonl(tmp_path / "chat.jsonl", arithmetic())
@@ -294,3 +295,33 @@ def test_the_answer_mask_is_transformers_generation_mask(tmp_path):
     ids, trained = encode_conversation(bpe, CHATML, CHAT)
     assert list(out["input_ids"]) == ids
     assert [bool(m) for m in out["assistant_masks"]] == trained and sum(trained) > 0
+
+
+def test_two_processes_take_the_one_process_steps(tmp_path):
+    """The loss is the mean over the step's answer tokens across processes too: the same run under torchrun with
+    2 ranks (DDP, gloo) logs the one-process losses and ends with its weights."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(90))
+    argv = ["-m", "qkv", "train", "--task", "sft", "--preset", "tiny", "--data", data, "--vocab-size", "300",
+            "--max-steps", "4", "--batch-size", "4", "--eval-interval", "2", "--lr", "1e-2", "--seed", "3",
+            "--device", "cpu", "--quiet", "--sample-tokens", "0"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    for launcher, out in (([sys.executable], "one"), (torchrun, "two")):
+        done = subprocess.run([*launcher, *argv, "--out", str(tmp_path / out)], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+    logs = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("one", "two")]
+    assert [m["step"] for m in logs[0]] == [m["step"] for m in logs[1]] == [2, 4]
+    for a, b in zip(*logs):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)
+    one, two = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)

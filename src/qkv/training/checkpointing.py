@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from ..fileio import DiskFullError
+from ..fileio import DiskFullError, atomic_text
 from .finetune import keyed_as_model, model_weights, set_model_weights
 from .sharded_checkpoint import load_sharded, save_sharded
 from .sharding import load_full
@@ -129,4 +129,6 @@ class RecipeCheckpoints:
         if self.cfg.overwrite:
             self.run.clear()
         self.run.write_json(self.run.TRAIN_CONFIG, self.cfg.to_dict() | {"resume": False, "overwrite": False})
+        for name, text in self.task.run_files().items():
+            atomic_text(self.run / name, text)
         self.run.write_metrics(self.records)

@@ -171,6 +171,10 @@ class Task:
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         """Refuse, before training, settings the data cannot serve (a window longer than the text …)."""
 
+    def run_files(self) -> dict[str, str]:
+        """Text files the task keeps in the run directory (name -> content), written once the run begins."""
+        return {}
+
     tokens_per_step: int = 0  # nominal tokens of one optimizer step (budgets, throughput)
 
     def draw(self, generator: torch.Generator, cfg, dist) -> Any:
@@ -223,4 +227,13 @@ class DecoderTask(Task):
 
     def build_model(self, mconf: ModelConfig) -> nn.Module:
         return self.base.model if self.base is not None else super().build_model(mconf)
+
+    @staticmethod
+    def context(cfg, mconf: ModelConfig) -> int:
+        """The training context T: ``--context``, else the model's max_len; ValueError where learned positions
+        end before it."""
+        T = cfg.context or mconf.max_len
+        if T > mconf.max_len and mconf.positional == "learned":
+            raise ValueError(f"context {T} exceeds max_len {mconf.max_len} of learned positions")
+        return T
 

@@ -136,7 +136,7 @@ class DPOTask(SFTTask):
         return model
 
     def check(self, cfg, mconf, dist) -> None:
-        self.T, self.lora, self.device = cfg.context or mconf.max_len, bool(cfg.lora), dist.device
+        self.T, self.lora, self.device = self.context(cfg, mconf), bool(cfg.lora), dist.device
         if cfg.data is None:  # the built-in pairs: those past the context left out
             self.train_rows, self.val_rows = (self.fitting(rows, self.T, dist, cfg.progress)
                                               for rows in (self.train_rows, self.val_rows))

@@ -132,9 +132,7 @@ class LanguageModelTask(DecoderTask):
         self.chars_per_token = self.val_chars / max(1, len(self.val_ids) - 1)
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
-        T = self.T = cfg.context or mconf.max_len
-        if T > mconf.max_len and mconf.positional == "learned":
-            raise ValueError(f"context {T} exceeds max_len {mconf.max_len} of learned positions")
+        T = self.T = self.context(cfg, mconf)
         if len(self.train_ids) < T + 1:
             raise ValueError(f"training text is {len(self.train_ids)} tokens, shorter than one window of "
                              f"context {T} + 1")

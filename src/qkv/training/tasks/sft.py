@@ -104,11 +104,9 @@ class SFTTask(DecoderTask):
         self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)
         self.train_rows = [self.encode(x) for x in self.train_set]
         self.val_rows = [self.encode(x) for x in self.val_set]
-        if run is not None and dist.is_main:
-            from ...fileio import atomic_text
 
-            run.path.mkdir(parents=True, exist_ok=True)
-            atomic_text(run / TEMPLATE_FILE, self.template)
+    def run_files(self) -> dict[str, str]:
+        return {TEMPLATE_FILE: self.template}  # what `qkv sample --chat`, `qkv chat` and export render with
 
     @staticmethod
     def read(data: str | None, val_data: str) -> tuple[list[Conversation], list[Conversation], str]:
@@ -153,7 +151,7 @@ class SFTTask(DecoderTask):
         return torch.tensor(ids), torch.tensor(trained), c.where
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
-        T = self.T = cfg.context or mconf.max_len
+        T = self.T = self.context(cfg, mconf)
         if cfg.data is None:  # the built-in conversations: those past the context are left out, as translate does
             self.train_rows, self.val_rows = (self.fitting(rows, T, dist, cfg.progress)
                                               for rows in (self.train_rows, self.val_rows))
