@@ -35,8 +35,8 @@ class Served:
     batcher: Batcher
     encode: Callable[[str], list[int]]  # a completion's prompt
     decode: Callable[[list[int]], str]  # a completion's tokens
-    chat_ids: Callable[[list[dict]], list[int]]  # a conversation, assistant's turn opened; ValueError without template
-    chat_decode: Callable[[list[int]], str]  # a reply's tokens (without special tokens)
+    chat_ids: Callable[[list[dict]], list[int]] | None = None  # a conversation, the assistant's turn opened
+    chat_decode: Callable[[list[int]], str] | None = None  # a reply's tokens (default: decode)
     eos_ids: tuple[int, ...] = ()  # where a completion ends
     chat_eos_ids: tuple[int, ...] = ()  # where a reply ends
 
@@ -80,6 +80,8 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
     @v1.post("/chat/completions")
     async def chat_completions(body: protocol.ChatRequest):
         check_model(served, body.model)
+        if served.chat_ids is None:
+            raise APIError(400, f"{served.name} cannot chat (no chat template): use /v1/completions", param="messages")
         try:
             ids = served.chat_ids([m.as_dict() for m in body.messages])
         except ValueError as e:
@@ -172,7 +174,8 @@ class Channel:
 async def answer(served: Served, body: protocol.Sampling, ids: list[int], *, chat: bool):
     """Queue the request; a whole response, or a stream of server-sent events."""
     channel = Channel(every=body.stream)
-    job = Job(ids, settings(served, body, len(ids), chat), served.chat_decode if chat else served.decode, channel.put)
+    decode = (served.chat_decode or served.decode) if chat else served.decode
+    job = Job(ids, settings(served, body, len(ids), chat), decode, channel.put)
     try:
         served.batcher.submit(job)
     except QueueFull as e:
