@@ -11,7 +11,6 @@ concurrency's figure is the median of ``--repeats`` rounds, the rounds interleav
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -79,21 +78,13 @@ def table(saved: dict, lang: str) -> str:
     return markdown(rows, header)
 
 
-def write_pages(saved: dict, docs: Path) -> None:
-    from qkv.fileio import atomic_text
-
-    out = docs / "generated"
-    for lang, suffix in (("en", ""), ("zh", ".zh")):
-        head = (f"`{saved['command']}`, {saved['stamp']}." if lang == "en" else
-                f"`{saved['command']}`，{saved['stamp']}。")
-        atomic_text(out / f"serve{suffix}.md", head + "\n\n" + table(saved, lang) + "\n")
-    atomic_text(out / "serve.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
-
 
 def main(argv=None) -> str:
     import torch
 
     from qkv.runtime import cpu_threads, machine, source_commit
+
+    from .common import write_generated
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=32, help="requests per round (at least the concurrency)")
@@ -108,7 +99,7 @@ def main(argv=None) -> str:
              "command": "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv),
              "results": results}
     if args.markdown:
-        write_pages(saved, Path(args.markdown))
+        write_generated(Path(args.markdown), "serve", saved, lambda lang: table(saved, lang))
     text = table(saved, "en")
     print(text)
     return text

@@ -238,7 +238,8 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server):
     assert error_of(post("/completions", {"model": "gpt-4", "prompt": "x"}), 404)["code"] == "model_not_found"
     assert error_of(post("/completions", {"model": "demo", "prompt": "x", "n": 2}), 400)["param"] == "n"
     assert error_of(post("/completions", {"model": "demo", "prompt": [10**6]}), 400)["param"] == "prompt"
-    assert error_of(call(url + "/v1/completions", "POST", b'{"model": "demo",'), 400)["message"].startswith("malformed JSON")
+    malformed = call(url + "/v1/completions", "POST", b'{"model": "demo",')
+    assert error_of(malformed, 400)["message"].startswith("malformed JSON")
     assert error_of(post("/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
                     400)["message"].startswith("this model cannot chat")  # a char-level run has no chat template
     assert error_of(call(url + "/v1/nothing"), 404)["type"] == "not_found_error"
