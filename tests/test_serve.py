@@ -328,6 +328,20 @@ def test_the_command_refuses_a_sliding_window_model_in_one_line(tmp_path, capsys
     assert err.count("\n") == 1 and "RingKVCache" in err and "not served" in err
 
 
+def test_the_command_binds_loopback_unless_told_and_warns_without_a_key(run_dir, monkeypatch, capsys):
+    import qkv.serve.server
+
+    calls = []
+    monkeypatch.setattr(qkv.serve.server, "serve_forever", lambda app, host, port: calls.append((host, port)))
+    monkeypatch.delenv("QKV_API_KEY", raising=False)
+    assert cli.main(["serve", "--run", str(run_dir), "--device", "cpu"]) == 0
+    assert calls[-1] == ("127.0.0.1", 8000) and "warning" not in capsys.readouterr().err
+    assert cli.main(["serve", "--run", str(run_dir), "--device", "cpu", "--host", "0.0.0.0", "--port", "9"]) == 0
+    assert calls[-1] == ("0.0.0.0", 9) and "without --api-key" in capsys.readouterr().err
+    assert cli.main(["serve", "--run", str(run_dir), "--host", "0.0.0.0", "--api-key", "k", "--device", "cpu"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 # --- the docs' examples ------------------------------------------------------------------------------------------
 
 def docs_block(page: str, needle: str) -> str:
