@@ -111,14 +111,9 @@ def plot(saved: dict, path: Path) -> None:
 
 
 def write_pages(saved: dict, docs: Path) -> None:
-    from qkv.fileio import atomic_text
+    from .common import write_generated
 
-    out = docs / "generated"
-    for lang, suffix in (("en", ""), ("zh", ".zh")):
-        head = (f"`{saved['command']}`, {saved['stamp']}." if lang == "en" else
-                f"`{saved['command']}`，{saved['stamp']}。")
-        atomic_text(out / f"chat-demo{suffix}.md", head + "\n\n" + table(saved, lang) + packing_line(saved, lang) + "\n")
-    atomic_text(out / "chat-demo.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
+    write_generated(docs, "chat-demo", saved, lambda lang: table(saved, lang) + packing_line(saved, lang))
     plot(saved, docs / "chat-demo.png")
 
 

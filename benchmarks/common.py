@@ -1,10 +1,13 @@
 """Shared helpers for side-by-side measurements: interleaved repeats, medians, machine info."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import time
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -128,3 +131,16 @@ def bandwidths(megabytes: int = 128, repeats: int = 15, dtype=torch.float32) -> 
             calls["qkv.matvec"] = lambda: torch.ops.qkv.matvec(x, w, None)
     with torch.inference_mode():
         return {name: w.numel() * w.element_size() / stream_seconds(fn, repeats) / 1e9 for name, fn in calls.items()}
+
+
+def write_generated(docs: Path, name: str, saved: dict, body: Callable[[str], str]) -> None:
+    """docs/generated/NAME.md and NAME.zh.md — ``saved``'s command and stamp, then ``body(lang)`` ("en", "zh") — and
+    NAME.json, ``saved`` itself (what ``--from-json`` reads back)."""
+    from qkv.fileio import atomic_text
+
+    out = docs / "generated"
+    for lang, suffix in (("en", ""), ("zh", ".zh")):
+        head = (f"`{saved['command']}`, {saved['stamp']}." if lang == "en" else
+                f"`{saved['command']}`，{saved['stamp']}。")
+        atomic_text(out / f"{name}{suffix}.md", head + "\n\n" + body(lang) + "\n")
+    atomic_text(out / f"{name}.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")

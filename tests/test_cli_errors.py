@@ -60,8 +60,8 @@ def test_qkv_debug_shows_every_traceback(exc, monkeypatch, tmp_path):
 
 
 def test_every_command_is_in_the_one_table_and_explains_itself(capsys):
-    assert set(cli.COMMANDS) == {"train", "sample", "chat", "info", "export", "translate", "verify", "plot", "study",
-                                 "explore", "bench"}
+    assert set(cli.COMMANDS) == {"train", "sample", "chat", "serve", "info", "export", "translate", "verify", "plot",
+                                 "study", "explore", "bench"}
     for argv in [[name] for name in cli.COMMANDS] + [["plot", "pe"], ["plot", "attention"], ["study", "order"]]:
         assert cli.main([*argv, "--help"]) == 0
         assert capsys.readouterr().out.startswith(f"usage: qkv {' '.join(argv)} ")

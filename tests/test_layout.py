@@ -99,6 +99,7 @@ LAYERS = {
     "qkv.claims": {"qkv.nn", "qkv.models", "qkv.generation", "qkv.kernels", "qkv.data", "qkv.interop",
                    "qkv.training", "qkv.viz"},
     "qkv.studies": {"qkv.nn", "qkv.models", "qkv.generation", "qkv.kernels", "qkv.data", "qkv.training", "qkv.viz"},
+    "qkv.serve": {"qkv.nn", "qkv.models", "qkv.generation", "qkv.kernels"},  # beside the command, uses decoding
     "qkv.cli": {"*"},  # the command: anything
 }
 DOORS = {("qkv.models.gpt", "qkv.generation"), ("qkv.models.encoder_decoder", "qkv.generation.beam_search"),

@@ -17,6 +17,7 @@ from .chat import add_chat, run_chat
 from .errors import CommandError, Parser, debugging, report
 from .explore import add_explore, run_explore
 from .export import add_export, run_export
+from .serve import add_serve, run_serve
 from .sources import add_model_source, load_model_source
 from .study import add_study, run_study
 from .train import add_info, add_sample, add_train, run_info, run_sample, run_train
@@ -29,6 +30,7 @@ COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `
     "train": (add_train, run_train),
     "sample": (add_sample, run_sample),
     "chat": (add_chat, run_chat),
+    "serve": (add_serve, run_serve),
     "info": (add_info, run_info),
     "export": (add_export, run_export),
     "translate": (add_translate, run_translate),

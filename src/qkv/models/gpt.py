@@ -42,7 +42,8 @@ class GPT(CausalTrunk):
         ``mask``: bool (B, S) True on real tokens, S = cached + new tokens (left padding for
         batched generation). ``kv_caches``: from ``new_kv_caches``, for incremental decoding.
         ``input_pos`` (T,): static-cache decoding (what ``generate`` and its compiled step use):
-        the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens.
+        the tokens go to those cache slots and ``mask`` (B, M) marks the slots holding real tokens;
+        (B, T): each row's own slots (``qkv.serve``'s batch, whose rows are of different lengths).
         ``logits_to_keep``: logits of the last N positions only (B, N, V), as Hugging Face's; 0: all.
         ``document_ids`` (B, T): packed rows — each token attends within its document only, and positions restart
         at each document (as each would alone); not with a mask or caches.

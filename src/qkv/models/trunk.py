@@ -120,9 +120,11 @@ def document_positions_and_mask(document_ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def static_positions_and_mask(slots: Tensor, input_pos: Tensor) -> tuple[Tensor, Tensor]:
-    """``static_positions`` and the mask (B, 1, T, M): each new token sees the real slots up to its own."""
+    """``static_positions`` and the mask (B, 1, T, M): each new token sees the real slots up to its own.
+    ``input_pos``: (T,) the same slots in every row, or (B, T) each row's own."""
     positions = static_positions(slots, input_pos)  # (B, T)
-    causal = causal_mask_at(input_pos, torch.arange(slots.size(1), device=slots.device))  # (T, M)
+    causal = causal_mask_at(input_pos, torch.arange(slots.size(1), device=slots.device))  # (T, M) or (B, T, M)
+    causal = causal if causal.dim() == 2 else causal[:, None]  # (B, T, M) -> (B, 1, T, M)
     return positions, slots[:, None, None, :] & causal  # (B, 1, T, M)
 
 
@@ -271,4 +273,7 @@ class CausalTrunk(Trunk):
             return positions_of_new_tokens(mask, start, T, ids.device), key_mask(mask, B, start + T)
         if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
             raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
+        if input_pos.dim() == 2 and (other := next((c for c in kv_caches if type(c) is not KVCache), None)):
+            raise ValueError(f"per-row input_pos (B, T) needs a KVCache in every layer, got a "
+                             f"{type(other).__name__} (a sliding window's ring or a latent cache)")
         return static_positions_and_mask(mask, input_pos)

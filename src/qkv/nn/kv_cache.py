@@ -5,6 +5,8 @@ Position tracking: ``pos`` counts the tokens written so far; the next ``update``
 rows pos … pos+T−1 and returns keys/values 0 … pos+T−1. Nothing is reallocated per token.
 ``write`` is the static form (gpt-fast's): explicit slots ``input_pos`` in, the full buffers
 out. Slots are places in the buffers, not token positions (left padding makes them differ).
+Slots (T,) are every row's; slots (B, T) are each row's own (continuous batching: rows of different
+lengths decode together, each writing at its own end). ``rows`` views some rows, sharing the buffers.
 ``reorder`` and ``reorder_kv`` follow beam search's choice of rows.
 """
 from __future__ import annotations
@@ -37,9 +39,10 @@ def reorder_kv(kv: Sequence[tuple[Tensor, Tensor]], indices: Tensor) -> list[tup
 
 
 def static_positions(slots: Tensor, input_pos: Tensor) -> Tensor:
-    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,)
-    -> their absolute positions (B, T), counted over real tokens (left padding does not shift them)."""
-    return (slots.long().cumsum(-1) - 1).clamp(min=0).index_select(1, input_pos)  # (B, T)
+    """Static cache: slots (B, M) True where real tokens are (being) written; new tokens at input_pos (T,), or
+    (B, T) per row -> their absolute positions (B, T), counted over real tokens (left padding does not shift them)."""
+    counts = (slots.long().cumsum(-1) - 1).clamp(min=0)  # (B, M): each slot's position
+    return counts.index_select(1, input_pos) if input_pos.dim() == 1 else counts.gather(1, input_pos)  # (B, T)
 
 
 class KVCache(nn.Module):
@@ -78,16 +81,37 @@ class KVCache(nn.Module):
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Static form, for compiled decoding: write k, v (B, G, T, D) at slots input_pos (T,).
+        """Static form, for compiled decoding: write k, v (B, G, T, D) at slots input_pos (T,), the same in every
+        row, or (B, T), each row's own.
 
         Returns the whole buffers (B, G, M, D): shapes never change, so a compiled step never
         recompiles. The caller tracks positions and masks the slots not yet written.
         """
         if k.dtype != self.k.dtype:  # autocast may hand in a lower precision
             k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        self.k.index_copy_(2, input_pos, k)
-        self.v.index_copy_(2, input_pos, v)
+        if input_pos.dim() == 2:  # row b's tokens to its slots input_pos[b]
+            if input_pos.shape != (k.size(0), k.size(2)):
+                raise ValueError(f"per-row input_pos must be (B={k.size(0)}, T={k.size(2)}), "
+                                 f"got {tuple(input_pos.shape)}")
+            index = input_pos[:, None, :, None].expand_as(k)  # (B, G, T, D)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
+        else:
+            self.k.index_copy_(2, input_pos, k)
+            self.v.index_copy_(2, input_pos, v)
         return self.k, self.v
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """A cache over rows start … stop − 1 of this one, (stop − start, G, M, D), sharing its buffers: what is
+        written through it lands here (a server's batch steps over its first n rows, a new row is filled alone)."""
+        if not 0 <= start < stop <= self.k.size(0):
+            raise ValueError(f"rows must satisfy 0 <= start < stop <= {self.k.size(0)}, got {start}, {stop}")
+        view = KVCache.__new__(KVCache)
+        nn.Module.__init__(view)
+        view.register_buffer("k", self.k[start:stop], persistent=False)  # (stop − start, G, M, D), a view
+        view.register_buffer("v", self.v[start:stop], persistent=False)
+        view.max_len, view.pos = self.max_len, 0
+        return view
 
     def reorder(self, indices: Tensor) -> None:
         """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""

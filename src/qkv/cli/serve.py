@@ -1,0 +1,85 @@
+"""`qkv serve`: an OpenAI-compatible HTTP server for a run directory or a Hugging Face directory.
+
+The model, tokenizer and chat template come as for `qkv sample` and `qkv chat` (``load_model_source``,
+``conversation_ids``, ``end_of_turn``); the server is ``qkv.serve``: a continuous batcher under FastAPI and uvicorn.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .chat import conversation_ids, end_of_turn
+from .errors import CommandError
+from .sources import add_model_source, load_model_source
+
+
+def add_serve(sub) -> argparse.ArgumentParser:
+    """Declare `qkv serve`."""
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)",
+                       description="Serve a run or a Hugging Face directory over OpenAI's API: /v1/chat/completions "
+                                   "(the checkpoint's chat template), /v1/completions, /v1/models, /health; streaming "
+                                   "by server-sent events. Requests decode together, joining and leaving the batch "
+                                   "at each step. Binds to 127.0.0.1 unless --host says otherwise.")
+    add_model_source(p)
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    p.add_argument("--api-key", default=os.environ.get("QKV_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $QKV_API_KEY; none: no key)")
+    p.add_argument("--model-name", default=None, help="the model's name in the API (default: the directory's name)")
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoding together at most (default 32)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting at most beyond the batch; past it: HTTP 429 (default 64)")
+    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
+    p.add_argument("--backend", choices=("auto", "eager"), default="auto",
+                   help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
+    return p
+
+
+def build_served(args: argparse.Namespace):
+    """The ``qkv.serve.app.Served`` for the command's arguments: the model loaded, its text functions, the
+    batcher (not started); CommandError for a model the batch cannot decode."""
+    from ..serve.app import Served
+    from ..serve.batcher import Batcher
+
+    model, tokenizer = load_model_source(args, device=args.device)
+    try:
+        batcher = Batcher(model, max_batch=args.max_batch, max_queue=args.max_queue, backend=args.backend)
+    except ValueError as e:
+        raise CommandError(f"{args.run or args.hf}: {e}") from None
+
+    def chat_ids(messages: list[dict]) -> list[int]:
+        try:
+            return conversation_ids(args, tokenizer, messages)
+        except CommandError as e:  # no chat template: the client's request cannot be answered
+            raise ValueError(f"this model cannot chat: {e}") from None
+
+    eos = getattr(tokenizer, "eos_id", None)
+    path = os.path.normpath(args.run or args.hf)
+    return Served(name=args.model_name or os.path.basename(path), batcher=batcher, encode=tokenizer.encode,
+                  decode=tokenizer.decode, chat_ids=chat_ids,
+                  chat_decode=getattr(tokenizer, "decode_text", tokenizer.decode),
+                  eos_ids=() if eos is None else (eos,), chat_eos_ids=tuple(end_of_turn(model, tokenizer) or ()))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load, then serve until Ctrl-C."""
+    import torch
+
+    from ..runtime import cpu_threads, resolve_device
+    from ..serve.app import create_app
+    from ..serve.server import LOOPBACK, serve_forever
+
+    if not 0 <= args.port <= 65535 or args.max_batch < 1 or args.max_queue < 0:
+        raise CommandError(f"need 0 <= --port <= 65535, --max-batch >= 1, --max-queue >= 0, got {args.port}, "
+                           f"{args.max_batch}, {args.max_queue}")
+    if resolve_device(args.device).type == "cpu":
+        torch.set_num_threads(cpu_threads())
+    served = build_served(args)
+    if args.host not in LOOPBACK and not args.api_key:
+        print(f"qkv serve: warning: binding {args.host} without --api-key: anyone who can reach this port can use "
+              "the model", file=sys.stderr)
+    print(f"qkv serve: {served.name} at http://{args.host}:{args.port}/v1 (max batch {args.max_batch}, "
+          f"queue {args.max_queue}{', API key required' if args.api_key else ''}); Ctrl-C stops", file=sys.stderr)
+    serve_forever(create_app(served, api_key=args.api_key), args.host, args.port)
+    return 0
