@@ -182,3 +182,159 @@ def test_a_llama_run_as_gguf(tmp_path, capsys, dtype, qtype, file_type):
     got = llama_cpp_forward(values, meta, arch, ids)
     torch.testing.assert_close(got, want, atol=share * want.abs().max().item(), rtol=0)
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no temporary file left
+
+
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=64, rope_theta=50000.0, rms_norm_eps=1e-5)
+HF_FAMILIES = [  # (config class, model class, settings, gguf arch, biases llama.cpp reads)
+    ("LlamaConfig", "LlamaForCausalLM", {}, "LLAMA", ()),
+    ("MistralConfig", "MistralForCausalLM", dict(sliding_window=64), "LLAMA", ()),
+    ("Qwen2Config", "Qwen2ForCausalLM", {}, "QWEN2", ("ATTN_Q", "ATTN_K", "ATTN_V")),
+    ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True), "QWEN3", ()),
+]
+
+
+def hf_checkpoint(path, config_class, model_class, settings):
+    """A random HF checkpoint with a byte-level BPE tokenizer (bos, eos, a chat template), as save_pretrained writes."""
+    import transformers
+
+    tok = hf_tokenizer(BPETokenizer.train(TEXT, 300, special_tokens=("<|pad|>", "<|bos|>", "<|eos|>")))
+    tok.bos_token, tok.eos_token, tok.chat_template = "<|bos|>", "<|eos|>", "{{ messages[0]['content'] }}"
+    config = getattr(transformers, config_class)(vocab_size=len(tok) + 3, **SHAPE, **settings)  # 3 padded ids
+    torch.manual_seed(0)
+    model = perturbed(getattr(transformers, model_class)(config)).eval()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model, tok
+
+
+@pytest.mark.parametrize("config_class, model_class, settings, arch, biases", HF_FAMILIES)
+def test_a_hugging_face_checkpoint_loaded_by_qkv_as_gguf(tmp_path, config_class, model_class, settings, arch, biases):
+    from qkv.interop.gguf import to_gguf
+    from qkv.interop.hf import load_pretrained
+
+    hf, hf_tok = hf_checkpoint(tmp_path / "hf", config_class, model_class, settings)
+    model, tok = load_pretrained(tmp_path / "hf")
+    out = to_gguf(model, tok.backend, tmp_path / "model.gguf", dtype="f32")
+    values, types, meta = read(out)
+    arch, config = getattr(gguf.MODEL_ARCH, arch), {**SHAPE, "vocab_size": hf.config.vocab_size}
+    tied = settings.get("tie_word_embeddings", False)
+    assert set(values) == expected_names(arch, 2, tied=tied, biases=[getattr(gguf.MODEL_TENSOR, b) for b in biases])
+    check_values(values, types, hf.state_dict(), arch, config, gguf.GGMLQuantizationType.F32)
+    check_metadata(meta, arch, config, gguf.LlamaFileType.ALL_F32)
+    tokens, loaded = meta[gguf.Keys.Tokenizer.LIST], tok.backend  # as qkv loaded it (Qwen2's adds <|endoftext|>)
+    assert tokens == loaded.convert_ids_to_tokens(list(range(len(loaded)))) + \
+        [f"[PAD{i}]" for i in range(len(loaded), hf.config.vocab_size)]
+    assert [tokens[meta[k]] for k in (gguf.Keys.Tokenizer.BOS_ID, gguf.Keys.Tokenizer.EOS_ID)] == ["<|bos|>", "<|eos|>"]
+    kinds = meta[gguf.Keys.Tokenizer.TOKEN_TYPE]
+    assert {tokens[i] for i, t in enumerate(kinds) if t == gguf.TokenType.CONTROL} == \
+        {"<|pad|>", "<|bos|>", "<|eos|>"} | set(loaded.all_special_tokens)  # added as special: control
+    assert set(kinds[len(loaded):]) == {gguf.TokenType.UNUSED}
+    assert meta[gguf.Keys.Tokenizer.CHAT_TEMPLATE] == hf_tok.chat_template
+    assert meta[gguf.Keys.Tokenizer.ADD_BOS] is False and meta[gguf.Keys.Tokenizer.ADD_EOS] is False
+    ids = hf_tok("def f(x):\n    return 2 * x").input_ids
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    got = llama_cpp_forward(values, meta, arch, ids)
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
+
+
+def test_a_character_vocabulary_as_byte_level_bpe(tmp_path):
+    """Each character is one token spelled in GPT-2's byte alphabet; merges rebuild a multi-byte one from its bytes."""
+    from qkv.interop.gguf import byte_level
+
+    tok = CharTokenizer.train(TEXT)
+    run = make_run(tmp_path / "run", tok, **LLAMA)
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(tmp_path / "c.gguf")]) == 0
+    _, _, meta = read(tmp_path / "c.gguf")
+    tokens, merges = meta[gguf.Keys.Tokenizer.LIST], meta[gguf.Keys.Tokenizer.MERGES]
+    assert tokens == [byte_level(c) for c in tok.chars] and byte_level(" \n") == "ĠĊ"
+    rank = {tuple(m.split(" ")): i for i, m in enumerate(merges)}
+    for c, token in zip(tok.chars, tokens):
+        parts = list(token)  # BPE as llama.cpp runs it: merge the best-ranked pair until none is left
+        while (pairs := [p for p in zip(parts, parts[1:]) if p in rank]):
+            i = list(zip(parts, parts[1:])).index(min(pairs, key=rank.get))
+            parts[i:i + 2] = ["".join(parts[i:i + 2])]
+        assert parts == [token], c
+    assert {len(c.encode()) for c in tok.chars} == {1, 2, 3} and len(merges) == 1 + 2 * 2  # é: 1; ✓, 中: 2 each
+
+
+@pytest.mark.parametrize("shape, message", [
+    (dict(positional="learned", activation="gelu_tanh"), r"GPT-2 model: GPT-2 shape .*llama.cpp's gpt2"),
+    (dict(positional="rope", bias=False), r"GPT-NeoX model: GPT-NeoX shape .*demo preset"),
+    (dict(positional="rope", norm="rmsnorm", activation="geglu", bias=False),
+     r"LLaMA model: hidden_act='gelu\w*' \(llama.cpp's llama gates with silu: SwiGLU\)"),
+    (dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, attention=dict(num_heads=4, sliding_window=8)),
+     r"Mistral model: sliding_window=8 < context 64 \(llama.cpp's llama attends to every key\)"),
+])
+def test_shapes_llama_cpp_would_run_differently_are_refused_with_the_reason(tmp_path, capsys, shape, message):
+    import re
+
+    run = make_run(tmp_path / "run", CharTokenizer.train(TEXT), **shape)
+    out = tmp_path / "new" / "model.gguf"
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"no GGUF counterpart for this " + message, err[0]), err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_existing_file_is_kept_unless_overwrite_and_a_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
+    run = make_run(tmp_path / "run", CharTokenizer.train(TEXT), **LLAMA)
+    out = tmp_path / "out" / "model.gguf"
+    out.parent.mkdir()
+    out.write_text("keep")
+    args = ["export", "--run", str(run), "--format", "gguf", "--out", str(out)]
+    assert main(args) == 2 and "already exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_text() == "keep"
+    assert main(args + ["--overwrite"]) == 0 and read(out)[2][gguf.Keys.General.ARCHITECTURE] == "llama"
+
+    def full_disk(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
+    fresh = tmp_path / "out" / "other.gguf"
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(fresh)]) == 2
+    assert "disk is full" in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no half-written file, no temporary
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "gguf", "--hf", "x"], "with --format gguf give the file as --out FILE.gguf"),
+    (["--out", "x", "--gguf-type", "q8_0"], "--gguf-type q8_0 applies to --format gguf"),
+    (["--format", "gguf", "--out", "x", "--gguf-type", "q4_0"], "invalid choice: 'q4_0'"),
+])
+def test_flags_that_do_not_go_together(tmp_path, capsys, args, message):
+    run = make_run(tmp_path / "run", CharTokenizer.train(TEXT), **LLAMA)
+    assert main(["export", "--run", str(run), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_encoder_decoder_is_refused(tmp_path, capsys):
+    tok = CharTokenizer.train(TEXT)
+    save_model(tmp_path / "mt", qkv.Transformer(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size)), tok)
+    assert main(["export", "--run", str(tmp_path / "mt"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")]) == 2
+    assert "holds a Transformer" in capsys.readouterr().err and not (tmp_path / "m.gguf").exists()
+
+
+def test_which_tokenizers_are_written():
+    """GPT-2's byte-level regex is "gpt-2"; a Split regex llama.cpp names by its own pre-tokenizer name (the table
+    holds Llama 3's and Qwen2's); SentencePiece-style BPE (byte_fallback) and unknown regexes are refused."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    from qkv.interop.gguf import PRE_TOKENIZERS, vocabulary
+
+    tok = hf_tokenizer(BPETokenizer.train(TEXT, 300))
+    assert vocabulary(tok)[3] == "gpt-2"
+    for regex, name in [*PRE_TOKENIZERS.items(), (r"\w+|\s+", None)]:
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(regex), behavior="isolated"), pre_tokenizers.ByteLevel(use_regex=False)])
+        if name:
+            assert vocabulary(tok)[3] == name
+        else:
+            with pytest.raises(ValueError, match=r"pre-tokenizer .* is not one llama.cpp names"):
+                vocabulary(tok)
+    from transformers import PreTrainedTokenizerFast
+
+    spm = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE({"a": 0, "<0x61>": 1}, [], byte_fallback=True)))
+    with pytest.raises(ValueError, match=r"BPE with byte_fallback \(SentencePiece style\)"):
+        vocabulary(spm)

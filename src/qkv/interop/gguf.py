@@ -75,15 +75,15 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     """What llama.cpp's architecture for ``model_type`` would compute differently from this HF config."""
     if model_type not in ARCHES:
         return [NOT_WRITTEN.get(model_type, f"Hugging Face model_type {model_type!r} has no GGUF mapping here")]
-    problems = []
+    arch, problems = ARCHES[model_type][0].lower(), []  # gguf.MODEL_ARCH_NAMES spells them so
     if hf.get("hidden_act") != "silu":
-        problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {model_type} gates with silu: SwiGLU)")
+        problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {arch} gates with silu: SwiGLU)")
     scaling = hf.get("rope_scaling") or {}
     if scaling.get("rope_type", "default") not in ("default", "linear"):
         problems.append(f"RoPE scaling {scaling['rope_type']!r} (written here: none or linear)")
     window, context = hf.get("sliding_window"), hf.get("max_position_embeddings")
-    if (hf.get("use_sliding_window", model_type == "mistral") and window is not None and window < context):
-        problems.append(f"sliding_window={window} < context {context} (llama.cpp's {model_type} attends to every key)")
+    if hf.get("use_sliding_window", model_type == "mistral") and window is not None and window < context:
+        problems.append(f"sliding_window={window} < context {context} (llama.cpp's {arch} attends to every key)")
     if model_type == "qwen3" and hf.get("attention_bias"):
         problems.append("attention biases (llama.cpp's qwen3 has none)")
     return problems
@@ -266,10 +266,17 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", ov
     for tensor_name, data in gguf_tensors(gguf, to_hf(model).state_dict(), fields, arch, permute):
         data, raw = encode(gguf, tensor_name, data, qtype)
         writer.add_tensor(tensor_name, data, raw_dtype=raw)
+    write_file(writer, path)
+    return path
+
+
+def write_file(writer, path: Path) -> None:
+    """The writer's header, metadata and tensors under a temporary name beside ``path``, then renamed to it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    return path
+        try:
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
