@@ -47,6 +47,29 @@ def hf_tokenizer(tokenizer: BPETokenizer | CharTokenizer):
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
+def run_tokenizer(run: str | os.PathLike, tokenizer: BPETokenizer | CharTokenizer):
+    """``hf_tokenizer`` with the run's chat template (chat_template.jinja, written by a --task sft | dpo
+    run) as its own, and ChatML's end of turn as its eos where the vocabulary has it."""
+    hf_tok = hf_tokenizer(tokenizer)
+    template = Path(run) / "chat_template.jinja"
+    if template.is_file():
+        from ..data.chat_template import CHATML_TOKENS
+
+        hf_tok.chat_template = template.read_text(encoding="utf-8")
+        if hf_tok.convert_tokens_to_ids(CHATML_TOKENS[1]) not in (None, hf_tok.unk_token_id):
+            hf_tok.eos_token = CHATML_TOKENS[1]  # where a ChatML reply ends
+    return hf_tok
+
+
+def load_decoder(run: str | os.PathLike):
+    """The run's model and tokenizer; ValueError for a run that is not a decoder-only language model."""
+    loaded = RunDir(run).load()
+    if not isinstance(loaded.model, GPT):
+        raise ValueError(f"{run} holds a {type(loaded.model).__name__}; qkv export writes decoder-only "
+                         "language models (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …)")
+    return loaded
+
+
 def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write run ``run``'s model and tokenizer to ``out`` as ``save_pretrained`` would.
 
@@ -54,21 +77,22 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
     for a run that is not a decoder, or whose model or tokenizer has no Hugging Face counterpart.
     """
     out = check_free_dir(out, overwrite=overwrite)
-    loaded = RunDir(run).load()
-    if not isinstance(loaded.model, GPT):
-        raise ValueError(f"{run} holds a {type(loaded.model).__name__}; qkv export writes decoder-only "
-                         "language models (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …)")
-    hf_model, hf_tok = to_hf(loaded.model), hf_tokenizer(loaded.tokenizer)
-    template = Path(run) / "chat_template.jinja"  # a --task sft | dpo run's: transformers chats with it
-    if template.is_file():
-        from ..data.chat_template import CHATML_TOKENS
-
-        hf_tok.chat_template = template.read_text(encoding="utf-8")
-        if hf_tok.convert_tokens_to_ids(CHATML_TOKENS[1]) not in (None, hf_tok.unk_token_id):
-            hf_tok.eos_token = CHATML_TOKENS[1]  # where a ChatML reply ends
+    loaded = load_decoder(run)
+    hf_model, hf_tok = to_hf(loaded.model), run_tokenizer(run, loaded.tokenizer)
 
     def write(tmp: Path) -> None:
         hf_model.save_pretrained(tmp)  # safetensors
         hf_tok.save_pretrained(tmp)
 
     return atomic_dir(out, write, overwrite=overwrite)
+
+
+def export_run_gguf(run: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "f16",
+                    overwrite: bool = False) -> Path:
+    """Write run ``run`` as the GGUF file ``out`` (``qkv.interop.gguf.to_gguf``: LLaMA, Mistral, Qwen2 and
+    Qwen3 shapes; matrices of ``dtype``). ValueError, with nothing written, for what llama.cpp cannot run."""
+    from ..interop.gguf import to_gguf
+
+    loaded = load_decoder(run)
+    return to_gguf(loaded.model, run_tokenizer(run, loaded.tokenizer), out, dtype=dtype, overwrite=overwrite,
+                   name=Path(run).resolve().name)
