@@ -138,6 +138,30 @@ def cache_bytes(caches) -> int:
     return sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
 
 
+@pytest.mark.parametrize("W, chunks", [(1, [3, 1, 1, 1]), (4, [3, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1]),
+                                       (4, [9, 1, 1, 1]), (6, [2, 1, 1, 1, 1])])
+def test_the_ring_caches_static_form_places_its_keys_by_tensor_slots_alone(W, chunks):
+    """write(input_pos) at slots from tensors only (no Python-int state): a prefill longer than the window,
+    chunks, one-token steps, a window larger than everything written; the outputs equal the whole sequence
+    under the window mask, and a refill from slot 0 forgets what was there; without a mask the ring's own
+    causal window is the mask."""
+    steps = sum(chunks)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope=qkv.RotaryEmbedding(4)).eval()
+    x = torch.randn(2, steps, 16)
+    want = mha(x, mask=sliding_window_mask(steps, steps, W))
+    ring = RingKVCache(2, 2, W, 4, max_len=steps)
+    for masked in (True, False):  # the second time over stale slots: a refill from slot 0
+        out, t = [], 0
+        for n in chunks:
+            pos = torch.arange(t, t + n)  # (n,) slots
+            keys = torch.arange(steps)  # (M,) the full key axis
+            mask = (keys <= pos[:, None]) & (keys > pos[:, None] - W)  # (n, M): each query's causal window
+            out.append(mha(x[:, t:t + n], mask=mask if masked else None, kv_cache=ring, input_pos=pos))
+            t += n
+        torch.testing.assert_close(torch.cat(out, 1), want, atol=1e-6, rtol=1e-5)
+        assert ring.k.shape == (2, 2, W, 4) and ring.pos == 0  # constant memory; update's counter untouched
+
+
 def test_the_ring_caches_memory_is_constant_where_a_full_caches_grows():
     """Bytes of every layer's caches of a model whose every layer slides (window 8), at 1, 4 and 16 windows."""
     config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=128, positional="rope",
@@ -246,8 +270,10 @@ def test_qk_norm_over_unequal_head_widths_and_bad_modules_are_refused():
     with pytest.raises(ValueError, match="sliding_attention layers are built for decoder-only models"):
         qkv.Encoder(gemma_like())
     ring = RingKVCache(1, 1, 4, 2)
-    with pytest.raises(ValueError, match=r"consecutive slots from 0 \(or from 0, refilling\), got \[2, 3\]"):
-        ring.write(torch.tensor([2, 3]), torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    with pytest.raises(ValueError, match=r"a ring KV cache takes consecutive slots, got \[3, 2\]"):
+        ring.write(torch.tensor([3, 2]), torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    with pytest.raises(ValueError, match=r"input_pos must be \(T=2,\) slots, got \(3,\)"):
+        ring.write(torch.tensor([0, 1, 2]), torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
 
 
 # --- the fused step refuses each new field ------------------------------------------------------------------

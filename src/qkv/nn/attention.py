@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from ..checks import check_fraction, check_positive_int
 from .kv_cache import RingKVCache
 from .layers import check_softcap, soft_cap
-from .masks import PreparedMask, causal_mask, crop_keys, prepare_mask, sliding_window_mask
+from .masks import (PreparedMask, causal_mask, causal_mask_at, crop_keys, prepare_mask, select_keys,
+                    sliding_window_mask, within_window)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
@@ -238,9 +239,15 @@ def projection_biases(bias: bool | Sequence[bool]) -> tuple[bool, bool, bool, bo
     raise TypeError(f"bias must be a bool or four bools (q, k, v, out), got {bias!r}")
 
 
-def ring_mask(cache: RingKVCache, mask, is_causal: bool, q_len: int, k_len: int):
-    """(mask, is_causal) over a ring cache's keys, the window's span of the key axis the mask was built on
-    (a sliding-window mask, whose other columns are False); without a mask, the causal window itself."""
+def ring_mask(cache: RingKVCache, mask, is_causal: bool, q_len: int, k_len: int, input_pos: Tensor | None = None):
+    """(mask, is_causal) over a ring cache's keys, from a mask over the full key axis (a sliding-window mask,
+    whose columns the ring drops are False); without a mask, the causal window itself.
+    ``update``'s keys are the span of the key axis the cache says; ``write``'s (static slots ``input_pos``) are
+    at ``cache.key_places``, a tensor: each query keeps the written keys of its causal window there."""
+    if input_pos is not None:
+        places = cache.key_places(input_pos)  # (K,)
+        keep = (places >= 0) & causal_mask_at(input_pos, places) & within_window(input_pos, places, cache.window)
+        return select_keys(mask, places, keep), False  # keep: (L, K)
     if mask is None and is_causal:
         return sliding_window_mask(q_len, k_len, cache.window, device=cache.k.device), False  # (L, K + L)
     return crop_keys(mask, *cache.span), is_causal
@@ -398,7 +405,7 @@ class MultiHeadAttention(nn.Module):
         elif kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, G, pos + L, D)
         if isinstance(kv_cache, RingKVCache):
-            mask, is_causal = ring_mask(kv_cache, mask, is_causal, q.size(-2), k.size(-2))
+            mask, is_causal = ring_mask(kv_cache, mask, is_causal, q.size(-2), k.size(-2), input_pos)
         out, weights = self.attend_heads(q, k, v, mask=mask, is_causal=is_causal, positions=input_pos,
                                     return_weights=return_weights)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, H, L, D) -> (B, L, H·D)

@@ -127,10 +127,13 @@ class RingKVCache(nn.Module):
     A window of W keys (query p sees keys p − W < j ≤ p) needs, besides the new tokens, only the W − 1
     before them, whatever the length so far: memory stays constant as generation grows (Mistral's rolling
     buffer cache, Jiang et al. 2023 §2; Hugging Face's sliding-window cache layers).
-    Token t sits in ring slot t mod W. ``update(k, v)`` (T new tokens) returns the kept tokens and the new
-    ones in order, (B, G, K + T, D), K = min(pos, W − 1): keys ``span`` = (pos − K, pos + T) of the full key
-    axis, which ``qkv.masks.crop_keys`` cuts a mask over all keys down to. ``write`` is the static form for
-    slots that continue (or restart at 0): the same keys, no full-capacity buffers.
+    Token t sits in ring slot t mod W. Two forms, as ``KVCache`` (do not mix them without ``reset``):
+    ``update(k, v)`` (T new tokens) counts its tokens in ``pos`` and returns the kept tokens and the new ones in
+    order, (B, G, K + T, D), K = min(pos, W − 1): keys ``span`` = (pos − K, pos + T) of the full key axis, which
+    ``qkv.masks.crop_keys`` cuts a mask over all keys down to.
+    ``write(input_pos, k, v)`` is the static form: the slots ``input_pos`` (a tensor) alone decide where keys go
+    and which place each returned key holds (``key_places``), with no Python-int state, so a compiled step
+    reads nothing that changes between tokens.
     ``max_len``: the slots of the full key axis it stands in for (a static cache's capacity M, which the
     models' masks span); None: unbounded. It holds W tokens whatever ``max_len`` is.
     """
@@ -146,42 +149,68 @@ class RingKVCache(nn.Module):
         shape = (batch_size, num_kv_heads, window, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("ring", torch.arange(window, device=device), persistent=False)  # (W,) ring slots
         self.window = window
-        self.pos = 0  # tokens seen so far (the next token's slot on the full key axis)
-        self.span = (0, 0)  # the full key axis's [start, end) that the last update returned
+        self.pos = 0  # update's form: tokens seen so far (the next token's slot on the full key axis)
+        self.span = (0, 0)  # update's form: the full key axis's [start, end) that the last update returned
 
     def reset(self) -> None:
         """Forget the contents (the buffers are reused, not reallocated)."""
         self.pos, self.span = 0, (0, 0)
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add k, v (B, G, T, D); return the last K kept and the T new, (B, G, K + T, D), oldest first."""
+    def check_kv(self, k: Tensor, v: Tensor) -> None:
         if k.shape != v.shape or k.dim() != 4 or k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
             raise ValueError(
                 f"expected k and v of shape (B={self.k.size(0)}, G={self.k.size(1)}, T, D={self.k.size(3)}), "
                 f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
             )
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add k, v (B, G, T, D); return the last K kept and the T new, (B, G, K + T, D), oldest first."""
+        self.check_kv(k, v)
         k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         T, kept = k.size(2), min(self.pos, self.window - 1)
         old = torch.arange(self.pos - kept, self.pos, device=self.k.device) % self.window  # (K,) ring slots
         keys = torch.cat((self.k.index_select(2, old), k), dim=2)  # (B, G, K + T, D), oldest first
         values = torch.cat((self.v.index_select(2, old), v), dim=2)
-        n = min(T, self.window)  # only the last W new tokens can be needed again
-        slots = torch.arange(self.pos + T - n, self.pos + T, device=self.k.device) % self.window  # (n,)
-        self.k.index_copy_(2, slots, k[:, :, T - n:])
-        self.v.index_copy_(2, slots, v[:, :, T - n:])
+        self.store(torch.arange(self.pos, self.pos + T, device=self.k.device), k, v)
         self.span, self.pos = (self.pos - kept, self.pos + T), self.pos + T
         return keys, values
 
+    def store(self, places: Tensor, k: Tensor, v: Tensor) -> None:
+        """Tokens at places (T,) of the full key axis into their ring slots, k, v (B, G, T, D): only the last W,
+        which are all a later query can see (and no slot is written twice in one copy)."""
+        n = min(k.size(2), self.window)
+        slots = places[places.numel() - n:] % self.window  # (n,)
+        self.k.index_copy_(2, slots, k[:, :, k.size(2) - n:])
+        self.v.index_copy_(2, slots, v[:, :, v.size(2) - n:])
+
     def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Static slots input_pos (T,) that continue the last write (or restart at slot 0): as ``update``."""
-        first, T = int(input_pos[0]), input_pos.numel()
-        if first == 0:
-            self.reset()
-        if first != self.pos or int(input_pos[-1]) != first + T - 1:
-            raise ValueError(f"a ring KV cache takes consecutive slots from {self.pos} (or from 0, refilling), "
-                             f"got {input_pos.tolist()}")
-        return self.update(k, v)
+        """Static form: k, v (B, G, T, D) at consecutive slots input_pos (T,), every slot before them written
+        earlier (or none: a prefill from slot 0). Returns the keys and values the T queries attend over, each
+        key at the place ``key_places(input_pos)`` says:
+        T = 1: the ring after the write, (B, G, W, D), uncopied (what a decoded token needs);
+        T > 1: the ring before the write, then the T new, (B, G, W + T, D) (a later token of a chunk may
+        overwrite a key an earlier one still sees)."""
+        self.check_kv(k, v)
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        if input_pos.dim() != 1 or input_pos.numel() != k.size(2):
+            raise ValueError(f"input_pos must be (T={k.size(2)},) slots, got {tuple(input_pos.shape)}")
+        if k.size(2) == 1:
+            self.store(input_pos, k, v)
+            return self.k, self.v
+        if not torch.compiler.is_compiling() and not bool((input_pos.diff() == 1).all()):
+            raise ValueError(f"a ring KV cache takes consecutive slots, got {input_pos.tolist()}")
+        keys, values = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)  # (B, G, W + T, D)
+        self.store(input_pos, k, v)
+        return keys, values
+
+    def key_places(self, input_pos: Tensor) -> Tensor:
+        """The place on the full key axis of each key ``write(input_pos, …)`` returns, (W,) or (W + T,); < 0
+        where a ring slot holds nothing yet. Ring slot s holds the latest place ≡ s (mod W) written so far."""
+        last = input_pos[-1:] if input_pos.numel() == 1 else input_pos[:1] - 1  # (1,): the ring's newest place
+        places = last - (last - self.ring) % self.window  # (W,)
+        return places if input_pos.numel() == 1 else torch.cat((places, input_pos))  # (W,) or (W + T,)
 
     def reorder(self, indices: Tensor) -> None:
         """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""

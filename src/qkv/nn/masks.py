@@ -115,6 +115,26 @@ def crop_keys(mask, start: int, end: int):
     return mask[..., start:end]
 
 
+def select_keys(mask, places: Tensor, keep: Tensor):
+    """A mask over keys 0 … S−1 -> over the keys at ``places`` (K,) (a ring cache's slots, in its order), and
+    only where ``keep`` (L, K) is True (bool, or a ``PreparedMask``; None gives ``keep`` itself).
+
+    ``keep`` must hold each query's own key (a ring's keys: written, causal, in the window), so no row of the
+    bias is all −inf; a ``PreparedMask``'s rows without keys stay zeroed by its ``live``.
+    """
+    index = places.clamp(min=0)  # (K,): a place < 0 (nothing written) reads column 0, then keep drops it
+
+    def select(t: Tensor) -> Tensor:
+        return t if t.size(-1) == 1 else t.index_select(-1, index)  # (..., L, K)
+
+    if mask is None:
+        return keep
+    if isinstance(mask, PreparedMask):
+        return PreparedMask(select(mask.allowed) & keep, select(mask.bias).masked_fill(~keep, float("-inf")),
+                            mask.live)
+    return select(mask) & keep
+
+
 def prepare_mask(allowed: Tensor, dtype: torch.dtype = torch.float32) -> PreparedMask:
     """Bool mask (..., L, S), True = may attend -> ``PreparedMask`` with its bias in ``dtype``."""
     if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool or allowed.dim() < 2:
