@@ -6,7 +6,7 @@
     inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
     fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
               any other model falls back to inductor, with one line saying why
-    (inductor falls back to auto for a model with sliding-window layers: ``compiled_step_refuses``)
+    (inductor falls back to auto for a model ``compiled_step_refuses``: none today)
 
 ``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
 raises instead of falling back.
@@ -51,11 +51,8 @@ def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
 
 def compiled_step_refuses(model) -> str | None:
     """Why inductor's compiled step cannot decode ``model``, or None. It is compiled once and then runs
-    without its guards, so everything a step reads must be a tensor: a sliding layer's ring cache counts
-    its tokens in a Python int, which compiled code would freeze at its first value (wrong keys after)."""
-    types = getattr(model, "layer_types", None) or ()
-    if "sliding_attention" in types:
-        return "its sliding-window layers keep a ring cache whose position is a Python int, not a tensor"
+    without its guards, so everything a step reads must be a tensor: every cache's static form is (a sliding
+    layer's ring cache places its keys by the step's ``input_pos`` tensor alone), so none is refused today."""
     return None
 
 
