@@ -3,6 +3,7 @@ why where a backend cannot decode them. The compiled step runs without its guard
 position were a Python int would be frozen at its first value: these decode past the window and compare."""
 import contextlib
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 import qkv
-from qkv.generation.backends import compiled_step_refuses, pick
+from qkv.generation.backends import BackendFallback, compiled_step_refuses, pick
 from test_attention_variants import gemma_like
 
 backends = importlib.import_module("qkv.generation.backends")
@@ -68,6 +69,18 @@ def test_the_compiled_step_decodes_sliding_models_with_the_references_tokens(cas
     assert torch.equal(want, model.generate(ids, new, temperature=0, mask=mask, use_cache=False))
 
 
+@pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where qkv's C++ kernels cannot be built
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("Mistral")])
+def test_the_fused_step_decodes_mistral_shaped_models_with_the_references_tokens(case):
+    """Every layer sliding: the C++ step writes a ring of W rows and attends over it; no fallback."""
+    build, batch, length, pad, new = CASES[case]
+    model, (ids, mask) = build(), prompt(batch, length, pad)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error", BackendFallback)
+        got = model.generate(ids, new, temperature=0, mask=mask, backend="fused")
+    assert torch.equal(got, model.generate(ids, new, temperature=0, mask=mask, backend="eager"))
+
+
 def test_the_compiled_sliding_step_compiles_once_with_its_guards_checked_every_step(captured, monkeypatch):
     """With every step's guards evaluated, a step that read a Python int which changes per token would
     recompile at the next token: dynamo raises on a recompile, and one graph is compiled for 20 steps."""
@@ -89,8 +102,10 @@ def test_inductor_itself_decodes_a_sliding_model():
     assert torch.equal(got, model.generate(ids, 10, temperature=0, backend="eager"))
 
 
-def test_the_compiled_step_takes_sliding_layers_and_the_fused_step_falls_back_to_it():
+def test_the_compiled_step_takes_sliding_layers_and_the_fused_step_names_the_gemma_setting_it_refuses():
     assert compiled_step_refuses(sliding_model()) is None
     assert pick(sliding_model(), 1, "inductor") == ("inductor", None)
     chosen, why = pick(sliding_model(), 1, "fused")
-    assert chosen == "inductor" and why.startswith("the fused step cannot") and "compiled step" not in why
+    assert chosen == "inductor" and "compiled step" not in why
+    assert why == "the fused step cannot decode this model at batch 1: config field attention.query_scalar=12.0, " \
+                  "which the fused step does not declare"

@@ -258,7 +258,7 @@ def test_bad_input_is_named():
     caches = [t for layer in cache.layers for t in (layer.k, layer.v)]
     before = [t.clone() for t in caches]
     state = matvec.MODULE.DecoderState
-    args = (step.weights, caches, torch.empty(0), step.shape, 1e-5, 1.0)
+    args = (step.weights, caches, torch.empty(0), step.shape + [20], 1e-5, 1.0)  # M = 20 slots
     bad_states = [
         ((step.weights[:-1], *args[1:]), r"expected 52 weights for 2 layers \(a k and a v cache each\), got 51"),
         ((step.weights[:7] + [step.weights[7][:-1]] + step.weights[8:], *args[1:]),
@@ -266,9 +266,12 @@ def test_bad_input_is_named():
         ((step.weights[:2] + [torch.ones(32).double()] + step.weights[3:], *args[1:]),
          r"weight 2 must be .* of 32 elements \(or none\), got Double \[32\]"),
         ((args[0], caches[:1] + [c[:, :, :5] for c in caches[1:]], *args[2:]),
-         r"each cache must be contiguous float32 \(1, 4, 20, 8\) like the first, got Float \[1, 4, 5, 8\]"),
-        ((*args[:3], step.shape[:-1], 1e-5, 1.0), r"shape must hold 10 ints, got 9"),
-        ((*args[:3], [32, 4, 3, *step.shape[3:]], 1e-5, 1.0), r"G dividing H and D even, got \(32, 4, 3, 8, 128, 64\)"),
+         r"each cache must be contiguous float32 \(1, 4, rows, 8\), 1 <= rows <= 20, a layer's k and v alike, "
+         r"got Float \[1, 4, 20, 8\] beside \[1, 4, 5, 8\]"),
+        ((args[0], [torch.zeros(1, 4, 21, 8)] * len(caches), *args[2:]), r"1 <= rows <= 20, .* got Float \[1, 4, 21"),
+        ((*args[:3], step.shape, 1e-5, 1.0), r"shape must hold 11 ints, got 10"),
+        ((*args[:3], [32, 4, 3, *step.shape[3:], 20], 1e-5, 1.0),
+         r"G dividing H and D even, got \(32, 4, 3, 8, 128, 64, 20\)"),
     ]
     for bad, message in bad_states:
         with pytest.raises(RuntimeError, match=message):

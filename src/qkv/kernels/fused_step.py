@@ -17,7 +17,9 @@ default value only, so a field added to ``ModelConfig`` later is refused until t
 
 Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the table is the model's own
 ``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
-over each head's D, before RoPE). RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
+over each head's D, before RoPE), Mistral and Qwen2 with sliding windows (a sliding layer's cache is its
+``RingKVCache``: the C++ step writes slot p at ring row p mod W and attends over the W rows, the window itself).
+RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..models.config import LAYER_TYPES
 from ..models.trunk import Embeddings
 from ..nn.attention import MultiHeadAttention
 from ..nn.block import TransformerBlock
+from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.layers import ACTIVATIONS, FeedForward
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.rope_scaling import LENGTH_DEPENDENT
@@ -67,8 +70,10 @@ def fixed_rope_table(scaling) -> bool:
 
 CONFIG = {  # field (section.name) -> the values the step computes as the model does (tests/test_decoder_step.py)
     "vocab_size": ANY, "d_model": ANY, "num_layers": ANY, "max_len": ANY, "dropout": ANY,
-    "layer_types": Where(lambda v: v is None or set(v) <= {"full_attention"}, "full attention in every layer"),
+    "layer_types": Where(lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                         "full or sliding-window attention in each layer"),
     "attention.kind": {"mha"}, "attention.num_heads": ANY, "attention.num_kv_heads": ANY, "attention.head_dim": ANY,
+    "attention.sliding_window": ANY,  # a sliding layer's cache is a ring of its W rows
     "attention.q_bias": ANY, "attention.k_bias": ANY, "attention.v_bias": ANY, "attention.out_bias": ANY,
     "attention.qk_norm": ANY,  # the model's norm (layernorm or rmsnorm, as normalization.kind) over each head's D
     "position.kind": {"learned", "sinusoidal", "rope", "none"}, "position.base": ANY, "position.interleaved": ANY,
@@ -82,7 +87,7 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
     "head.tie": ANY, "head.bias": {False},
 }
-assert set(LAYER_TYPES) >= {"full_attention"}
+assert set(LAYER_TYPES) >= {"full_attention", "sliding_attention"}
 
 
 def config_fields(config, prefix: str = "") -> dict[str, tuple[object, object]]:
@@ -232,6 +237,7 @@ class FusedStep:
         self.shape = [c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
                       NORMS[type(model.blocks[0].attn_norm)], ACTS[act.base], int(act.gated),
                       0 if rope is None else 2 if rope.interleaved else 1]  # decoder_step.cpp's Shape and Rope
+        self.windows = [c.attention.sliding_window if t == "sliding_attention" else None for t in model.layer_types]
         self.caches = None
 
     def rope_table(self, capacity: int) -> Tensor:
@@ -242,15 +248,28 @@ class FusedStep:
         return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
 
     def state(self, kv_caches):
-        """The C++ ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D)
-        and RoPE's table, handed to C++ (and checked) once: the cache writes in place, the same tensors
-        every step."""
+        """The C++ ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D), or
+        (B, G, W, D) for a sliding layer's ring, and RoPE's table, handed to C++ (and checked) once: the cache
+        writes in place, the same tensors every step."""
         if self.caches is None or self.caches[0] is not kv_caches:
+            capacity = self.check_caches(kv_caches)
             buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
-            table = self.rope_table(buffers[0].size(2))
-            self.caches = kv_caches, matvec.MODULE.DecoderState(self.weights, buffers, table, self.shape,
-                                                                self.eps, self.scale)
+            self.caches = kv_caches, matvec.MODULE.DecoderState(
+                self.weights, buffers, self.rope_table(capacity), self.shape + [capacity], self.eps, self.scale)
         return self.caches[1]
+
+    def check_caches(self, kv_caches) -> int:
+        """The slots M the caches stand for; ValueError unless each layer's is the one ``new_kv_caches`` makes:
+        a ``KVCache`` of M rows, or for a sliding layer a ``RingKVCache`` of min(W, M) rows (the C++ step
+        attends over all a cache's rows: a ring's are its window)."""
+        capacity = kv_caches[0].max_len
+        for i, (cache, window) in enumerate(zip(kv_caches, self.windows, strict=True)):
+            kind, rows = (KVCache, capacity) if window is None else (RingKVCache, min(window, capacity or 0))
+            if type(cache) is not kind or cache.max_len != capacity or cache.k.size(2) != rows:
+                raise ValueError(f"layer {i}'s cache must be a {kind.__name__} of {rows} rows standing for "
+                                 f"{capacity} slots (as new_kv_caches makes it), got a {type(cache).__name__} of "
+                                 f"{cache.k.size(2)} rows for {cache.max_len}")
+        return capacity
 
     def __call__(self, ids: Tensor, slots: Tensor, kv_caches, input_pos: Tensor) -> Tensor:
         """ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V)."""

@@ -13,6 +13,8 @@
 // (norm_first) computes it:
 //   h = Norm₁(x);  q, k, v = h Wqᵀ + bq, h Wkᵀ + bk, h Wvᵀ + bv       (the threads share the rows out)
 //   [QK-norm: each head of q and of k normed over its D (Qwen3)];  [RoPE q, k (cos, sin scaled as the model's)];  k, v → the cache at ``slot``;  a = softmax(q kᵀ / √D) v over the row's slots ≤ slot
+//   [a sliding layer (Mistral): its cache a ring of W < M rows, slot p in row p mod W, so it holds the W slots
+//    slot − W < p ≤ slot, the window itself (RingKVCache's static form)]
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
@@ -41,10 +43,10 @@ enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Act { RELU = 0, GELU = 1, GELU_TANH = 2, SILU = 3 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
 
-struct Shape {  // B and M from the caches (B, G, M, D), then DecoderState's int[] shape in this order
-  int64_t B, M, C, H, G, D, F, V, norm, act, gated, rope;
+struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order (M last)
+  int64_t B, C, H, G, D, F, V, norm, act, gated, rope, M;
 };
-constexpr int64_t SHAPE = 10;  // the ints of DecoderState's shape
+constexpr int64_t SHAPE = 11;  // the ints of DecoderState's shape
 
 struct Embedding {  // nullptr where the model has none
   const float *tok, *pos, *type, *norm_w, *norm_b;
@@ -56,7 +58,8 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
   const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
   const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
   const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
-  float *k_cache, *v_cache;  // (B, G, M, D) each
+  float *k_cache, *v_cache;  // (B, G, held, D) each
+  int64_t held;              // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
 };
 constexpr int64_t PER_LAYER = 22;  // tensors a layer hands in, in Layer's order
 
@@ -112,10 +115,15 @@ void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::T
                 "tensor of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
                 t.scalar_type(), " ", t.sizes());
   }
-  for (const auto& t : caches)
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == at::IntArrayRef({s.B, s.G, s.M, s.D}),
-                "qkv::DecoderState: each cache must be contiguous float32 (", s.B, ", ", s.G, ", ", s.M, ", ", s.D,
-                ") like the first, got ", t.scalar_type(), " ", t.sizes());
+  for (size_t i = 0; i < caches.size(); i++) {
+    const at::Tensor &t = caches[i], &pair = caches[i ^ 1];  // a layer's k and v hold as many rows
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == s.B &&
+                    t.size(1) == s.G && 1 <= t.size(2) && t.size(2) <= s.M && t.size(3) == s.D &&
+                    t.sizes() == pair.sizes(),
+                "qkv::DecoderState: each cache must be contiguous float32 (", s.B, ", ", s.G, ", rows, ", s.D,
+                "), 1 <= rows <= ", s.M, ", a layer's k and v alike, got ", t.scalar_type(), " ", t.sizes(),
+                " beside ", pair.sizes());
+  }
   TORCH_CHECK(!s.rope || (rope.scalar_type() == at::kFloat && rope.is_contiguous() &&
                           rope.sizes() == at::IntArrayRef({2, s.M, s.D / 2})),
               "qkv::DecoderState: rope must be contiguous float32 cos and sin (2, ", s.M, ", ", s.D / 2, "), got ",
@@ -126,11 +134,12 @@ Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_
   TORCH_CHECK(shape.size() == SHAPE, "qkv::DecoderState: shape must hold ", SHAPE, " ints, got ", shape.size());
   TORCH_CHECK(!caches.empty() && caches[0].dim() == 4, "qkv::DecoderState: expected each layer's k and v caches "
               "(B, G, M, D), got ", caches.size(), " tensors");
-  const Shape s{caches[0].size(0), caches[0].size(2), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                shape[6], shape[7], shape[8], shape[9]};
-  TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0,
-              "qkv::DecoderState: shape (C, H, G, D, F, V) must be positive, G dividing H and D even, got (", s.C,
-              ", ", s.H, ", ", s.G, ", ", s.D, ", ", s.F, ", ", s.V, ")");
+  const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                shape[6], shape[7], shape[8], shape[9], shape[10]};
+  TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0 &&
+                  s.M > 0,
+              "qkv::DecoderState: shape (C, H, G, D, F, V, M) must be positive, G dividing H and D even, got (", s.C,
+              ", ", s.H, ", ", s.G, ", ", s.D, ", ", s.F, ", ", s.V, ", ", s.M, ")");
   return s;
 }
 
@@ -294,21 +303,27 @@ const float* prepare_head(const float* x, const float* w, const float* b, const 
   return out;
 }
 
-// One head: softmax(q·k_s / √D) over the slots s ≤ slot that hold the row's tokens, Σ p_s v_s -> out (D,).
+// One head: softmax(q·k_j / √D) over the cache rows j that hold a slot ≤ slot of the row's tokens (``on``),
+// Σ p_j v_j -> out (D,). ``held``: the cache's rows, M, or a ring's W, whose row j holds the latest slot
+// p ≤ slot with p ≡ j (mod W): with r = slot mod W, p = slot − r + j for j ≤ r, slot − r − W + j after it
+// (in a cache of M rows, r = slot and p = j).
 void attend_head(const float* __restrict q, const float* __restrict keys, const float* __restrict values,
-                 const bool* slots, int64_t slot, float* __restrict scores, float* __restrict out, const Shape& s) {
+                 const bool* on, int64_t slot, int64_t held, float* __restrict scores, float* __restrict out,
+                 const Shape& s) {
   const float scale = 1.f / std::sqrt(static_cast<float>(s.D));
+  const int64_t n = std::min(held, slot + 1), newest = slot % held, base = slot - newest;  // n: rows written
+  const bool* row_on = on + base;  // row_on[j] (j ≤ newest), row_on[j − held] (j > newest): its slot's flag
   float top = -std::numeric_limits<float>::infinity(), total = 0.f;
-  for (int64_t j = 0; j <= slot; j++) {
+  for (int64_t j = 0; j < n; j++) {
     scores[j] = qkv::dot(q, keys + j * s.D, s.D) * scale;
-    top = slots[j] ? std::max(top, scores[j]) : top;
+    top = row_on[j > newest ? j - held : j] ? std::max(top, scores[j]) : top;
   }
 #pragma omp simd reduction(+ : total)
-  for (int64_t j = 0; j <= slot; j++) {  // the weights p_j, 0 on the slots the row has no token in
-    scores[j] = slots[j] ? exp_vec(scores[j] - top) : 0.f;
+  for (int64_t j = 0; j < n; j++) {  // the weights p_j, 0 on the slots the row has no token in
+    scores[j] = row_on[j > newest ? j - held : j] ? exp_vec(scores[j] - top) : 0.f;
     total += scores[j];
   }
-  qkv::weighted_sum(scores, values, slot + 1, s.D, out);
+  qkv::weighted_sum(scores, values, n, s.D, out);
   for (int64_t d = 0; d < s.D; d++) out[d] /= total;
 }
 
@@ -317,15 +332,15 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
 void attend_group(const Layer& L, const float* q, const float* k, const float* v, const bool* slots, int64_t slot,
                   const float* cos, const float* sin, float* a, float* scratch, int64_t m, int64_t g,
                   const Shape& s, float eps) {
-  const int64_t offset = ((m * s.G + g) * s.M) * s.D;
-  float *keys = L.k_cache + offset, *values = L.v_cache + offset, *key = keys + slot * s.D;
+  const int64_t offset = ((m * s.G + g) * L.held) * s.D, row = slot % L.held;  // a ring's row, or the slot
+  float *keys = L.k_cache + offset, *values = L.v_cache + offset, *key = keys + row * s.D;
   float *q_ready = scratch, *normed = scratch + s.D, *scores = scratch + 2 * s.D;
   const float* k_new = prepare_head(k + (m * s.G + g) * s.D, L.k_norm_w, L.k_norm_b, cos, sin, normed, key, s, eps);
   if (k_new != key) std::copy(k_new, k_new + s.D, key);
-  std::copy(v + (m * s.G + g) * s.D, v + (m * s.G + g + 1) * s.D, values + slot * s.D);
+  std::copy(v + (m * s.G + g) * s.D, v + (m * s.G + g + 1) * s.D, values + row * s.D);
   for (int64_t h = g * (s.H / s.G); h < (g + 1) * (s.H / s.G); h++) {
     const float* q_h = prepare_head(q + (m * s.H + h) * s.D, L.q_norm_w, L.q_norm_b, cos, sin, normed, q_ready, s, eps);
-    attend_head(q_h, keys, values, slots + m * s.M, slot, scores, a + (m * s.H + h) * s.D, s);
+    attend_head(q_h, keys, values, slots + m * s.M, slot, L.held, scores, a + (m * s.H + h) * s.D, s);
   }
 }
 
@@ -424,7 +439,8 @@ Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, c
   return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
-          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), k.data_ptr<float>(), v.data_ptr<float>()};
+          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), k.data_ptr<float>(), v.data_ptr<float>(),
+          k.size(2)};
 }
 
 Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
