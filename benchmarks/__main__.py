@@ -9,6 +9,8 @@ marian     (e) beam-search translation (8 and 32 sentences, beam 4) vs Hugging F
 low_precision (f) bf16 weights for decoding beside fp32: tokens/s, and bits per character of runs/demo
 open_models batch-1 decoding of Qwen2- and Gemma-2-shaped models vs Hugging Face generate; the ring
            cache's memory against a full cache
+sliding    (h) a Mistral-shaped model's batch-1 greedy tokens/s on eager, auto, inductor and fused (its page in
+           docs/generated/sliding.md too)
 complexity time and memory against n, fitted exponents: reference, fused, flash, linear attention
            (the README's table of claims)
 """
@@ -22,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision", "open_models"]
+SECTIONS = ["attention", "memory", "generation", "train_speed", "complexity", "marian", "low_precision", "open_models",
+            "sliding"]
 
 
 def main(argv=None) -> int:
@@ -55,8 +58,10 @@ def main(argv=None) -> int:
 
 
 def section_args(name: str, args: argparse.Namespace) -> list[str]:
-    """The command line a section's own ``main`` gets: --quick, and --nanogpt for train_speed."""
+    """The command line a section's own ``main`` gets: --quick, --nanogpt for train_speed, and --markdown for
+    sliding (its page in docs/generated too)."""
     extra = ["--nanogpt", args.nanogpt] if name == "train_speed" and args.nanogpt else []
+    extra += ["--markdown", str(args.markdown)] if name == "sliding" and args.markdown else []
     return (["--quick"] if args.quick else []) + extra
 
 
