@@ -4,6 +4,7 @@ another module, no function longer than 60 lines, and the leaf modules import no
 import ast
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_circle_check_finds_a_circle_through_a_lazy_import(tmp_path, monkeyp
 def test_the_models_generate_methods_stay_public_and_work():
     """GPT.generate and Transformer.generate keep their signatures and docstrings and decode, with
     ``import qkv.models.gpt`` the first import of a fresh process (the root registers their decoders)."""
-    code = """if True:
+    code = textwrap.dedent("""\
         import qkv.models.gpt, inspect, sys, torch
         from qkv.models import GPT, ModelConfig, Transformer
         assert not any(m.startswith("qkv.generation") for m in sys.modules), "decoding loaded before use"
@@ -111,7 +112,7 @@ def test_the_models_generate_methods_stay_public_and_work():
         out = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, num_beams=2, special=Special(1, 2, 0))
         assert out.shape[0] == 1 and 2 <= out.shape[1] <= 5 and out[0, 0].item() == 1, out
         print("ok")
-    """
+    """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(SRC.parent), "PATH": ""})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
