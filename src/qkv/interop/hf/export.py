@@ -44,7 +44,8 @@ def families_to_write(model_class: type, c: ModelConfig) -> list[Family]:
 def hf_config(c: ModelConfig, model_class: type = GPT) -> tuple[Family, dict]:
     """The most specific family able to hold a ``model_class`` of config ``c`` (Mistral before LLaMA, a SmolLM3
     with a window before Mistral, which has no NoPE layers) and the HF config fields ``to_hf`` writes for it;
-    ValueError listing whatever the most specific family has no counterpart for, where none can hold it."""
+    ValueError listing what the nearest family (fewest problems, then most specific) has no counterpart for, where
+    none can hold it."""
     refusals = []
     for family in families_to_write(model_class, c):
         problems = []
@@ -52,7 +53,7 @@ def hf_config(c: ModelConfig, model_class: type = GPT) -> tuple[Family, dict]:
         if not problems:
             return family, fields
         refusals.append((family, problems))
-    family, problems = refusals[0]
+    family, problems = min(refusals, key=lambda r: len(r[1]))  # the nearest: fewest problems, then most specific
     raise ValueError(f"no Hugging Face {family.name} counterpart for this model: " + "; ".join(problems))
 
 

@@ -47,6 +47,10 @@ def config(hf: dict, problems: list[str]) -> dict:
     rope = rope_parameters(hf, problems)
     if rope["rope_type"] in OLD_LONGROPE:
         rope["rope_type"] = "longrope"
+    if rope["rope_type"] not in ("default", "longrope"):
+        problems.append(f"RoPE scaling {rope['rope_type']!r} is not supported (Phi-3 has 'default' or 'longrope', "
+                        f"as transformers' Phi3Config)")
+        rope["rope_type"] = "default"
     out = llama.decoder_config({**hf, "attention_bias": False, "mlp_bias": False}, problems, rope["rope_theta"],
                                read_rope_scaling(rope, hf, problems))
     dims = rotary_dim(hf, rope.get("partial_rotary_factor", 1.0), problems)
