@@ -7,6 +7,7 @@ import torch
 
 import qkv
 from qkv.models import ModelConfig
+from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.block import PostSublayerTransformerBlock
 from qkv.nn.layers import ProjectionRMSNorm
 
@@ -47,7 +48,8 @@ def test_the_post_sublayer_block_adds_each_normalised_sublayer_to_the_stream():
 def test_nope_layers_have_no_rope_and_cached_decoding_equals_uncached():
     model = qkv.GPT(olmo_like()).eval()
     assert [b.attn.rope is None for b in model.blocks] == [False, True, False, True]
-    assert isinstance(model.blocks[0].attn.q_norm, ProjectionRMSNorm) and model.blocks[0].attn.k_norm.weight.shape == (16,)
+    attn = model.blocks[0].attn
+    assert isinstance(attn.q_norm, ProjectionRMSNorm) and attn.k_norm.weight.shape == (16,)  # G·D = 2·8
     ids = torch.randint(0, 64, (1, 5))
     assert torch.equal(model.generate(ids, 12, temperature=0), model.generate(ids, 12, temperature=0, use_cache=False))
     assert ModelConfig.from_dict(model.config.to_dict()) == model.config
@@ -64,3 +66,8 @@ def test_nope_layers_have_no_rope_and_cached_decoding_equals_uncached():
 def test_bad_configs_are_refused_naming_what_was_given(change, message):
     with pytest.raises(ValueError, match=message):
         olmo_like(**change)
+
+
+def test_a_projection_norm_of_another_width_is_refused():
+    with pytest.raises(ValueError, match=r"k_norm must normalise all 1 × 8 dims of its projection .* over \(16,\)"):
+        MultiHeadAttention(16, 2, num_kv_heads=1, k_norm=ProjectionRMSNorm(2, 8))

@@ -22,7 +22,8 @@ from test_cli_train import one_thread  # noqa: E402,F401  (an autouse fixture)
 NO_WINDOW = {"smollm3": dict(use_sliding_window=False), "olmo2": {}, "phi3": dict(sliding_window=None)}
 FAST_PATH_REFUSES = {"smollm3": "position.nope_layers=(1, 3)", "olmo2": "attention.qk_norm_scope='projection'",
                      "phi3": "position.rotary_dim=6"}  # the first field the fused step names, windows apart
-GGUF_REFUSES = {"smollm3": "position.nope_layers", "olmo2": "normalization.post_sublayer", "phi3": "position.rotary_dim"}
+GGUF_REFUSES = {"smollm3": "position.nope_layers", "olmo2": "normalization.post_sublayer",
+                "phi3": "position.rotary_dim"}
 
 
 @pytest.fixture(scope="module", params=list(DENSE))
@@ -127,7 +128,8 @@ def test_phi3s_old_longrope_names_read_as_longrope_and_whole_head_rope_is_writte
     ("smollm3", dict(no_rope_layers=[1, 2, 1, 0]), "no_rope_layers=[1, 2, 1, 0]"),
     ("smollm3", dict(no_rope_layers=[1, 0]), "a 0 or 1 for each of the 4 layers"),
     ("smollm3", dict(layer_types=["sliding_attention"] * 4, sliding_window=None), "sliding_window=None"),
-    ("phi3", dict(rope_parameters=dict(rope_type="dynamic", factor=2.0)), "RoPE scaling 'dynamic' is not supported (Phi-3"),
+    ("phi3", dict(rope_parameters=dict(rope_type="dynamic", factor=2.0)),
+     "RoPE scaling 'dynamic' is not supported (Phi-3"),
     ("phi3", dict(rope_parameters=dict(rope_type="default", partial_rotary_factor=0.1)), "partial_rotary_factor"),
 ])
 def test_what_qkv_does_not_read_is_one_error_naming_the_setting(family, change, message, tmp_path):

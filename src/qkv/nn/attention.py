@@ -343,10 +343,12 @@ class MultiHeadAttention(nn.Module):
         for name, norm, heads in (("q_norm", q_norm, self.num_heads), ("k_norm", k_norm, self.num_kv_heads)):
             width = None if norm is None else getattr(norm, "normalized_shape", getattr(norm, "weight", None))
             width = tuple(width.shape) if isinstance(width, Tensor) else None if width is None else tuple(width)
-            want = (heads * self.head_dim,) if isinstance(norm, ProjectionRMSNorm) else (self.head_dim,)
-            if norm is not None and width != want:
-                raise ValueError(f"{name} must normalise {want[0]} dims (heads of one width D = {self.head_dim}), "
-                                 f"got a norm over {width}")
+            whole = isinstance(norm, ProjectionRMSNorm)
+            if norm is not None and width != ((heads if whole else 1) * self.head_dim,):
+                what = f"all {heads} × {self.head_dim} dims of its projection" if whole else \
+                    f"one head's {self.head_dim} dims"
+                raise ValueError(f"{name} must normalise {what} (heads of one width D = {self.head_dim}), got a norm "
+                                 f"over {width}")
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
             raise ValueError(f"scale must be a positive number or None (1/√D), got {scale!r}")
         check_softcap("softcap", softcap)

@@ -62,7 +62,8 @@ POST_SUBLAYER_NORMS = (("post_attention_layernorm", "attn_norm"), ("post_feedfor
 
 def rules(c: ModelConfig) -> list[Rule]:
     """The weight table of LLaMA and the families built on it: Gemma's four norms per block where
-    normalization.sandwich, OLMo 2's two after the sublayers where normalization.post_sublayer, the q/k norms where attention.qk_norm, each bias where its field is set."""
+    normalization.sandwich, OLMo 2's two after the sublayers where normalization.post_sublayer, the q/k norms
+    where attention.qk_norm, each bias where its field is set."""
     out = embedding_and_head(c, "embed_tokens.weight") + [same("norm.weight", "final_norm.weight")]
     rope_heads = {"attn.q_proj": c.attention.num_heads, "attn.k_proj": c.kv_heads} if c.position.interleaved else {}
     projections = [(f"self_attn.{hf}", f"attn.{q}", getattr(c.attention, bias)) for hf, q, bias in ATTENTION]

@@ -68,7 +68,8 @@ def rules(c: ModelConfig) -> list[Rule]:
         out += [stacked_rows(f"{l}self_attn.qkv_proj.weight", tuple(f"{b}attn.{n}_proj.weight" for n in "qkv"),
                              (q, kv, kv)),
                 same(f"{l}self_attn.o_proj.weight", f"{b}attn.out_proj.weight"),
-                stacked_rows(f"{l}mlp.gate_up_proj.weight", (f"{b}ff.gate_proj.weight", f"{b}ff.up_proj.weight"), (f, f)),
+                stacked_rows(f"{l}mlp.gate_up_proj.weight", (f"{b}ff.gate_proj.weight", f"{b}ff.up_proj.weight"),
+                             (f, f)),
                 same(f"{l}mlp.down_proj.weight", f"{b}ff.down_proj.weight")]
     return out
 
@@ -89,7 +90,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     for name in ("head_dim", "mlp_bias"):
         fields.pop(name)
     s = c.position.scaling
-    top = dict(original_max_position_embeddings=s.original_max_position_embeddings) if s and s.type == "longrope" else {}
+    longrope = s is not None and s.type == "longrope"  # its L₀ at the top level too, where Phi3Config keeps it
+    top = dict(original_max_position_embeddings=s.original_max_position_embeddings) if longrope else {}
     return fields | top | dict(sliding_window=c.attention.sliding_window,
                                partial_rotary_factor=gpt_neox.rotary_share(c, problems))
 
