@@ -65,6 +65,21 @@ def hf_model(family: str, **change):
     return model
 
 
+def exported_again(model, path):
+    """``to_hf(model)`` saved in ``path`` and loaded back by ``AutoModelForCausalLM`` (eager): (written, loaded)."""
+    from qkv.interop.hf import to_hf
+
+    out = to_hf(model)
+    out.save_pretrained(path)
+    return out, transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def same_weights(a, b) -> bool:
+    """Two HF models with the same state dict keys, each tensor bit for bit."""
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in mine.items())
+
+
 def bpe_tokenizer():
     """A byte-level BPE ``transformers.PreTrainedTokenizerFast`` trained on TEXTS (256 bytes + merges + EOS)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -16,7 +16,7 @@ from qkv.kernels import fused_step
 from qkv.training.run_dir import load_run
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
-from hf_models import DENSE, hf_model, save_with_tokenizer  # noqa: E402
+from hf_models import DENSE, exported_again, hf_model, same_weights, save_with_tokenizer  # noqa: E402
 from test_cli_train import one_thread  # noqa: E402,F401  (an autouse fixture)
 
 NO_WINDOW = {"smollm3": dict(use_sliding_window=False), "olmo2": {}, "phi3": dict(sliding_window=None)}
@@ -72,13 +72,8 @@ def test_greedy_tokens_of_a_left_padded_batch_equal_hf_generate(pair):
 
 def test_to_hf_round_trip_is_bit_exact_and_loads_with_auto_model(pair, tmp_path):
     family, hf, model = pair
-    out = to_hf(model)
-    assert out.config.model_type == family
-    out.save_pretrained(tmp_path)
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    theirs = hf.state_dict()
-    assert again.state_dict().keys() == theirs.keys()
-    assert all(torch.equal(v, theirs[k]) for k, v in again.state_dict().items())
+    out, again = exported_again(model, tmp_path)
+    assert out.config.model_type == family and same_weights(again, hf)
     ids, mask = left_padded(24)
     with torch.no_grad():
         assert torch.equal(again(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits)
