@@ -11,7 +11,7 @@ from qkv.interop.hf import from_hf, to_hf
 from qkv.kernels import fused_step
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
-from hf_models import FAMILIES, exported_again, hf_model, same_weights  # noqa: E402  (the builders, shared with the CLI's tests)
+from hf_models import FAMILIES, exported_again, hf_model, same_weights  # noqa: E402  (shared with the CLI tests)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
