@@ -1,7 +1,8 @@
 """Tiny random Hugging Face causal LMs of the open families and a byte-level BPE tokenizer trained offline,
 for the tests that load, train and export them (no network: random initialisation, save_pretrained).
 
-    hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling
+    hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling;
+                                   SmolLM3, OLMo 2, Phi-3 (DENSE)
     save_with_tokenizer(model, d)  the model and a tokenizer of its vocabulary size in directory d
 """
 import pytest
@@ -33,13 +34,23 @@ DEEPSEEK_V3 = ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(  # latent atte
     num_key_value_heads=6, head_dim=4,
     rope_interleave=True))
 BUILDERS = FAMILIES | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}
+DENSE = {  # tests/test_interop_dense.py: every option of each family set away from its default
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(  # layers 1 and 3 NoPE, and those two slide
+        num_hidden_layers=4, no_rope_layers=[1, 0, 1, 0], use_sliding_window=True, sliding_window=6,
+        attention_bias=True, mlp_bias=True, tie_word_embeddings=True, rope_parameters=dict(rope_theta=5e5))),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(attention_bias=True, rms_norm_eps=1e-5)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # RoPE on 6 of 8 dims, LongRoPE from 16 positions, window 6
+        head_dim=8, sliding_window=6, original_max_position_embeddings=16, rope_parameters=dict(
+            rope_type="longrope", rope_theta=500.0, partial_rotary_factor=0.75, short_factor=[1.0, 1.5, 2.0],
+            long_factor=[2.0, 3.0, 5.0]))),
+}
 TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
 
 
 def hf_model(family: str, **change):
     """A random ``family`` model (a key of BUILDERS) of SIZES, eager attention, norms and biases moved away
     from their initial values (Gemma 2's scores and logits past its soft caps)."""
-    config_name, model_name, extra = BUILDERS[family]
+    config_name, model_name, extra = (BUILDERS | DENSE)[family]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
     model = getattr(transformers, model_name)(config).eval()
@@ -52,6 +63,21 @@ def hf_model(family: str, **change):
             elif family == "gemma2" and "embed_tokens" in name:
                 p.mul_(10)  # logits (tied head) past the final cap of 3
     return model
+
+
+def exported_again(model, path):
+    """``to_hf(model)`` saved in ``path`` and loaded back by ``AutoModelForCausalLM`` (eager): (written, loaded)."""
+    from qkv.interop.hf import to_hf
+
+    out = to_hf(model)
+    out.save_pretrained(path)
+    return out, transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def same_weights(a, b) -> bool:
+    """Two HF models with the same state dict keys, each tensor bit for bit."""
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in mine.items())
 
 
 def bpe_tokenizer():

@@ -281,7 +281,9 @@ def test_the_old_table_names_are_still_importable():
                               "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
                               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
                               "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
-                              "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM")}
+                              "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+                              "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+                              "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM")}
 
 
 # --- the registry: a family is one module and one registration -------------------------------------

@@ -193,7 +193,8 @@ def expect(c: ModelConfig, problems: list[str], **needed) -> None:
 # model with any of them is refused rather than written without it.
 LATER_VARIANTS = (("attention", "qk_norm"), ("attention", "query_scalar"), ("attention", "softcap"),
                   ("attention", "sliding_window"), ("position", "local_base"), ("normalization", "sandwich"),
-                  ("embedding", "scale_in_dtype"), ("head", "softcap"))
+                  ("embedding", "scale_in_dtype"), ("head", "softcap"), ("attention", "qk_norm_scope"),
+                  ("position", "nope_layers"), ("normalization", "post_sublayer"))
 
 
 def expect_plain_blocks(c: ModelConfig, problems: list[str], allowed: tuple[str, ...] = ()) -> None:
