@@ -182,7 +182,7 @@ def refused_parameter(model: GPT) -> str | None:
     float32 memory), described; None when all are plain."""
     for name, p in model.named_parameters():
         if not plain_tensor(p):
-            return f"{name} is a {type(p).__name__} (a quantised weight): it reads plain float32 weights"
+            return f"{name} is a quantised {type(p).__name__}, not a plain tensor: it reads plain float32 weights"
     return None
 
 
