@@ -33,8 +33,9 @@ QUIET_LOGGERS = ("torchao", "torch.utils._pytree")  # what importing torchao log
 
 @contextlib.contextmanager
 def quiet_import():
-    """Silence the warnings importing torchao logs where its CUDA extensions cannot load ("Failed to load
-    _C_mxfp8 …") and torch's note on its enum registration: nothing there concerns int8 on a CPU."""
+    """Silence the warnings torchao logs as it is imported (at first, and inside its first ``quantize_``) where
+    its CUDA extensions cannot load ("Failed to load _C_mxfp8 …"), and torch's note on its enum registration:
+    nothing there concerns int8 on a CPU."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
     levels = [log.level for log in loggers]
     for log in loggers:
@@ -95,7 +96,8 @@ def quantize_weights(model: nn.Module, kind: str = "int8") -> nn.Module:
     if not chosen:
         raise ValueError(f"{type(model).__name__} has no linear layer to quantise (the output head is kept)")
     quantize_, Int8WeightOnlyConfig = torchao_int8()
-    quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda m, name: chosen.get(name) is m)
+    with quiet_import():  # quantize_ imports more of torchao on its first call
+        quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda m, name: chosen.get(name) is m)
     return model
 
 
