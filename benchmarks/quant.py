@@ -158,6 +158,7 @@ def main(argv=None) -> str:
     p.add_argument("--no-compile", action="store_true", help="the auto backend only")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/quant.md (.zh.md, .json)")
     args = p.parse_args(argv)
+    stamp = f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}"  # the source measured, at the start
     new, repeats = (32, 3) if args.quick else (args.tokens, args.repeats)
     torch.set_num_threads(cpu_threads())  # as `qkv sample` does
     backends = BACKENDS[:1] if args.no_compile else BACKENDS
@@ -167,7 +168,7 @@ def main(argv=None) -> str:
     q = quality(run_dir)
     q["bpc_delta"] = q["int8"] - q["fp32"]
     q["trained"] = "qkv train --preset demo --max-minutes 2" if args.run is None else f"the run {args.run.name}"
-    saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
+    saved = {"stamp": stamp,
              "command": "python -m benchmarks.quant " + " ".join(sys.argv[1:] if argv is None else argv),
              "speed": speed, "quality": q, "logits": hf_logits()}
     if args.markdown:
