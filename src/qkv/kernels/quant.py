@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 
 from torch import nn
 
@@ -98,6 +99,9 @@ def quantize_weights(model: nn.Module, kind: str = "int8") -> nn.Module:
     quantize_, Int8WeightOnlyConfig = torchao_int8()
     with quiet_import():  # quantize_ imports more of torchao on its first call
         quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda m, name: chosen.get(name) is m)
+    # torch.compile (the inductor backend) notes that Int8Tensor has no stable hash for its AOT cache: it only
+    # skips that cache, so the note is left out of the command's output
+    warnings.filterwarnings("ignore", message=r"Int8Tensor does not implement _stable_hash_for_caching")
     return model
 
 
