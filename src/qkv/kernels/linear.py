@@ -15,8 +15,9 @@ core, and more rows slower than oneDNN (docs/speed.md has the measurements), so:
   (``onednn_linear``), under compile kept opaque (``compiled_onednn_linear``).
 
 ``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it), tensor
-subclasses (torchao's quantised weights, ``qkv.kernels.quant``, whose product is their own), other dtypes, small weights (where oneDNN's call costs more than the product), other devices and builds without
-oneDNN go through it; the tests check every fast path against it.
+subclasses (torchao's quantised weights, ``qkv.kernels.quant``, whose product is their own), other dtypes,
+small weights (where oneDNN's call costs more than the product), other devices and builds without oneDNN go
+through it; the tests check every fast path against it.
 Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
