@@ -1,7 +1,7 @@
 """Weight-only int8 (``--weights int8``, ``qkv.kernels.quant``): its decoding speed beside fp32 and bf16, and its cost.
 
-    python -m benchmarks.quant [--quick] [--run DIR] [--no-compile]     # prints the tables
-    python -m benchmarks.quant --markdown docs                          # and writes docs/generated/quant.md (.zh.md, .json)
+    python -m benchmarks.quant [--quick] [--run DIR] [--no-compile]   # prints the tables
+    python -m benchmarks.quant --markdown docs                        # and docs/generated/quant.md, .zh.md, .json
 
 Speed: batch-1 greedy decoding (prompt 16 tokens, ``--tokens`` new) of random models of two shapes — the demo
 preset and a larger one (d 512, 8 layers) — with fp32 weights, bf16 weights and int8 weights (fp32 activations),
