@@ -130,10 +130,10 @@ def render(saved: dict, lang: str) -> str:
     q, h = saved["quality"], saved["logits"]
     en = lang == "en"
     speed = table(saved["speed"], HEADER[lang])
-    cost = (f"{q['bpc_delta']:+.4f} bits per character ({q['int8']:.4f} against fp32's {q['fp32']:.4f}, "
-            f"{q['int8'] / q['fp32'] - 1:+.2%}) on the {q['chars']:,} held-out characters of a demo run "
+    cost = (f"{q['bpc_delta']:+.6f} bits per character ({q['int8']:.6f} against fp32's {q['fp32']:.6f}, "
+            f"{q['int8'] / q['fp32'] - 1:+.4%}) on the {q['chars']:,} held-out characters of a demo run "
             f"({q['parameters'] / 1e6:.2f} M parameters, {q['trained']})" if en else
-            f"每字符比特 {q['bpc_delta']:+.4f}（int8 {q['int8']:.4f}，fp32 {q['fp32']:.4f}，{q['int8'] / q['fp32'] - 1:+.2%}），"
+            f"每字符比特 {q['bpc_delta']:+.6f}（int8 {q['int8']:.6f}，fp32 {q['fp32']:.6f}，{q['int8'] / q['fp32'] - 1:+.4%}），"
             f"在一个 demo 运行（{q['parameters'] / 1e6:.2f} M 参数，{q['trained']}）的 {q['chars']:,} 个留出字符上")
     logits = (f"{h['model']}, loaded through qkv.interop.from_hf: int8 logits differ from fp32's by at most "
               f"{h['max_abs']:.4f} ({h['relative']:.2%} of the largest fp32 logit); the argmax agrees at "
@@ -142,13 +142,13 @@ def render(saved: dict, lang: str) -> str:
               f"（最大 fp32 logit 的 {h['relative']:.2%}）；{h['positions']} 个位置中 argmax 一致的比例为 "
               f"{h['argmax_agree']:.1%}")
     gpu = ("GPU figures need a GPU run (not measured here)." if en else "GPU 上的数字需要在 GPU 上运行（此处未测）。")
-    return f"{speed}\n\n{'Quality' if en else '质量'}: {cost}.\n\n{'Logits' if en else 'Logits'}: {logits}.\n\n{gpu}"
+    if en:
+        return f"{speed}\n\nQuality: {cost}.\n\nLogits: {logits}.\n\n{gpu}"
+    return f"{speed}\n\n质量：{cost}。\n\nLogits：{logits}。\n\n{gpu}"
 
 
 def main(argv=None) -> str:
     from qkv.runtime import cpu_threads, machine, source_commit
-
-    from .common import write_generated
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="32 new tokens, 3 repeats")
@@ -157,7 +157,11 @@ def main(argv=None) -> str:
     p.add_argument("--run", type=Path, default=None, help="a trained LM run (default: train a demo run for 2 minutes)")
     p.add_argument("--no-compile", action="store_true", help="the auto backend only")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/quant.md (.zh.md, .json)")
+    p.add_argument("--from-json", type=Path, metavar="FILE", default=None,
+                   help="measure nothing: write the pages again from a saved run (DOCS/generated/quant.json)")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        return publish(json.loads(args.from_json.read_text(encoding="utf-8")), args.markdown)
     stamp = f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}"  # the source measured, at the start
     new, repeats = (32, 3) if args.quick else (args.tokens, args.repeats)
     torch.set_num_threads(cpu_threads())  # as `qkv sample` does
@@ -171,8 +175,15 @@ def main(argv=None) -> str:
     saved = {"stamp": stamp,
              "command": "python -m benchmarks.quant " + " ".join(sys.argv[1:] if argv is None else argv),
              "speed": speed, "quality": q, "logits": hf_logits()}
-    if args.markdown:
-        write_generated(Path(args.markdown), "quant", saved, lambda lang: render(saved, lang))
+    return publish(saved, args.markdown)
+
+
+def publish(saved: dict, docs: str | None) -> str:
+    """Print the English page's body; with ``docs``, write DOCS/generated/quant.md, .zh.md and .json."""
+    from .common import write_generated
+
+    if docs:
+        write_generated(Path(docs), "quant", saved, lambda lang: render(saved, lang))
     text = render(saved, "en")
     print(text)
     return text
