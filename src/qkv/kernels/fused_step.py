@@ -18,6 +18,7 @@ default value only, so a field added to ``ModelConfig`` later is refused until t
 Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the table is the model's own
 ``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
 over each head's D, before RoPE). RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
+Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..nn.layers import ACTIVATIONS, FeedForward
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.rope_scaling import LENGTH_DEPENDENT
 from . import build as matvec
-from .linear import KernelLinear
+from .linear import KernelLinear, plain_tensor
 
 MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}  # decoder_step.cpp's Norm
@@ -159,7 +160,7 @@ def unsupported(model, batch: int) -> str | None:
     """Why the fused step cannot decode ``model`` at ``batch`` rows, or None where it can."""
     if type(model) is not GPT:
         return f"it decodes qkv.GPT models, not {type(model).__name__}"
-    reason = refused_field(model.config) or refused_module(model)
+    reason = refused_field(model.config) or refused_module(model) or refused_parameter(model)
     if reason is not None:
         return reason
     weight = model.lm_head.weight
@@ -173,6 +174,15 @@ def unsupported(model, batch: int) -> str | None:
         return "a weight that is not a contiguous float32 CPU tensor"
     if not matvec.available():
         return f"qkv's C++ kernels are not available here ({matvec.why_not() or 'the warning said why'})"
+    return None
+
+
+def refused_parameter(model: GPT) -> str | None:
+    """The first parameter that is not a plain tensor (torchao's quantised ``Int8Tensor``: its C++ reads plain
+    float32 memory), described; None when all are plain."""
+    for name, p in model.named_parameters():
+        if not plain_tensor(p):
+            return f"{name} is a quantised {type(p).__name__}, not a plain tensor: it reads plain float32 weights"
     return None
 
 
