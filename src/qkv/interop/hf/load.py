@@ -53,7 +53,7 @@ def differing_copies(tensors: dict[str, Tensor], copies: dict[str, str]) -> list
 def match(tensors: dict[str, Tensor], family: Family, config: ModelConfig, skeleton: dict[str, Tensor],
           problems: list[str]) -> dict[str, Tensor]:
     """HF tensors -> qkv state dict; every missing/unexpected key and shape mismatch goes to problems."""
-    tensors = {family.rename(k): t for k, t in tensors.items()}
+    tensors = family.merge({family.rename(k): t for k, t in tensors.items()}, config, problems)
     prefix = family.base + "." if any(k.startswith(family.base + ".") for k in tensors) else ""
     rules = {family.full_key(r.hf, prefix): r for r in family.rules(config)}
     copies = {family.full_key(k, prefix): family.full_key(src, prefix) for k, src in family.copies(config).items()}
