@@ -44,14 +44,14 @@ MOE = {  # mixtures of experts, every option mattering: dense layers, norm_topk_
         num_hidden_layers=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, decoder_sparse_step=2,
         norm_topk_prob=True)),  # layers 1 and 3 experts, 0 and 2 dense
 }
-BUILDERS = FAMILIES | MOE | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}
+BUILDERS = FAMILIES | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}  # the dense ones
 TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
 
 
 def hf_model(family: str, **change):
-    """A random ``family`` model (a key of BUILDERS) of SIZES, eager attention, norms and biases moved away
+    """A random ``family`` model (a key of BUILDERS or MOE) of SIZES, eager attention, norms and biases moved away
     from their initial values (Gemma 2's scores and logits past its soft caps)."""
-    config_name, model_name, extra = BUILDERS[family]
+    config_name, model_name, extra = (BUILDERS | MOE)[family]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
     model = getattr(transformers, model_name)(config).eval()

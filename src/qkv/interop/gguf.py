@@ -48,6 +48,8 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
+    **{t: f"{name}'s mixture-of-experts feed-forward is not written by qkv's GGUF export yet; use --format hf"
+       for t, name in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2-MoE"), ("qwen3_moe", "Qwen3-MoE"))},
 }
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
 
