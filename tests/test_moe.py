@@ -220,3 +220,11 @@ def test_reference_dispatch_is_the_per_expert_sum():
     want = torch.stack([sum(routing.weights[n, j] * m.experts(x[n:n + 1], int(routing.experts[n, j]))[0]
                             for j in range(2)) for n in range(5)])
     torch.testing.assert_close(reference_dispatch(x, routing, m.experts), want)
+
+
+def test_model_flags_turn_experts_on():
+    from qkv.cli.model_flags import apply_overrides
+    from qkv.models.config import PRESETS
+
+    c = apply_overrides(PRESETS["tiny"], {"moe.num_experts": 4, "moe.layers": ["dense", "moe"]})
+    assert c.moe.num_experts == 4 and [c.moe_layer(i) for i in range(2)] == [False, True]
