@@ -72,6 +72,8 @@ def moe_rules(c: ModelConfig, dense: list[Rule], shared: str | None = None) -> l
         out += [same(f"{l}gate.weight", f"{b}router.weight"),
                 fused_gate_up(f"{l}experts.gate_up_proj", f"{b}experts.gate_proj", f"{b}experts.up_proj"),
                 same(f"{l}experts.down_proj", f"{b}experts.down_proj")]
+        if c.moe.correction_bias:  # DeepSeek-V3's e_score_correction_bias, a buffer in both
+            out.append(same(f"{l}gate.e_score_correction_bias", f"{b}router.correction_bias"))
         if shared is not None and c.moe.d_shared is not None:
             out += [same(f"{l}{shared}.{p}.weight", f"{b}shared.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
         if shared is not None and c.moe.shared_gate:

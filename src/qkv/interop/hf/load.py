@@ -120,7 +120,7 @@ def hf_generation_settings(source: nn.Module) -> dict:
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
     """A qkv model with the weights of a Hugging Face checkpoint of a family in ``FAMILIES`` (GPT-2, LLaMA,
-    Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, GPT-NeoX, BERT, Marian).
+    Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, Mixtral, Qwen2/3-MoE, GPT-NeoX, BERT, Marian).
 
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,

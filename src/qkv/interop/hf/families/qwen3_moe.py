@@ -40,7 +40,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> Qwen3MoeConfig fields."""
     a = c.attention
     if len(set(a.biases)) > 1:
-        problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (Qwen3-MoE's attention_bias sets all four)")
+        problems.append(f"attention biases (q, k, v, out) = {a.biases} differ (Qwen3-MoE's attention_bias sets all "
+                        "four)")
     expect_no_mlp_bias(c, problems, "Qwen3-MoE")
     if c.layer_types and set(c.layer_types) != {"sliding_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (Qwen3-MoE slides in every layer or in none)")
@@ -57,6 +58,6 @@ FAMILY = Family(
     model_type="qwen3_moe", name="Qwen3-MoE", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     copies=tied_head("embed_tokens.weight"), merge=fuse_experts, export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("attention.qk_norm", True), ("moe.enabled", True),
-                 ("moe.d_shared", None)),
+    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("attention.kind", "mha"), ("attention.qk_norm", True),
+                 ("moe.enabled", True), ("moe.d_shared", None)),
 )
