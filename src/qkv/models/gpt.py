@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from ..nn.kv_cache import KVCache
 from ..nn.layers import soft_cap
 from .config import ModelConfig
+from .decoders import decoder_for
 from .trunk import (CausalTrunk, ModelOutput, check_token_ids, document_positions_and_mask, init_weights,
                     token_cross_entropy)
 
@@ -75,11 +76,8 @@ class GPT(CausalTrunk):
         With ``self.generation_config`` (a checkpoint's, attached by ``qkv.interop.from_hf``) every argument
         not given comes from it, as Hugging Face's ``generate`` would use it: its eos and pad ids, greedy
         unless it samples, its max_new_tokens or max_length (``qkv.generation.config_defaults``).
-        """
-        from ..generation import config_defaults, generate
 
-        if self.generation_config is not None:
-            max_new_tokens, kwargs = config_defaults(self.generation_config, ids, max_new_tokens, kwargs)
-        if max_new_tokens is None:
-            raise ValueError("generate needs max_new_tokens (the model has no generation_config to take it from)")
-        return generate(self, ids, max_new_tokens, **kwargs)
+        The decoding itself is ``qkv.generation.methods.gpt_generate``, found through ``qkv.models.decoders``
+        (the reference layer imports no decoding).
+        """
+        return decoder_for("GPT.generate")(self, ids, max_new_tokens, **kwargs)
