@@ -37,6 +37,8 @@ def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list
         if m := PER_EXPERT.fullmatch(key):
             layers.setdefault(m["layer"], {})[m["w"], int(m["e"])] = key
     out, E = dict(tensors), config.moe.num_experts or 0
+    if not E:  # a dense config: any per-expert tensor is unexpected, as the loader reports
+        return out
     missing, wrong = [], []
     for layer, found in layers.items():
         want = [(w, e) for w in ("gate_proj", "up_proj", "down_proj") for e in range(E)]
