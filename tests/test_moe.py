@@ -228,3 +228,26 @@ def test_model_flags_turn_experts_on():
 
     c = apply_overrides(PRESETS["tiny"], {"moe.num_experts": 4, "moe.layers": ["dense", "moe"]})
     assert c.moe.num_experts == 4 and [c.moe_layer(i) for i in range(2)] == [False, True]
+
+
+def test_training_loss_adds_the_router_losses():
+    from qkv.models.trunk import token_cross_entropy
+
+    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, positional="rope", norm="rmsnorm",
+                    activation="swiglu", bias=False, moe=dict(num_experts=4, d_expert=8, aux_loss_coef=0.01,
+                                                              z_loss_coef=0.001))
+    model = GPT(c).train()
+    ids = torch.randint(0, 40, (2, 6))
+    targets = ids.clone()
+    targets[0, :2] = -100  # ignored tokens count in neither loss
+    out = model(ids, targets=targets)
+    logits = torch.cat([b.ff.router_logits for b in model.blocks])
+    mask = (targets != -100).reshape(-1).repeat(2)
+    want = (token_cross_entropy(out.logits, targets) + 0.01 * load_balancing_loss(logits, 2, mask)
+            + 0.001 * router_z_loss(logits, mask))
+    torch.testing.assert_close(out.loss, want)
+    out.loss.backward()
+    model.eval()  # evaluation: cross-entropy alone
+    with torch.no_grad():
+        out = model(ids, targets=targets)
+    torch.testing.assert_close(out.loss, token_cross_entropy(out.logits, targets))

@@ -34,6 +34,8 @@ class MoEConfig:
     d_shared: int | None = None  # a dense SwiGLU expert always on, of this width (Qwen2-MoE, DeepSeek); None: none
     shared_gate: bool = False  # the shared expert × σ(x w_s) (Qwen2-MoE's shared_expert_gate)
     layers: tuple[str, ...] | None = None  # "moe" | "dense" per block; None: every block MoE
+    aux_loss_coef: float = 0.0  # training: GPT's loss + this × the load-balancing loss (Switch; HF's router_aux_loss_coef)
+    z_loss_coef: float = 0.0  # training: GPT's loss + this × the router z-loss (ST-MoE)
 
     def __post_init__(self) -> None:
         if self.layers is not None and isinstance(self.layers, (list, tuple)):
@@ -53,6 +55,10 @@ class MoEConfig:
 
     def layer_problems(self) -> list[str]:
         out = []
+        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0
+                   for c in (self.aux_loss_coef, self.z_loss_coef)):
+            out.append(f"aux_loss_coef and z_loss_coef must be numbers >= 0, got {self.aux_loss_coef!r}, "
+                       f"{self.z_loss_coef!r}")
         if self.shared_gate and self.d_shared is None:
             out.append("shared_gate scales a shared expert: set d_shared too")
         if self.layers is not None and (not isinstance(self.layers, tuple)

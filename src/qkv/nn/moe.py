@@ -273,6 +273,18 @@ def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None =
     return E * (f * p).sum()
 
 
+def router_losses(model: nn.Module, mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+    """(load_balancing_loss, router_z_loss) over every ``MixtureOfExperts`` of ``model`` that kept its router
+    logits (in training), the layers' tokens taken together as Mixtral's loss does; mask (B, T) True where a
+    token counts. None when no layer kept any (eval mode, or no experts)."""
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts) and m.router_logits is not None]
+    if not layers:
+        return None
+    logits = torch.cat([m.router_logits for m in layers])  # (layers · N, E)
+    mask = None if mask is None else mask.reshape(-1).repeat(len(layers))  # (layers · N,)
+    return load_balancing_loss(logits, layers[0].router.top_k, mask), router_z_loss(logits, mask)
+
+
 def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
     """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): mean over tokens of (log Σ_e exp(logit_e))², which keeps
     the logits small. router_logits (..., E), mask (...) True where a token counts."""
