@@ -34,7 +34,7 @@ class MoEConfig:
     d_shared: int | None = None  # a dense SwiGLU expert always on, of this width (Qwen2-MoE, DeepSeek); None: none
     shared_gate: bool = False  # the shared expert × σ(x w_s) (Qwen2-MoE's shared_expert_gate)
     layers: tuple[str, ...] | None = None  # "moe" | "dense" per block; None: every block MoE
-    aux_loss_coef: float = 0.0  # training: GPT's loss + this × the load-balancing loss (Switch; HF's router_aux_loss_coef)
+    aux_loss_coef: float = 0.0  # training: GPT's loss + this × the load-balancing loss (HF's router_aux_loss_coef)
     z_loss_coef: float = 0.0  # training: GPT's loss + this × the router z-loss (ST-MoE)
 
     def __post_init__(self) -> None:
