@@ -70,8 +70,8 @@ def measure_shape(shape: tuple, repeats: int) -> list[list]:
 
 
 HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+backward ms", "reference ÷ this",
-                 "max |grouped − reference|"],
-          "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 |分组 − 参考|"]}
+                 "max abs(grouped − reference)"],
+          "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(分组 − 参考)"]}
 
 
 def main(argv=None) -> str:
