@@ -52,6 +52,8 @@ NOT_WRITTEN = {
     "olmo2": "OLMo 2 (norms after each sublayer: normalization.post_sublayer; QK-norm over the whole projection: "
              "attention.qk_norm_scope='projection') is not written by qkv's GGUF export yet",
     "phi3": "Phi-3 with RoPE on part of each head (position.rotary_dim) is not written by qkv's GGUF export yet",
+    **{t: f"{name}'s mixture-of-experts feed-forward is not written by qkv's GGUF export yet; use --format hf"
+       for t, name in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2-MoE"), ("qwen3_moe", "Qwen3-MoE"))},
 }
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
 

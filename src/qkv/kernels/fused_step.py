@@ -82,6 +82,7 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "normalization.final": ANY,
     "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
     "head.tie": ANY, "head.bias": {False},
+    "moe.num_experts": Where(lambda v: v is None, "a dense feed-forward in every layer, no mixture of experts"),
 }
 assert set(LAYER_TYPES) >= {"full_attention"}
 

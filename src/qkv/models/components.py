@@ -5,7 +5,8 @@
                     stacks, bidirectional in encoders)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
                     (MultiHeadAttention) or mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim)
-    feed-forward    FeedForward(d_model, ff_width, activation)
+    feed-forward    FeedForward(d_model, ff_width, activation); in the layers config.moe_layer(i) names a
+                    MixtureOfExperts (qkv.nn.moe: router, SwiGLU experts, a shared expert) from config.moe
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
                     a ParallelTransformerBlock (both sublayers read the block's input); with normalization.sandwich
                     a SandwichTransformerBlock (a norm after each sublayer too: Gemma 2/3); with
@@ -29,6 +30,7 @@ from ..nn.block import (ParallelTransformerBlock, PostSublayerTransformerBlock, 
                         TransformerBlock)
 from ..nn.latent_attention import MultiHeadLatentAttention, latent_softmax_scale
 from ..nn.layers import FeedForward, ProjectionRMSNorm, make_norm
+from ..nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.relative_bias import T5RelativePositionBias
 from .config import ModelConfig
@@ -131,6 +133,20 @@ def feed_forward(config: ModelConfig) -> FeedForward:
     return FeedForward(config.d_model, config.ff_width, f.activation, bias=f.bias, dropout=config.dropout)
 
 
+def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
+    """The MoE feed-forward of config.moe: its router, E SwiGLU experts of width moe.d_expert (else
+    feed_forward.d_ff), a dense SwiGLU shared expert of moe.d_shared where set (× σ(shared_gate(x)) where asked)."""
+    m, C = config.moe, config.d_model
+    router = Router(C, m.num_experts, m.top_k, score=m.score, top_k_first=m.top_k_first,
+                    norm_topk_prob=m.norm_topk_prob, bias=m.router_bias, n_group=m.n_group, topk_group=m.topk_group,
+                    correction_bias=m.correction_bias, scaling=m.routed_scaling_factor)
+    experts = SwiGLUExperts(m.num_experts, C, m.d_expert or config.ff_width, bias=m.expert_bias,
+                            activation=m.activation, limit=m.swiglu_limit, alpha=m.swiglu_alpha)
+    shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=False, dropout=config.dropout)
+    gate = nn.Linear(C, 1, bias=False) if m.shared_gate else None
+    return MixtureOfExperts(router, experts, shared, gate)
+
+
 def cross_attention(config: ModelConfig) -> MultiHeadAttention:
     """The encoder-decoder's cross-attention: multi-head, no position inside (the source's is in its memory)."""
     return multi_head(config, Layer(index=-1, type="cross_attention"))
@@ -144,7 +160,8 @@ def block(config: ModelConfig, layer: Layer, *, cross: bool = False) -> Transfor
     kind = ParallelTransformerBlock if config.feed_forward.parallel else \
         SandwichTransformerBlock if config.normalization.sandwich else \
         PostSublayerTransformerBlock if config.normalization.post_sublayer else TransformerBlock
-    return kind.from_parts(attn, feed_forward(config), norm_factory(config), norm_first=config.normalization.first,
+    ff = mixture_of_experts(config) if config.moe_layer(layer.index) else feed_forward(config)
+    return kind.from_parts(attn, ff, norm_factory(config), norm_first=config.normalization.first,
                            cross_attn=cross_attn, dropout=config.dropout)
 
 

@@ -10,6 +10,8 @@
       .normalization  NormConfig: LayerNorm or RMSNorm, eps, pre- or post-norm blocks, a final norm
       .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
       .head           HeadConfig: tied to the token embedding, a bias on the logits
+      .moe            MoEConfig: a mixture-of-experts feed-forward (qkv.nn.moe) in the layers it names: experts,
+                      top-k, the router's options, shared experts; num_experts None (the default): none
 
 ``layer_types`` says what each block is (Hugging Face's ``layer_types``: full_attention | sliding_attention);
 None: every block the same (sliding where attention.sliding_window is set, as Mistral's).
@@ -26,6 +28,7 @@ from ..checks import check_fraction, check_positive_int
 from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 from ..nn.rope_scaling import RopeScaling, as_rope_scaling
+from .moe_config import MOE_LAYERS, MoEConfig  # noqa: F401  (MOE_LAYERS: read with the section)
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
@@ -244,7 +247,7 @@ class HeadConfig:
 
 
 SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
-            "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig}
+            "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig, "moe": MoEConfig}
 # The flat names of before: each is one field of a section ("bias" and "final_norm" are handled apart).
 FLAT = {
     "num_heads": ("attention", "num_heads"), "num_kv_heads": ("attention", "num_kv_heads"),
@@ -278,6 +281,7 @@ class ModelConfig:
     normalization: NormConfig
     embedding: EmbeddingConfig
     head: HeadConfig
+    moe: MoEConfig
 
     def __init__(self, *, vocab_size: int = 256, d_model: int = 128, num_layers: int = 4, max_len: int = 256,
                  dropout: float = 0.0, num_decoder_layers: int | None = None,
@@ -285,9 +289,9 @@ class ModelConfig:
                  attention: AttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
                  feed_forward: FeedForwardConfig | dict | None = None, normalization: NormConfig | dict | None = None,
                  embedding: EmbeddingConfig | dict | None = None, head: HeadConfig | dict | None = None,
-                 **flat) -> None:
+                 moe: MoEConfig | dict | None = None, **flat) -> None:
         given = dict(attention=attention, position=position, feed_forward=feed_forward,
-                     normalization=normalization, embedding=embedding, head=head)
+                     normalization=normalization, embedding=embedding, head=head, moe=moe)
         sections = {name: section_of(SECTIONS[name], value) for name, value in given.items()}
         for name, section in apply_flat(sections, flat).items():
             object.__setattr__(self, name, section)
@@ -323,6 +327,8 @@ class ModelConfig:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
         self.check_layer_types()
         self.check_variants()
+        if self.moe.layers is not None and len(self.moe.layers) != self.num_layers:
+            raise ValueError(f"moe.layers must name each of the {self.num_layers} layers, got {list(self.moe.layers)}")
 
     def check_latent_position(self) -> None:
         """MLA rotates its own d_R dims with RoPE (decoupled RoPE): position.kind rope, all of them (any scaling;
@@ -415,6 +421,10 @@ class ModelConfig:
             return self.layer_types[i]
         return "sliding_attention" if self.attention.sliding_window is not None else "full_attention"
 
+    def moe_layer(self, i: int) -> bool:
+        """Whether block i's feed-forward is the mixture of experts (moe.layers; None: every block's, with experts)."""
+        return self.moe.enabled and (self.moe.layers is None or self.moe.layers[i] == "moe")
+
     def replace(self, **changes) -> "ModelConfig":
         """A copy with ``changes`` (sections, or flat names) applied, validated again."""
         return dataclasses.replace(self, **changes)
@@ -427,6 +437,10 @@ class ModelConfig:
         if self.attention.kind != "mla":  # MLA's fields only where they mean something (config.json as before)
             for name in (*LATENT_FIELDS, "latent_cache"):
                 del d["attention"][name]
+        if not self.moe.enabled:  # no experts: config.json as before
+            del d["moe"]
+        elif d["moe"]["layers"] is not None:
+            d["moe"]["layers"] = list(d["moe"]["layers"])
         if self.position.kind != "t5":  # so are T5's
             for name in ("num_buckets", "max_distance"):
                 del d["position"][name]

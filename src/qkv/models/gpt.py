@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
 from ..nn.layers import soft_cap
+from ..nn.moe import router_losses
 from .config import ModelConfig
 from .decoders import decoder_for
 from .trunk import (CausalTrunk, ModelOutput, check_token_ids, document_positions_and_mask, init_weights,
@@ -68,7 +69,18 @@ class GPT(CausalTrunk):
         if self.config.head.softcap is not None:  # Gemma 2's final_logit_softcapping, before the loss as HF's
             out.logits = soft_cap(out.logits, self.config.head.softcap)
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
+        if out.loss is not None and self.training and (self.config.moe.aux_loss_coef or self.config.moe.z_loss_coef):
+            out.loss = out.loss + self.router_loss(targets != -100)
         return out
+
+    def router_loss(self, mask: Tensor) -> Tensor | float:
+        """moe.aux_loss_coef × the load-balancing loss + moe.z_loss_coef × the router z-loss of this training
+        forward's MoE layers (``qkv.nn.moe.router_losses``), over the tokens ``mask`` (B, T) counts."""
+        losses = router_losses(self, mask)
+        if losses is None:
+            return 0.0
+        m = self.config.moe
+        return m.aux_loss_coef * losses[0] + m.z_loss_coef * losses[1]
 
     def generate(self, ids: Tensor, max_new_tokens: int | None = None, **kwargs) -> Tensor:
         """Autoregressive sampling; see ``qkv.generation.generate`` for the keyword arguments.
