@@ -77,6 +77,8 @@ def command_rows(work: Path, pairs: str | None) -> list[list]:
     rows = []
     for name, argv in runs.items():
         ok, seconds, note = qkv_command(*argv)
+        if name == "verify" and not ok:
+            note = failed_claims(work) or note
         rows.append([name, "passed" if ok else "FAILED", f"{seconds:.0f} s", note])
         print(f"gpu: {name}: {rows[-1][1]} ({note})", file=sys.stderr, flush=True)
     rows.append(resume_row(work))
@@ -84,6 +86,18 @@ def command_rows(work: Path, pairs: str | None) -> list[list]:
     rows.append(["train under torchrun (ddp, fsdp)", "not run" if count < 2 else "see below", "",
                  f"{count} GPU(s): NCCL needs one GPU per process, DDP and FSDP two or more"])
     return rows
+
+
+def failed_claims(work: Path) -> str:
+    """The claims ``qkv verify --device cuda`` found not holding, each with what it measured (its table's last
+    line alone does not say which); empty when the JSON cannot be read."""
+    p = subprocess.run([sys.executable, "-m", "qkv", "verify", "--device", "cuda", "--json"], capture_output=True,
+                       text=True, cwd=CHECKOUT, env=os.environ | {"PYTHONPATH": str(CHECKOUT / "src")}, timeout=300)
+    try:
+        rows = json.loads(p.stdout)
+    except ValueError:
+        return ""
+    return "; ".join(f"{r['name']}: {r['summary']}" for r in rows if r.get("holds") is False)[:600]
 
 
 def resume_row(work: Path) -> list:

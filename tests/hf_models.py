@@ -1,7 +1,8 @@
 """Tiny random Hugging Face causal LMs of the open families and a byte-level BPE tokenizer trained offline,
 for the tests that load, train and export them (no network: random initialisation, save_pretrained).
 
-    hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling
+    hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling;
+                                   SmolLM3, OLMo 2, Phi-3 (DENSE); Mixtral, Qwen2-MoE, Qwen3-MoE (MOE: mixtures of experts)
     save_with_tokenizer(model, d)  the model and a tokenizer of its vocabulary size in directory d
 """
 import pytest
@@ -32,14 +33,35 @@ DEEPSEEK_V3 = ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(  # latent atte
     kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=12, first_k_dense_replace=3,
     num_key_value_heads=6, head_dim=4,
     rope_interleave=True))
-BUILDERS = FAMILIES | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}
+BUILDERS = FAMILIES | {"llama3": LLAMA3, "gemma3_text": GEMMA3, "deepseek_v3": DEEPSEEK_V3}  # the dense ones
+DENSE = {  # tests/test_interop_dense.py: every option of each family set away from its default
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(  # layers 1 and 3 NoPE, and those two slide
+        num_hidden_layers=4, no_rope_layers=[1, 0, 1, 0], use_sliding_window=True, sliding_window=6,
+        attention_bias=True, mlp_bias=True, tie_word_embeddings=True, rope_parameters=dict(rope_theta=5e5))),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(attention_bias=True, rms_norm_eps=1e-5)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # RoPE on 6 of 8 dims, LongRoPE from 16 positions, window 6
+        head_dim=8, sliding_window=6, original_max_position_embeddings=16, rope_parameters=dict(
+            rope_type="longrope", rope_theta=500.0, partial_rotary_factor=0.75, short_factor=[1.0, 1.5, 2.0],
+            long_factor=[2.0, 3.0, 5.0]))),
+}
+MOE = {  # mixtures of experts, every option mattering: dense layers, norm_topk_prob both ways, a shared expert
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                            sliding_window=6)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_hidden_layers=4, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, mlp_only_layers=[2], norm_topk_prob=False, use_sliding_window=True,
+        sliding_window=6, max_window_layers=2)),  # layer 0 slides; layer 2 dense
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, decoder_sparse_step=2,
+        norm_topk_prob=True)),  # layers 1 and 3 experts, 0 and 2 dense
+}
 TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
 
 
 def hf_model(family: str, **change):
-    """A random ``family`` model (a key of BUILDERS) of SIZES, eager attention, norms and biases moved away
+    """A random ``family`` model (a key of BUILDERS or MOE) of SIZES, eager attention, norms and biases moved away
     from their initial values (Gemma 2's scores and logits past its soft caps)."""
-    config_name, model_name, extra = BUILDERS[family]
+    config_name, model_name, extra = (BUILDERS | DENSE | MOE)[family]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**{**SIZES, **extra, **change}, attn_implementation="eager")
     model = getattr(transformers, model_name)(config).eval()
@@ -51,7 +73,24 @@ def hf_model(family: str, **change):
                 p.mul_(8)  # scores past the attention cap of 5
             elif family == "gemma2" and "embed_tokens" in name:
                 p.mul_(10)  # logits (tied head) past the final cap of 3
+            elif name.endswith("mlp.gate.weight"):
+                p.mul_(50)  # a router that decides: no near-tie for rounding to flip
     return model
+
+
+def exported_again(model, path):
+    """``to_hf(model)`` saved in ``path`` and loaded back by ``AutoModelForCausalLM`` (eager): (written, loaded)."""
+    from qkv.interop.hf import to_hf
+
+    out = to_hf(model)
+    out.save_pretrained(path)
+    return out, transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def same_weights(a, b) -> bool:
+    """Two HF models with the same state dict keys, each tensor bit for bit."""
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in mine.items())
 
 
 def bpe_tokenizer():

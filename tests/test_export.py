@@ -100,7 +100,7 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
     (dict(positional="rope", norm="rmsnorm", activation="swiglu", logits_bias=True),
      r"LLaMA counterpart.*logits_bias=True \(needs False\)"),
     (dict(positional="rope", norm="rmsnorm", activation="swiglu", position=dict(kind="rope", rotary_dim=4)),
-     r"position.rotary_dim=4 of head_dim=8 \(LLaMA rotates every dimension\)"),
+     r"Phi-3 counterpart.*attention biases .* \(Phi-3 has none\)"),  # LLaMA rotates every dimension; Phi-3 need not
     (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, qk_norm=True)),
      r"Qwen3 counterpart .*feed_forward.bias=True \(Qwen3's MLP has no bias\)"),
     (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, sliding_window=8)),

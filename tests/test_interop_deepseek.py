@@ -1,7 +1,8 @@
 """DeepSeek-V2/V3 (dense layers) through from_hf / to_hf: tiny random Hugging Face models saved with save_pretrained,
 against HF eager (right-padded logits, greedy generate through either MLA cache), YaRN's softmax scale, exact round
-trips that AutoModelForCausalLM loads where qkv cannot be imported, a 4.x spelling, and one clear error for MoE
-layers and bad latent widths."""
+trips that AutoModelForCausalLM loads where qkv cannot be imported, a 4.x spelling, V3's mixture-of-experts layers
+(group-limited sigmoid routing, the correction bias, shared experts), and one clear error for V2's MoE layers and bad
+latent widths."""
 import dataclasses
 import json
 import math
@@ -167,8 +168,8 @@ def test_a_4x_spelled_yarn_config_loads(tmp_path):
         assert (model(ids).logits - hf(ids).logits).abs().max() < 1e-4
 
 
-def test_mixture_of_experts_layers_are_refused_in_one_error_naming_them(tmp_path):
-    config = transformers.DeepseekV3Config(**{**SIZES, "num_hidden_layers": 4, "first_k_dense_replace": 1},
+def test_v2_mixture_of_experts_layers_are_refused_in_one_error_naming_them(tmp_path):
+    config = transformers.DeepseekV2Config(**{**SIZES, "num_hidden_layers": 4, "first_k_dense_replace": 1},
                                            moe_intermediate_size=8, n_group=1, topk_group=1, num_experts_per_tok=2)
     config.save_pretrained(tmp_path)  # the config is refused before any weight is read
     c = json.loads((tmp_path / "config.json").read_text())
@@ -176,15 +177,16 @@ def test_mixture_of_experts_layers_are_refused_in_one_error_naming_them(tmp_path
     with pytest.raises(ValueError) as e:
         from_hf(tmp_path)
     message = str(e.value)
-    assert message.startswith(f"cannot load {tmp_path} as deepseek_v3: ") and "\n" not in message
-    assert ("layers 1–3 are mixture-of-experts (n_routed_experts=4); qkv loads DeepSeek checkpoints whose every "
+    assert message.startswith(f"cannot load {tmp_path} as deepseek_v2: ") and "\n" not in message
+    assert ("layers 1–3 are mixture-of-experts (n_routed_experts=4); qkv loads DeepSeek-V2 checkpoints whose every "
             "layer is dense") in message
     assert "num_key_value_heads=2 with 4 heads" in message
 
 
 @pytest.mark.parametrize("model_type, change, problem", [
     ("deepseek_v2", dict(num_hidden_layers=1), "layer 0 is mixture-of-experts (n_routed_experts=64)"),  # V2: from 0
-    ("deepseek_v3", dict(num_hidden_layers=5), "layers 3–4 are mixture-of-experts (n_routed_experts=256)"),
+    ("deepseek_v2", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
+    ("deepseek_v3", dict(num_hidden_layers=5), None),  # V3: layers 3–4 experts, loaded
     ("deepseek_v3", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
     ("deepseek_v3", dict(num_hidden_layers=5, first_k_dense_replace=0, n_routed_experts=None), None),  # no experts
 ])
@@ -192,8 +194,8 @@ def test_which_layers_are_mixture_of_experts_follows_transformers_defaults(model
     hf = {k: v for k, v in SIZES.items() if k not in ("first_k_dense_replace", "n_routed_experts")} | change
     problems = []
     qkv.ModelConfig.from_dict(FAMILIES[model_type].config(hf, problems))
-    assert problems == ([] if problem is None else [f"{problem}; qkv loads DeepSeek checkpoints whose every layer "
-                                                    "is dense"])
+    assert problems == ([] if problem is None else [f"{problem}; qkv loads DeepSeek-V2 checkpoints whose every "
+                                                    "layer is dense"])
 
 
 @pytest.mark.parametrize("change, match", [
@@ -234,10 +236,40 @@ def test_a_qkv_mla_model_is_written_as_deepseek_v3_or_with_an_mlp_bias_v2():
         to_hf(mla_gpt(bias=True))
 
 
-@pytest.mark.parametrize("model_type, layers", [("deepseek_v3", "layers 3–60"), ("deepseek_v2", "layers 0–31")])
-def test_transformers_default_configs_are_mixture_of_experts_and_only_that_is_refused(model_type, layers):
-    family, problems = FAMILIES[model_type], []
-    hf = getattr(transformers, family.hf_classes[0])().to_dict()
-    c = qkv.ModelConfig.from_dict(family.config(hf, problems))
+def test_transformers_default_configs_v2_mixture_of_experts_is_refused_v3_loads():
+    family, problems = FAMILIES["deepseek_v2"], []
+    c = qkv.ModelConfig.from_dict(family.config(transformers.DeepseekV2Config().to_dict(), problems))
     assert c.attention.kind == "mla" and c.attention.q_lora_rank == 1536
-    assert len(problems) == 1 and problems[0].startswith(f"{layers} are mixture-of-experts")
+    assert len(problems) == 1 and problems[0].startswith("layers 0–31 are mixture-of-experts")
+    c = qkv.ModelConfig.from_dict(FAMILIES["deepseek_v3"].config(transformers.DeepseekV3Config().to_dict(), problems))
+    assert len(problems) == 1 and c.attention.q_lora_rank == 1536
+    m = c.moe
+    assert (m.num_experts, m.top_k, m.score, m.n_group, m.topk_group, m.d_shared, m.routed_scaling_factor) == (
+        256, 8, "sigmoid", 8, 4, 2048, 2.5) and m.correction_bias and m.layers == ("dense",) * 3 + ("moe",) * 58
+
+
+MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+           moe_intermediate_size=8, n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5)
+
+
+@torch.no_grad()
+def test_v3_mixture_of_experts_layers_as_hf(tmp_path):
+    """V3's routing (sigmoid, groups, the correction bias, × 2.5) and shared experts: logits on a left-padded
+    batch, greedy tokens, and an exact round trip, from its save_pretrained (per-expert) files."""
+    hf = hf_model("v3_low_rank_q_interleaved", **MOE)
+    for layer in hf.model.layers[1:]:
+        layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    hf.save_pretrained(tmp_path)
+    model = from_hf(tmp_path)
+    assert model.config.moe.layers == ("dense", "moe", "moe")
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    keep = mask.bool()
+    assert (model(ids, mask=keep).logits[keep] - hf(ids, attention_mask=mask).logits[keep]).abs().max() < 1e-4
+    prompt = ids[:1, :8]
+    assert torch.equal(model.generate(prompt, 12, temperature=0.0), hf.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+        pad_token_id=0))
+    back = to_hf(model).state_dict()
+    assert set(back) == set(hf.state_dict()) and all(torch.equal(v, hf.state_dict()[k]) for k, v in back.items())

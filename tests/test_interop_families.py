@@ -281,7 +281,12 @@ def test_the_old_table_names_are_still_importable():
                               "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
                               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
                               "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
-                              "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM")}
+                              "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+                              "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+                              "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+                              "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+                              "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+                              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 
 
 # --- the registry: a family is one module and one registration -------------------------------------

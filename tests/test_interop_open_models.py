@@ -11,7 +11,7 @@ from qkv.interop.hf import from_hf, to_hf
 from qkv.kernels import fused_step
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
-from hf_models import FAMILIES, hf_model  # noqa: E402  (the builders, shared with the CLI's tests)
+from hf_models import FAMILIES, exported_again, hf_model, same_weights  # noqa: E402  (shared with the CLI tests)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -45,13 +45,8 @@ def test_greedy_tokens_equal_hf_generate_past_the_window_and_cached_equals_uncac
 
 def test_export_round_trip_is_bit_exact_and_loads_with_auto_model(pair, tmp_path):
     family, hf, model, _ = pair
-    out = to_hf(model)
-    assert out.config.model_type == family
-    out.save_pretrained(tmp_path)
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    theirs = hf.state_dict()
-    assert again.state_dict().keys() == theirs.keys()
-    assert all(torch.equal(v, theirs[k]) for k, v in again.state_dict().items())
+    out, again = exported_again(model, tmp_path)
+    assert out.config.model_type == family and same_weights(again, hf)
     ids = torch.randint(0, 96, (1, 16))
     with torch.no_grad():
         assert torch.equal(again(ids).logits, hf(ids).logits)

@@ -130,6 +130,14 @@ def test_the_speed_layer_keeps_the_tokens_and_the_fused_step_refuses_with_a_reas
         fused_step.FusedStep(m)
 
 
+def test_the_compiled_step_decodes_the_absorbed_cache_with_the_eager_tokens():
+    m, (ids, mask) = model(), padded_batch()
+    assert isinstance(m.new_kv_caches(3, 8)[0], LatentCache)
+    with torch.inference_mode():
+        eager = m.generate(ids, 12, temperature=0, mask=mask, backend="eager")
+        assert torch.equal(m.generate(ids, 12, temperature=0, mask=mask, backend="inductor"), eager)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
 def test_the_plain_families_refuse_to_export_mla(family):
     problems = []

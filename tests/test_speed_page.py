@@ -132,3 +132,13 @@ def test_the_commit_is_read_once_before_any_page_is_written(tmp_path, monkeypatc
     report.write(tmp_path, {"marian": MARIAN}, "python -m benchmarks --only marian", "B")
     for path in [tmp_path / "speed.md", tmp_path / "speed.zh.md", *readmes.values()]:
         assert "abc1234`" in path.read_text() and "+changes" not in path.read_text(), path
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_int8_notes_close_the_page_once_and_are_not_kept_as_a_sections_output(lang):
+    title, prose = report.NOTES[lang]
+    text = report.page(lang, {"open_models": "| a | b |\n|---|---|\n| 1 | 2 |"}, "cmd", "machine")
+    assert text.endswith(f"## {title}\n\n{prose}\n") and text.count(f"## {title}") == 1
+    assert title not in report.kept_sections(text, lang)["open_models"]
+    again = report.page(lang, {}, "cmd", "machine", kept=report.kept_sections(text, lang))
+    assert again.count(f"## {title}") == 1 and "| 1 | 2 |" in again

@@ -1,11 +1,15 @@
 """qkv: the Transformer's core — attention, multi-head attention, positional encodings — readable and tested.
 
 The names here are the reference layer (``qkv.nn``, ``qkv.models``), which imports nothing of the speed
-layer (``qkv.kernels``); ``qkv.interop`` and the rest load when first used.
+layer (``qkv.kernels``) nor of decoding (``qkv.generation``); ``qkv.interop`` and the rest load when first used.
+This root, which Python runs before any ``qkv.*`` module, registers the models' ``generate`` methods' decoders
+(``qkv.models.decoders``), each imported from ``qkv.generation.methods`` on its first call.
 """
 from importlib import import_module
+from typing import Callable
 
 from .models import GPT, PRESETS, Encoder, ModelConfig, ModelOutput, Transformer
+from .models.decoders import register_decoder
 from .nn.attention import MultiHeadAttention, SelfAttention, scaled_dot_product_attention
 from .nn.block import TransformerBlock
 from .nn.flash import flash_attention
@@ -26,6 +30,21 @@ __all__ = [
     "T5RelativePositionBias", "FeedForward", "TransformerBlock", "KVCache",
     "ModelConfig", "ModelOutput", "PRESETS", "GPT", "Encoder", "Transformer", "interop",
 ]
+
+
+def lazy_decoder(name: str) -> Callable:
+    """``qkv.generation.methods.<name>``, imported when first called, so that ``import qkv`` loads no decoding."""
+    def decoder(*args, **kwargs):
+        from .generation import methods
+
+        return getattr(methods, name)(*args, **kwargs)
+
+    decoder.__name__ = decoder.__qualname__ = name
+    return decoder
+
+
+register_decoder("GPT.generate", lazy_decoder("gpt_generate"))
+register_decoder("Transformer.generate", lazy_decoder("transformer_generate"))
 LAZY = ("interop", "generation", "kernels", "training", "data", "viz", "claims", "studies")
 
 

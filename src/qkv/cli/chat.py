@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .errors import CommandError
 from .sources import add_model_source, load_model_source
+from .weights import add_weights_flag, apply_weights
 
 COMMANDS_HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends the session, Ctrl-C ends the answer"
 
@@ -83,6 +84,7 @@ def add_chat(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
+    add_weights_flag(p)
     return p
 
 
@@ -95,6 +97,7 @@ def run_chat(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.run or args.hf}: chat needs a decoder, got {type(model).__name__}")
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     conversation_ids(args, tokenizer, system + [{"role": "user", "content": ""}])  # no template: refused now
+    apply_weights(args, model)
     settings = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, eos_id=end_of_turn(model, tokenizer))
     history = list(system)
     print(f"qkv chat: {COMMANDS_HELP}", file=sys.stderr)

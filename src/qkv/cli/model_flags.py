@@ -109,7 +109,7 @@ def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:
         if key in FLAT:  # a flat name is its section's field, so that section's checks see it with the others
             (section, name), dot = FLAT[key], "."
         if dot:
-            d[section] = {**d[section], name: value}
+            d[section] = {**d.get(section, {}), name: value}  # moe: absent from to_dict while off
         else:
             d[key] = value
     d["attention"] = settled_attention(d, overrides)

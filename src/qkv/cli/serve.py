@@ -12,6 +12,7 @@ import sys
 from .chat import conversation_ids, end_of_turn
 from .errors import CommandError
 from .sources import add_model_source, load_model_source
+from .weights import add_weights_flag, apply_weights
 
 
 def add_serve(sub) -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def add_serve(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
+    add_weights_flag(p)
     return p
 
 
@@ -43,6 +45,7 @@ def build_served(args: argparse.Namespace):
     from ..serve.batcher import Batcher
 
     model, tokenizer = load_model_source(args, device=args.device)
+    apply_weights(args, model)
     try:
         batcher = Batcher(model, max_batch=args.max_batch, max_queue=args.max_queue, backend=args.backend)
     except ValueError as e:

@@ -12,6 +12,7 @@ from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
 from .sources import add_model_source, check_directory_kind, load_model_source
+from .weights import add_weights_flag, apply_weights
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
     "--task": ("task", str, "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
@@ -285,6 +286,7 @@ def add_sample(sub) -> argparse.ArgumentParser:
                         "by torch.compile) or fused (qkv's C++ step, built once per machine; a model it was not "
                         "built for falls back to inductor, saying why). The backend that ran is printed on stderr")
     p.add_argument("--compile", action="store_true", help="the older name of --backend fused")
+    add_weights_flag(p)
     return p
 
 
@@ -306,7 +308,7 @@ def run_sample(args: argparse.Namespace) -> int:
     check_decoder(args, model)
     chat = chat_ids(args, tokenizer)
     tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
-    model = model.to(getattr(torch, args.dtype))
+    model = apply_weights(args, model.to(getattr(torch, args.dtype)))
     backend, why = pick(model, 1, resolve(args.backend, "fused" if args.compile else False)[0])
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, backend=backend)

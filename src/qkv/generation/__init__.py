@@ -5,6 +5,7 @@
     backends.py      eager | auto | inductor | fused: which code computes the steps, chosen with a reason
     streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text
     beam_search.py   greedy and beam search for qkv.Transformer (the paper's beam 4, length penalty 0.6)
+    methods.py       the models' generate methods as functions of the model (GPT.generate, Transformer.generate)
     config.py        GenerationConfig: a checkpoint's decoding settings (generation_config.json), generate's defaults
 """
 from .backends import BACKENDS, BackendFallback, choose

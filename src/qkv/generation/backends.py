@@ -7,6 +7,8 @@
     fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
               any other model falls back to inductor, with one line saying why
     (inductor falls back to auto for a model ``compiled_step_refuses``: none today)
+    (int8 weights, ``qkv.kernels.quant``: auto and inductor compute torchao's own product for those linears,
+    the fused step refuses them and falls back to inductor; every backend gives eager's tokens)
 
 ``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
 raises instead of falling back.

@@ -48,6 +48,12 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
+    "smollm3": "SmolLM3 (layers without RoPE: position.nope_layers) is not written by qkv's GGUF export yet",
+    "olmo2": "OLMo 2 (norms after each sublayer: normalization.post_sublayer; QK-norm over the whole projection: "
+             "attention.qk_norm_scope='projection') is not written by qkv's GGUF export yet",
+    "phi3": "Phi-3 with RoPE on part of each head (position.rotary_dim) is not written by qkv's GGUF export yet",
+    **{t: f"{name}'s mixture-of-experts feed-forward is not written by qkv's GGUF export yet; use --format hf"
+       for t, name in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2-MoE"), ("qwen3_moe", "Qwen3-MoE"))},
 }
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
 

@@ -6,10 +6,12 @@
     linear.py       F.linear at inference on a CPU through oneDNN, inductor's reduction or qkv's matvec kernel
     fused_step.py   one decoded token through a whole pre-norm decoder in one C++ call, for the models and
                     settings it accepts (an allow-list); generate falls back, saying why, for the rest
+    quant.py        quantize_weights: the linears' weights to int8 through torchao (weight-only), in place
     build.py        building the C++ sources (csrc/) once per machine, remembering a build that failed
 
 Nothing in the reference layers (qkv.nn, qkv.models) imports this package: it is applied on top.
 """
+from .quant import quantize_weights
 from .transform import accelerate, accelerate_training, accelerated, restore
 
-__all__ = ["accelerate", "accelerate_training", "accelerated", "restore"]
+__all__ = ["accelerate", "accelerate_training", "accelerated", "quantize_weights", "restore"]

@@ -20,6 +20,7 @@ Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the t
 over each head's D, before RoPE), Mistral and Qwen2 with sliding windows (a sliding layer's cache is its
 ``RingKVCache``: the C++ step writes slot p at ring row p mod W and attends over the W rows, the window itself).
 RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
+Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ..nn.layers import ACTIVATIONS, FeedForward
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.rope_scaling import LENGTH_DEPENDENT
 from . import build as matvec
-from .linear import KernelLinear
+from .linear import KernelLinear, plain_tensor
 
 MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}  # decoder_step.cpp's Norm
@@ -86,6 +87,7 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "normalization.final": ANY,
     "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
     "head.tie": ANY, "head.bias": {False},
+    "moe.num_experts": Where(lambda v: v is None, "a dense feed-forward in every layer, no mixture of experts"),
 }
 assert set(LAYER_TYPES) >= {"full_attention", "sliding_attention"}
 
@@ -164,7 +166,7 @@ def unsupported(model, batch: int) -> str | None:
     """Why the fused step cannot decode ``model`` at ``batch`` rows, or None where it can."""
     if type(model) is not GPT:
         return f"it decodes qkv.GPT models, not {type(model).__name__}"
-    reason = refused_field(model.config) or refused_module(model)
+    reason = refused_field(model.config) or refused_module(model) or refused_parameter(model)
     if reason is not None:
         return reason
     weight = model.lm_head.weight
@@ -178,6 +180,15 @@ def unsupported(model, batch: int) -> str | None:
         return "a weight that is not a contiguous float32 CPU tensor"
     if not matvec.available():
         return f"qkv's C++ kernels are not available here ({matvec.why_not() or 'the warning said why'})"
+    return None
+
+
+def refused_parameter(model: GPT) -> str | None:
+    """The first parameter that is not a plain tensor (torchao's quantised ``Int8Tensor``: its C++ reads plain
+    float32 memory), described; None when all are plain."""
+    for name, p in model.named_parameters():
+        if not plain_tensor(p):
+            return f"{name} is a quantised {type(p).__name__}, not a plain tensor: it reads plain float32 weights"
     return None
 
 

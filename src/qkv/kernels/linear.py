@@ -14,9 +14,10 @@ core, and more rows slower than oneDNN (docs/speed.md has the measurements), so:
 - more rows: oneDNN's inner product, which PyTorch ships and inductor's CPU fusions call
   (``onednn_linear``), under compile kept opaque (``compiled_onednn_linear``).
 
-``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it), other
-dtypes, small weights (where oneDNN's call costs more than the product), other devices and builds without
-oneDNN go through it; the tests check every fast path against it.
+``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it), tensor
+subclasses (torchao's quantised weights, ``qkv.kernels.quant``, whose product is their own), other dtypes,
+small weights (where oneDNN's call costs more than the product), other devices and builds without oneDNN go
+through it; the tests check every fast path against it.
 Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
@@ -63,9 +64,17 @@ def reduction_matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return y.view(*x.shape[:-1], weight.size(0))
 
 
+def plain_tensor(t: Tensor | None) -> bool:
+    """``t`` is a plain tensor or parameter (or None), not a subclass such as torchao's quantised ``Int8Tensor``,
+    whose product only its own ``F.linear`` computes: the kernels here read plain memory."""
+    return t is None or type(t) in (Tensor, nn.Parameter)
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, through the fast paths above at inference on a CPU."""
     if not x.is_cpu or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        return F.linear(x, weight, bias)
+    if not (plain_tensor(weight) and plain_tensor(bias)):  # a quantised weight: its own product
         return F.linear(x, weight, bias)
     compiling = torch.compiler.is_compiling()
     dense = weight.dtype == x.dtype and weight.is_contiguous() and x.is_contiguous() and (

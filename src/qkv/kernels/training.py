@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
+from .linear import plain_tensor
 
 FP32_CORE_MAX_HEAD_DIM = 64  # the shapes where the fp32 core measured faster than bf16's (design notes)
 FP32_CORE_MAX_KEYS = 256
@@ -37,8 +38,9 @@ def hookless(module: nn.Module) -> bool:
 
 
 def plain(module: nn.Module | None) -> bool:
-    """``module`` is an ``nn.Linear`` exactly (no subclass, no adapter) with no hooks."""
-    return type(module) is nn.Linear and hookless(module)
+    """``module`` is an ``nn.Linear`` exactly (no subclass, no adapter) with no hooks and a plain weight (not
+    torchao's quantised tensor, which ``torch.cat`` would not keep)."""
+    return type(module) is nn.Linear and hookless(module) and plain_tensor(module.weight) and plain_tensor(module.bias)
 
 
 def packable(attn: MultiHeadAttention) -> bool:

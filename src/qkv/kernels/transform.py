@@ -10,8 +10,8 @@ which function computes some of its steps — a module's class, swapped in place
     with accelerated(model): accelerate for the block's duration, then restore (what generate, beam search
                              and the benchmarks do); accelerated(model, training=True) for training's swap
 
-Only a module of exactly the reference class is swapped (a subclass such as a LoRA layer, or a module with
-hooks, keeps its own forward), so a saved, copied, moved, adapted or trained model behaves as the reference
+Only a module of exactly the reference class is swapped (a subclass such as a LoRA layer, a module with
+hooks, or a linear whose weight torchao quantised (``qkv.kernels.quant``) keeps its own forward), so a saved, copied, moved, adapted or trained model behaves as the reference
 one does.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Iterator
 from torch import nn
 
 from ..nn.attention import MultiHeadAttention
-from .linear import KernelLinear
+from .linear import KernelLinear, plain_tensor
 from .training import TrainingAttention, hookless
 
 INFERENCE = {nn.Linear: KernelLinear}  # reference class -> the speed layer's subclass of it
@@ -30,8 +30,14 @@ TRAINING = {MultiHeadAttention: TrainingAttention}
 
 
 def plain_modules(model: nn.Module, swaps: dict[type, type]) -> list[nn.Module]:
-    """The model's modules whose class is exactly one ``swaps`` names (no subclass) and that have no hooks."""
-    return [m for m in model.modules() if type(m) in swaps and hookless(m)]
+    """The model's modules whose class is exactly one ``swaps`` names (no subclass), that have no hooks and whose
+    own parameters are plain tensors (a linear holding torchao's quantised weight keeps its class and product)."""
+    return [m for m in model.modules() if type(m) in swaps and hookless(m) and plain_parameters(m)]
+
+
+def plain_parameters(module: nn.Module) -> bool:
+    """``module``'s own parameters are plain tensors, none a subclass such as torchao's ``Int8Tensor``."""
+    return all(plain_tensor(p) for p in module.parameters(recurse=False))
 
 
 def plain_linears(model: nn.Module) -> list[nn.Linear]:

@@ -6,6 +6,7 @@ that builds each block's parts from it.
     components.py       the factory: position, attention (a registry of kinds), feed-forward, blocks
     trunk.py            embeddings → blocks → final norm, shared by the three models
     gpt.py, encoder.py, encoder_decoder.py, pointer.py (the encoder-decoder with a copy mechanism)
+    decoders.py         where the generate methods find their decoder (registered by qkv/__init__.py)
 """
 from .config import (
     LAYER_TYPES, POSITIONAL, PRESETS, AttentionConfig, EmbeddingConfig, FeedForwardConfig, HeadConfig, ModelConfig,

@@ -5,12 +5,15 @@
                     stacks, bidirectional in encoders)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
                     (MultiHeadAttention) or mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim)
-    feed-forward    FeedForward(d_model, ff_width, activation)
+    feed-forward    FeedForward(d_model, ff_width, activation); in the layers config.moe_layer(i) names a
+                    MixtureOfExperts (qkv.nn.moe: router, SwiGLU experts, a shared expert) from config.moe
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
                     a ParallelTransformerBlock (both sublayers read the block's input); with normalization.sandwich
-                    a SandwichTransformerBlock (a norm after each sublayer too: Gemma 2/3)
+                    a SandwichTransformerBlock (a norm after each sublayer too: Gemma 2/3); with
+                    normalization.post_sublayer a PostSublayerTransformerBlock (x + Norm(sublayer(x)): OLMo-2)
     layer types     a sliding_attention layer attends within attention.sliding_window (its mask is the trunk's)
-                    and rotates with position.local_base where set (Gemma 3's local RoPE)
+                    and rotates with position.local_base where set (Gemma 3's local RoPE); a layer of
+                    position.nope_layers has no RoPE at all (SmolLM3's NoPE layers)
 
 A new attention class plugs in with ``register_attention(kind, builder)``: the block takes whatever
 module the builder returns, so neither ``qkv.nn.block`` nor the models change.
@@ -23,9 +26,11 @@ from typing import Callable
 from torch import nn
 
 from ..nn.attention import MultiHeadAttention
-from ..nn.block import ParallelTransformerBlock, SandwichTransformerBlock, TransformerBlock
+from ..nn.block import (ParallelTransformerBlock, PostSublayerTransformerBlock, SandwichTransformerBlock,
+                        TransformerBlock)
 from ..nn.latent_attention import MultiHeadLatentAttention, latent_softmax_scale
-from ..nn.layers import FeedForward, make_norm
+from ..nn.layers import FeedForward, ProjectionRMSNorm, make_norm
+from ..nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.relative_bias import T5RelativePositionBias
 from .config import ModelConfig
@@ -46,12 +51,20 @@ def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
     """The spec's multi-head attention (grouped K/V heads, a head width and a bias per projection), with
     QK-norm (the model's norm kind over each head's D), the scores' scale and soft cap where configured."""
     a, n = config.attention, config.normalization
-    q_norm, k_norm = (make_norm(n.kind, config.head_dim, n.eps), make_norm(n.kind, config.head_dim, n.eps)) \
-        if a.qk_norm else (None, None)
+    q_norm, k_norm = qk_norms(config) if a.qk_norm else (None, None)
     return MultiHeadAttention(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
                               bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi,
                               relative_bias=layer.relative_bias, q_norm=q_norm, k_norm=k_norm, softcap=a.softcap,
                               scale=None if a.query_scalar is None else a.query_scalar ** -0.5)
+
+
+def qk_norms(config: ModelConfig) -> tuple[nn.Module, nn.Module]:
+    """QK-norm's two norms: the model's norm kind over each head's D, or (qk_norm_scope "projection", OLMo-2) an
+    RMSNorm over all of q's H·D and all of k's G·D."""
+    n, D = config.normalization, config.head_dim
+    if config.attention.qk_norm_scope == "projection":
+        return ProjectionRMSNorm(config.attention.num_heads, D, n.eps), ProjectionRMSNorm(config.kv_heads, D, n.eps)
+    return make_norm(n.kind, D, n.eps), make_norm(n.kind, D, n.eps)
 
 
 def latent_attention(config: ModelConfig, layer: Layer) -> MultiHeadLatentAttention:
@@ -120,6 +133,20 @@ def feed_forward(config: ModelConfig) -> FeedForward:
     return FeedForward(config.d_model, config.ff_width, f.activation, bias=f.bias, dropout=config.dropout)
 
 
+def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
+    """The MoE feed-forward of config.moe: its router, E SwiGLU experts of width moe.d_expert (else
+    feed_forward.d_ff), a dense SwiGLU shared expert of moe.d_shared where set (× σ(shared_gate(x)) where asked)."""
+    m, C = config.moe, config.d_model
+    router = Router(C, m.num_experts, m.top_k, score=m.score, top_k_first=m.top_k_first,
+                    norm_topk_prob=m.norm_topk_prob, bias=m.router_bias, n_group=m.n_group, topk_group=m.topk_group,
+                    correction_bias=m.correction_bias, scaling=m.routed_scaling_factor)
+    experts = SwiGLUExperts(m.num_experts, C, m.d_expert or config.ff_width, bias=m.expert_bias,
+                            activation=m.activation, limit=m.swiglu_limit, alpha=m.swiglu_alpha)
+    shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=False, dropout=config.dropout)
+    gate = nn.Linear(C, 1, bias=False) if m.shared_gate else None
+    return MixtureOfExperts(router, experts, shared, gate)
+
+
 def cross_attention(config: ModelConfig) -> MultiHeadAttention:
     """The encoder-decoder's cross-attention: multi-head, no position inside (the source's is in its memory)."""
     return multi_head(config, Layer(index=-1, type="cross_attention"))
@@ -131,8 +158,10 @@ def block(config: ModelConfig, layer: Layer, *, cross: bool = False) -> Transfor
     attn = build_attention(config, layer)
     cross_attn = cross_attention(config) if cross else None
     kind = ParallelTransformerBlock if config.feed_forward.parallel else \
-        SandwichTransformerBlock if config.normalization.sandwich else TransformerBlock
-    return kind.from_parts(attn, feed_forward(config), norm_factory(config), norm_first=config.normalization.first,
+        SandwichTransformerBlock if config.normalization.sandwich else \
+        PostSublayerTransformerBlock if config.normalization.post_sublayer else TransformerBlock
+    ff = mixture_of_experts(config) if config.moe_layer(layer.index) else feed_forward(config)
+    return kind.from_parts(attn, ff, norm_factory(config), norm_first=config.normalization.first,
                            cross_attn=cross_attn, dropout=config.dropout)
 
 
@@ -150,5 +179,9 @@ def blocks(config: ModelConfig, n: int, *, cross: bool = False, causal: bool = F
     of their own where position.local_base is set); ``causal``: a decoder's stack (T5's bias one-sided)."""
     inside, local = attention_position(config, causal=causal), local_rope(config)
     by_type = {"full_attention": inside, "sliding_attention": inside if local is None else {**inside, "rope": local}}
-    return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **by_type[config.layer_type(i)]), cross=cross)
-                         for i in range(n))
+    nope = set(config.position.nope_layers or ())  # SmolLM3's NoPE layers: no position inside attention
+
+    def position(i: int) -> dict[str, nn.Module | None]:
+        shared = by_type[config.layer_type(i)]
+        return {**shared, "rope": None} if i in nope else shared
+    return nn.ModuleList(block(config, Layer(i, config.layer_type(i), **position(i)), cross=cross) for i in range(n))

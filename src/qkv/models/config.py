@@ -10,6 +10,8 @@
       .normalization  NormConfig: LayerNorm or RMSNorm, eps, pre- or post-norm blocks, a final norm
       .embedding      EmbeddingConfig: √d_model scaling, initial std, token types, an embedding norm
       .head           HeadConfig: tied to the token embedding, a bias on the logits
+      .moe            MoEConfig: a mixture-of-experts feed-forward (qkv.nn.moe) in the layers it names: experts,
+                      top-k, the router's options, shared experts; num_experts None (the default): none
 
 ``layer_types`` says what each block is (Hugging Face's ``layer_types``: full_attention | sliding_attention);
 None: every block the same (sliding where attention.sliding_window is set, as Mistral's).
@@ -26,12 +28,14 @@ from ..checks import check_fraction, check_positive_int
 from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 from ..nn.rope_scaling import RopeScaling, as_rope_scaling
+from .moe_config import MOE_LAYERS, MoEConfig  # noqa: F401  (MOE_LAYERS: read with the section)
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
 #                                                         (qkv.models.components) builds each
 MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
 LATENT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")  # kind mla
+QK_NORM_SCOPES = ("head", "projection")  # what QK-norm normalises at once: one head's D, or the projection's H·D
 LATENT_CACHES = ("absorbed", "naive")  # qkv.nn.latent_attention.CACHE_MODES
 
 
@@ -55,6 +59,7 @@ class AttentionConfig:
     v_bias: bool = True
     out_bias: bool = True
     qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3), the model's norm kind
+    qk_norm_scope: str = "head"  # QK-norm over each head's D | "projection": over all H·D (G·D) at once (OLMo-2)
     query_scalar: float | None = None  # scores × query_scalar^-½ instead of D^-½ (Gemma's query_pre_attn_scalar)
     softcap: float | None = None  # scores ← cap·tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping)
     sliding_window: int | None = None  # W: a sliding layer's query p sees keys p − W < j ≤ p (Mistral, Gemma)
@@ -79,6 +84,9 @@ class AttentionConfig:
         check_softcap("attention.softcap", self.softcap)
         check_softcap("attention.query_scalar", self.query_scalar)  # a positive number or None, as a cap
         check_size("attention.sliding_window", self.sliding_window, optional=True)
+        if self.qk_norm_scope not in QK_NORM_SCOPES or (self.qk_norm_scope != "head" and not self.qk_norm):
+            raise ValueError(f"attention.qk_norm_scope must be one of {QK_NORM_SCOPES} ('projection' with qk_norm="
+                             f"True), got {self.qk_norm_scope!r} with qk_norm={self.qk_norm}")
 
     def check_latent(self) -> None:
         """MLA's fields: required and positive with kind "mla" (q_lora_rank optional), at their defaults otherwise."""
@@ -129,6 +137,8 @@ class PositionConfig:
     #                                     fields is taken); None: plain RoPE
     num_buckets: int = 32  # t5: relative-position buckets (Hugging Face's relative_attention_num_buckets)
     max_distance: int = 128  # t5: distances from here on share the last bucket (relative_attention_max_distance)
+    nope_layers: tuple[int, ...] | None = None  # rope: these layers' attention has no position at all (SmolLM3's
+    #                                             NoPE layers); None: every layer rotates
 
     def __post_init__(self) -> None:
         if self.kind not in POSITIONAL:
@@ -151,6 +161,11 @@ class PositionConfig:
         if self.scaling is not None and self.kind != "rope":
             raise ValueError(f"position.scaling scales RoPE: it needs positional 'rope', got positional {self.kind!r}")
         self.check_buckets()
+        if self.nope_layers is not None:
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+            if self.kind != "rope" or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.nope_layers):
+                raise ValueError(f"position.nope_layers must list layer indices (ints) with positional 'rope', got "
+                                 f"{self.nope_layers!r} with positional {self.kind!r}")
 
     def check_buckets(self) -> None:
         """t5's buckets: positive ints, num_buckets >= 4 (an exact bucket per side, bidirectional) and
@@ -191,6 +206,7 @@ class NormConfig:
     first: bool = True  # pre-norm (GPT-2, LLaMA); False: the paper's post-norm
     final: bool = True  # a norm after the last block (pre-norm models have one; the paper, BERT, Marian none)
     sandwich: bool = False  # a norm after each sublayer too, before the residual add (Gemma 2/3's four norms)
+    post_sublayer: bool = False  # with first=False: x + Norm(sublayer(x)), the norm before the add (OLMo-2)
 
     def __post_init__(self) -> None:
         if self.kind not in NORMS:
@@ -231,7 +247,7 @@ class HeadConfig:
 
 
 SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
-            "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig}
+            "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig, "moe": MoEConfig}
 # The flat names of before: each is one field of a section ("bias" and "final_norm" are handled apart).
 FLAT = {
     "num_heads": ("attention", "num_heads"), "num_kv_heads": ("attention", "num_kv_heads"),
@@ -265,6 +281,7 @@ class ModelConfig:
     normalization: NormConfig
     embedding: EmbeddingConfig
     head: HeadConfig
+    moe: MoEConfig
 
     def __init__(self, *, vocab_size: int = 256, d_model: int = 128, num_layers: int = 4, max_len: int = 256,
                  dropout: float = 0.0, num_decoder_layers: int | None = None,
@@ -272,9 +289,9 @@ class ModelConfig:
                  attention: AttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
                  feed_forward: FeedForwardConfig | dict | None = None, normalization: NormConfig | dict | None = None,
                  embedding: EmbeddingConfig | dict | None = None, head: HeadConfig | dict | None = None,
-                 **flat) -> None:
+                 moe: MoEConfig | dict | None = None, **flat) -> None:
         given = dict(attention=attention, position=position, feed_forward=feed_forward,
-                     normalization=normalization, embedding=embedding, head=head)
+                     normalization=normalization, embedding=embedding, head=head, moe=moe)
         sections = {name: section_of(SECTIONS[name], value) for name, value in given.items()}
         for name, section in apply_flat(sections, flat).items():
             object.__setattr__(self, name, section)
@@ -310,6 +327,8 @@ class ModelConfig:
             raise ValueError(f"sinusoidal PE needs an even d_model, got {self.d_model}")
         self.check_layer_types()
         self.check_variants()
+        if self.moe.layers is not None and len(self.moe.layers) != self.num_layers:
+            raise ValueError(f"moe.layers must name each of the {self.num_layers} layers, got {list(self.moe.layers)}")
 
     def check_latent_position(self) -> None:
         """MLA rotates its own d_R dims with RoPE (decoupled RoPE): position.kind rope, all of them (any scaling;
@@ -335,6 +354,15 @@ class ModelConfig:
             name = {"alibi": "ALiBi", "t5": "T5's relative bias"}[self.position.kind]
             raise ValueError(f"sliding_attention layers with {name} are not supported: use rope, learned, "
                              "sinusoidal or none")
+        if n.post_sublayer and (n.first or n.sandwich or self.feed_forward.parallel):
+            raise ValueError(f"normalization.post_sublayer needs sequential post-norm blocks, got normalization.first="
+                             f"{n.first}, sandwich={n.sandwich}, feed_forward.parallel={self.feed_forward.parallel}")
+        if a.qk_norm_scope == "projection" and n.kind != "rmsnorm":
+            raise ValueError(f"attention.qk_norm_scope 'projection' is an RMSNorm (OLMo-2's), got normalization.kind "
+                             f"{n.kind!r}")
+        if any(not 0 <= i < self.num_layers for i in self.position.nope_layers or ()):
+            raise ValueError(f"position.nope_layers={self.position.nope_layers} names layers outside 0 … "
+                             f"{self.num_layers - 1}")
         if n.sandwich and (not n.first or self.feed_forward.parallel):
             raise ValueError(f"normalization.sandwich needs sequential pre-norm blocks, got normalization.first="
                              f"{n.first}, feed_forward.parallel={self.feed_forward.parallel}")
@@ -393,6 +421,10 @@ class ModelConfig:
             return self.layer_types[i]
         return "sliding_attention" if self.attention.sliding_window is not None else "full_attention"
 
+    def moe_layer(self, i: int) -> bool:
+        """Whether block i's feed-forward is the mixture of experts (moe.layers; None: every block's, with experts)."""
+        return self.moe.enabled and (self.moe.layers is None or self.moe.layers[i] == "moe")
+
     def replace(self, **changes) -> "ModelConfig":
         """A copy with ``changes`` (sections, or flat names) applied, validated again."""
         return dataclasses.replace(self, **changes)
@@ -405,6 +437,10 @@ class ModelConfig:
         if self.attention.kind != "mla":  # MLA's fields only where they mean something (config.json as before)
             for name in (*LATENT_FIELDS, "latent_cache"):
                 del d["attention"][name]
+        if not self.moe.enabled:  # no experts: config.json as before
+            del d["moe"]
+        elif d["moe"]["layers"] is not None:
+            d["moe"]["layers"] = list(d["moe"]["layers"])
         if self.position.kind != "t5":  # so are T5's
             for name in ("num_buckets", "max_distance"):
                 del d["position"][name]

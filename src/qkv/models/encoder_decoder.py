@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
 from .config import ModelConfig
+from .decoders import decoder_for
 from .encoder import Encoder
 from .trunk import CausalTrunk, ModelOutput, check_token_ids, init_weights, key_mask, token_cross_entropy
 
@@ -85,13 +86,13 @@ class Transformer(CausalTrunk):
         ``qkv.generation.beam_search.decode``. An argument left None comes from ``self.generation_config``
         (a checkpoint's, attached by ``qkv.interop.from_hf``: its tokens, num_beams, length penalty, max_length),
         else greedy, 64 new tokens, length penalty 1.0; without either, ``special`` must be given.
-        """
-        from ..generation.beam_search import decode, search_settings
 
-        settings = search_settings(getattr(self, "generation_config", None), special=special,
-                                   max_new_tokens=max_new_tokens, num_beams=num_beams,
-                                   length_penalty=length_penalty, early_stopping=early_stopping)
-        return decode(self, src_ids, src_mask=src_mask, use_cache=use_cache, **settings)
+        The decoding itself is ``qkv.generation.methods.transformer_generate``, found through
+        ``qkv.models.decoders`` (the reference layer imports no decoding).
+        """
+        return decoder_for("Transformer.generate")(
+            self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache, special=special)
 
     def forward(
         self, src_ids: Tensor, tgt_ids: Tensor, *, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,

@@ -8,7 +8,9 @@ from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
 from ..nn.layers import soft_cap
+from ..nn.moe import router_losses
 from .config import ModelConfig
+from .decoders import decoder_for
 from .trunk import (CausalTrunk, ModelOutput, check_token_ids, document_positions_and_mask, init_weights,
                     token_cross_entropy)
 
@@ -67,7 +69,18 @@ class GPT(CausalTrunk):
         if self.config.head.softcap is not None:  # Gemma 2's final_logit_softcapping, before the loss as HF's
             out.logits = soft_cap(out.logits, self.config.head.softcap)
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
+        if out.loss is not None and self.training and (self.config.moe.aux_loss_coef or self.config.moe.z_loss_coef):
+            out.loss = out.loss + self.router_loss(targets != -100)
         return out
+
+    def router_loss(self, mask: Tensor) -> Tensor | float:
+        """moe.aux_loss_coef × the load-balancing loss + moe.z_loss_coef × the router z-loss of this training
+        forward's MoE layers (``qkv.nn.moe.router_losses``), over the tokens ``mask`` (B, T) counts."""
+        losses = router_losses(self, mask)
+        if losses is None:
+            return 0.0
+        m = self.config.moe
+        return m.aux_loss_coef * losses[0] + m.z_loss_coef * losses[1]
 
     def generate(self, ids: Tensor, max_new_tokens: int | None = None, **kwargs) -> Tensor:
         """Autoregressive sampling; see ``qkv.generation.generate`` for the keyword arguments.
@@ -75,11 +88,8 @@ class GPT(CausalTrunk):
         With ``self.generation_config`` (a checkpoint's, attached by ``qkv.interop.from_hf``) every argument
         not given comes from it, as Hugging Face's ``generate`` would use it: its eos and pad ids, greedy
         unless it samples, its max_new_tokens or max_length (``qkv.generation.config_defaults``).
-        """
-        from ..generation import config_defaults, generate
 
-        if self.generation_config is not None:
-            max_new_tokens, kwargs = config_defaults(self.generation_config, ids, max_new_tokens, kwargs)
-        if max_new_tokens is None:
-            raise ValueError("generate needs max_new_tokens (the model has no generation_config to take it from)")
-        return generate(self, ids, max_new_tokens, **kwargs)
+        The decoding itself is ``qkv.generation.methods.gpt_generate``, found through ``qkv.models.decoders``
+        (the reference layer imports no decoding).
+        """
+        return decoder_for("GPT.generate")(self, ids, max_new_tokens, **kwargs)

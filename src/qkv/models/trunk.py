@@ -80,7 +80,8 @@ def init_weights(model: nn.Module, num_layers: int, *, skip: str | None = None) 
         elif name.endswith("embed.tok.weight") and model.config.embedding.init_std is not None:
             nn.init.normal_(p, std=model.config.embedding.init_std)
         elif p.dim() >= 2:
-            residual = name.endswith(("out_proj.weight", "down_proj.weight", "attn.o_proj.weight"))  # o_proj: MLA's
+            residual = name.endswith(("out_proj.weight", "down_proj.weight", "attn.o_proj.weight",  # o_proj: MLA's
+                                      "experts.down_proj"))  # qkv.nn.moe's stacked (E, C, I)
             std = 0.02 / math.sqrt(2 * num_layers) if residual else 0.02
             nn.init.normal_(p, std=std)
 

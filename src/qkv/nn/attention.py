@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..checks import check_fraction, check_positive_int
 from .kv_cache import RingKVCache
-from .layers import check_softcap, soft_cap
+from .layers import ProjectionRMSNorm, check_softcap, soft_cap
 from .masks import (PreparedMask, causal_mask, causal_mask_at, crop_keys, prepare_mask, select_keys,
                     sliding_window_mask, within_window)
 
@@ -345,13 +345,17 @@ class MultiHeadAttention(nn.Module):
 
     def set_variants(self, q_norm: nn.Module | None, k_norm: nn.Module | None, scale: float | None,
                      softcap: float | None) -> None:
-        """QK-norm's two norms (each over one head's D dims), the scores' scale and soft cap, checked."""
-        for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
+        """QK-norm's two norms (each over one head's D dims, or a ``ProjectionRMSNorm`` over all of q's H·D and
+        k's G·D), the scores' scale and soft cap, checked."""
+        for name, norm, heads in (("q_norm", q_norm, self.num_heads), ("k_norm", k_norm, self.num_kv_heads)):
             width = None if norm is None else getattr(norm, "normalized_shape", getattr(norm, "weight", None))
             width = tuple(width.shape) if isinstance(width, Tensor) else None if width is None else tuple(width)
-            if norm is not None and width != (self.head_dim,):
-                raise ValueError(f"{name} must normalise one head's {self.head_dim} dims (heads of one width "
-                                 f"D = {self.head_dim}), got a norm over {width}")
+            whole = isinstance(norm, ProjectionRMSNorm)
+            if norm is not None and width != ((heads if whole else 1) * self.head_dim,):
+                what = f"all {heads} × {self.head_dim} dims of its projection" if whole else \
+                    f"one head's {self.head_dim} dims"
+                raise ValueError(f"{name} must normalise {what} (heads of one width D = {self.head_dim}), got a norm "
+                                 f"over {width}")
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
             raise ValueError(f"scale must be a positive number or None (1/√D), got {scale!r}")
         check_softcap("softcap", softcap)

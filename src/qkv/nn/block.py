@@ -4,6 +4,7 @@
     pre-LN (GPT-2, LLaMA): x = x + Attn(Norm(x));  x = x + FFN(Norm(x))
     parallel (GPT-J, GPT-NeoX's Pythia): x = x + Attn(Norm(x)) + FFN(Norm'(x))   (ParallelTransformerBlock)
     sandwich (Gemma 2/3):  x = x + Norm(Attn(Norm(x)));  x = x + Norm(FFN(Norm(x)))   (SandwichTransformerBlock)
+    post-sublayer (OLMo-2): x = x + Norm(Attn(x));   x = x + Norm(FFN(x))   (PostSublayerTransformerBlock)
 
 A decoder block of the encoder-decoder model adds cross-attention between the two.
 Shapes: B batch, T target length, S source length, C model width, H heads.
@@ -179,3 +180,24 @@ class SandwichTransformerBlock(TransformerBlock):
 
     def _dropped(self, h: Tensor) -> Tensor:
         return self.drop(h) if self.training else h
+
+
+class PostSublayerTransformerBlock(TransformerBlock):
+    """x = x + Norm₁(Attn(x));  x = x + Norm₂(FFN(x)): each sublayer reads the residual stream as it is and its
+    output is normalised before the add (OLMo 2, OLMo et al. 2024: post_attention_layernorm = ``attn_norm``,
+    post_feedforward_layernorm = ``ff_norm``); the paper's post-LN normalises after the add instead.
+    Built as ``TransformerBlock`` with norm_first=False (``qkv.models.components`` makes it for
+    ``normalization.post_sublayer``)."""
+
+    def assemble(self, attn: nn.Module, ff: nn.Module, norm: Callable[[], nn.Module], *, norm_first: bool,
+                 cross_attn: nn.Module | None, dropout: float) -> None:
+        if norm_first:
+            raise ValueError("a post-sublayer-norm block normalises after each sublayer: norm_first must be False")
+        super().assemble(attn, ff, norm, norm_first=False, cross_attn=cross_attn, dropout=dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
+        """x + Norm(fn(x)); fn returns out, or (out, weights)."""
+        r = fn(x)
+        out, weights = r if isinstance(r, tuple) else (r, None)
+        out = norm(out)  # (B, T, C), before the residual add
+        return x + (self.drop(out) if self.training else out), weights

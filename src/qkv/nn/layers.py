@@ -93,6 +93,20 @@ class RMSNormPlusOne(nn.Module):
         return (normed * (1.0 + self.weight.float())).to(x.dtype)
 
 
+class ProjectionRMSNorm(nn.RMSNorm):
+    """RMSNorm over a whole projection's n·D (OLMo-2's q_norm and k_norm), taking and giving its heads (B, n, T, D):
+    one mean square per token across every head, not one per head as QK-norm over D."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5) -> None:
+        super().__init__(heads * head_dim, eps=eps)
+        self.heads, self.head_dim = heads, head_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, n, T, D = x.shape
+        flat = x.transpose(1, 2).reshape(B, T, n * D)  # (B, n, T, D) -> (B, T, n·D)
+        return super().forward(flat).view(B, T, n, D).transpose(1, 2)  # (B, T, n·D) -> (B, n, T, D)
+
+
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
     """LayerNorm (Ba et al. 2016), RMSNorm (Zhang & Sennrich 2019, LLaMA) or Gemma's RMSNorm with (1 + w),
     over the last dim (of width ``d_model``: a head's D for QK-norm)."""

@@ -12,7 +12,9 @@ Nothing model-specific runs inside qkv's attention:
            attention/MLP biases as configured (Touvron et al. 2023); on it, each saying what differs:
            Qwen2/Qwen3 (q/k/v bias; QK-norm), Mistral (sliding window), Gemma 2/3 ((1 + w) sandwich
            norms, soft caps, sliding layers, local RoPE base)
-    DeepSeek-V2/V3 multi-head latent attention, dense layers only (DeepSeek-AI 2024)
+    DeepSeek-V2/V3 multi-head latent attention, V3's mixture of experts (DeepSeek-AI 2024)
+    Mixtral, Qwen2-MoE, Qwen3-MoE  Mistral / Qwen2 / Qwen3 with a mixture-of-experts feed-forward (qkv.nn.moe;
+           Jiang et al. 2024, Qwen team 2024/2025)
     GPT-NeoX RoPE half-split on part of each head (rotary_pct) · LayerNorm · gelu · q/k/v packed by head ·
            a parallel or sequential residual (Black et al. 2022; Pythia, Biderman et al. 2023)
     BERT   learned PE + token types + embedding LayerNorm · post-LN · gelu (Devlin et al. 2019)

@@ -20,8 +20,9 @@ def exporting_families() -> list[Family]:
     return [f for f in FAMILIES.values() if f.export is not None]
 
 
-def family_to_write(model_class: type, c: ModelConfig) -> Family:
-    """The family ``to_hf`` writes a ``model_class`` of config ``c`` as; TypeError/ValueError naming the choices."""
+def families_to_write(model_class: type, c: ModelConfig) -> list[Family]:
+    """The families whose ``export_when`` ``c`` meets, the most specific (most conditions) first, equals in
+    registration order; TypeError/ValueError naming the choices where there is none."""
     mine = [f for f in exporting_families() if issubclass(model_class, f.model)]
     if not mine:
         offers = {}
@@ -37,17 +38,23 @@ def family_to_write(model_class: type, c: ModelConfig) -> Family:
         names = dict.fromkeys(name for f in mine for name, _ in f.export_conditions())
         raise ValueError(f"to_hf needs {wants}; got " + ", ".join(f"{name}={config_value(c, name)!r}"
                                                                    for name in names))
-    return max(chosen, key=lambda f: len(f.export_conditions()))  # the most specific (the first of equals)
+    return sorted(chosen, key=lambda f: -len(f.export_conditions()))  # stable: the first of equals first
 
 
 def hf_config(c: ModelConfig, model_class: type = GPT) -> tuple[Family, dict]:
-    """The family and the HF config fields ``to_hf`` writes for a ``model_class`` of config ``c``;
-    ValueError listing whatever has no counterpart in that family."""
-    family, problems = family_to_write(model_class, c), []
-    fields = family.export(c, problems)
-    if problems:
-        raise ValueError(f"no Hugging Face {family.name} counterpart for this model: " + "; ".join(problems))
-    return family, fields
+    """The most specific family able to hold a ``model_class`` of config ``c`` (Mistral before LLaMA, a SmolLM3
+    with a window before Mistral, which has no NoPE layers) and the HF config fields ``to_hf`` writes for it;
+    ValueError listing what the nearest family (fewest problems, then most specific) has no counterpart for, where
+    none can hold it."""
+    refusals = []
+    for family in families_to_write(model_class, c):
+        problems = []
+        fields = family.export(c, problems)
+        if not problems:
+            return family, fields
+        refusals.append((family, problems))
+    family, problems = min(refusals, key=lambda r: len(r[1]))  # the nearest: fewest problems, then most specific
+    raise ValueError(f"no Hugging Face {family.name} counterpart for this model: " + "; ".join(problems))
 
 
 def hf_state(model: nn.Module, family: Family, hf: nn.Module) -> dict[str, Tensor]:

@@ -37,6 +37,11 @@ def meets(c: ModelConfig, name: str, want) -> bool:
     return value != want.value if isinstance(want, Not) else value == want
 
 
+def as_stored(tensors: dict, config: ModelConfig, problems: list[str]) -> dict:
+    """A family whose checkpoints hold each tensor as its rules name it."""
+    return tensors
+
+
 def same_name(key: str) -> str:
     """A family whose checkpoints need no key renamed."""
     return key
@@ -58,6 +63,8 @@ class Family:
     top_level: tuple[str, ...] = (HEAD,)  # rule keys outside the base model
     rename: Callable[[str], str] = same_name  # a checkpoint's key -> today's name (TF-era spellings, 4.x names);
     #                                           to_hf writes each key as the installed transformers spells it
+    merge: Callable[[dict, ModelConfig, list[str]], dict] = as_stored  # a checkpoint's tensors (renamed) -> those
+    #                                           the rules name, appending problems (MoE: per-expert -> fused)
     export: Callable[[ModelConfig, list[str]], dict] | None = None  # ModelConfig -> HF config fields; None: no to_hf
     # (flat ModelConfig name or "section.field", value or Not(value)) choosing it among one model's families, or
     # several such pairs that must all hold (GPT-NeoX for RoPE + LayerNorm, LLaMA for RoPE + RMSNorm, Qwen3 for

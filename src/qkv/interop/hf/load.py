@@ -53,7 +53,7 @@ def differing_copies(tensors: dict[str, Tensor], copies: dict[str, str]) -> list
 def match(tensors: dict[str, Tensor], family: Family, config: ModelConfig, skeleton: dict[str, Tensor],
           problems: list[str]) -> dict[str, Tensor]:
     """HF tensors -> qkv state dict; every missing/unexpected key and shape mismatch goes to problems."""
-    tensors = {family.rename(k): t for k, t in tensors.items()}
+    tensors = family.merge({family.rename(k): t for k, t in tensors.items()}, config, problems)
     prefix = family.base + "." if any(k.startswith(family.base + ".") for k in tensors) else ""
     rules = {family.full_key(r.hf, prefix): r for r in family.rules(config)}
     copies = {family.full_key(k, prefix): family.full_key(src, prefix) for k, src in family.copies(config).items()}
@@ -120,7 +120,7 @@ def hf_generation_settings(source: nn.Module) -> dict:
 def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
     """A qkv model with the weights of a Hugging Face checkpoint of a family in ``FAMILIES`` (GPT-2, LLaMA,
-    Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, GPT-NeoX, BERT, Marian).
+    Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, Mixtral, Qwen2/3-MoE, SmolLM3, OLMo 2, Phi-3, GPT-NeoX, BERT, Marian).
 
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,

@@ -66,6 +66,12 @@ def packed_qkv_per_head(hf: str, qkv: tuple[str, str, str], heads: int) -> Rule:
     return Rule(hf, qkv, split, join)
 
 
+def stacked_rows(hf: str, qkv: tuple[str, ...], rows: tuple[int, ...]) -> Rule:
+    """One HF matrix holding several qkv matrices one under the other (Phi-3's qkv_proj (H·D + 2·G·D, C) =
+    [W_Q; W_K; W_V], its gate_up_proj (2F, C) = [W_gate; W_up]); ``rows``: each one's rows."""
+    return Rule(hf, qkv, lambda t: tuple(t.split(list(rows), dim=0)), lambda ts: torch.cat(ts, dim=0))
+
+
 def zero_bias(hf: str, weight: str) -> Rule:
     """A bias the HF layer always has where the qkv projection ``weight`` has none: written as zeros, which
     compute exactly what no bias does. Reading keeps nothing (a config read from HF has that bias, so the

@@ -193,13 +193,16 @@ def expect(c: ModelConfig, problems: list[str], **needed) -> None:
 # model with any of them is refused rather than written without it.
 LATER_VARIANTS = (("attention", "qk_norm"), ("attention", "query_scalar"), ("attention", "softcap"),
                   ("attention", "sliding_window"), ("position", "local_base"), ("normalization", "sandwich"),
-                  ("embedding", "scale_in_dtype"), ("head", "softcap"))
+                  ("embedding", "scale_in_dtype"), ("head", "softcap"), ("attention", "qk_norm_scope"),
+                  ("position", "nope_layers"), ("normalization", "post_sublayer"))
 
 
 def expect_plain_blocks(c: ModelConfig, problems: list[str], allowed: tuple[str, ...] = ()) -> None:
     """Every block qkv's multi-head attention over the whole sequence: what HF's classic families are made of.
     ``allowed``: the ``LATER_VARIANTS`` ("attention.qk_norm", …) a family has, "layer_types" (sliding layers) and
-    "attention.kind" (DeepSeek's latent attention)."""
+    "attention.kind" (DeepSeek's latent attention), "moe" (a mixture-of-experts feed-forward)."""
+    if c.moe.enabled and "moe" not in allowed:
+        problems.append(f"moe.num_experts={c.moe.num_experts} (a mixture of experts; needs a dense feed-forward)")
     if c.attention.kind != "mha" and "attention.kind" not in allowed:
         problems.append(f"attention.kind={c.attention.kind!r} (needs 'mha')")
     if "layer_types" not in allowed and c.layer_types and set(c.layer_types) != {"full_attention"}:

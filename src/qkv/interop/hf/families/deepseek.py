@@ -1,4 +1,4 @@
-"""DeepSeek-V2 (arXiv 2405.04434) and DeepSeek-V3 (arXiv 2412.19437), dense layers only: LLaMA's blocks (RMSNorm,
+"""DeepSeek-V2 (arXiv 2405.04434) and DeepSeek-V3 (arXiv 2412.19437): LLaMA's blocks (RMSNorm,
 SwiGLU, RoPE, an untied head) with multi-head latent attention (``qkv.nn.MultiHeadLatentAttention``, the same
 weight names: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
 
@@ -14,12 +14,16 @@ of q_R and k_R alike that no score sees; qkv's interleaved RoPE leaves them in p
 YaRN (rope_scaling / rope_parameters, with DeepSeek's mscale and mscale_all_dim) is ``position.scaling``; its
 softmax-scale correction is ``qkv.nn.latent_attention.latent_softmax_scale``.
 A layer from first_k_dense_replace on is a mixture of experts unless n_routed_experts is None (transformers
-builds one there whatever moe_layer_freq says): qkv refuses those, naming them. ``to_hf`` writes V3 (V2 for a
-model with an MLP bias), every layer dense (first_k_dense_replace = num_hidden_layers).
+builds one there whatever moe_layer_freq says). V3's are ``qkv.nn.moe``'s (``v3_experts``): sigmoid scores,
+group-limited top-k (n_group, topk_group) chosen with e_score_correction_bias, the unbiased weights renormalised
+(norm_topk_prob) × routed_scaling_factor, plus n_shared_experts shared experts as one SwiGLU of
+n_shared_experts · moe_intermediate_size. V2's (softmax, another group rule) are refused, naming the layers.
+``to_hf`` writes V3 (V2 for a model with an MLP bias; every layer dense).
 """
 from __future__ import annotations
 
 from ....models import GPT, ModelConfig
+from ..experts import export_moe, fuse_experts, moe_rules
 from ..family import Family
 from ..rules import Rule, embedding_and_head, same, tied_head
 from ..settings import expect_no_mlp_bias, rope_base_and_scaling, rope_parameters, uniform_biases
@@ -27,7 +31,7 @@ from . import llama
 
 # HF's defaults, which V2 and V3 share: the attention section's widths
 LATENT = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
-DENSE = "qkv loads DeepSeek checkpoints whose every layer is dense"
+DENSE = "qkv loads DeepSeek-V2 checkpoints whose every layer is dense"
 
 
 def moe_problem(hf: dict, experts_default: int, first_default: int) -> str | None:
@@ -43,15 +47,16 @@ def moe_problem(hf: dict, experts_default: int, first_default: int) -> str | Non
     return f"{layers} mixture-of-experts (n_routed_experts={experts}); {DENSE}"
 
 
-def latent_config(hf: dict, problems: list[str], *, interleaved: bool, experts: int, first_dense: int) -> dict:
+def latent_config(hf: dict, problems: list[str], *, interleaved: bool, experts: int, first_dense: int,
+                  moe: bool = False) -> dict:
     """A DeepSeek config (4.x or 5.x spelling) -> ModelConfig arguments; what differs between V2 and V3 is
-    passed: the RoPE pair layout and the MoE defaults."""
+    passed: the RoPE pair layout, the MoE defaults, and whether its MoE layers load (``moe``: V3's)."""
     heads = hf.get("num_attention_heads", 32)
     if hf.get("num_key_value_heads") not in (None, heads):
         problems.append(f"num_key_value_heads={hf['num_key_value_heads']!r} with {heads} heads (multi-head latent "
                         "attention has a key and value per head: num_key_value_heads = num_attention_heads)")
-    moe = moe_problem(hf, experts, first_dense)
-    problems += [moe] if moe else []
+    refused = moe_problem(hf, experts, first_dense)
+    problems += [refused] if refused and not (moe and refused.endswith(DENSE)) else []
     rope = rope_parameters(hf, [])  # its problems are rope_base_and_scaling's, listed once
     if rope["rope_type"] not in ("default", "yarn") and rope.get("mscale_all_dim"):
         problems.append(f"mscale_all_dim={rope['mscale_all_dim']!r} with RoPE scaling {rope['rope_type']!r} is not "
@@ -63,9 +68,30 @@ def latent_config(hf: dict, problems: list[str], *, interleaved: bool, experts: 
 
 
 def config_v3(hf: dict, problems: list[str]) -> dict:
-    """DeepseekV3Config -> ModelConfig arguments: rope_interleave chooses the pairs; the MLP has no bias."""
-    return latent_config({**hf, "mlp_bias": False}, problems, interleaved=bool(hf.get("rope_interleave", True)),
-                         experts=256, first_dense=3)
+    """DeepseekV3Config -> ModelConfig arguments: rope_interleave chooses the pairs; the MLP has no bias; the
+    layers from first_k_dense_replace on are mixtures of experts (``v3_experts``)."""
+    out = latent_config({**hf, "mlp_bias": False}, problems, interleaved=bool(hf.get("rope_interleave", True)),
+                        experts=256, first_dense=3, moe=True)
+    return out | v3_experts(hf, problems)
+
+
+def v3_experts(hf: dict, problems: list[str]) -> dict:
+    """The ``moe`` section of a DeepseekV3Config whose layers from first_k_dense_replace on have experts; {}
+    when none has."""
+    n, experts = hf.get("num_hidden_layers", 61), hf.get("n_routed_experts", 256)
+    first = hf.get("first_k_dense_replace", 3)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 256, 3) is None:
+        return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
+    width, shared = hf.get("moe_intermediate_size", 2048), hf.get("n_shared_experts", 1)
+    if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
+        problems.append(f"n_shared_experts={shared!r} (DeepSeek-V3 has at least one shared expert)")
+        return {}
+    return dict(moe=dict(
+        num_experts=experts, top_k=hf.get("num_experts_per_tok", 8), d_expert=width, score="sigmoid",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", True)), n_group=hf.get("n_group", 8),
+        topk_group=hf.get("topk_group", 4), correction_bias=True,
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 2.5)), d_shared=width * shared,
+        layers=None if first == 0 else ["dense"] * first + ["moe"] * (n - first)))
 
 
 def config_v2(hf: dict, problems: list[str]) -> dict:
@@ -82,7 +108,8 @@ def attention_weights(c: ModelConfig) -> list[tuple[str, bool]]:
 
 
 def rules(c: ModelConfig) -> list[Rule]:
-    """The weight table: LLaMA's embedding, norms and MLP, MLA's projections; every tensor as it is."""
+    """The weight table: LLaMA's embedding, norms and MLP, MLA's projections; every tensor as it is; a MoE
+    layer's router (its correction bias too), fused experts and shared experts (``experts.moe_rules``)."""
     out = embedding_and_head(c, "embed_tokens.weight") + [same("norm.weight", "final_norm.weight")]
     modules = [(f"self_attn.{name}", f"attn.{name}", bias) for name, bias in attention_weights(c)]
     modules += [(f"mlp.{name}", f"ff.{name}", c.feed_forward.bias) for name in llama.MLP]
@@ -91,12 +118,14 @@ def rules(c: ModelConfig) -> list[Rule]:
         l, b = f"layers.{i}.", f"blocks.{i}."
         out += [same(f"{l}{hf}.{p}", f"{b}{q}.{p}") for hf, q, bias in modules
                 for p in (("weight", "bias") if bias else ("weight",))]
-    return out
+    return moe_rules(c, out, shared="shared_experts")
 
 
-def latent_export(c: ModelConfig, problems: list[str], family: str) -> dict:
-    """The HF config fields V2 and V3 share: LLaMA's (no head_dim, no mlp_bias), MLA's widths, every layer dense."""
-    fields = llama.decoder_export(c, problems, family, allowed=("attention.kind",))
+def latent_export(c: ModelConfig, problems: list[str], family: str, *, moe: bool = False) -> dict:
+    """The HF config fields V2 and V3 share: LLaMA's (no head_dim, no mlp_bias), MLA's widths, every layer dense
+    (``moe``: V3, whose experts ``export_v3_experts`` writes)."""
+    allowed = ("attention.kind", "moe") if moe else ("attention.kind",)
+    fields = llama.decoder_export(c, problems, family, allowed=allowed)
     for name in ("head_dim", "mlp_bias"):  # HF sets head_dim = qk_rope_head_dim; V3 has no mlp_bias
         fields.pop(name)
     a = c.attention
@@ -107,7 +136,27 @@ def latent_export(c: ModelConfig, problems: list[str], family: str) -> dict:
 def export_v3(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> DeepseekV3Config fields."""
     expect_no_mlp_bias(c, problems, "DeepSeek-V3")
-    return latent_export(c, problems, "DeepSeek-V3") | dict(rope_interleave=c.position.interleaved)
+    fields = latent_export(c, problems, "DeepSeek-V3", moe=True) | dict(rope_interleave=c.position.interleaved)
+    return fields | (export_v3_experts(c, problems) if c.moe.enabled else {})
+
+
+def export_v3_experts(c: ModelConfig, problems: list[str]) -> dict:
+    """DeepseekV3Config's MoE fields: dense layers first (first_k_dense_replace), then experts in every layer."""
+    m = c.moe
+    routing = export_moe(c, problems, "DeepSeek-V3", score="sigmoid", correction_bias=True,
+                         routed_scaling_factor=m.routed_scaling_factor, n_group=m.n_group, topk_group=m.topk_group,
+                         shared_gate=False)
+    first = next((i for i in range(c.num_layers) if c.moe_layer(i)), c.num_layers)
+    if any(not c.moe_layer(i) for i in range(first, c.num_layers)):
+        problems.append("dense layers after a mixture-of-experts one (DeepSeek-V3's dense layers come first)")
+    width = m.d_expert or c.ff_width
+    if m.d_shared is None or m.d_shared % width or m.n_group is None:
+        problems.append(f"moe.d_shared={m.d_shared}, moe.n_group={m.n_group} (DeepSeek-V3 has n_shared_experts "
+                        f"shared experts of moe_intermediate_size={width}, and expert groups)")
+    return dict(first_k_dense_replace=first, n_routed_experts=m.num_experts, moe_intermediate_size=width,
+                n_shared_experts=(m.d_shared or width) // width, n_group=m.n_group or 1, topk_group=m.topk_group or 1,
+                routed_scaling_factor=m.routed_scaling_factor, num_experts_per_tok=routing.get("num_experts_per_tok"),
+                norm_topk_prob=m.norm_topk_prob)
 
 
 def export_v2(c: ModelConfig, problems: list[str]) -> dict:
@@ -125,7 +174,7 @@ MLA = (("positional", "rope"), ("norm", "rmsnorm"), ("attention.kind", "mla"))  
 V3 = Family(
     model_type="deepseek_v3", name="DeepSeek-V3", model=GPT, base="model", config=config_v3, rules=rules,
     ignored=llama.IGNORED, hf_classes=("DeepseekV3Config", "DeepseekV3ForCausalLM"),
-    copies=tied_head("embed_tokens.weight"), export=export_v3, export_when=MLA,
+    copies=tied_head("embed_tokens.weight"), merge=fuse_experts, export=export_v3, export_when=MLA,
 )
 V2 = Family(
     model_type="deepseek_v2", name="DeepSeek-V2", model=GPT, base="model", config=config_v2, rules=rules,

@@ -57,16 +57,19 @@ def decoder_config(hf: dict, problems: list[str], base: float, scaling: dict | N
 NORMS = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ff_norm"))  # HF's name, qkv's
 SANDWICH_NORMS = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "attn_post_norm"),
                   ("pre_feedforward_layernorm", "ff_norm"), ("post_feedforward_layernorm", "ff_post_norm"))  # Gemma
+POST_SUBLAYER_NORMS = (("post_attention_layernorm", "attn_norm"), ("post_feedforward_layernorm", "ff_norm"))  # OLMo 2
 
 
 def rules(c: ModelConfig) -> list[Rule]:
     """The weight table of LLaMA and the families built on it: Gemma's four norms per block where
-    normalization.sandwich, the q/k norms where attention.qk_norm, each bias where its field is set."""
+    normalization.sandwich, OLMo 2's two after the sublayers where normalization.post_sublayer, the q/k norms
+    where attention.qk_norm, each bias where its field is set."""
     out = embedding_and_head(c, "embed_tokens.weight") + [same("norm.weight", "final_norm.weight")]
     rope_heads = {"attn.q_proj": c.attention.num_heads, "attn.k_proj": c.kv_heads} if c.position.interleaved else {}
     projections = [(f"self_attn.{hf}", f"attn.{q}", getattr(c.attention, bias)) for hf, q, bias in ATTENTION]
     projections += [(f"mlp.{name}", f"ff.{name}", c.feed_forward.bias) for name in MLP]
-    norms = SANDWICH_NORMS if c.normalization.sandwich else NORMS
+    n = c.normalization
+    norms = SANDWICH_NORMS if n.sandwich else POST_SUBLAYER_NORMS if n.post_sublayer else NORMS
     norms += (("self_attn.q_norm", "attn.q_norm"), ("self_attn.k_norm", "attn.k_norm")) if c.attention.qk_norm else ()
     for i in range(c.num_layers):
         l, b = f"layers.{i}.", f"blocks.{i}."
@@ -91,14 +94,15 @@ def decoder_export(c: ModelConfig, problems: list[str], family: str, *, norm: st
                    allowed: tuple[str, ...] = (), activation: str = "hidden_act", prefer: tuple[str, ...] = ()) -> dict:
     """The HF config fields LLaMA and the families built on it share (attention biases apart); ``allowed``: the
     variants the family has (``expect_plain_blocks``)."""
-    expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, norm=norm, logits_bias=False)
+    post = "normalization.post_sublayer" in allowed and c.normalization.post_sublayer  # OLMo-2: norms after, not first
+    expect(c, problems, norm_first=not post, type_vocab_size=0, embedding_norm=False, norm=norm, logits_bias=False)
     if "embedding.scale_in_dtype" not in allowed:
         expect(c, problems, scale_embeddings=False)
     problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
     act = export_activation(c, problems, gated=True, prefer=prefer)
     expect_plain_blocks(c, problems, allowed)
     expect_sequential_blocks(c, problems, family)
-    if c.position.rotary_dim not in (None, c.head_dim):
+    if c.position.rotary_dim not in (None, c.head_dim) and "position.rotary_dim" not in allowed:
         problems.append(f"position.rotary_dim={c.position.rotary_dim} of head_dim={c.head_dim} ({family} rotates "
                         "every dimension)")
     a, scaling = c.attention, export_rope_scaling(c, problems)

@@ -1,0 +1,120 @@
+"""Weight-only int8 through torchao: a transform applied on top of a finished model, for inference.
+
+    y = x Wᵀ + b   with   W ≈ s ⊙ Q,   Q int8 (N, K),   s (N, 1) one scale per output row (absmax / 127)
+
+``quantize_weights(model, "int8")`` is torchao's ``quantize_(model, Int8WeightOnlyConfig())`` over the model's
+linear layers, in place (as torchao's is; quantise a ``copy.deepcopy`` to keep the float model): each weight
+becomes torchao's ``Int8Tensor`` (a tensor subclass holding Q and s) inside the same ``nn.Linear``, whose
+product torchao computes; activations stay in the model's float type. Nothing in the reference layer changes:
+the modules keep their classes, the rest of the model its weights.
+
+What is quantised: every ``nn.Linear`` but the output head — the blocks' attention and feed-forward projections,
+which hold nearly all the weights a decoded token reads. Kept in the model's float type: the embedding (a table
+lookup reads one row a token) and the output head, whose rounding would fall on the logits directly and which is
+often tied to the embedding (quantising it would untie the two: a second, int8 copy of the table). A linear
+whose weight another module shares is kept for the same reason.
+
+The speed layer's fast paths read plain memory: ``accelerate`` leaves a quantised linear as it is, the fused
+C++ step refuses such a model (``generate`` falls back to inductor, saying why), and inductor compiles torchao's
+product. Shapes: N output width, K input width.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+
+from torch import nn
+
+from .linear import plain_tensor
+
+KINDS = ("none", "int8")
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")  # what importing torchao logs on a CPU-only build, harmlessly
+
+
+@contextlib.contextmanager
+def quiet_import():
+    """Silence the warnings torchao logs as it is imported (at first, and inside its first ``quantize_``) where
+    its CUDA extensions cannot load ("Failed to load _C_mxfp8 …"), and torch's note on its enum registration:
+    nothing there concerns int8 on a CPU."""
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
+def torchao_int8():
+    """torchao's (``quantize_``, ``Int8WeightOnlyConfig``), imported quietly; ImportError naming the extra."""
+    try:
+        with quiet_import():
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError as e:
+        raise ImportError(f"int8 weights need torchao: pip install 'qkv[quant]' ({e})") from None
+    return quantize_, Int8WeightOnlyConfig
+
+
+def shared_weights(model: nn.Module) -> set[int]:
+    """The ids of the parameters more than one module holds (a tied output head and embedding)."""
+    seen: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    return {i for i, n in seen.items() if n > 1}
+
+
+def targets(model: nn.Module) -> dict[str, nn.Linear]:
+    """The linears ``quantize_weights`` quantises, by name: every ``nn.Linear`` but the output head (``lm_head``)
+    and those whose weight another module shares."""
+    head, shared = getattr(model, "lm_head", None), shared_weights(model)
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and m is not head and id(m.weight) not in shared}
+
+
+def quantized(model: nn.Module) -> dict[str, str]:
+    """The parameters that are not plain tensors (quantised), by name: their type's name."""
+    return {name: type(p).__name__ for name, p in model.named_parameters() if not plain_tensor(p)}
+
+
+def quantize_weights(model: nn.Module, kind: str = "int8") -> nn.Module:
+    """Quantise ``model``'s linear weights to ``kind`` in place (``"none"``: leave it as it is); returns ``model``.
+
+    Raises ValueError for a kind not in ``KINDS`` or a model already quantised (quantise the float model once),
+    ImportError without torchao (the ``quant`` extra)."""
+    if kind not in KINDS:
+        raise ValueError(f"weights kind must be one of {KINDS}, got {kind!r}")
+    if kind == "none":
+        return model
+    done = quantized(model)
+    if done:
+        name, typ = next(iter(done.items()))
+        raise ValueError(f"the model is already quantised ({name}: {typ}, {len(done)} such parameters): "
+                         "quantise its float weights once")
+    chosen = targets(model)
+    if not chosen:
+        raise ValueError(f"{type(model).__name__} has no linear layer to quantise (the output head is kept)")
+    quantize_, Int8WeightOnlyConfig = torchao_int8()
+    with quiet_import():  # quantize_ imports more of torchao on its first call
+        quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda m, name: chosen.get(name) is m)
+    # torch.compile (the inductor backend) notes that Int8Tensor has no stable hash for its AOT cache: it only
+    # skips that cache, so the note is left out of the command's output
+    warnings.filterwarnings("ignore", message=r"Int8Tensor does not implement _stable_hash_for_caching")
+    return model
+
+
+def describe(model: nn.Module) -> str:
+    """One line: how many weights are quantised (and their parameters) and how many parameters are kept in
+    which float type; "weights: none quantised" for a float model."""
+    done = quantized(model)
+    if not done:
+        return "weights: none quantised"
+    params = dict(model.named_parameters())  # a tied weight once
+    q = sum(params[name].numel() for name in done)
+    kept = [p for name, p in params.items() if name not in done]
+    floats = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in kept})) or "-"
+    head = ", the output head among them" if hasattr(model, "lm_head") and "lm_head.weight" not in done else ""
+    return (f"weights: {len(done)} linear weights to int8 by torchao ({'/'.join(sorted(set(done.values())))}, "
+            f"{q:,} parameters); {sum(p.numel() for p in kept):,} parameters kept in {floats}{head}")

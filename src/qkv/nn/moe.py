@@ -1,0 +1,296 @@
+"""A mixture-of-experts feed-forward: a router sends each token to k of E experts and sums their outputs, weighted.
+
+Shazeer et al. 2017 (sparsely-gated MoE), Fedus et al. 2021 (Switch: the load-balancing loss), Zoph et al. 2022
+(ST-MoE: the router z-loss), Jiang et al. 2024 (Mixtral), Qwen2-MoE (shared expert), DeepSeek-V3 (arXiv 2412.19437:
+sigmoid scores, group-limited routing, the aux-loss-free correction bias).
+
+Shapes: N tokens (B·T flattened), C model width, E experts, k experts per token, I an expert's width,
+G expert groups.
+
+    logits   = x W_rᵀ (+ b_r)                                          (N, E)   fp32
+    scores   = softmax(logits) | sigmoid(logits)                       (N, E)
+    choice   = scores (+ correction_bias); group-limited: only the topk_group groups whose two best choice
+               scores sum highest stay                                 (N, E)
+    experts  = topk(choice, k)                                         (N, k)   indices
+    weights  = scores at those experts; ÷ (their sum + 1e-20) where norm_topk_prob; × routed_scaling_factor
+    top_k_first (gpt-oss): experts = topk(logits, k), weights = softmax over those k logits
+    y        = Σ_j weights_j · expert_{e_j}(x)  (+ σ(x w_s) ·) shared(x)
+
+The correction bias chooses experts but never weighs them (the weights come from the unbiased scores).
+An expert is SwiGLU: W_down (silu(W_gate x) ⊙ W_up x); gpt-oss's clamped variant: g = min(W_gate x, L),
+u = clamp(W_up x, ±L), W_down ((u + 1) ⊙ g σ(α g)).
+
+Two ways to run the experts, one answer (tests/test_moe.py: 1e-6 in fp32): ``reference_dispatch`` loops over
+experts and finds each one's tokens (HF's MixtralExperts loop, readable); ``grouped_dispatch`` sorts the N·k
+assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .layers import FeedForward
+
+SCORES = ("softmax", "sigmoid")  # the router's score function
+EXPERT_ACTIVATIONS = ("swiglu", "swiglu_clamped")  # Mixtral/Qwen/DeepSeek | gpt-oss
+DISPATCHES = ("grouped", "reference")
+
+
+def routing_problems(num_experts, top_k, *, score: str = "softmax", top_k_first: bool = False,
+                     n_group: int | None = None, topk_group: int | None = None,
+                     activation: str = "swiglu") -> list[str]:
+    """Every problem with a router's and experts' settings, in words (empty: they are consistent)."""
+    out = []
+    for name, v in (("num_experts", num_experts), ("top_k", top_k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            out.append(f"{name} must be a positive int, got {v!r}")
+    if not out and top_k > num_experts:
+        out.append(f"top_k={top_k} is larger than num_experts={num_experts}")
+    if score not in SCORES:
+        out.append(f"score must be one of {SCORES}, got {score!r}")
+    if activation not in EXPERT_ACTIVATIONS:
+        out.append(f"expert activation must be one of {EXPERT_ACTIVATIONS}, got {activation!r}")
+    if (n_group is None) != (topk_group is None):
+        out.append(f"n_group and topk_group go together, got n_group={n_group!r}, topk_group={topk_group!r}")
+    elif n_group is not None:
+        out += group_problems(num_experts, top_k, n_group, topk_group, top_k_first)
+    return out
+
+
+def group_problems(num_experts, top_k, n_group, topk_group, top_k_first: bool) -> list[str]:
+    """Group-limited routing: G divides E into groups of ≥ 2 (a group's score is its best two), keeps
+    1 ≤ topk_group ≤ G groups, whose experts hold at least k."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_group, topk_group)):
+        return [f"n_group and topk_group must be positive ints, got {n_group!r}, {topk_group!r}"]
+    out = []
+    if not isinstance(num_experts, int) or num_experts % n_group or num_experts // n_group < 2:
+        out.append(f"n_group={n_group} must divide num_experts={num_experts} into groups of at least 2")
+    elif isinstance(top_k, int) and top_k > topk_group * (num_experts // n_group):
+        out.append(f"top_k={top_k} is more than the {topk_group * (num_experts // n_group)} experts of "
+                   f"topk_group={topk_group} groups")
+    if topk_group > n_group:
+        out.append(f"topk_group={topk_group} is larger than n_group={n_group}")
+    if top_k_first:
+        out.append("top_k_first (softmax over the k best logits) takes no group-limited routing")
+    return out
+
+
+class Routing(NamedTuple):
+    """What the router decided for N tokens."""
+
+    weights: Tensor  # (N, k) fp32: each chosen expert's weight
+    experts: Tensor  # (N, k) long: the chosen experts
+    logits: Tensor  # (N, E) fp32: the router's logits (auxiliary losses read them)
+
+
+class Router(nn.Module):
+    """logits = x W_rᵀ (+ b_r) in fp32 -> the k experts of each token and their weights (see the module's notes)."""
+
+    def __init__(self, d_model: int, num_experts: int, top_k: int, *, score: str = "softmax",
+                 top_k_first: bool = False, norm_topk_prob: bool = True, bias: bool = False,
+                 n_group: int | None = None, topk_group: int | None = None, correction_bias: bool = False,
+                 scaling: float = 1.0) -> None:
+        super().__init__()
+        problems = routing_problems(num_experts, top_k, score=score, top_k_first=top_k_first, n_group=n_group,
+                                    topk_group=topk_group)
+        if problems:
+            raise ValueError("router: " + "; ".join(problems))
+        self.num_experts, self.top_k, self.score, self.top_k_first = num_experts, top_k, score, top_k_first
+        self.norm_topk_prob, self.n_group, self.topk_group, self.scaling = norm_topk_prob, n_group, topk_group, scaling
+        self.weight = nn.Parameter(torch.randn(num_experts, d_model) * 0.02)  # (E, C)
+        self.bias = nn.Parameter(torch.zeros(num_experts)) if bias else None  # (E,)
+        # DeepSeek-V3's e_score_correction_bias: chooses experts, weighs none (updated outside the gradient)
+        self.correction_bias = nn.Buffer(torch.zeros(num_experts)) if correction_bias else None  # (E,)
+
+    def forward(self, x: Tensor) -> Routing:
+        """x (N, C) -> Routing: weights and experts (N, k), logits (N, E)."""
+        bias = None if self.bias is None else self.bias.float()
+        logits = F.linear(x.float(), self.weight.float(), bias)  # (N, E)
+        if self.top_k_first:  # gpt-oss: the k best logits, then softmax over them alone
+            top, experts = logits.topk(self.top_k, dim=-1)  # (N, k)
+            return Routing(top.softmax(dim=-1), experts, logits)
+        scores = logits.softmax(dim=-1) if self.score == "softmax" else logits.sigmoid()  # (N, E)
+        choice = scores if self.correction_bias is None else scores + self.correction_bias.float()  # (N, E)
+        if self.n_group is not None:
+            choice = limit_groups(choice, self.n_group, self.topk_group)
+        experts = choice.topk(self.top_k, dim=-1).indices  # (N, k)
+        weights = scores.gather(-1, experts)  # (N, k): unbiased
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return Routing(weights * self.scaling, experts, logits)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, top_k={self.top_k}, score={self.score}, top_k_first={self.top_k_first}"
+                f", norm_topk_prob={self.norm_topk_prob}, n_group={self.n_group}, topk_group={self.topk_group}")
+
+
+def limit_groups(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
+    """DeepSeek-V3's group-limited routing: E experts in G groups; a group scores the sum of its two best
+    ``choice`` scores; the experts of all but the best topk_group groups get -inf. choice (N, E) -> (N, E)."""
+    N, E = choice.shape
+    grouped = choice.view(N, n_group, E // n_group)  # (N, G, E/G)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)  # (N, G)
+    keep = keep.unsqueeze(-1).expand_as(grouped).reshape(N, E)  # (N, G, E/G) -> (N, E)
+    return choice.masked_fill(~keep, float("-inf"))
+
+
+class SwiGLUExperts(nn.Module):
+    """E SwiGLU experts as stacked weights: gate_proj, up_proj (E, I, C), down_proj (E, C, I), biases
+    gate_bias, up_bias (E, I), down_bias (E, C) where ``bias``; ``activation`` swiglu or gpt-oss's
+    swiglu_clamped (``limit`` L, ``alpha`` α)."""
+
+    def __init__(self, num_experts: int, d_model: int, d_expert: int, *, bias: bool = False,
+                 activation: str = "swiglu", limit: float = 7.0, alpha: float = 1.702) -> None:
+        super().__init__()
+        if activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"expert activation must be one of {EXPERT_ACTIVATIONS}, got {activation!r}")
+        self.num_experts, self.activation, self.limit, self.alpha = num_experts, activation, limit, alpha
+        E, C, I = num_experts, d_model, d_expert
+        self.gate_proj = nn.Parameter(torch.randn(E, I, C) * 0.02)
+        self.up_proj = nn.Parameter(torch.randn(E, I, C) * 0.02)
+        self.down_proj = nn.Parameter(torch.randn(E, C, I) * 0.02)
+        zeros = (lambda *shape: nn.Parameter(torch.zeros(*shape))) if bias else (lambda *shape: None)
+        self.gate_bias, self.up_bias, self.down_bias = zeros(E, I), zeros(E, I), zeros(E, C)
+
+    def forward(self, x: Tensor, e: int) -> Tensor:
+        """Expert ``e`` on its tokens: x (n, C) -> (n, C)."""
+        def b(p):
+            return None if p is None else p[e]
+        gate = F.linear(x, self.gate_proj[e], b(self.gate_bias))  # (n, I)
+        up = F.linear(x, self.up_proj[e], b(self.up_bias))  # (n, I)
+        if self.activation == "swiglu":
+            h = F.silu(gate) * up
+        else:  # gpt-oss: clamped, α-sharpened gate, up shifted by one
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        return F.linear(h, self.down_proj[e], b(self.down_bias))  # (n, C)
+
+
+def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
+    """Σ_j weights_j · expert_{e_j}(x), one expert at a time: find its tokens, run it, add back. x (N, C) -> (N, C)."""
+    out = torch.zeros_like(x)
+    weights = routing.weights.to(x.dtype)  # (N, k)
+    for e in range(experts.num_experts):
+        token, slot = torch.where(routing.experts == e)  # (n,), (n,): which token, which of its k choices
+        if token.numel():
+            out.index_add_(0, token, experts(x[token], e) * weights[token, slot, None])
+    return out
+
+
+def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
+    """The same sum with the N·k assignments sorted by expert: one gather, a contiguous slice per expert, one
+    ``index_add_``. x (N, C) -> (N, C)."""
+    k = routing.experts.size(-1)
+    flat = routing.experts.reshape(-1)  # (N·k,)
+    order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
+    token = order // k  # (N·k,) each sorted assignment's token
+    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()  # (E,) one host sync
+    slices = x[token].split(counts)  # E × (n_e, C)
+    ys = [experts(s, e) if s.numel() else s for e, s in enumerate(slices)]
+    weights = routing.weights.reshape(-1)[order].to(x.dtype)  # (N·k,)
+    return torch.zeros_like(x).index_add_(0, token, torch.cat(ys) * weights[:, None])
+
+
+DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch}
+
+
+class MixtureOfExperts(nn.Module):
+    """The MoE feed-forward, from parts made elsewhere (``qkv.models.components`` builds them from the config):
+    a ``Router``, the routed experts, optionally a dense ``shared`` expert always on, scaled by
+    σ(``shared_gate``(x)) where given (Qwen2-MoE).
+
+    After each forward: ``expert_counts`` (E,) the tokens each expert got (all k choices counted), and in
+    training ``router_logits`` (N, E) for ``load_balancing_loss`` and ``router_z_loss``.
+    ``dispatch``: "grouped" (the fast path) or "reference"; the grouped path takes ``SwiGLUExperts`` without
+    hooks only and otherwise runs the reference, warning once why.
+    """
+
+    def __init__(self, router: Router, experts: nn.Module, shared: FeedForward | None = None,
+                 shared_gate: nn.Linear | None = None, *, dispatch: str = "grouped") -> None:
+        super().__init__()
+        if dispatch not in DISPATCH:
+            raise ValueError(f"dispatch must be one of {DISPATCHES}, got {dispatch!r}")
+        if router.num_experts != experts.num_experts:
+            raise ValueError(f"the router chooses among {router.num_experts} experts but there are "
+                             f"{experts.num_experts}")
+        if shared_gate is not None and shared is None:
+            raise ValueError("a shared_gate scales a shared expert: pass shared too")
+        self.router, self.experts, self.shared, self.shared_gate = router, experts, shared, shared_gate
+        self.dispatch, self.fallback = dispatch, None  # fallback: why the grouped path was not taken
+        self.expert_counts: Tensor | None = None
+        self.router_logits: Tensor | None = None
+
+    def grouped_refusal(self) -> str | None:
+        """Why the grouped path cannot run these experts (it was built and tested for SwiGLUExperts), or None."""
+        if type(self.experts) is not SwiGLUExperts:
+            return f"experts are a {type(self.experts).__name__}, the grouped path runs SwiGLUExperts"
+        if self.experts._forward_hooks or self.experts._forward_pre_hooks:
+            return "the experts have hooks, which the grouped path calls differently"
+        return None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        dispatch = self.dispatch
+        if dispatch == "grouped" and (reason := self.grouped_refusal()) is not None:
+            if self.fallback != reason:
+                warnings.warn(f"MixtureOfExperts runs the reference dispatch: {reason}", stacklevel=2)
+            self.fallback, dispatch = reason, "reference"
+        return self.run(x, DISPATCH[dispatch])
+
+    def reference_forward(self, x: Tensor) -> Tensor:
+        """The same, always through ``reference_dispatch`` (the tests' yardstick). x (B, T, C) -> (B, T, C)."""
+        return self.run(x, reference_dispatch)
+
+    def run(self, x: Tensor, dispatch) -> Tensor:
+        flat = x.reshape(-1, x.size(-1))  # (B, T, C) -> (N, C)
+        routing = self.router(flat)
+        out = dispatch(flat, routing, self.experts)  # (N, C)
+        if self.shared is not None:
+            shared = self.shared(flat)  # (N, C)
+            out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
+        self.expert_counts = torch.bincount(routing.experts.reshape(-1), minlength=self.router.num_experts).detach()
+        self.router_logits = routing.logits if self.training else None
+        return out.view_as(x)
+
+
+def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
+    """Switch/Mixtral's auxiliary loss: E · Σ_e f_e · P_e, where f_e is the fraction of (token, choice) pairs
+    that top-k of softmax(logits) sends to expert e (summing to k over e), and P_e the mean router probability
+    of e. Balanced routing gives k; all tokens on one expert gives E·k. router_logits (..., E) (layers may be
+    concatenated along the tokens), mask (...) True where a token counts (padding excluded)."""
+    E = router_logits.size(-1)
+    probs = router_logits.float().reshape(-1, E).softmax(dim=-1)  # (N, E)
+    w = torch.ones(probs.size(0), device=probs.device) if mask is None else mask.reshape(-1).float()  # (N,)
+    chosen = F.one_hot(probs.topk(top_k, dim=-1).indices, E).sum(dim=1).float()  # (N, E): 1 where chosen
+    f = (chosen * w[:, None]).sum(0) / w.sum()  # (E,)
+    p = (probs * w[:, None]).sum(0) / w.sum()  # (E,)
+    return E * (f * p).sum()
+
+
+def router_losses(model: nn.Module, mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+    """(load_balancing_loss, router_z_loss) over every ``MixtureOfExperts`` of ``model`` that kept its router
+    logits (in training), the layers' tokens taken together as Mixtral's loss does; mask (B, T) True where a
+    token counts. None when no layer kept any (eval mode, or no experts)."""
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts) and m.router_logits is not None]
+    if not layers:
+        return None
+    logits = torch.cat([m.router_logits for m in layers])  # (layers · N, E)
+    mask = None if mask is None else mask.reshape(-1).repeat(len(layers))  # (layers · N,)
+    return load_balancing_loss(logits, layers[0].router.top_k, mask), router_z_loss(logits, mask)
+
+
+def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
+    """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): mean over tokens of (log Σ_e exp(logit_e))², which keeps
+    the logits small. router_logits (..., E), mask (...) True where a token counts."""
+    z = torch.logsumexp(router_logits.float().reshape(-1, router_logits.size(-1)), dim=-1) ** 2  # (N,)
+    if mask is None:
+        return z.mean()
+    w = mask.reshape(-1).float()
+    return (z * w).sum() / w.sum()
+

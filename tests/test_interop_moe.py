@@ -1,0 +1,163 @@
+"""Mixtral, Qwen2-MoE and Qwen3-MoE through from_hf / to_hf: tiny random Hugging Face models (tests/hf_models.py MOE:
+dense layers among the MoE ones, norm_topk_prob both ways, a gated shared expert, sliding windows) saved with
+save_pretrained (per-expert tensors on disk) or in memory (fused), against HF eager on a left-padded batch and HF
+greedy generate; to_hf exact and loadable by transformers; per-expert checkpoint problems listed in one error;
+the fused decode step and GGUF export refuse in one line; `qkv sample --hf` decodes one."""
+import dataclasses
+
+import pytest
+import torch
+from hf_models import MOE, hf_model, save_with_tokenizer
+
+from qkv import cli
+from qkv.interop.gguf import check_exportable
+from qkv.interop.hf import from_hf, to_hf
+from qkv.kernels import fused_step
+from qkv.nn.moe import MixtureOfExperts
+
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+VARIANTS = {name: (name, {}) for name in MOE} | {
+    "mixtral (no window)": ("mixtral", dict(sliding_window=None)),
+    "qwen3_moe (window)": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=6)),
+}
+PROMPT = torch.tensor([[5, 17, 3, 42, 8, 60, 2, 11]])
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def pair(request, tmp_path_factory):
+    family, change = VARIANTS[request.param]
+    hf = hf_model(family, **change)
+    path = tmp_path_factory.mktemp(family)
+    hf.save_pretrained(path)
+    return hf, from_hf(path), path
+
+
+def left_padded():
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    return ids, mask
+
+
+@torch.no_grad()
+def test_logits_match_hf_on_a_left_padded_batch(pair):
+    hf, model, _ = pair
+    ids, mask = left_padded()
+    keep = mask.bool()
+    got, want = model(ids, mask=keep).logits, hf(ids, attention_mask=mask).logits
+    assert (got[keep] - want[keep]).abs().max() < 1e-4
+    kinds = [isinstance(b.ff, MixtureOfExperts) for b in model.blocks]
+    assert any(kinds) and kinds == [type(layer.mlp).__name__.endswith("SparseMoeBlock") for layer in hf.model.layers]
+
+
+@torch.no_grad()
+def test_greedy_equals_hf_generate(pair):
+    hf, model, _ = pair
+    theirs = hf.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=16, min_new_tokens=16,
+                         do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(PROMPT, 16, temperature=0.0, eos_id=None), theirs)
+
+
+@torch.no_grad()
+def test_to_hf_is_exact_and_transformers_loads_it(pair, tmp_path):
+    hf, model, _ = pair
+    back = to_hf(model)
+    assert type(back) is type(hf)
+    theirs = hf.state_dict()
+    assert set(back.state_dict()) == set(theirs)
+    assert all(torch.equal(v, theirs[k]) for k, v in back.state_dict().items())
+    back.save_pretrained(tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, mask = left_padded()
+    keep = mask.bool()  # padding rows attend to nothing: sdpa and eager differ there
+    torch.testing.assert_close(again(ids, attention_mask=mask).logits[keep], hf(ids, attention_mask=mask).logits[keep],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_an_in_memory_model_loads_from_its_fused_experts(pair):
+    hf, model, _ = pair
+    again = from_hf(hf)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in again.state_dict().items())
+
+
+def test_mixtral_checkpoint_names_block_sparse_moe_and_w1_w3(tmp_path):
+    """Mixtral's own names on disk (block_sparse_moe, experts.{e}.w1/w2/w3) load as transformers 5's."""
+    hf = hf_model("mixtral")
+    hf.save_pretrained(tmp_path)
+    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    old = {}
+    for k, v in state.items():
+        k = k.replace(".mlp.", ".block_sparse_moe.")
+        for new, w in names.items():
+            k = k.replace(f".{new}.weight", f".{w}.weight") if ".experts." in k else k
+        old[k] = v
+    assert "model.layers.0.block_sparse_moe.experts.0.w1.weight" in old
+    safetensors_torch.save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = from_hf(tmp_path)
+    ids, mask = left_padded()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask=mask.bool()).logits[mask.bool()],
+                                   hf(ids, attention_mask=mask).logits[mask.bool()], atol=1e-4, rtol=1e-4)
+
+
+def test_missing_and_misshaped_experts_in_one_error(tmp_path):
+    hf_model("qwen2_moe").save_pretrained(tmp_path)
+    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    del state["model.layers.0.mlp.experts.1.gate_proj.weight"]
+    state["model.layers.1.mlp.experts.2.up_proj.weight"] = torch.zeros(5, 48)
+    state["model.layers.3.mlp.gate.weight"] = torch.zeros(7, 48)
+    safetensors_torch.save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError) as e:
+        from_hf(tmp_path)
+    message = str(e.value)
+    assert "\n" not in message
+    for part in ("1 missing expert tensors: model.layers.0.mlp.experts.1.gate_proj.weight",
+                 "experts of one layer with different shapes: model.layers.1.mlp.experts.*.up_proj.weight",
+                 "model.layers.3.mlp.gate.weight torch.float32 (7, 48) (expected floating (6, 48))"):
+        assert part in message
+
+
+def test_moe_config_problems_in_one_error():
+    config = hf_model("qwen3_moe").config.to_dict() | dict(num_experts_per_tok=9, decoder_sparse_step=0)
+    family = __import__("qkv.interop.hf.families", fromlist=["x"]).FAMILIES["qwen3_moe"]
+    problems = []
+    fields = family.config(config, problems)
+    assert problems == ["decoder_sparse_step=0 (expected a positive int)"]
+    with pytest.raises(ValueError, match="top_k=9 is larger than num_experts=8"):
+        __import__("qkv").ModelConfig.from_dict(fields)
+
+
+def test_fused_step_and_gguf_refuse_in_one_line(pair):
+    _, model, _ = pair
+    reason = fused_step.unsupported(model, 1)
+    assert reason is not None and "\n" not in reason
+    c = model.config  # without its window, the experts are the reason
+    full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None))
+    assert fused_step.refused_field(full) == (f"config field moe.num_experts={c.moe.num_experts} (it computes a "
+                                              "dense feed-forward in every layer, no mixture of experts)")
+    with pytest.raises(ValueError, match=r"mixture-of-experts feed-forward is not written by qkv's GGUF export"):
+        check_exportable(model)
+
+
+def test_what_a_family_lacks_is_refused_on_export(pair):
+    _, model, _ = pair
+    c = model.config
+    sigmoid = type(model)(c.replace(moe=dataclasses.replace(c.moe, score="sigmoid")))
+    with pytest.raises(ValueError, match=r"moe\.score='sigmoid' \(\S+ needs 'softmax'\)"):
+        to_hf(sigmoid)
+
+
+def test_qkv_sample_decodes_a_moe_checkpoint(tmp_path, capsys):
+    save_with_tokenizer("qwen2_moe", tmp_path)
+    assert cli.main(["sample", "--hf", str(tmp_path), "--prompt", "the dog", "--max-new-tokens", "8",
+                     "--temperature", "0"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.tensor([tok.encode("the dog")])
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                           pad_token_id=0, eos_token_id=tok.eos_token_id)
+    assert text == tok.decode(expected[0])

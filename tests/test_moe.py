@@ -1,0 +1,253 @@
+"""qkv.nn.moe: the grouped dispatch equals the reference loop, routing as hand-computed and as Hugging Face's MoE
+blocks compute it given the same weights, the auxiliary losses, and bad input refused in one error."""
+import math
+import warnings
+
+import pytest
+import torch
+
+from qkv.models import GPT, ModelConfig
+from qkv.nn.moe import (MixtureOfExperts, Router, SwiGLUExperts, load_balancing_loss, reference_dispatch,
+                        router_z_loss)
+from qkv.nn.layers import FeedForward
+
+
+def moe(E=4, k=2, C=8, I=6, *, shared=False, gate=False, bias=False, activation="swiglu", **router):
+    torch.manual_seed(0)
+    experts = SwiGLUExperts(E, C, I, bias=bias, activation=activation)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.5)
+    return MixtureOfExperts(Router(C, E, k, bias=True, **router), experts, FeedForward(C, 5, "swiglu", bias=False)
+                            if shared else None, torch.nn.Linear(C, 1, bias=False) if gate else None)
+
+
+@pytest.mark.parametrize("E,k,options", [
+    (4, 2, {}), (4, 1, {}), (4, 4, {}),  # k = 1, k = E
+    (6, 2, dict(shared=True, gate=True, bias=True)),
+    (4, 2, dict(activation="swiglu_clamped", bias=True, top_k_first=True)),
+    (8, 3, dict(score="sigmoid", n_group=4, topk_group=2, correction_bias=True, scaling=2.5, norm_topk_prob=True)),
+])
+def test_grouped_equals_reference(E, k, options):
+    m = moe(E, k, **options)
+    with torch.no_grad():  # expert 0 receives no token: the router never scores it high
+        m.router.bias[0] = -100.0 if k < E else 0.0
+    x = torch.randn(3, 5, 8, requires_grad=True)  # a batch of 3 × 5 (padding rows are rows like any other)
+    y = m(x)
+    assert m.fallback is None and y.shape == x.shape
+    assert int(m.expert_counts.sum()) == 15 * k and (k == E or int(m.expert_counts[0]) == 0)
+    ref = m.reference_forward(x)
+    torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
+    g, = torch.autograd.grad(y.square().sum(), x)
+    g_ref, = torch.autograd.grad(ref.square().sum(), x)
+    torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-6)
+
+
+def router_of(E, k, **options):
+    """A router whose logits are its input (W_r = I): x (N, E) reads as logits."""
+    r = Router(E, E, k, **options)
+    with torch.no_grad():
+        r.weight.copy_(torch.eye(E))
+    return r
+
+
+def test_softmax_topk_renormalised_or_not():
+    x = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    w, e, _ = router_of(4, 2)(x)
+    assert e.tolist() == [[0, 1]]
+    torch.testing.assert_close(w, torch.tensor([[math.e / (math.e + 1), 1 / (math.e + 1)]]))
+    w, _, _ = router_of(4, 2, norm_topk_prob=False)(x)
+    torch.testing.assert_close(w, torch.softmax(x, -1)[:, :2])
+
+
+def test_top_k_first_softmax_over_the_k_logits():
+    r = router_of(4, 2, top_k_first=True, bias=True)
+    with torch.no_grad():
+        r.bias.copy_(torch.tensor([0.0, 0.0, 3.0, 0.0]))
+    w, e, _ = r(torch.tensor([[2.0, 1.0, 0.0, -1.0]]))  # logits 2, 1, 3, -1
+    assert e.tolist() == [[2, 0]]
+    torch.testing.assert_close(w, torch.tensor([[1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))]]))
+
+
+def test_correction_bias_chooses_but_does_not_weigh():
+    r = router_of(4, 2, score="sigmoid", correction_bias=True, scaling=2.5)
+    r.correction_bias.copy_(torch.tensor([5.0, 0.0, 0.0, 0.0]))
+    w, e, _ = r(torch.tensor([[0.0, 0.0, 1.0, 2.0]]))
+    assert sorted(e[0].tolist()) == [0, 3]
+    s0, s3 = 0.5, 1 / (1 + math.exp(-2))  # sigmoid(0), sigmoid(2): unbiased
+    want = {0: s0 / (s0 + s3) * 2.5, 3: s3 / (s0 + s3) * 2.5}
+    torch.testing.assert_close(w[0], torch.tensor([want[i] for i in e[0].tolist()]))
+
+
+def test_group_limited_routing_keeps_the_best_groups():
+    r = router_of(4, 2, score="sigmoid", n_group=2, topk_group=1)
+    logits = torch.logit(torch.tensor([[0.9, 0.1, 0.6, 0.6]]))  # groups {0, 1}: 1.0, {2, 3}: 1.2
+    _, e, _ = r(logits)
+    assert sorted(e[0].tolist()) == [2, 3]  # expert 0 scores best, but its group is dropped
+
+
+def hf_experts(hf, m):
+    """Copy a transformers MoE block's router and fused experts into a qkv MixtureOfExperts."""
+    with torch.no_grad():
+        m.router.weight.copy_(hf.gate.weight)
+        gate, up = hf.experts.gate_up_proj.chunk(2, dim=1)  # (E, 2I, C) -> 2 × (E, I, C)
+        m.experts.gate_proj.copy_(gate), m.experts.up_proj.copy_(up)
+        m.experts.down_proj.copy_(hf.experts.down_proj)
+
+
+def hf_block(name, config_name, **fields):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    config = getattr(transformers, config_name)(hidden_size=8, **fields)
+    module = __import__(f"transformers.models.{name}.modeling_{name}", fromlist=["x"])
+    block_class = {"mixtral": "MixtralSparseMoeBlock", "qwen2_moe": "Qwen2MoeSparseMoeBlock",
+                   "deepseek_v3": "DeepseekV3MoE"}[name]
+    hf = getattr(module, block_class)(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.5)
+    return hf
+
+
+def test_as_mixtral_block():
+    hf = hf_block("mixtral", "MixtralConfig", intermediate_size=6, num_local_experts=5, num_experts_per_tok=2)
+    m = moe(5, 2)
+    hf_experts(hf, m)
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(m(x), hf(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_as_qwen2_moe_block(norm):
+    hf = hf_block("qwen2_moe", "Qwen2MoeConfig", moe_intermediate_size=6, shared_expert_intermediate_size=5,
+                  num_experts=6, num_experts_per_tok=3, norm_topk_prob=norm)
+    m = moe(6, 3, shared=True, gate=True, norm_topk_prob=norm)
+    hf_experts(hf, m)
+    with torch.no_grad():
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(m.shared, name).weight.copy_(getattr(hf.shared_expert, name).weight)
+        m.shared_gate.weight.copy_(hf.shared_expert_gate.weight)
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(m(x), hf(x), atol=1e-5, rtol=1e-5)
+
+
+def test_as_deepseek_v3_block():
+    """Group-limited sigmoid routing, the correction bias and a shared expert: the component DeepSeek-V3 needs."""
+    hf = hf_block("deepseek_v3", "DeepseekV3Config", moe_intermediate_size=6, n_routed_experts=8, num_experts_per_tok=3,
+                  n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+    m = MixtureOfExperts(Router(8, 8, 3, score="sigmoid", n_group=4, topk_group=2, correction_bias=True, scaling=2.5),
+                         SwiGLUExperts(8, 8, 6), FeedForward(8, 6, "swiglu", bias=False))
+    hf_experts(hf, m)
+    with torch.no_grad():
+        hf.gate.e_score_correction_bias.normal_(0, 0.5)
+        m.router.correction_bias.copy_(hf.gate.e_score_correction_bias)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(m.shared, name).weight.copy_(getattr(hf.shared_experts, name).weight)
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(m(x), hf(x), atol=1e-5, rtol=1e-5)
+
+
+def test_load_balancing_loss_as_mixtral_and_z_loss():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    torch.manual_seed(0)
+    layers, mask = (torch.randn(10, 4), torch.randn(10, 4)), torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
+    torch.testing.assert_close(load_balancing_loss(torch.cat(layers), 2, mask.bool().repeat(2, 1)),
+                               load_balancing_loss_func(layers, 4, 2, mask))
+    balanced = torch.zeros(8, 4)
+    assert float(load_balancing_loss(balanced, 2)) == pytest.approx(2.0)  # k where balanced
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    assert float(router_z_loss(logits)) == pytest.approx(math.log(4.0) ** 2)
+
+
+def test_router_logits_kept_in_training_only():
+    m = moe().eval()
+    m(torch.randn(1, 3, 8))
+    assert m.router_logits is None
+    m.train()(torch.randn(1, 3, 8))
+    assert m.router_logits.shape == (3, 4) and m.router_logits.requires_grad
+
+
+def test_fallback_says_why_and_keeps_the_answer():
+    class Logged(SwiGLUExperts):
+        pass
+
+    m = moe()
+    m.experts.__class__ = Logged
+    x = torch.randn(2, 3, 8)
+    with pytest.warns(UserWarning, match="reference dispatch: experts are a Logged"):
+        y = m(x)
+    assert m.fallback.startswith("experts are a Logged")
+    torch.testing.assert_close(y, m.reference_forward(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per module
+        m(x)
+
+
+def test_bad_input_in_one_error():
+    with pytest.raises(ValueError, match=r"top_k=5 is larger than num_experts=4; score must be one of"):
+        Router(8, 4, 5, score="cosine")
+    with pytest.raises(ValueError, match="n_group=3 must divide.*topk_group=4 is larger than n_group=3"):
+        Router(8, 8, 2, n_group=3, topk_group=4)
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        MixtureOfExperts(Router(8, 4, 2), SwiGLUExperts(4, 8, 6), dispatch="fast")
+    with pytest.raises(ValueError, match="moe: top_k=9 is larger than num_experts=8; expert activation"):
+        ModelConfig(moe=dict(num_experts=8, top_k=9, activation="gelu"))
+    with pytest.raises(ValueError, match="moe.layers must name each of the 2 layers"):
+        ModelConfig(num_layers=2, moe=dict(num_experts=4, layers=["moe"]))
+
+
+def test_config_section_builds_and_round_trips():
+    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=3, positional="rope", norm="rmsnorm",
+                    activation="swiglu", bias=False, d_ff=20,
+                    moe=dict(num_experts=4, d_expert=8, d_shared=12, shared_gate=True, layers=["dense", "moe", "moe"]))
+    model = GPT(c)
+    assert type(model.blocks[0].ff) is FeedForward and type(model.blocks[1].ff) is MixtureOfExperts
+    assert model.blocks[1].ff.experts.gate_proj.shape == (4, 8, 16)
+    assert ModelConfig.from_dict(c.to_dict()) == c and "moe" not in ModelConfig().to_dict()
+    ids = torch.randint(0, 40, (2, 6))
+    out = model(ids, targets=ids)
+    out.loss.backward()
+    assert model.blocks[1].ff.router.weight.grad is not None
+    assert torch.equal(model.generate(ids[:1, :3], 4, temperature=0.0), model.generate(ids[:1, :3], 4,
+                                                                                        temperature=0.0, use_cache=False))
+
+
+def test_reference_dispatch_is_the_per_expert_sum():
+    m = moe(3, 2, C=4, I=3)
+    x = torch.randn(5, 4)
+    routing = m.router(x)
+    want = torch.stack([sum(routing.weights[n, j] * m.experts(x[n:n + 1], int(routing.experts[n, j]))[0]
+                            for j in range(2)) for n in range(5)])
+    torch.testing.assert_close(reference_dispatch(x, routing, m.experts), want)
+
+
+def test_model_flags_turn_experts_on():
+    from qkv.cli.model_flags import apply_overrides
+    from qkv.models.config import PRESETS
+
+    c = apply_overrides(PRESETS["tiny"], {"moe.num_experts": 4, "moe.layers": ["dense", "moe"]})
+    assert c.moe.num_experts == 4 and [c.moe_layer(i) for i in range(2)] == [False, True]
+
+
+def test_training_loss_adds_the_router_losses():
+    from qkv.models.trunk import token_cross_entropy
+
+    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, positional="rope", norm="rmsnorm",
+                    activation="swiglu", bias=False, moe=dict(num_experts=4, d_expert=8, aux_loss_coef=0.01,
+                                                              z_loss_coef=0.001))
+    model = GPT(c).train()
+    ids = torch.randint(0, 40, (2, 6))
+    targets = ids.clone()
+    targets[0, :2] = -100  # ignored tokens count in neither loss
+    out = model(ids, targets=targets)
+    logits = torch.cat([b.ff.router_logits for b in model.blocks])
+    mask = (targets != -100).reshape(-1).repeat(2)
+    want = (token_cross_entropy(out.logits, targets) + 0.01 * load_balancing_loss(logits, 2, mask)
+            + 0.001 * router_z_loss(logits, mask))
+    torch.testing.assert_close(out.loss, want)
+    out.loss.backward()
+    model.eval()  # evaluation: cross-entropy alone
+    with torch.no_grad():
+        out = model(ids, targets=targets)
+    torch.testing.assert_close(out.loss, token_cross_entropy(out.logits, targets))
