@@ -1,6 +1,6 @@
 """Qwen2, Qwen3, Mistral through from_hf / to_hf: tiny random Hugging Face models saved with save_pretrained,
 against HF eager (right-padded logits, greedy generate past the window), cached = uncached, exact round trips,
-4.x config spellings and one clear error for what qkv refuses."""
+4.x config spellings, the fused step's tokens past the window, and one clear error for what qkv refuses."""
 import json
 
 import pytest
@@ -54,9 +54,26 @@ def test_export_round_trip_is_bit_exact_and_loads_with_auto_model(pair, tmp_path
     assert back.config == model.config
 
 
-def test_the_fused_step_refuses_sliding_windows_by_name(pair):
-    _, _, model, _ = pair
-    assert "sliding" in fused_step.refused_field(model.config)
+@pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where qkv's C++ kernels cannot be built
+def test_the_fused_step_decodes_each_family_past_its_window_with_hugging_faces_tokens(pair):
+    """Sliding windows (ring caches) and all: backend="fused" takes the model, no fallback; Gemma's own settings
+    (query scale, soft caps, (1 + w) norms) are refused by name, not its windows."""
+    import warnings
+
+    from qkv.generation import BackendFallback
+
+    family, hf, model, _ = pair
+    if family.startswith("gemma"):
+        reason = fused_step.unsupported(model, 1)
+        assert reason.startswith("config field ") and "sliding" not in reason and "layer_types" not in reason
+        return
+    assert fused_step.unsupported(model, 1) is None
+    ids = torch.randint(0, 96, (1, 5))
+    with torch.no_grad():
+        want = hf.generate(ids, max_new_tokens=20, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BackendFallback)
+        assert torch.equal(model.generate(ids, 20, temperature=0, backend="fused"), want)
 
 
 @pytest.mark.parametrize("family, change, problem", [
