@@ -6,12 +6,12 @@ Models: random-initialised ``Qwen3MoeForCausalLM`` (d_model 512, 8 layers, 8 que
 of width 256, top-4, renormalised, every layer MoE) and ``MixtralForCausalLM`` (d_model 512, 8 layers, 8 / 4 heads,
 8 experts of width 1024, top-2), vocabulary 32000, untied head, fp32; the routers' weights × 10 so that routing
 decides (no near-tie for rounding to flip between the two implementations). Saved with ``save_pretrained`` and
-loaded by ``qkv.interop.from_hf``: the same weights on both sides. Prompt 16 tokens, 64 new (16 with --quick).
+loaded by ``qkv.interop.from_hf``: the same weights on both sides. Prompt 16 tokens, 32 new (16 with --quick).
 
 Contenders, called round-robin in one process (each time the median of its rounds, so ratios come from the same
 rounds): qkv ``backend="eager"`` (the modules as written), ``"auto"`` (the speed layer: linears through qkv's
-kernels, MoE layers through the gathered dispatch for one token), ``"inductor"`` (the one-token step compiled;
-the compile is the untimed first call), HF ``generate(do_sample=False)`` with its default cache, and with
+kernels; MoE layers as eager runs them), ``"inductor"`` (the one-token step compiled, its MoE layers through the
+gathered dispatch; the compile is the untimed first call), HF ``generate(do_sample=False)`` with its default cache, and with
 ``cache_implementation="static"``. Every contender's tokens are asserted equal to qkv eager's.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ NOTE = {"en": "batch 1, prompt {p}, {n} new tokens, greedy, fp32, {t} threads; m
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="16 new tokens, 2 rounds")
+    p.add_argument("--quick", action="store_true", help="16 new tokens, 2 rounds (else 32 and 3)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/moe_decode.md, .zh.md, .json")
     args = p.parse_args(argv)
@@ -106,7 +106,7 @@ def main(argv=None) -> str:
 
     torch.set_num_threads(args.threads)
     print(machine_info())
-    new, repeats = (16, 2) if args.quick else (64, 5)
+    new, repeats = (16, 2) if args.quick else (32, 3)
     rows = []
     for kind in SHAPES:
         rows.append(measure(kind, new, repeats))

@@ -5,7 +5,7 @@ which function computes some of its steps — a module's class, swapped in place
                              state dict; the class alone changes), whose product at inference on a CPU goes
                              through qkv.kernels.linear; training, autocast and other devices keep F.linear's;
                              every MixtureOfExperts a DecodeMixtureOfExperts (qkv.kernels.moe: the gathered
-                             dispatch for few tokens)
+                             dispatch inside torch.compile)
     accelerate_training(m)   in place: every plain MultiHeadAttention becomes a TrainingAttention
                              (qkv.kernels.training: q, k, v in one product; the core in fp32 where faster)
     restore(model)           the reverse of both: the reference classes again
