@@ -6,8 +6,8 @@
     otherwise              the layer's own dispatch (grouped: each chosen expert read once, in place)
 
 Why not gathered in eager mode too: there ``index_select`` copies the N·k chosen experts' weights before the batched
-product reads them again, and the grouped path, which reads them where they lie, measured faster at batch 1 on
-a CPU (benchmarks/moe_decode.py and docs/speed.md hold the figures). The grouped path's per-expert slices have
+product reads them again, while the grouped path reads them where they lie (a one-layer check at batch 1 on a CPU
+found the grouped path the faster; compiled, the gather is one kernel with the rest of the step). The grouped path's per-expert slices have
 data-dependent sizes, which torch.compile cannot trace without a graph break, so inside it the gathered path runs
 whatever the number of tokens (the same answer; for large batches it reads more weights).
 
