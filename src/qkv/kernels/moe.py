@@ -7,7 +7,7 @@
 
 Why not gathered in eager mode too: there ``index_select`` copies the N·k chosen experts' weights before the batched
 product reads them again, while the grouped path reads them where they lie (a one-layer check at batch 1 on a CPU
-found the grouped path the faster; compiled, the gather is one kernel with the rest of the step). The grouped path's per-expert slices have
+found the grouped path the faster). The grouped path's per-expert slices have
 data-dependent sizes, which torch.compile cannot trace without a graph break, so inside it the gathered path runs
 whatever the number of tokens (the same answer; for large batches it reads more weights).
 
