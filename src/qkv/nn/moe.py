@@ -25,7 +25,8 @@ experts and finds each one's tokens (HF's MixtralExperts loop, readable); ``grou
 assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice;
 ``gathered_dispatch`` gathers each assignment's expert weights (N·k, I, C) and runs them all in batched products:
 static shapes, no data-dependent slicing (torch.compile traces it whole) and only the k chosen experts' weights
-read per token, which suits decoding (N·k small beside E); the speed layer (qkv.kernels.moe) picks it there.
+read per token, which suits decoding (N·k small beside E); the speed layer (qkv.kernels.moe) runs it inside
+torch.compile.
 """
 from __future__ import annotations
 
