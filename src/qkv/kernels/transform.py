@@ -3,7 +3,9 @@ which function computes some of its steps — a module's class, swapped in place
 
     accelerate(model)        in place: every plain nn.Linear becomes a KernelLinear (same parameters, names,
                              state dict; the class alone changes), whose product at inference on a CPU goes
-                             through qkv.kernels.linear; training, autocast and other devices keep F.linear's
+                             through qkv.kernels.linear; training, autocast and other devices keep F.linear's;
+                             every MixtureOfExperts a DecodeMixtureOfExperts (qkv.kernels.moe: the gathered
+                             dispatch inside torch.compile)
     accelerate_training(m)   in place: every plain MultiHeadAttention becomes a TrainingAttention
                              (qkv.kernels.training: q, k, v in one product; the core in fp32 where faster)
     restore(model)           the reverse of both: the reference classes again
@@ -22,10 +24,12 @@ from typing import Iterator
 from torch import nn
 
 from ..nn.attention import MultiHeadAttention
+from ..nn.moe import MixtureOfExperts
 from .linear import KernelLinear, plain_tensor
+from .moe import DecodeMixtureOfExperts
 from .training import TrainingAttention, hookless
 
-INFERENCE = {nn.Linear: KernelLinear}  # reference class -> the speed layer's subclass of it
+INFERENCE = {nn.Linear: KernelLinear, MixtureOfExperts: DecodeMixtureOfExperts}  # reference class -> its subclass
 TRAINING = {MultiHeadAttention: TrainingAttention}
 
 

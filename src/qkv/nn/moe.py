@@ -20,9 +20,13 @@ The correction bias chooses experts but never weighs them (the weights come from
 An expert is SwiGLU: W_down (silu(W_gate x) ⊙ W_up x); gpt-oss's clamped variant: g = min(W_gate x, L),
 u = clamp(W_up x, ±L), W_down ((u + 1) ⊙ g σ(α g)).
 
-Two ways to run the experts, one answer (tests/test_moe.py: 1e-6 in fp32): ``reference_dispatch`` loops over
+Three ways to run the experts, one answer (tests/test_moe.py: 1e-6 in fp32): ``reference_dispatch`` loops over
 experts and finds each one's tokens (HF's MixtralExperts loop, readable); ``grouped_dispatch`` sorts the N·k
-assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice.
+assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice;
+``gathered_dispatch`` gathers each assignment's expert weights (N·k, I, C) and runs them all in batched products:
+static shapes, no data-dependent slicing (torch.compile traces it whole) and only the k chosen experts' weights
+read per token, which suits decoding (N·k small beside E); the speed layer (qkv.kernels.moe) runs it inside
+torch.compile.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from .layers import FeedForward
 
 SCORES = ("softmax", "sigmoid")  # the router's score function
 EXPERT_ACTIVATIONS = ("swiglu", "swiglu_clamped")  # Mixtral/Qwen/DeepSeek | gpt-oss
-DISPATCHES = ("grouped", "reference")
+DISPATCHES = ("grouped", "reference", "gathered")
 
 
 def routing_problems(num_experts, top_k, *, score: str = "softmax", top_k_first: bool = False,
@@ -164,12 +168,23 @@ class SwiGLUExperts(nn.Module):
             return None if p is None else p[e]
         gate = F.linear(x, self.gate_proj[e], b(self.gate_bias))  # (n, I)
         up = F.linear(x, self.up_proj[e], b(self.up_bias))  # (n, I)
+        return F.linear(self.activate(gate, up), self.down_proj[e], b(self.down_bias))  # (n, C)
+
+    def activate(self, gate: Tensor, up: Tensor) -> Tensor:
+        """h from the gate and up products (..., I): silu(gate) ⊙ up, or gpt-oss's clamped variant."""
         if self.activation == "swiglu":
-            h = F.silu(gate) * up
-        else:  # gpt-oss: clamped, α-sharpened gate, up shifted by one
-            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-            h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-        return F.linear(h, self.down_proj[e], b(self.down_bias))  # (n, C)
+            return F.silu(gate) * up
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)  # gpt-oss: clamped,
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # α-sharpened gate, up shifted by one
+
+    def gathered(self, x: Tensor, idx: Tensor) -> Tensor:
+        """Row m through expert idx[m], every row at once: each row's weights gathered, then batched
+        matrix-vector products. x (M, C), idx (M,) long -> (M, C)."""
+        def product(w: Tensor, bias: Tensor | None, v: Tensor) -> Tensor:
+            out = torch.matmul(w.index_select(0, idx), v.unsqueeze(-1)).squeeze(-1)  # (M, O, K) @ (M, K, 1) -> (M, O)
+            return out if bias is None else out + bias.index_select(0, idx)
+        gate, up = product(self.gate_proj, self.gate_bias, x), product(self.up_proj, self.up_bias, x)  # (M, I)
+        return product(self.down_proj, self.down_bias, self.activate(gate, up))  # (M, C)
 
 
 def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
@@ -197,7 +212,17 @@ def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     return torch.zeros_like(x).index_add_(0, token, torch.cat(ys) * weights[:, None])
 
 
-DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch}
+def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
+    """The same sum with each of the N·k assignments' expert weights gathered (``SwiGLUExperts.gathered``):
+    batched products of static shapes, no data-dependent slicing and no host sync; reads N·k experts' weights
+    (the grouped path reads each chosen expert once), so it suits few tokens. x (N, C) -> (N, C)."""
+    N, k = routing.experts.shape
+    rows = x.unsqueeze(1).expand(N, k, x.size(-1)).reshape(N * k, -1)  # (N, C) -> (N·k, C)
+    y = experts.gathered(rows, routing.experts.reshape(-1)).view(N, k, -1)  # (N·k, C) -> (N, k, C)
+    return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
+
+
+DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch}
 
 
 class MixtureOfExperts(nn.Module):
@@ -207,8 +232,9 @@ class MixtureOfExperts(nn.Module):
 
     After each forward: ``expert_counts`` (E,) the tokens each expert got (all k choices counted), and in
     training ``router_logits`` (N, E) for ``load_balancing_loss`` and ``router_z_loss``.
-    ``dispatch``: "grouped" (the fast path) or "reference"; the grouped path takes ``SwiGLUExperts`` without
-    hooks only and otherwise runs the reference, warning once why.
+    ``dispatch``: "grouped" (the fast path), "gathered" (static shapes, for few tokens) or "reference"; the
+    grouped and gathered paths take ``SwiGLUExperts`` without hooks only and otherwise run the reference,
+    warning once why.
     """
 
     def __init__(self, router: Router, experts: nn.Module, shared: FeedForward | None = None,
@@ -227,17 +253,17 @@ class MixtureOfExperts(nn.Module):
         self.router_logits: Tensor | None = None
 
     def grouped_refusal(self) -> str | None:
-        """Why the grouped path cannot run these experts (it was built and tested for SwiGLUExperts), or None."""
+        """Why the grouped (or gathered) path cannot run these experts (built and tested for SwiGLUExperts), or None."""
         if type(self.experts) is not SwiGLUExperts:
-            return f"experts are a {type(self.experts).__name__}, the grouped path runs SwiGLUExperts"
+            return f"experts are a {type(self.experts).__name__}, the fast dispatches run SwiGLUExperts"
         if self.experts._forward_hooks or self.experts._forward_pre_hooks:
-            return "the experts have hooks, which the grouped path calls differently"
+            return "the experts have hooks, which the fast dispatches call differently"
         return None
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
         dispatch = self.dispatch
-        if dispatch == "grouped" and (reason := self.grouped_refusal()) is not None:
+        if dispatch != "reference" and (reason := self.grouped_refusal()) is not None:
             if self.fallback != reason:
                 warnings.warn(f"MixtureOfExperts runs the reference dispatch: {reason}", stacklevel=2)
             self.fallback, dispatch = reason, "reference"
@@ -254,9 +280,16 @@ class MixtureOfExperts(nn.Module):
         if self.shared is not None:
             shared = self.shared(flat)  # (N, C)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
-        self.expert_counts = torch.bincount(routing.experts.reshape(-1), minlength=self.router.num_experts).detach()
+        self.expert_counts = expert_counts(routing.experts, self.router.num_experts)
         self.router_logits = routing.logits if self.training else None
         return out.view_as(x)
+
+
+def expert_counts(experts: Tensor, num_experts: int) -> Tensor:
+    """How many of the (token, choice) pairs each expert got: experts (N, k) -> (E,) long. A scatter of static
+    shape (``bincount``'s length depends on the data, which torch.compile cannot trace without a break)."""
+    flat = experts.reshape(-1).detach()  # (N·k,)
+    return torch.zeros(num_experts, dtype=torch.long, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
 
 
 def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
