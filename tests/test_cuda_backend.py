@@ -68,10 +68,10 @@ def greedy(model, ids, **kwargs):
 
 def test_the_static_buffer_step_gives_eagers_tokens(on_a_gpu, monkeypatch):
     """The graph-free step (its own token and slot buffers, the cache's slots and layers) decodes as eager,
-    through a window slide (max_len 32) and a left-padded batch."""
+    through a window slide (max_len 64) and a left-padded batch."""
     model, made = tiny(), []
     monkeypatch.setattr(cuda_graph, "GraphStep", lambda step: made.append(cuda_graph.StaticStep(step)) or made[-1])
-    ids = torch.randint(0, 64, (2, 25), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 64, (2, 58), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[1, :4] = False
     expected = greedy(model, ids, mask=mask, backend="eager")
@@ -103,3 +103,20 @@ def test_a_failed_recording_decodes_eagerly_with_one_warning(on_a_gpu, monkeypat
     messages = [str(w.message) for w in caught if issubclass(w.category, BackendFallback)]
     assert messages == ["the CUDA graph could not record the step (operation not permitted when stream is "
                         "capturing); decoding with its eager steps"]
+
+
+def test_the_gpu_checks_decode_section_runs_on_a_cpu(monkeypatch):
+    """benchmarks.gpu's decode section on a tiny model on a CPU (no code generation: dynamo's eager backend):
+    every row runs, each qkv bf16 backend gives eager's tokens, the cudagraph row says why it fell back."""
+    pytest.importorskip("torchao", reason="the quant extra: pip install -e '.[quant]'")
+    from benchmarks.gpu_decode import decode_rows
+
+    monkeypatch.setattr(backends, "COMPILE_BACKEND", "eager")
+    rows = {row[0]: row for row in decode_rows("cpu", tiny=True, tokens=3)}
+    assert list(rows)[0].startswith("decode roofline (tiny Llama") and len(rows) == 7
+    assert not [row for row in rows.values() if row[1] in ("FAILED", "not run")], rows
+    for name in ("eager", "cudagraph", "inductor"):
+        assert "tokens = qkv eager" in rows[f"decode: qkv {name}"][3]
+    assert "CUDA graphs need a CUDA device; decoding with the auto backend" in rows["decode: qkv cudagraph"][3]
+    assert "× HF static" in rows["decode: qkv eager"][3] and "× qkv cudagraph bf16" in rows[
+        "decode: qkv int8 weights (default backend)"][3]
