@@ -62,6 +62,22 @@ def test_a_model_the_recorded_step_cannot_read_stays_on_auto(on_a_gpu, monkeypat
                                                     "a position kept in a Python int")
 
 
+def test_a_model_that_reads_values_on_the_host_stays_on_auto(on_a_gpu):
+    """Length-following RoPE (its θ from max(positions) on the host) and MoE layers (per-expert counts on the
+    host): a recording cannot wait for the host, so the step is not recorded."""
+    from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts
+    from qkv.nn.rope_scaling import RopeScaling
+
+    model = tiny()
+    model.blocks[0].attn.rope.scaling = RopeScaling(type="dynamic", factor=2.0, original_max_position_embeddings=16)
+    assert pick(model, 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: its RoPE "
+                                                   "scaling (dynamic) follows each input's length on the host")
+    model = tiny()
+    model.blocks[1].moe = MixtureOfExperts(Router(8, 4, 2), SwiGLUExperts(4, 8, 6))  # found wherever it sits
+    assert pick(model, 1, "auto") == ("auto", None)
+    assert "mixture-of-experts layers count each expert's tokens on the host" in pick(model, 1, "cudagraph")[1]
+
+
 def greedy(model, ids, **kwargs):
     return model.generate(ids, 12, temperature=0, **kwargs)
 

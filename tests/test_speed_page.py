@@ -138,7 +138,8 @@ def test_the_commit_is_read_once_before_any_page_is_written(tmp_path, monkeypatc
 def test_the_int8_notes_close_the_page_once_and_are_not_kept_as_a_sections_output(lang):
     title, prose = report.NOTES[lang]
     text = report.page(lang, {"open_models": "| a | b |\n|---|---|\n| 1 | 2 |"}, "cmd", "machine")
-    assert text.endswith(f"## {title}\n\n{prose}\n") and text.count(f"## {title}") == 1
+    gpu_title, gpu_prose = report.GPU_NOTES[lang]
+    assert text.endswith(f"## {title}\n\n{prose}\n\n## {gpu_title}\n\n{gpu_prose}\n") and text.count(f"## {title}") == 1
     assert title not in report.kept_sections(text, lang)["open_models"]
     again = report.page(lang, {}, "cmd", "machine", kept=report.kept_sections(text, lang))
-    assert again.count(f"## {title}") == 1 and "| 1 | 2 |" in again
+    assert again.count(f"## {title}") == 1 and again.count(f"## {gpu_title}") == 1 and "| 1 | 2 |" in again

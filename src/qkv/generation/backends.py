@@ -92,7 +92,7 @@ def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str,
 def graph_refuses(model) -> str | None:
     """Why the CUDA-graph step cannot decode ``model``, or None: it must sit on a CUDA device, and it is
     recorded once, so (as inductor's step) everything a step reads must be a tensor."""
-    return cuda_graph.refuses(model_device(model)) or compiled_step_refuses(model)
+    return cuda_graph.refuses(model_device(model)) or compiled_step_refuses(model) or cuda_graph.model_refuses(model)
 
 
 def model_device(model) -> torch.device:

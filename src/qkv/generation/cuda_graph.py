@@ -40,6 +40,22 @@ def refuses(device: torch.device | str) -> str | None:
     return None
 
 
+def model_refuses(model) -> str | None:
+    """Why a recorded step would not be ``model``'s step, or None: what reads a tensor's value on the host
+    (which a recording cannot wait for) or changes Python state from token to token."""
+    from ..nn.moe import MixtureOfExperts
+    from ..nn.positional import RotaryEmbedding
+    from ..nn.rope_scaling import LENGTH_DEPENDENT
+
+    for module in model.modules():
+        if isinstance(module, MixtureOfExperts):
+            return "its mixture-of-experts layers count each expert's tokens on the host"
+        scaling = getattr(module, "scaling", None) if isinstance(module, RotaryEmbedding) else None
+        if scaling is not None and scaling.type in LENGTH_DEPENDENT:
+            return f"its RoPE scaling ({scaling.type}) follows each input's length on the host"
+    return None
+
+
 class StaticStep:
     """A one-token step that reads its token ids and slot from buffers of its own, so that every call sees
     the same tensors: step(ids (B, 1), slots (B, M), kv_caches, input_pos (1,)) -> logits (B, V).
