@@ -1,6 +1,6 @@
 """The GPU check: every command end to end on one CUDA GPU, and the main job's GPU figures in one table.
 
-    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200)
+    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200 before decode)
     python -m benchmarks.gpu --only commands default      # some sections
     python -m benchmarks.gpu --nanogpt PATH/model.py      # the step against nanoGPT's model.py
     python -m benchmarks.gpu --pairs PAIRS.tsv            # translation pairs where the machine has no catalogs
