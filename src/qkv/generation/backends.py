@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..kernels import accelerated, build, fused_step
 from . import cuda_graph
+from .fallback import BackendFallback
 
 BACKENDS = ("auto", "eager", "inductor", "fused", "cudagraph")
 BACKEND_NOTES = {  # one line each, for the command to say which ran
@@ -36,10 +37,6 @@ BACKEND_NOTES = {  # one line each, for the command to say which ran
 }
 COMPILE_MODES = (False, True, "fused", "inductor")
 COMPILE_BACKEND = "inductor"  # torch.compile's backend; tests use "eager" (graph capture without code generation)
-
-
-class BackendFallback(UserWarning):
-    """The backend asked for cannot decode this model: another one does, and this says why."""
 
 
 def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:

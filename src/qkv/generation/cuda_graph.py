@@ -27,6 +27,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from .fallback import BackendFallback
+
 WARMUP_STEPS = 2  # eager steps on a side stream before recording: lazy inits and allocator pools settle first
 
 
@@ -103,8 +105,6 @@ class GraphStep(StaticStep):
             try:
                 self.record()
             except RuntimeError as e:
-                from .backends import BackendFallback  # backends imports this module
-
                 self.failed, self.graph = True, None
                 warnings.warn(f"the CUDA graph could not record the step ({str(e).splitlines()[0][:120]}); "
                               "decoding with its eager steps", BackendFallback, stacklevel=2)
