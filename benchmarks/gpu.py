@@ -1,9 +1,10 @@
 """The GPU check: every command end to end on one CUDA GPU, and the main job's GPU figures in one table.
 
-    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200)
+    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200 before decode)
     python -m benchmarks.gpu --only commands default      # some sections
     python -m benchmarks.gpu --nanogpt PATH/model.py      # the step against nanoGPT's model.py
     python -m benchmarks.gpu --pairs PAIRS.tsv            # translation pairs where the machine has no catalogs
+    python -m benchmarks.gpu --only decode --device cpu --tiny   # the decode section's code on a CPU, tiny model
 
 Sections:
     commands  qkv train (lm, translate), a run resumed GPU → CPU → GPU, sample (two backends), translate,
@@ -15,6 +16,9 @@ Sections:
     step      GPT-2 small's shape (vocab 50 304, batch 16 × 1 024), bf16 autocast, compiled, fused AdamW: qkv
               (speed layer; and with cuDNN attention) against nanoGPT's model.py on the same weights,
               interleaved; MFU of a measured bf16 matmul peak, peak memory of each
+    decode    a Llama-shaped 1.1 B model in bf16, batch-1 greedy: HF generate (dynamic, static compiled) and
+              qkv's eager, cudagraph and inductor backends and int8 weights, against the memory roofline
+              measured in the same run (``benchmarks/gpu_decode.py``; at most about 2 minutes)
 
 ``--markdown docs`` writes the table to docs/generated/gpu.md (and .zh.md, .json) with date, GPU, torch and commit;
 ``--from-json FILE --markdown docs`` writes them again from a saved run (``--json FILE``) on any machine.
@@ -35,7 +39,9 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("commands", "recipe", "default", "step")
+from .gpu_decode import decode_rows
+
+SECTIONS = ("commands", "recipe", "default", "step", "decode")
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
@@ -296,7 +302,8 @@ def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]
 def stamp() -> str:
     from qkv.runtime import source_commit
 
-    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {torch.cuda.get_device_name()}, torch "
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (a CPU dry run)"
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {device}, torch "
             f"{torch.__version__}, CUDA {torch.version.cuda}, commit {source_commit()}")
 
 
@@ -306,7 +313,8 @@ def run_sections(args: argparse.Namespace, work: Path) -> dict[str, list[list]]:
     calls = {"commands": lambda: command_rows(work, args.pairs),
              "recipe": lambda: recipe_rows(work, procs),
              "default": lambda: default_rows(work, args.minutes),
-             "step": lambda: step_rows(args.nanogpt)}
+             "step": lambda: step_rows(args.nanogpt),
+             "decode": lambda: decode_rows(args.device, args.tiny, args.decode_tokens)}
     results = {}
     for name in (n for n in SECTIONS if n in args.only):
         t0 = time.perf_counter()
@@ -364,19 +372,25 @@ def main(argv=None) -> str:
     p.add_argument("--json", default=None, help="also write the results here (after each section)")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/gpu.md, .zh.md and .json")
     p.add_argument("--from-json", metavar="FILE", default=None, help="render a saved run's pages (no GPU needed)")
+    p.add_argument("--decode-tokens", type=int, default=256, help="new tokens of each decode row (default 256)")
+    p.add_argument("--device", default="cuda", help="the decode section's device (default cuda; cpu: a dry run)")
+    p.add_argument("--tiny", action="store_true", help="the decode section on a tiny model (a dry run)")
     p.add_argument("--recipe-run", nargs=3, metavar=("KIND", "STEPS", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        loaded = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
         if args.markdown:
-            write_pages(saved, Path(args.markdown))
-        print(render(saved, "en"))
-        return render(saved, "en")
+            write_pages(loaded, Path(args.markdown))
+        print(render(loaded, "en"))
+        return render(loaded, "en")
     if args.recipe_run:
         kind, steps, out = args.recipe_run
         recipe_run(kind, int(steps), out)
         return ""
-    if not torch.cuda.is_available():
+    if args.device != "cuda" and args.only != ["decode"]:
+        raise SystemExit(f"--device {args.device}: only the decode section runs elsewhere than on cuda "
+                         f"(pass --only decode), got --only {' '.join(args.only)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("benchmarks.gpu needs a CUDA GPU; this machine has none")
     with tempfile.TemporaryDirectory(prefix="qkv-gpu-") as work:
         results = run_sections(args, Path(work))

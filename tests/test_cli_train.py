@@ -103,6 +103,27 @@ def test_sample_decodes_with_bf16_weights_when_asked(run, capsys, monkeypatch):
     assert seen == [torch.float32, torch.bfloat16]
 
 
+def test_sample_on_a_gpu_decodes_with_the_cuda_graph_and_a_cpu_falls_back_saying_why(run, capsys, monkeypatch):
+    """The backend is the library's choice (qkv.generation.backends.pick): cudagraph by default for a model on a
+    GPU (mocked here: the decisions see one, the weights and the graph-free step stay on the CPU)."""
+    from qkv.generation import backends, cuda_graph
+
+    argv = ["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "6", "--temperature", "0",
+            "--device", "cpu"]
+    assert main([*argv, "--backend", "cudagraph"]) == 0
+    cpu = capsys.readouterr()
+    assert cpu.err.strip().splitlines()[-1] == (
+        "qkv: the CUDA-graph step cannot decode this model: the model is on the CPU; CUDA graphs need a CUDA "
+        "device; decoded with the auto backend (the model's forward; on a CPU its linears through qkv's kernels)")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda:0"))
+    monkeypatch.setattr(cuda_graph, "GraphStep", cuda_graph.StaticStep)
+    assert main(argv) == 0
+    gpu = capsys.readouterr()
+    assert gpu.out == cpu.out and gpu.err.strip().splitlines()[-1] == (
+        "qkv: decoded with the cudagraph backend (the one-token step replayed as a CUDA graph)")
+
+
 def test_held_out_bpc_is_the_runs_final_score_and_bf16_weights_change_it_little(run):
     from qkv.training.run_dir import load_run
     from qkv.data import load_corpus

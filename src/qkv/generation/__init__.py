@@ -2,7 +2,9 @@
 
     sampling.py      logits → filtered logits → next token
     decode.py        generate: prefill, then one cached step per token (a sliding window past max_len)
-    backends.py      eager | auto | inductor | fused: which code computes the steps, chosen with a reason
+    backends.py      eager | auto | inductor | fused | cudagraph: which code computes the steps, chosen with a reason
+    cuda_graph.py    the cudagraph backend: the one-token step over static buffers, recorded once as a CUDA graph
+    fallback.py      BackendFallback: the warning of a backend that cannot decode a model, saying why
     streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text
     beam_search.py   greedy and beam search for qkv.Transformer (the paper's beam 4, length penalty 0.6)
     methods.py       the models' generate methods as functions of the model (GPT.generate, Transformer.generate)

@@ -6,6 +6,8 @@
     inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
     fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
               any other model falls back to inductor, with one line saying why
+    cudagraph the one-token step recorded once as a CUDA graph and replayed (``qkv.generation.cuda_graph``);
+              what "auto" runs for a model on a CUDA GPU; a CPU model falls back to auto, saying why
     (inductor falls back to auto for a model ``compiled_step_refuses``: none today)
     (int8 weights, ``qkv.kernels.quant``: auto and inductor compute torchao's own product for those linears,
     the fused step refuses them and falls back to inductor; every backend gives eager's tokens)
@@ -22,20 +24,19 @@ import torch
 from torch import Tensor
 
 from ..kernels import accelerated, build, fused_step
+from . import cuda_graph
+from .fallback import BackendFallback
 
-BACKENDS = ("auto", "eager", "inductor", "fused")
+BACKENDS = ("auto", "eager", "inductor", "fused", "cudagraph")
 BACKEND_NOTES = {  # one line each, for the command to say which ran
     "auto": "the model's forward; on a CPU its linears through qkv's kernels",
     "eager": "the modules as written",
     "inductor": "the one-token step compiled by torch.compile",
     "fused": "qkv's C++ decode step",
+    "cudagraph": "the one-token step replayed as a CUDA graph",
 }
 COMPILE_MODES = (False, True, "fused", "inductor")
 COMPILE_BACKEND = "inductor"  # torch.compile's backend; tests use "eager" (graph capture without code generation)
-
-
-class BackendFallback(UserWarning):
-    """The backend asked for cannot decode this model: another one does, and this says why."""
 
 
 def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
@@ -60,7 +61,14 @@ def compiled_step_refuses(model) -> str | None:
 
 def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
     """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None):
-    fused falls back to inductor, inductor to auto."""
+    fused falls back to inductor, inductor to auto, cudagraph to auto; auto is cudagraph where that can run."""
+    if backend in ("auto", "cudagraph"):
+        reason = graph_refuses(model)
+        if backend == "auto" or reason is None:
+            return ("cudagraph" if reason is None else "auto"), None
+        if strict:
+            raise ValueError(f"backend 'cudagraph' cannot decode this model: {reason}")
+        return "auto", f"the CUDA-graph step cannot decode this model: {reason}"
     if backend == "fused":
         reason = fused_step.unsupported(model, batch)
         if reason is None:
@@ -75,9 +83,23 @@ def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str,
     return backend, None
 
 
-def choose(model, batch: int, backend: str = "auto", compile: bool | str = False) -> str:
-    """The backend ``generate`` runs for these arguments; a fallback is one ``BackendFallback`` warning."""
+def graph_refuses(model) -> str | None:
+    """Why the CUDA-graph step cannot decode ``model``, or None: it must sit on a CUDA device, and it is
+    recorded once, so (as inductor's step) everything a step reads must be a tensor."""
+    return cuda_graph.refuses(model_device(model)) or compiled_step_refuses(model) or cuda_graph.model_refuses(model)
+
+
+def model_device(model) -> torch.device:
+    """Where ``model``'s weights are (tests replace this to decide for a GPU on a CPU)."""
+    return next(model.parameters()).device
+
+
+def choose(model, batch: int, backend: str = "auto", compile: bool | str = False, *, use_cache: bool = True) -> str:
+    """The backend ``generate`` runs for these arguments; a fallback is one ``BackendFallback`` warning.
+    Without the cache, "auto" stays "auto" (the CUDA-graph step replays a cached step)."""
     asked, strict = resolve(backend, compile)
+    if asked == "auto" and not use_cache:
+        return "auto"
     chosen, why = pick(model, batch, asked, strict=strict)
     if why is not None:
         warnings.warn(f"{why}; decoding with the {chosen} backend", BackendFallback, stacklevel=3)
@@ -98,6 +120,8 @@ def step_function(model, batch: int, compile: bool | str):
     chosen, _ = pick(model, batch, backend, strict=strict)
     if chosen == "fused":
         return fused_step.FusedStep(model)
+    if chosen == "cudagraph":
+        return cuda_graph.GraphStep(last_logits(model))
     return compiled_step(model) if chosen == "inductor" else last_logits(model)
 
 

@@ -118,7 +118,8 @@ def generate(
         seed: seeds a private generator, so sampling is reproducible.
         backend: what computes the steps (``qkv.generation.backends``): "auto" (the model's forward, its linears
             served by qkv's CPU kernels), "eager" (the forward as written), "inductor" (``torch.compile``'s
-            step) or "fused" (qkv's C++ step; other models fall back to inductor with a warning saying why).
+            step), "fused" (qkv's C++ step; other models fall back to inductor with a warning saying why) or
+            "cudagraph" (the step replayed as a CUDA graph: what "auto" runs for a model on a CUDA GPU).
         compile: the older name of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
         streamer: Hugging Face's protocol (``qkv.generation.streaming``): ``put(ids)`` with the prompt (B, T),
             then each step's new tokens (B, k) as they are chosen, and ``end()`` when done (not after an
@@ -133,8 +134,9 @@ def generate(
     """
     check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
     stop = Stop(eos_id, pad_id, suppress, ids.device)
-    backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile)
-    if backend in ("inductor", "fused") and not use_cache:
+    backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile,
+                              use_cache=use_cache)
+    if backend in ("inductor", "fused", "cudagraph") and not use_cache:
         raise ValueError(f"backend {backend!r} compiles the cached decode step: it needs use_cache=True")
     was_training = model.training
     model.eval()
