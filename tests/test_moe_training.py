@@ -130,3 +130,14 @@ def test_bad_input_errors_clearly(tmp_path, capsys):
                          (["--model", "moe.num_experts=4", "--model", "moe.bias_update_speed=-1"], "bias_update")):
         assert main(["train", "--preset", "tiny", "--max-steps", "1", "--quiet", "--out", str(out), *flags]) == 2
         assert words in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_from_hf_reads_router_aux_loss_coef_as_hf_applies_it(family):
+    import importlib
+
+    config = importlib.import_module(f"qkv.interop.hf.families.{family}").config
+    hf = dict(hidden_size=16, num_attention_heads=2, num_hidden_layers=2, vocab_size=40, intermediate_size=32,
+              num_experts=4, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)
+    assert config(hf | dict(output_router_logits=True), [])["moe"]["aux_loss_coef"] == 0.02
+    assert "aux_loss_coef" not in config(hf | dict(output_router_logits=False), [])["moe"]  # HF adds no loss then
