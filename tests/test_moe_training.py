@@ -141,3 +141,17 @@ def test_from_hf_reads_router_aux_loss_coef_as_hf_applies_it(family):
               num_experts=4, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)
     assert config(hf | dict(output_router_logits=True), [])["moe"]["aux_loss_coef"] == 0.02
     assert "aux_loss_coef" not in config(hf | dict(output_router_logits=False), [])["moe"]  # HF adds no loss then
+
+
+def test_study_moe_quick_writes_its_table(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["study", "moe", "--quick", "--max-tokens", "1024", "--quiet", "--out", str(out)]) == 0
+    text = (out / "results.md").read_text()
+    for name in ("| dense |", "| moe-active |", "| moe-active-noaux |", "| moe-aux-free |", "| moe-total |"):
+        assert name in text
+    assert (out / "moe.png").stat().st_size > 0 and "MaxVio" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["model"]: r for r in summary["rows"]}
+    assert rows["moe-active"]["active_parameters"] - rows["dense"]["active_parameters"] < 1000  # the router only
+    assert main(["study", "moe", "--from-results", str(out), "--lang", "zh"]) == 0
+    assert "| 模型 |" in (out / "results.zh.md").read_text()
