@@ -252,11 +252,11 @@ def plot(curves: dict[str, list[dict]], path: Path) -> Path:
 
     fig = Figure(figsize=(10, 4), layout="tight")
     a, b = fig.subplots(1, 2)
-    for name, points in curves.items():
-        steps = [p["step"] for p in points]
-        a.plot(steps, [p["val_bpc"] for p in points], label=name)
+    for i, (name, points) in enumerate(curves.items()):
+        steps, color = [p["step"] for p in points], f"C{i}"  # one colour per model in both panels
+        a.plot(steps, [p["val_bpc"] for p in points], label=name, color=color)
         if any(p["maxvio"] is not None for p in points):
-            b.plot(steps, [p["maxvio"] for p in points], label=name)
+            b.plot(steps, [p["maxvio"] for p in points], label=name, color=color)
     a.set(xlabel="step", ylabel="bits per character", title="validation bpc")
     b.set(xlabel="step", ylabel="MaxVio (mean over layers)", title="expert load imbalance (training batches)")
     a.legend()
