@@ -53,11 +53,17 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="set any ModelConfig field over the preset, e.g. --model d_ff=512 --model norm=rmsnorm; "
                         "--model attention=mla: multi-head latent attention (with --positional rope), its "
                         "attention.kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim derived from the "
-                        "head width unless given (repeatable; true/false for booleans, none for optional fields)")
+                        "head width unless given; a mixture of experts: --model moe.enabled=true --model "
+                        "moe.num_experts=8 (moe.top_k, moe.d_expert, ...), trained with moe.aux_loss_coef (Switch's "
+                        "load-balancing loss), moe.z_loss_coef (ST-MoE's router z-loss) and/or "
+                        "moe.bias_update_speed (DeepSeek-V3's aux-loss-free balancing, its gamma) "
+                        "(repeatable; true/false for booleans, none for optional fields)")
 
 
 def parse_value(key: str, text: str) -> object:
     """``text`` read as ModelConfig field ``key``'s type: int, float, bool (true/false), str, or None."""
+    if key == "moe.enabled":
+        return parse_bool(key, text)
     if key not in FIELD_TYPES:
         known = ", ".join([*FIELD_TYPES, *ALIASES])
         raise CommandError(f"--model {key}=…: unknown ModelConfig field {key!r} (known: {known})")
@@ -69,9 +75,7 @@ def parse_value(key: str, text: str) -> object:
     if "tuple" in types:
         return [t.strip() for t in text.split(",") if t.strip()]
     if "bool" in types:
-        if low not in ("true", "false"):
-            raise CommandError(f"--model {key}={text}: expected true or false")
-        return low == "true"
+        return parse_bool(key, text)
     for name, cast in (("int", int), ("float", float)):
         if name in types:
             try:
@@ -91,6 +95,8 @@ def model_overrides(args: argparse.Namespace) -> dict:
         if not sep or not key.strip():
             raise CommandError(f"--model expects KEY=VALUE, got {item!r}")
         key = ALIASES.get(key.strip(), key.strip())
+        if key == "moe.enabled":
+            continue  # a switch, not a field: settled below from moe.num_experts
         pairs.append((f"--model {key}", key, parse_value(key, text)))
     for flag, field, value in pairs:
         if value is None and not flag.startswith("--model"):
@@ -98,7 +104,30 @@ def model_overrides(args: argparse.Namespace) -> dict:
         if field in given and given[field] != value:
             raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
         given[field] = value
-    return given
+    return given | moe_switch(args.model, given)
+
+
+def moe_switch(items: list[str], given: dict) -> dict:
+    """``--model moe.enabled=true`` needs ``moe.num_experts`` beside it (nothing to add); ``false`` turns the experts
+    off (moe.num_experts none) and takes no other moe field."""
+    values = [parse_bool("moe.enabled", t) for k, _, t in (i.partition("=") for i in items) if k.strip() == "moe.enabled"]
+    if not values:
+        return {}
+    others = sorted(k for k in given if k.startswith("moe."))
+    if len(set(values)) > 1:
+        raise CommandError("--model moe.enabled is given both true and false")
+    if values[0] and given.get("moe.num_experts") is None:
+        raise CommandError("--model moe.enabled=true needs --model moe.num_experts=E (how many experts)")
+    if not values[0] and others:
+        raise CommandError(f"--model moe.enabled=false takes no other moe field, got {others}")
+    return {} if values[0] else {"moe.num_experts": None}
+
+
+def parse_bool(key: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low not in ("true", "false"):
+        raise CommandError(f"--model {key}={text}: expected true or false")
+    return low == "true"
 
 
 def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:

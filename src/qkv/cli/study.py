@@ -154,6 +154,33 @@ def study_context(args: argparse.Namespace):
     return result
 
 
+def add_study_moe(studies) -> argparse.ArgumentParser:
+    """Declare `qkv study moe`."""
+    p = studies.add_parser("moe", help="a dense GPT against MoE GPTs (equal active, equal total parameters), "
+                           "with the load-balancing loss, without, and aux-loss-free",
+                           description="Train a dense GPT and MoE GPTs on the same tokens: MoE of the dense "
+                           "model's active parameters with the load-balancing loss, without balancing and with "
+                           "DeepSeek-V3's aux-loss-free bias, and MoE of its total parameters; report validation "
+                           "bits per character, tokens/s and MaxVio over training. Writes results.csv, results.md, "
+                           "moe.png and summary.json. --quick: seconds (a smoke test).")
+    p.add_argument("--quick", action="store_true", help="a tiny model and budget (a smoke test)")
+    add_run_options(p, "moe")
+    return p
+
+
+def study_moe(args: argparse.Namespace):
+    """Run the mixture-of-experts study and print its table and findings."""
+    from ..studies import moe
+
+    overrides = {"seed": args.seed, "data": args.data, "device": args.device}
+    if args.max_tokens is not None:
+        overrides["max_tokens"] = args.max_tokens
+    cfg = moe.MoEStudyConfig.quick(**overrides) if args.quick else moe.MoEStudyConfig(**overrides)
+    result = moe.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
+    print(result.table, "", *result.sentences, "", sep="\n")
+    return result
+
+
 def rerender(args: argparse.Namespace) -> Path:
     """--from-results DIR: the run's results file written again in --lang from its summary.json; print it."""
     from importlib import import_module
@@ -164,20 +191,21 @@ def rerender(args: argparse.Namespace) -> Path:
     return path
 
 
-FIGURES = {"pe": ("pe.png",), "order": (), "kv": ("kv.png",), "context": ("context.png",)}  # what --markdown copies beside the page
+FIGURES = {"pe": ("pe.png",), "order": (), "kv": ("kv.png",), "context": ("context.png",), "moe": ("moe.png",)}  # what --markdown copies beside the page
 
 STUDIES = {  # study -> (add_study_X(studies), study_X(args) -> result with .seconds; its module qkv.studies.X)
     "pe": (add_study_pe, study_pe),
     "order": (add_study_order, study_order),
     "kv": (add_study_kv, study_kv),
     "context": (add_study_context, study_context),
+    "moe": (add_study_moe, study_moe),
 }
 
 
 def add_study(sub) -> argparse.ArgumentParser:
     """Declare `qkv study` and one subcommand per entry of STUDIES."""
     p = sub.add_parser("study", help="measure what positional encodings do: pe (length extrapolation), order, context "
-                       "(RoPE scaling); the KV cache: kv",
+                       "(RoPE scaling); the KV cache: kv; mixtures of experts: moe",
                        description="Experiments on positional encodings, run on this machine.")
     studies = p.add_subparsers(dest="study", metavar="STUDY", required=True, parser_class=Parser)
     for add, _ in STUDIES.values():

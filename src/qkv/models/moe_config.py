@@ -36,6 +36,8 @@ class MoEConfig:
     layers: tuple[str, ...] | None = None  # "moe" | "dense" per block; None: every block MoE
     aux_loss_coef: float = 0.0  # training: GPT's loss + this × the load-balancing loss (HF's router_aux_loss_coef)
     z_loss_coef: float = 0.0  # training: GPT's loss + this × the router z-loss (ST-MoE)
+    bias_update_speed: float = 0.0  # training: DeepSeek-V3's aux-loss-free balancing γ (0: off; > 0 adds a
+    # correction bias that qkv.training.expert_load moves after each optimizer step)
 
     def __post_init__(self) -> None:
         if self.layers is not None and isinstance(self.layers, (list, tuple)):
@@ -56,9 +58,9 @@ class MoEConfig:
     def layer_problems(self) -> list[str]:
         out = []
         if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0
-                   for c in (self.aux_loss_coef, self.z_loss_coef)):
-            out.append(f"aux_loss_coef and z_loss_coef must be numbers >= 0, got {self.aux_loss_coef!r}, "
-                       f"{self.z_loss_coef!r}")
+                   for c in (self.aux_loss_coef, self.z_loss_coef, self.bias_update_speed)):
+            out.append(f"aux_loss_coef, z_loss_coef and bias_update_speed must be numbers >= 0, got "
+                       f"{self.aux_loss_coef!r}, {self.z_loss_coef!r}, {self.bias_update_speed!r}")
         if self.shared_gate and self.d_shared is None:
             out.append("shared_gate scales a shared expert: set d_shared too")
         if self.layers is not None and (not isinstance(self.layers, tuple)
@@ -69,3 +71,8 @@ class MoEConfig:
     @property
     def enabled(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def has_correction_bias(self) -> bool:
+        """A router with a correction bias: a checkpoint's (DeepSeek-V3) or aux-loss-free balancing's."""
+        return self.correction_bias or self.bias_update_speed > 0

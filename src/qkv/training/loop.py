@@ -63,6 +63,8 @@ class RecipeLoop:
         micros = self.task.draw(self.batch_gen, cfg, self.dist)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
                                          autocast=self.autocast, ddp=self.sharding == "ddp"))
+        for hook in self.step_hooks:  # after optimizer.step(): e.g. the experts' load and balancing bias
+            hook.after_step()
         s.step += 1
         s.tokens += self.task.tokens_per_step
         s.train_time += time.perf_counter() - t0
@@ -97,6 +99,8 @@ class RecipeLoop:
         """Validate on the task's sample, append a metrics record and write metrics.jsonl."""
         s, t0, dist = self.state, time.perf_counter(), self.eval_dist()
         fields_, units = self.task.evaluate(self.model, autocast=self.autocast, dist=dist)
+        for hook in self.step_hooks:  # what the steps since the last evaluation measured (expert loads)
+            fields_ = fields_ | hook.metrics()
         self.resharded()
         s.eval_cost = self.dist.from_main((time.perf_counter() - t0) * dist.world / max(1, units))
         train_loss = s.running[0] / s.running[1] if s.running[1] else None  # None: no step since (max_steps 0)

@@ -25,6 +25,7 @@ from .run_dir import RunDir
 from ..kernels import accelerated
 from ..runtime import bf16_words, deterministic_kernels, use_compile_cache
 from .distributed import Dist
+from .expert_load import LOAD_KEYS
 from .tasks import make_task
 from .checkpointing import RecipeCheckpoints
 from .config import TrainConfig
@@ -72,6 +73,8 @@ class Recipe(RecipeSetup, RecipeCheckpoints, RecipeLoop):
             summary |= self.final_metrics()
         elif self.records:
             summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
+        if self.records:  # the experts' load over the last evaluation's window (MoE models only)
+            summary |= {k: v for k, v in self.records[-1].items() if k in LOAD_KEYS}
         n, k = parameter_counts(self.model)
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
                                           "device": str(self.device), "world_size": self.dist.world,

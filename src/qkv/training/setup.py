@@ -12,6 +12,7 @@ from torch import nn
 from .finetune import add_lora
 from ..runtime import cpu_threads, resolve_device
 from .distributed import Dist
+from .expert_load import step_hooks
 from .optim import build_optimizer
 from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memory
 from .sharding import checkpoint_blocks, full_weights, model_blocks, resolve_sharding, shard_model, whole_from
@@ -55,6 +56,7 @@ class RecipeSetup:
         self.model.to(self.device)
         self.shard()
         self.opt = build_optimizer(self.model, cfg, self.device)
+        self.step_hooks = step_hooks(self.model, self.mconf.moe.bias_update_speed, dist)  # expert load, balancing
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
         return saved

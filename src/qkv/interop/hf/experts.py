@@ -97,6 +97,13 @@ def moe_layers(hf: dict, problems: list[str]) -> list[str] | None:
     return None if set(layers) == {"moe"} else layers
 
 
+def router_loss_config(hf: dict) -> dict:
+    """HF's load-balancing coefficient as moe.aux_loss_coef: ``router_aux_loss_coef``, which HF's
+    *ForCausalLM adds to the loss only where ``output_router_logits`` is true (as qkv then does in training)."""
+    coef = hf.get("router_aux_loss_coef")
+    return dict(aux_loss_coef=float(coef)) if hf.get("output_router_logits") and coef else {}
+
+
 def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dict:
     """The routing HF config fields the MoE families share (num_experts_per_tok, norm_topk_prob, Qwen's
     mlp_only_layers), appending each setting of c.moe that ``family`` cannot hold: ``fixed`` its own
@@ -107,6 +114,7 @@ def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dic
         return {}
     needed = PLAIN_ROUTER | fixed
     problems += [f"moe.{k}={getattr(m, k)!r} ({family} needs {v!r})" for k, v in needed.items() if getattr(m, k) != v]
+    losses = dict(router_aux_loss_coef=m.aux_loss_coef, output_router_logits=True) if m.aux_loss_coef else {}
     return dict(num_experts_per_tok=m.top_k, norm_topk_prob=m.norm_topk_prob, decoder_sparse_step=1,
-                mlp_only_layers=[i for i in range(c.num_layers) if not c.moe_layer(i)])
+                mlp_only_layers=[i for i in range(c.num_layers) if not c.moe_layer(i)]) | losses
 

@@ -5,14 +5,15 @@ softmax over all experts in fp32, top-k, the k weights renormalised (``qkv.nn.mo
 
 Checkpoints on disk name the block ``block_sparse_moe`` and each expert's w1 (gate), w3 (up), w2 (down); they are
 renamed to transformers 5's names (``mlp``, gate_proj, up_proj, down_proj) and fused (``experts.fuse_experts``).
-``router_jitter_noise`` is a training setting, not read.
+``router_jitter_noise`` is a training setting, not read; ``router_aux_loss_coef`` is read as moe.aux_loss_coef where
+``output_router_logits`` is true (``experts.router_loss_config``).
 """
 from __future__ import annotations
 
 import re
 
 from ....models import GPT, ModelConfig
-from ..experts import export_moe, fuse_experts, moe_rules
+from ..experts import export_moe, router_loss_config, fuse_experts, moe_rules
 from ..family import Family
 from ..rules import Rule, tied_head
 from . import llama, mistral
@@ -33,7 +34,7 @@ def config(hf: dict, problems: list[str]) -> dict:
     out = mistral.config(hf, problems)
     width = hf.get("intermediate_size", 14336)
     return out | dict(moe=dict(num_experts=hf.get("num_local_experts", 8), top_k=hf.get("num_experts_per_tok", 2),
-                               d_expert=width, norm_topk_prob=True))
+                               d_expert=width, norm_topk_prob=True) | router_loss_config(hf))
 
 
 def rules(c: ModelConfig) -> list[Rule]:
@@ -53,7 +54,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     routing = export_moe(c, problems, "Mixtral", norm_topk_prob=True, d_shared=None, shared_gate=False, layers=None)
     return fields | dict(sliding_window=c.attention.sliding_window, num_local_experts=c.moe.num_experts,
                          intermediate_size=c.moe.d_expert or c.ff_width,
-                         num_experts_per_tok=routing.get("num_experts_per_tok"))
+                         num_experts_per_tok=routing.get("num_experts_per_tok")) | {
+        k: routing[k] for k in ("router_aux_loss_coef", "output_router_logits") if k in routing}
 
 
 FAMILY = Family(

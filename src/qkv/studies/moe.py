@@ -1,0 +1,265 @@
+"""Mixture of experts at CPU scale: a dense GPT against MoE GPTs, with and without balancing.
+
+Models (the same trunk, tokens, seed and budget; only the feed-forward differs; F the dense SwiGLU width):
+
+    dense            SwiGLU of width F
+    moe-active       E experts of width F/k, k per token: as many active feed-forward parameters as dense
+                     (the router aside), E/k times its total; load-balancing loss (Fedus et al. 2021) × aux_coef
+    moe-active-noaux the same without any balancing
+    moe-aux-free     the same with DeepSeek-V3's aux-loss-free bias (arXiv 2412.19437 §2.1.2; Wang et al. 2024,
+                     arXiv 2408.15664), γ = bias_speed
+    moe-total        E experts of width F/E, k per token: as many total feed-forward parameters as dense;
+                     load-balancing loss × aux_coef
+
+Measured: validation bits per character (the recipe's evaluation windows), training tokens per second, and
+MaxVio = max load / mean load − 1 of the training batches between evaluations (``qkv.training.expert_load``),
+the mean over layers. Shapes: none (whole models).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ..checks import check_positive_int
+from ..data import load_corpus, train_tokenizer
+from ..models import ModelConfig
+from ..runtime import fixed_threads, prepare_output_dir
+from ..training.recipe import TrainConfig, train
+from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
+from .progress import models_bar
+
+MODELS = ("dense", "moe-active", "moe-active-noaux", "moe-aux-free", "moe-total")
+OUTPUTS = ("results.csv", *RESULTS.values(), "moe.png", "summary.json")
+COLUMNS = ["model", "parameters", "active_parameters", "val_bpc", "tokens_per_s", "maxvio_first", "maxvio_last"]
+
+
+@dataclass
+class MoEStudyConfig:
+    """The study's settings; ``MoEStudyConfig.quick()`` is the seconds-long smoke test."""
+
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 256  # F, the dense SwiGLU width
+    num_experts: int = 8  # E
+    top_k: int = 2  # k
+    aux_coef: float = 0.01  # the load-balancing loss's coefficient (Switch: 0.01)
+    bias_speed: float = 0.001  # γ of the aux-loss-free bias (DeepSeek-V3: 0.001)
+    context: int = 64
+    max_tokens: int = 1 << 20  # training tokens per model
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    evals: int = 8  # evaluations over training (the MaxVio and bpc curves)
+    eval_windows: int = 64
+    seed: int = 1337
+    data: str | None = None
+    device: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("threads", self.threads, optional=True)
+        for name in ("d_model", "num_heads", "num_layers", "d_ff", "num_experts", "top_k", "context", "max_tokens",
+                     "batch_size", "evals", "eval_windows"):
+            check_positive_int(name, getattr(self, name))
+        if self.top_k > self.num_experts or self.d_ff % self.num_experts:
+            raise ValueError(f"need top_k <= num_experts and num_experts dividing d_ff, got top_k={self.top_k}, "
+                             f"num_experts={self.num_experts}, d_ff={self.d_ff}")
+
+    @classmethod
+    def quick(cls, **overrides) -> "MoEStudyConfig":
+        """Seconds on 2 CPU cores: a smaller model and budget (a smoke test)."""
+        return replace(cls(d_model=32, num_heads=2, num_layers=1, d_ff=64, num_experts=4, max_tokens=4096,
+                           batch_size=8, context=32, warmup_steps=2, evals=2, eval_windows=4), **overrides)
+
+    def model_config(self, name: str, vocab_size: int) -> ModelConfig:
+        """The GPT of ``name`` (MODELS): one trunk, the feed-forward as the module notes say."""
+        base = dict(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers,
+                    max_len=self.context, positional="rope", norm="rmsnorm", activation="swiglu", bias=False,
+                    d_ff=self.d_ff)
+        if name == "dense":
+            return ModelConfig(**base)
+        width = self.d_ff // self.num_experts if name == "moe-total" else self.d_ff // self.top_k
+        moe = dict(num_experts=self.num_experts, top_k=self.top_k, d_expert=width)
+        moe |= {"moe-active-noaux": {}, "moe-aux-free": dict(bias_update_speed=self.bias_speed)}.get(
+            name, dict(aux_loss_coef=self.aux_coef))
+        return ModelConfig(**base, moe=moe)
+
+
+@dataclass
+class MoEStudyResult:
+    rows: list[dict]
+    curves: dict[str, list[dict]]  # model -> [{step, val_bpc, maxvio}] at each evaluation
+    sentences: list[str]
+    table: str
+    config: MoEStudyConfig
+    seconds: float
+    out: Path | None = None
+
+
+def active_parameters(model) -> int:
+    """Parameters one token uses: all but the routed experts' (E − k) unchosen ones."""
+    total = sum(p.numel() for p in model.parameters())
+    for block in model.blocks:
+        ff = block.ff
+        if hasattr(ff, "experts"):
+            per = sum(p.numel() for p in ff.experts.parameters()) // ff.router.num_experts
+            total -= per * (ff.router.num_experts - ff.router.top_k)
+    return total
+
+
+def run(config: MoEStudyConfig | None = None, *, out: str | os.PathLike | None = None, corpus=None,
+        progress: bool = True, overwrite: bool = True, lang: str = "en") -> MoEStudyResult:
+    """Train each of MODELS on the same tokens; write results.csv, the results file, moe.png, summary.json."""
+    cfg, lang = config or MoEStudyConfig(), language(lang)
+    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
+    with fixed_threads(cfg.threads) as n:
+        return run_models(replace(cfg, threads=n), out, corpus, progress, lang)
+
+
+def run_models(cfg: MoEStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> MoEStudyResult:
+    t0 = time.perf_counter()
+    corpus = corpus if corpus is not None else load_corpus(cfg.data)
+    tokenizer = train_tokenizer("char", corpus.train + corpus.val)
+    steps = max(1, cfg.max_tokens // (cfg.batch_size * cfg.context))
+    rows, curves = [], {}
+    for name in models_bar(MODELS, desc="qkv study moe", enabled=progress, label=str):
+        tc = TrainConfig(model=cfg.model_config(name, tokenizer.vocab_size), context=cfg.context,
+                         max_steps=steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                         eval_interval=max(1, steps // cfg.evals), eval_windows=cfg.eval_windows, final_eval=False,
+                         seed=cfg.seed, device=cfg.device, threads=cfg.threads, progress=False)
+        result = train(tc, corpus=corpus, tokenizer=tokenizer)
+        s, records = result.summary, result.metrics
+        curves[name] = [{"step": r["step"], "val_bpc": r["val_bpc"], "maxvio": r.get("maxvio_mean")} for r in records]
+        vio = [c["maxvio"] for c in curves[name] if c["maxvio"] is not None]
+        rows.append({"model": name, "parameters": s["parameters"], "active_parameters": active_parameters(result.model),
+                     "val_bpc": s["val_bpc"], "tokens_per_s": s["tokens_per_s"],
+                     "maxvio_first": vio[0] if vio else float("nan"), "maxvio_last": vio[-1] if vio else float("nan")})
+    res = MoEStudyResult(rows=rows, curves=curves, sentences=sentences(rows, lang), table=markdown_table(rows, lang),
+                         config=cfg, seconds=time.perf_counter() - t0, out=out)
+    if out is not None:
+        (out / "results.csv").write_bytes(csv_bytes(rows, COLUMNS))
+        plot(curves, out / "moe.png")
+        write_summary(out, {"rows": rows, "curves": curves, "config": asdict(cfg), "seconds": res.seconds},
+                      corpus.source, results_text, lang)
+    return res
+
+
+# --- words: each sentence a template per language ------------------------------------------------------------------
+
+TEXT = {
+    "en": {
+        "title": "# Mixture of experts: dense against MoE, with and without balancing",
+        "intro": "Validation bits per character after {tokens} training tokens per model, training tokens per second, "
+                 "and MaxVio (max expert load / mean load − 1, over the training batches between evaluations, mean "
+                 "over layers) at the first and the last evaluation.",
+        "models": "Models: d_model {d_model}, {heads} heads, {layers} layers, dense SwiGLU width F = {d_ff}; MoE: "
+                  "{E} experts, top-{k}; moe-active: experts of width F/k (the dense model's active parameters), "
+                  "moe-total: width F/E (its total); load-balancing loss × {aux}; aux-free bias speed γ = {gamma}; "
+                  "seed {seed}.",
+        "header": "| model | parameters | active | val bpc | tokens/s | MaxVio first | MaxVio last |",
+        "best": "Lowest validation bpc: {best} ({bpc:.3f}); dense {dense:.3f}.",
+        "balance": "MaxVio at the last evaluation: without balancing {noaux:.2f}, load-balancing loss {aux:.2f}, "
+                   "aux-loss-free bias {free:.2f}.",
+        "speed": "Tokens per second relative to dense: {ratios}.",
+        "anchors": "Anchors (the papers' own, at far larger scale): Switch Transformer (Fedus et al. 2021, §2.2) "
+                   "adds the load-balancing loss with α = 10⁻², and its top-1 MoE beats the dense T5 of equal "
+                   "compute per token in quality and speed; Wang et al. 2024 (arXiv 2408.15664, §4) report that "
+                   "the aux-loss-free bias reaches both a lower validation perplexity and a much lower global MaxVio "
+                   "than the auxiliary-loss baseline (1B and 3B models).",
+        "scale": "One seed per model, minutes of CPU on a character-level corpus: read bpc differences of a few "
+                 "hundredths as noise; MaxVio differences of several tenths are the measurement.",
+        "wall": "Wall time: {minutes:.1f} min.",
+    },
+    "zh": {
+        "title": "# 混合专家：稠密模型对比 MoE，带与不带负载均衡",
+        "intro": "每个模型训练 {tokens} 个 token 后验证集的每字符比特数、每秒训练 token 数，以及第一次和最后一次评估时的 "
+                 "MaxVio（专家最大负载 / 平均负载 − 1，统计两次评估之间的训练批次，对各层取平均）。",
+        "models": "模型：d_model {d_model}，{heads} 个头，{layers} 层，稠密 SwiGLU 宽度 F = {d_ff}；MoE：{E} 个专家，"
+                  "top-{k}；moe-active：专家宽度 F/k（与稠密模型激活参数相同），moe-total：宽度 F/E（总参数相同）；"
+                  "负载均衡损失 × {aux}；无辅助损失偏置速度 γ = {gamma}；种子 {seed}。",
+        "header": "| 模型 | 参数量 | 激活参数 | 验证 bpc | token/秒 | 首次 MaxVio | 末次 MaxVio |",
+        "best": "验证 bpc 最低：{best}（{bpc:.3f}）；稠密模型 {dense:.3f}。",
+        "balance": "最后一次评估的 MaxVio：不做均衡 {noaux:.2f}，负载均衡损失 {aux:.2f}，无辅助损失偏置 {free:.2f}。",
+        "speed": "相对稠密模型的每秒 token 数：{ratios}。",
+        "anchors": "参照（论文自身的结果，规模大得多）：Switch Transformer（Fedus 等 2021，§2.2）以 α = 10⁻² "
+                   "加入负载均衡损失，其 top-1 MoE 在每 token 计算量相同时质量和速度都胜过稠密 T5；Wang 等 2024"
+                   "（arXiv 2408.15664，§4）报告无辅助损失偏置比辅助损失基线同时得到更低的验证困惑度和低得多的全局 "
+                   "MaxVio（1B 和 3B 模型）。",
+        "scale": "每个模型一个种子、在字符级语料上训练几分钟 CPU：bpc 相差百分之几应视为噪声；MaxVio 相差零点几才是"
+                 "测量结果。",
+        "wall": "用时：{minutes:.1f} 分钟。",
+    },
+}
+
+
+def text(key: str, lang: str, **values) -> str:
+    return TEXT[language(lang)][key].format(**values)
+
+
+def markdown_table(rows: list[dict], lang: str = "en") -> str:
+    lines = [text("header", lang), "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['parameters']:,} | {r['active_parameters']:,} | {r['val_bpc']:.3f} | "
+                     f"{r['tokens_per_s']:,.0f} | {vio(r['maxvio_first'])} | {vio(r['maxvio_last'])} |")
+    return "\n".join(lines)
+
+
+def vio(value: float) -> str:
+    return "—" if value != value else f"{value:.2f}"  # NaN: a dense model has no experts
+
+
+def sentences(rows: list[dict], lang: str = "en") -> list[str]:
+    by = {r["model"]: r for r in rows}
+    best = min(rows, key=lambda r: r["val_bpc"])
+    sep = say("sep", lang)
+    ratios = sep.join(f"{r['model']} {r['tokens_per_s'] / by['dense']['tokens_per_s']:.2f}×" for r in rows
+                      if r["model"] != "dense")
+    return [text("best", lang, best=best["model"], bpc=best["val_bpc"], dense=by["dense"]["val_bpc"]),
+            text("balance", lang, noaux=by["moe-active-noaux"]["maxvio_last"], aux=by["moe-active"]["maxvio_last"],
+                 free=by["moe-aux-free"]["maxvio_last"]),
+            text("speed", lang, ratios=ratios), text("scale", lang), text("anchors", lang)]
+
+
+def results_text(summary: dict, lang: str) -> str:
+    """The results file of ``lang`` from a finished run's summary.json."""
+    c, rows = summary["config"], summary["rows"]
+    parts = [text("title", lang), "", text("intro", lang, tokens=f"{c['max_tokens']:,}"), "",
+             text("models", lang, d_model=c["d_model"], heads=c["num_heads"], layers=c["num_layers"], d_ff=c["d_ff"],
+                  E=c["num_experts"], k=c["top_k"], aux=c["aux_coef"], gamma=c["bias_speed"], seed=c["seed"]), "",
+             markdown_table(rows, lang), "", *[s + "\n" for s in sentences(rows, lang)],
+             "![MoE study](study-moe.png)", "", text("wall", lang, minutes=summary["seconds"] / 60),
+             say("corpus", lang, corpus=localized(summary["corpus"], lang)),
+             say("machine", lang, machine=localized(summary["machine"], lang)),
+             say("stamp", lang, **summary["run"])]
+    return "\n".join(parts) + "\n"
+
+
+def rerender(folder: str | os.PathLike, lang: str) -> tuple[Path, str, list[str]]:
+    """A finished run's results file written again in ``lang`` from its summary.json (no training)."""
+    summary = finished_summary(folder)
+    path = write_results(folder, results_text(summary, lang), lang)
+    return path, markdown_table(summary["rows"], lang), sentences(summary["rows"], lang)
+
+
+def plot(curves: dict[str, list[dict]], path: Path) -> Path:
+    """Validation bpc and MaxVio against the step, one line per model."""
+    from matplotlib.figure import Figure
+
+    from ..viz.figures import save_png
+
+    fig = Figure(figsize=(10, 4), layout="tight")
+    a, b = fig.subplots(1, 2)
+    for i, (name, points) in enumerate(curves.items()):
+        steps, color = [p["step"] for p in points], f"C{i}"  # one colour per model in both panels
+        a.plot(steps, [p["val_bpc"] for p in points], label=name, color=color)
+        if any(p["maxvio"] is not None for p in points):
+            b.plot(steps, [p["maxvio"] for p in points], label=name, color=color)
+    a.set(xlabel="step", ylabel="bits per character", title="validation bpc")
+    b.set(xlabel="step", ylabel="MaxVio (mean over layers)", title="expert load imbalance (training batches)")
+    a.legend()
+    b.legend()
+    save_png(fig, path, dpi=100)
+    return path
