@@ -139,7 +139,7 @@ def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
     m, C = config.moe, config.d_model
     router = Router(C, m.num_experts, m.top_k, score=m.score, top_k_first=m.top_k_first,
                     norm_topk_prob=m.norm_topk_prob, bias=m.router_bias, n_group=m.n_group, topk_group=m.topk_group,
-                    correction_bias=m.correction_bias, scaling=m.routed_scaling_factor)
+                    correction_bias=m.correction_bias, scaling=m.routed_scaling_factor, group_score=m.group_score)
     experts = SwiGLUExperts(m.num_experts, C, m.d_expert or config.ff_width, bias=m.expert_bias,
                             activation=m.activation, limit=m.swiglu_limit, alpha=m.swiglu_alpha)
     shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=False, dropout=config.dropout)
