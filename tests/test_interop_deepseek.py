@@ -312,3 +312,22 @@ def test_v2_mixture_of_experts_layers_as_hf(routing, tmp_path):
     out.save_pretrained(tmp_path / "back")
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager").eval()
     torch.testing.assert_close(again(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_qkv_sample_decodes_a_v2_mixture_of_experts_checkpoint(tmp_path, capsys):
+    from hf_models import bpe_tokenizer
+
+    from qkv import cli
+
+    tok = bpe_tokenizer()
+    hf = hf_model("v2_biases", **V2_MOE, mlp_bias=False, vocab_size=len(tok), topk_method="group_limited_greedy",
+                  n_group=4, topk_group=2)
+    tok.save_pretrained(tmp_path)
+    hf.save_pretrained(tmp_path)
+    assert cli.main(["sample", "--hf", str(tmp_path), "--prompt", "the dog", "--max-new-tokens", "8",
+                     "--temperature", "0"]) == 0
+    ids = torch.tensor([tok.encode("the dog")])
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                               pad_token_id=0, eos_token_id=tok.eos_token_id)
+    assert capsys.readouterr().out.rstrip("\n") == tok.decode(expected[0])
