@@ -2,7 +2,8 @@
 for the tests that load, train and export them (no network: random initialisation, save_pretrained).
 
     hf_model(family, **change)     Qwen2, Qwen3, Mistral, Gemma 2 (sliding windows), LLaMA with llama3 RoPE scaling;
-                                   SmolLM3, OLMo 2, Phi-3 (DENSE); Mixtral, Qwen2-MoE, Qwen3-MoE (MOE: mixtures of experts)
+                                   SmolLM3, OLMo 2, Phi-3 (DENSE); Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss (MOE: mixtures of
+                                   experts)
     save_with_tokenizer(model, d)  the model and a tokenizer of its vocabulary size in directory d
 """
 import pytest
@@ -54,6 +55,10 @@ MOE = {  # mixtures of experts, every option mattering: dense layers, norm_topk_
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         num_hidden_layers=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, decoder_sparse_step=2,
         norm_topk_prob=True)),  # layers 1 and 3 experts, 0 and 2 dense
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(  # sinks, sliding/full alternating, YaRN untruncated
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=16, sliding_window=6, swiglu_limit=0.05,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                             truncate=False, original_max_position_embeddings=32))),  # the clamp at 0.05 bites
 }
 TEXTS = ["the dog bites the man", "the man bites the dog", "attention is all you need"] * 4
 
@@ -73,7 +78,7 @@ def hf_model(family: str, **change):
                 p.mul_(8)  # scores past the attention cap of 5
             elif family == "gemma2" and "embed_tokens" in name:
                 p.mul_(10)  # logits (tied head) past the final cap of 3
-            elif name.endswith("mlp.gate.weight"):
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 p.mul_(50)  # a router that decides: no near-tie for rounding to flip
     return model
 

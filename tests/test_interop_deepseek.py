@@ -168,23 +168,26 @@ def test_a_4x_spelled_yarn_config_loads(tmp_path):
         assert (model(ids).logits - hf(ids).logits).abs().max() < 1e-4
 
 
-def test_v2_mixture_of_experts_layers_are_refused_in_one_error_naming_them(tmp_path):
+def test_v2_mixture_of_experts_problems_in_one_error(tmp_path):
+    """An unknown topk_method, top-k > experts, no shared expert and a bad head count: one error, all named."""
     config = transformers.DeepseekV2Config(**{**SIZES, "num_hidden_layers": 4, "first_k_dense_replace": 1},
-                                           moe_intermediate_size=8, n_group=1, topk_group=1, num_experts_per_tok=2)
+                                           moe_intermediate_size=8, num_experts_per_tok=2)
     config.save_pretrained(tmp_path)  # the config is refused before any weight is read
     c = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**c, "num_key_value_heads": 2}))
+    (tmp_path / "config.json").write_text(json.dumps({**c, "num_key_value_heads": 2, "topk_method": "noaux_tc",
+                                                      "num_experts_per_tok": 5, "n_shared_experts": 0}))
     with pytest.raises(ValueError) as e:
         from_hf(tmp_path)
     message = str(e.value)
     assert message.startswith(f"cannot load {tmp_path} as deepseek_v2: ") and "\n" not in message
-    assert ("layers 1–3 are mixture-of-experts (n_routed_experts=4); qkv loads DeepSeek-V2 checkpoints whose every "
-            "layer is dense") in message
-    assert "num_key_value_heads=2 with 4 heads" in message
+    for part in ("topk_method='noaux_tc' (DeepSeek-V2 routes with one of ('greedy', 'group_limited_greedy'))",
+                 "n_shared_experts=0 (DeepSeek-V2 has at least one shared expert)",
+                 "top_k=5 is larger than num_experts=4", "num_key_value_heads=2 with 4 heads"):
+        assert part in message
 
 
 @pytest.mark.parametrize("model_type, change, problem", [
-    ("deepseek_v2", dict(num_hidden_layers=1), "layer 0 is mixture-of-experts (n_routed_experts=64)"),  # V2: from 0
+    ("deepseek_v2", dict(num_hidden_layers=1), "top_k must be a positive int, got None"),  # V2: experts from 0
     ("deepseek_v2", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
     ("deepseek_v3", dict(num_hidden_layers=5), None),  # V3: layers 3–4 experts, loaded
     ("deepseek_v3", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
@@ -193,9 +196,10 @@ def test_v2_mixture_of_experts_layers_are_refused_in_one_error_naming_them(tmp_p
 def test_which_layers_are_mixture_of_experts_follows_transformers_defaults(model_type, change, problem):
     hf = {k: v for k, v in SIZES.items() if k not in ("first_k_dense_replace", "n_routed_experts")} | change
     problems = []
-    qkv.ModelConfig.from_dict(FAMILIES[model_type].config(hf, problems))
-    assert problems == ([] if problem is None else [f"{problem}; qkv loads DeepSeek-V2 checkpoints whose every "
-                                                    "layer is dense"])
+    fields = FAMILIES[model_type].config(hf, problems)
+    assert problems == ([] if problem is None else [problem])  # V2's: HF's default num_experts_per_tok is None
+    if problem is None:
+        qkv.ModelConfig.from_dict(fields)
 
 
 @pytest.mark.parametrize("change, match", [
@@ -236,11 +240,11 @@ def test_a_qkv_mla_model_is_written_as_deepseek_v3_or_with_an_mlp_bias_v2():
         to_hf(mla_gpt(bias=True))
 
 
-def test_transformers_default_configs_v2_mixture_of_experts_is_refused_v3_loads():
+def test_transformers_default_configs_v2_without_top_k_is_refused_v3_loads():
     family, problems = FAMILIES["deepseek_v2"], []
     c = qkv.ModelConfig.from_dict(family.config(transformers.DeepseekV2Config().to_dict(), problems))
     assert c.attention.kind == "mla" and c.attention.q_lora_rank == 1536
-    assert len(problems) == 1 and problems[0].startswith("layers 0–31 are mixture-of-experts")
+    assert problems == ["top_k must be a positive int, got None"]  # HF's default num_experts_per_tok
     c = qkv.ModelConfig.from_dict(FAMILIES["deepseek_v3"].config(transformers.DeepseekV3Config().to_dict(), problems))
     assert len(problems) == 1 and c.attention.q_lora_rank == 1536
     m = c.moe
@@ -273,3 +277,57 @@ def test_v3_mixture_of_experts_layers_as_hf(tmp_path):
         pad_token_id=0))
     back = to_hf(model).state_dict()
     assert set(back) == set(hf.state_dict()) and all(torch.equal(v, hf.state_dict()[k]) for k, v in back.items())
+
+
+V2_MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+              moe_intermediate_size=8, n_shared_experts=2, routed_scaling_factor=1.5)
+
+
+@pytest.mark.parametrize("routing", [dict(topk_method="greedy"),
+                                     dict(topk_method="group_limited_greedy", n_group=4, topk_group=2)])
+@torch.no_grad()
+def test_v2_mixture_of_experts_layers_as_hf(routing, tmp_path):
+    """V2's routing (softmax, greedy or groups scored by their best expert, unnormalised, × 1.5) and shared
+    experts: logits on a left-padded batch, greedy tokens, an exact round trip, from save_pretrained files."""
+    hf = hf_model("v2_biases", **V2_MOE, **routing, mlp_bias=False)
+    for layer in hf.model.layers[1:]:
+        layer.mlp.gate.weight.normal_(0, 2.0)  # a router that decides: no near-tie for rounding to flip
+    hf.save_pretrained(tmp_path)
+    model = from_hf(tmp_path)
+    m = model.config.moe
+    assert m.layers == ("dense", "moe", "moe") and m.n_group == routing.get("n_group") and not m.norm_topk_prob
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    keep = mask.bool()
+    assert (model(ids, mask=keep).logits[keep] - hf(ids, attention_mask=mask).logits[keep]).abs().max() < 1e-4
+    prompt = ids[:1, :8]
+    assert torch.equal(model.generate(prompt, 12, temperature=0.0), hf.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+        pad_token_id=0))
+    out = to_hf(model)
+    assert out.config.model_type == "deepseek_v2" and out.config.topk_method == routing["topk_method"]
+    back = out.state_dict()
+    assert set(back) == set(hf.state_dict()) and all(torch.equal(v, hf.state_dict()[k]) for k, v in back.items())
+    out.save_pretrained(tmp_path / "back")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager").eval()
+    torch.testing.assert_close(again(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_qkv_sample_decodes_a_v2_mixture_of_experts_checkpoint(tmp_path, capsys):
+    from hf_models import bpe_tokenizer
+
+    from qkv import cli
+
+    tok = bpe_tokenizer()
+    hf = hf_model("v2_biases", **V2_MOE, mlp_bias=False, vocab_size=len(tok), topk_method="group_limited_greedy",
+                  n_group=4, topk_group=2)
+    tok.save_pretrained(tmp_path)
+    hf.save_pretrained(tmp_path)
+    assert cli.main(["sample", "--hf", str(tmp_path), "--prompt", "the dog", "--max-new-tokens", "8",
+                     "--temperature", "0"]) == 0
+    ids = torch.tensor([tok.encode("the dog")])
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                               pad_token_id=0, eos_token_id=tok.eos_token_id)
+    assert capsys.readouterr().out.rstrip("\n") == tok.decode(expected[0])

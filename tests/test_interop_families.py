@@ -286,7 +286,8 @@ def test_the_old_table_names_are_still_importable():
                               "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
                               "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
                               "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
-                              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+                              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                              "gpt_oss": ("GptOssConfig", "GptOssForCausalLM")}
 
 
 # --- the registry: a family is one module and one registration -------------------------------------

@@ -279,7 +279,7 @@ def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
     with pytest.raises(ValueError, match=r"model_type 't5' is not supported "
                                          r"\(qkv loads bert, deepseek_v2, deepseek_v3, gemma2, gemma3, gemma3_text, gpt2, "
-                                         r"gpt_neox, llama, marian, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+                                         r"gpt_neox, gpt_oss, llama, marian, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
                                          r"smollm3\)"):
         from_hf(tmp_path)
 
@@ -357,7 +357,7 @@ def test_from_hf_and_to_hf_reject_wrong_types():
                                          r"or positional='rope' and norm='rmsnorm_plus_one' \(Gemma2\) or .* "
                                          r"\(Gemma3\) or .* \(DeepSeek-V3\) or .* \(DeepSeek-V2\) or .* \(SmolLM3\) "
                                          r"or .* \(OLMo2\) or .* \(Phi-3\) or .* \(Mixtral\) or .* \(Qwen2-MoE\) "
-                                         r"or .* \(Qwen3-MoE\); "
+                                         r"or .* \(Qwen3-MoE\) or .* \(gpt-oss\); "
                                          r"got positional='alibi', norm='layernorm'"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
     with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):

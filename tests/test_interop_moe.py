@@ -1,4 +1,4 @@
-"""Mixtral, Qwen2-MoE and Qwen3-MoE through from_hf / to_hf: tiny random Hugging Face models (tests/hf_models.py MOE:
+"""Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss through from_hf / to_hf: tiny random Hugging Face models (tests/hf_models.py MOE:
 dense layers among the MoE ones, norm_topk_prob both ways, a gated shared expert, sliding windows) saved with
 save_pretrained (per-expert tensors on disk) or in memory (fused), against HF eager on a left-padded batch and HF
 greedy generate; to_hf exact and loadable by transformers; per-expert checkpoint problems listed in one error;
@@ -49,7 +49,8 @@ def test_logits_match_hf_on_a_left_padded_batch(pair):
     got, want = model(ids, mask=keep).logits, hf(ids, attention_mask=mask).logits
     assert (got[keep] - want[keep]).abs().max() < 1e-4
     kinds = [isinstance(b.ff, MixtureOfExperts) for b in model.blocks]
-    assert any(kinds) and kinds == [type(layer.mlp).__name__.endswith("SparseMoeBlock") for layer in hf.model.layers]
+    assert any(kinds) and kinds == [type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP"))
+                                    for layer in hf.model.layers]
 
 
 @torch.no_grad()
@@ -134,11 +135,11 @@ def test_fused_step_and_gguf_refuse_in_one_line(pair):
     _, model, _ = pair
     reason = fused_step.unsupported(model, 1)
     assert reason is not None and "\n" not in reason
-    c = model.config  # without its window, the experts are the reason
-    full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None))
+    c = model.config  # without its window and sinks, the experts are the reason
+    full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None, kind="mha"))
     assert fused_step.refused_field(full) == (f"config field moe.num_experts={c.moe.num_experts} (it computes a "
                                               "dense feed-forward in every layer, no mixture of experts)")
-    with pytest.raises(ValueError, match=r"mixture-of-experts feed-forward is not written by qkv's GGUF export"):
+    with pytest.raises(ValueError, match=r"mixture-of-experts feed-forward (is|are) not written by qkv's GGUF export"):
         check_exportable(model)
 
 
@@ -157,6 +158,51 @@ def test_qkv_sample_decodes_a_moe_checkpoint(tmp_path, capsys):
     text = capsys.readouterr().out.rstrip("\n")
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.tensor([tok.encode("the dog")])
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                           pad_token_id=0, eos_token_id=tok.eos_token_id)
+    assert text == tok.decode(expected[0])
+
+
+def test_fused_step_refuses_gpt_oss_naming_its_sinks():
+    model = from_hf(hf_model("gpt_oss"))
+    c = model.config
+    full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None))
+    reason = fused_step.refused_field(full)
+    assert reason.startswith("config field attention.kind='sink'") and "\n" not in reason
+
+
+def test_gpt_oss_problems_in_one_error(tmp_path):
+    """A quantised checkpoint, top-k > experts and a mis-shaped expert tensor: one error, each named."""
+    hf = hf_model("gpt_oss")
+    hf.save_pretrained(tmp_path)
+    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    state["model.layers.1.mlp.experts.gate_up_proj"] = torch.zeros(4, 48, 30)
+    del state["model.layers.2.mlp.experts.down_proj_bias"]
+    safetensors_torch.save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError) as e:
+        from_hf(tmp_path)
+    message = str(e.value)
+    assert "\n" not in message
+    for part in ("model.layers.1.mlp.experts.gate_up_proj torch.float32 (4, 48, 30) (expected floating (4, 48, 32))",
+                 "model.layers.2.mlp.experts.down_proj_bias"):
+        assert part in message
+    config = hf.config.to_dict() | dict(num_experts_per_tok=9, quantization_config=dict(quant_method="mxfp4"))
+    problems = []
+    fields = __import__("qkv.interop.hf.families", fromlist=["x"]).FAMILIES["gpt_oss"].config(config, problems)
+    assert problems == ["quantization_config quant_method='mxfp4' (qkv loads gpt-oss with unquantised experts: "
+                        "dequantise the checkpoint first)"]
+    with pytest.raises(ValueError, match="top_k=9 is larger than num_experts=4"):
+        __import__("qkv").ModelConfig.from_dict(fields)
+
+
+def test_qkv_sample_decodes_a_gpt_oss_checkpoint(tmp_path, capsys):
+    save_with_tokenizer("gpt_oss", tmp_path)
+    assert cli.main(["sample", "--hf", str(tmp_path), "--prompt", "the dog", "--max-new-tokens", "8",
+                     "--temperature", "0"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     ids = torch.tensor([tok.encode("the dog")])
     expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                            pad_token_id=0, eos_token_id=tok.eos_token_id)

@@ -89,6 +89,10 @@ def test_group_limited_routing_keeps_the_best_groups():
     logits = torch.logit(torch.tensor([[0.9, 0.1, 0.6, 0.6]]))  # groups {0, 1}: 1.0, {2, 3}: 1.2
     _, e, _ = r(logits)
     assert sorted(e[0].tolist()) == [2, 3]  # expert 0 scores best, but its group is dropped
+    v2 = router_of(4, 2, score="sigmoid", n_group=2, topk_group=1, group_score="max")  # DeepSeek-V2: a group's best
+    assert sorted(v2(logits).experts[0].tolist()) == [0, 1]  # {0, 1} scores 0.9, {2, 3} 0.6
+    with pytest.raises(ValueError, match=r"group_score must be one of \('top2', 'max'\), got 'sum'"):
+        router_of(4, 2, n_group=2, topk_group=1, group_score="sum")
 
 
 def hf_experts(hf, m):

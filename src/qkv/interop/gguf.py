@@ -54,6 +54,8 @@ NOT_WRITTEN = {
     "phi3": "Phi-3 with RoPE on part of each head (position.rotary_dim) is not written by qkv's GGUF export yet",
     **{t: f"{name}'s mixture-of-experts feed-forward is not written by qkv's GGUF export yet; use --format hf"
        for t, name in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2-MoE"), ("qwen3_moe", "Qwen3-MoE"))},
+    "gpt_oss": "gpt-oss's attention sinks (attention.kind='sink') and mixture-of-experts feed-forward are not written "
+               "by qkv's GGUF export yet; use --format hf",
 }
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
 

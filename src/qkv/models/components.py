@@ -4,7 +4,8 @@
                     t5) that every block of a stack shares (t5's learned table too, as T5: one-sided in causal
                     stacks, bidirectional in encoders)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
-                    (MultiHeadAttention) or mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim)
+                    (MultiHeadAttention), mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim) or sink
+                    (SinkAttention: a learned logit per head in the softmax's denominator, gpt-oss)
     feed-forward    FeedForward(d_model, ff_width, activation); in the layers config.moe_layer(i) names a
                     MixtureOfExperts (qkv.nn.moe: router, SwiGLU experts, a shared expert) from config.moe
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel
@@ -33,6 +34,7 @@ from ..nn.layers import FeedForward, ProjectionRMSNorm, make_norm
 from ..nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 from ..nn.positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.relative_bias import T5RelativePositionBias
+from ..nn.sink_attention import SinkAttention
 from .config import ModelConfig
 
 
@@ -47,12 +49,13 @@ class Layer:
     relative_bias: nn.Module | None = None  # T5's bucketed bias, shared by the blocks
 
 
-def multi_head(config: ModelConfig, layer: Layer) -> MultiHeadAttention:
+def multi_head(config: ModelConfig, layer: Layer, kind: type = MultiHeadAttention) -> MultiHeadAttention:
     """The spec's multi-head attention (grouped K/V heads, a head width and a bias per projection), with
-    QK-norm (the model's norm kind over each head's D), the scores' scale and soft cap where configured."""
+    QK-norm (the model's norm kind over each head's D), the scores' scale and soft cap where configured;
+    ``kind`` a subclass taking the same arguments (SinkAttention)."""
     a, n = config.attention, config.normalization
     q_norm, k_norm = qk_norms(config) if a.qk_norm else (None, None)
-    return MultiHeadAttention(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
+    return kind(config.d_model, a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
                               bias=a.biases, dropout=config.dropout, rope=layer.rope, alibi=layer.alibi,
                               relative_bias=layer.relative_bias, q_norm=q_norm, k_norm=k_norm, softcap=a.softcap,
                               scale=None if a.query_scalar is None else a.query_scalar ** -0.5)
@@ -81,8 +84,13 @@ def latent_attention(config: ModelConfig, layer: Layer) -> MultiHeadLatentAttent
         softmax_scale=scale, bias=a.out_bias, dropout=config.dropout, rope=layer.rope)
 
 
+def sink_heads(config: ModelConfig, layer: Layer) -> SinkAttention:
+    """Multi-head attention with a learned sink logit per head in each softmax's denominator (gpt-oss)."""
+    return multi_head(config, layer, SinkAttention)
+
+
 AttentionBuilder = Callable[[ModelConfig, Layer], nn.Module]
-ATTENTIONS: dict[str, AttentionBuilder] = {"mha": multi_head, "mla": latent_attention}
+ATTENTIONS: dict[str, AttentionBuilder] = {"mha": multi_head, "mla": latent_attention, "sink": sink_heads}
 
 
 def register_attention(kind: str, builder: AttentionBuilder) -> None:
@@ -139,7 +147,7 @@ def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
     m, C = config.moe, config.d_model
     router = Router(C, m.num_experts, m.top_k, score=m.score, top_k_first=m.top_k_first,
                     norm_topk_prob=m.norm_topk_prob, bias=m.router_bias, n_group=m.n_group, topk_group=m.topk_group,
-                    correction_bias=m.has_correction_bias, scaling=m.routed_scaling_factor)
+                    correction_bias=m.has_correction_bias, scaling=m.routed_scaling_factor, group_score=m.group_score)
     experts = SwiGLUExperts(m.num_experts, C, m.d_expert or config.ff_width, bias=m.expert_bias,
                             activation=m.activation, limit=m.swiglu_limit, alpha=m.swiglu_alpha)
     shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=False, dropout=config.dropout)

@@ -50,7 +50,8 @@ def check_size(name: str, value, *, optional: bool = False, limit: int = MAX_WID
 class AttentionConfig:
     """Self-attention of every block (and the encoder-decoder's cross-attention)."""
 
-    kind: str = "mha"  # the class the factory builds: mha = qkv.MultiHeadAttention (grouped heads included)
+    kind: str = "mha"  # the class the factory builds: mha = qkv.MultiHeadAttention (grouped heads included); sink =
+    #                    qkv.nn.sink_attention.SinkAttention (MHA with a learned sink logit per head: gpt-oss)
     num_heads: int = 4  # H
     num_kv_heads: int | None = None  # G, dividing H; None: H (no grouping)
     head_dim: int | None = None  # D; None: d_model / H

@@ -25,6 +25,7 @@ class MoEConfig:
     router_bias: bool = False  # a bias on the router's logits (gpt-oss)
     n_group: int | None = None  # group-limited routing (DeepSeek-V3): E experts in n_group groups, ...
     topk_group: int | None = None  # ... of which the best topk_group are kept
+    group_score: str = "top2"  # a group's score: its two best experts' sum (DeepSeek-V3) | its best, "max" (V2)
     correction_bias: bool = False  # DeepSeek-V3's e_score_correction_bias: chooses experts, weighs none
     routed_scaling_factor: float = 1.0  # the routed weights × this (DeepSeek-V3)
     expert_bias: bool = False  # biases in the experts' projections (gpt-oss)
@@ -48,7 +49,8 @@ class MoEConfig:
                 raise ValueError(f"moe fields {changed} need moe.num_experts (a mixture of experts), got None")
             return
         problems = routing_problems(self.num_experts, self.top_k, score=self.score, top_k_first=self.top_k_first,
-                                    n_group=self.n_group, topk_group=self.topk_group, activation=self.activation)
+                                    n_group=self.n_group, topk_group=self.topk_group, activation=self.activation,
+                                    group_score=self.group_score)
         problems += self.layer_problems()
         if problems:
             raise ValueError("moe: " + "; ".join(problems))

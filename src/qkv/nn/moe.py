@@ -9,8 +9,9 @@ G expert groups.
 
     logits   = x W_rᵀ (+ b_r)                                          (N, E)   fp32
     scores   = softmax(logits) | sigmoid(logits)                       (N, E)
-    choice   = scores (+ correction_bias); group-limited: only the topk_group groups whose two best choice
-               scores sum highest stay                                 (N, E)
+    choice   = scores (+ correction_bias); group-limited: only the topk_group groups scoring highest stay,
+               a group scoring the sum of its two best choice scores (DeepSeek-V3, group_score "top2") or
+               its best one (DeepSeek-V2's group_limited_greedy, "max")   (N, E)
     experts  = topk(choice, k)                                         (N, k)   indices
     weights  = scores at those experts; ÷ (their sum + 1e-20) where norm_topk_prob; × routed_scaling_factor
     top_k_first (gpt-oss): experts = topk(logits, k), weights = softmax over those k logits
@@ -42,11 +43,12 @@ from .layers import FeedForward
 SCORES = ("softmax", "sigmoid")  # the router's score function
 EXPERT_ACTIVATIONS = ("swiglu", "swiglu_clamped")  # Mixtral/Qwen/DeepSeek | gpt-oss
 DISPATCHES = ("grouped", "reference", "gathered")
+GROUP_SCORES = ("top2", "max")  # a group's score: its two best experts' sum (DeepSeek-V3) | its best (DeepSeek-V2)
 
 
 def routing_problems(num_experts, top_k, *, score: str = "softmax", top_k_first: bool = False,
                      n_group: int | None = None, topk_group: int | None = None,
-                     activation: str = "swiglu") -> list[str]:
+                     activation: str = "swiglu", group_score: str = "top2") -> list[str]:
     """Every problem with a router's and experts' settings, in words (empty: they are consistent)."""
     out = []
     for name, v in (("num_experts", num_experts), ("top_k", top_k)):
@@ -58,21 +60,24 @@ def routing_problems(num_experts, top_k, *, score: str = "softmax", top_k_first:
         out.append(f"score must be one of {SCORES}, got {score!r}")
     if activation not in EXPERT_ACTIVATIONS:
         out.append(f"expert activation must be one of {EXPERT_ACTIVATIONS}, got {activation!r}")
+    if group_score not in GROUP_SCORES:
+        out.append(f"group_score must be one of {GROUP_SCORES}, got {group_score!r}")
     if (n_group is None) != (topk_group is None):
         out.append(f"n_group and topk_group go together, got n_group={n_group!r}, topk_group={topk_group!r}")
     elif n_group is not None:
-        out += group_problems(num_experts, top_k, n_group, topk_group, top_k_first)
+        out += group_problems(num_experts, top_k, n_group, topk_group, top_k_first, group_score)
     return out
 
 
-def group_problems(num_experts, top_k, n_group, topk_group, top_k_first: bool) -> list[str]:
-    """Group-limited routing: G divides E into groups of ≥ 2 (a group's score is its best two), keeps
+def group_problems(num_experts, top_k, n_group, topk_group, top_k_first: bool, group_score: str = "top2") -> list[str]:
+    """Group-limited routing: G divides E into groups (of ≥ 2 where a group's score is its best two), keeps
     1 ≤ topk_group ≤ G groups, whose experts hold at least k."""
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_group, topk_group)):
         return [f"n_group and topk_group must be positive ints, got {n_group!r}, {topk_group!r}"]
     out = []
-    if not isinstance(num_experts, int) or num_experts % n_group or num_experts // n_group < 2:
-        out.append(f"n_group={n_group} must divide num_experts={num_experts} into groups of at least 2")
+    least = 2 if group_score == "top2" else 1
+    if not isinstance(num_experts, int) or num_experts % n_group or num_experts // n_group < least:
+        out.append(f"n_group={n_group} must divide num_experts={num_experts} into groups of at least {least}")
     elif isinstance(top_k, int) and top_k > topk_group * (num_experts // n_group):
         out.append(f"top_k={top_k} is more than the {topk_group * (num_experts // n_group)} experts of "
                    f"topk_group={topk_group} groups")
@@ -97,14 +102,15 @@ class Router(nn.Module):
     def __init__(self, d_model: int, num_experts: int, top_k: int, *, score: str = "softmax",
                  top_k_first: bool = False, norm_topk_prob: bool = True, bias: bool = False,
                  n_group: int | None = None, topk_group: int | None = None, correction_bias: bool = False,
-                 scaling: float = 1.0) -> None:
+                 scaling: float = 1.0, group_score: str = "top2") -> None:
         super().__init__()
         problems = routing_problems(num_experts, top_k, score=score, top_k_first=top_k_first, n_group=n_group,
-                                    topk_group=topk_group)
+                                    topk_group=topk_group, group_score=group_score)
         if problems:
             raise ValueError("router: " + "; ".join(problems))
         self.num_experts, self.top_k, self.score, self.top_k_first = num_experts, top_k, score, top_k_first
         self.norm_topk_prob, self.n_group, self.topk_group, self.scaling = norm_topk_prob, n_group, topk_group, scaling
+        self.group_score = group_score
         self.weight = nn.Parameter(torch.randn(num_experts, d_model) * 0.02)  # (E, C)
         self.bias = nn.Parameter(torch.zeros(num_experts)) if bias else None  # (E,)
         # DeepSeek-V3's e_score_correction_bias: chooses experts, weighs none (updated outside the gradient)
@@ -120,7 +126,7 @@ class Router(nn.Module):
         scores = logits.softmax(dim=-1) if self.score == "softmax" else logits.sigmoid()  # (N, E)
         choice = scores if self.correction_bias is None else scores + self.correction_bias.float()  # (N, E)
         if self.n_group is not None:
-            choice = limit_groups(choice, self.n_group, self.topk_group)
+            choice = limit_groups(choice, self.n_group, self.topk_group, self.group_score)
         experts = choice.topk(self.top_k, dim=-1).indices  # (N, k)
         weights = scores.gather(-1, experts)  # (N, k): unbiased
         if self.norm_topk_prob:
@@ -129,15 +135,21 @@ class Router(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, top_k={self.top_k}, score={self.score}, top_k_first={self.top_k_first}"
-                f", norm_topk_prob={self.norm_topk_prob}, n_group={self.n_group}, topk_group={self.topk_group}")
+                f", norm_topk_prob={self.norm_topk_prob}, n_group={self.n_group}, topk_group={self.topk_group}"
+                f", group_score={self.group_score}")
 
 
-def limit_groups(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
-    """DeepSeek-V3's group-limited routing: E experts in G groups; a group scores the sum of its two best
-    ``choice`` scores; the experts of all but the best topk_group groups get -inf. choice (N, E) -> (N, E)."""
+def limit_groups(choice: Tensor, n_group: int, topk_group: int, group_score: str = "top2") -> Tensor:
+    """Group-limited routing: E experts in G groups; a group scores the sum of its two best ``choice`` scores
+    (DeepSeek-V3, "top2") or its best one (DeepSeek-V2, "max"); the experts of all but the best topk_group groups
+    get -inf (V2's HF code zeroes them instead: the same choice, since k fits in the kept groups and softmax
+    scores are positive). choice (N, E) -> (N, E)."""
     N, E = choice.shape
     grouped = choice.view(N, n_group, E // n_group)  # (N, G, E/G)
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+    if group_score == "max":
+        group_scores = grouped.max(dim=-1).values  # (N, G)
+    else:
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
     keep = torch.zeros_like(group_scores, dtype=torch.bool)
     keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)  # (N, G)
     keep = keep.unsqueeze(-1).expand_as(grouped).reshape(N, E)  # (N, G, E/G) -> (N, E)

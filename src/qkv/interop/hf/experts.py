@@ -25,7 +25,7 @@ from .rules import Rule, same
 
 PER_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight")
 PLAIN_ROUTER = dict(score="softmax", top_k_first=False, router_bias=False, n_group=None, topk_group=None,
-                    correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu")
+                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu")
 
 
 def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list[str]) -> dict[str, Tensor]:

@@ -8,13 +8,13 @@ calling ``register_family``); neither the loader nor the exporter changes.
 from __future__ import annotations
 
 from ..family import Family
-from . import (bert, deepseek, gemma2, gemma3, gpt2, gpt_neox, llama, marian, mistral, mixtral, olmo2, phi3, qwen2,
-               qwen2_moe, qwen3, qwen3_moe, smollm3)
+from . import (bert, deepseek, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, llama, marian, mistral, mixtral, olmo2, phi3,
+               qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
 
 BUILT_IN = (gpt2.FAMILY, llama.FAMILY, gpt_neox.FAMILY, bert.FAMILY, marian.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
             mistral.FAMILY, gemma2.FAMILY, gemma3.FAMILY, gemma3.MULTIMODAL,
             deepseek.V3, deepseek.V2, smollm3.FAMILY, olmo2.FAMILY, phi3.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY,
-            qwen3_moe.FAMILY)
+            qwen3_moe.FAMILY, gpt_oss.FAMILY)
 FAMILIES: dict[str, Family] = {f.model_type: f for f in BUILT_IN}
 
 

@@ -14,15 +14,21 @@ of q_R and k_R alike that no score sees; qkv's interleaved RoPE leaves them in p
 YaRN (rope_scaling / rope_parameters, with DeepSeek's mscale and mscale_all_dim) is ``position.scaling``; its
 softmax-scale correction is ``qkv.nn.latent_attention.latent_softmax_scale``.
 A layer from first_k_dense_replace on is a mixture of experts unless n_routed_experts is None (transformers
-builds one there whatever moe_layer_freq says). V3's are ``qkv.nn.moe``'s (``v3_experts``): sigmoid scores,
-group-limited top-k (n_group, topk_group) chosen with e_score_correction_bias, the unbiased weights renormalised
-(norm_topk_prob) × routed_scaling_factor, plus n_shared_experts shared experts as one SwiGLU of
-n_shared_experts · moe_intermediate_size. V2's (softmax, another group rule) are refused, naming the layers.
-``to_hf`` writes V3 (V2 for a model with an MLP bias; every layer dense).
+builds one there whatever moe_layer_freq says), with ``qkv.nn.moe``'s router and n_shared_experts shared experts
+as one SwiGLU of n_shared_experts · moe_intermediate_size. Routing:
+
+    V2   softmax scores; topk_method "greedy" (top-k) or "group_limited_greedy" (a group scores its best expert,
+         the best topk_group groups kept: group_score "max"); never renormalised (transformers 5's
+         DeepseekV2TopkRouter ignores norm_topk_prob); × routed_scaling_factor        (``v2_experts``)
+    V3   sigmoid scores; group-limited top-k (a group scores its two best) chosen with e_score_correction_bias;
+         the unbiased weights renormalised (norm_topk_prob) × routed_scaling_factor   (``v3_experts``)
+
+``to_hf`` writes V3 (V2 for a model with an MLP bias or softmax-routed experts).
 """
 from __future__ import annotations
 
 from ....models import GPT, ModelConfig
+from ....nn.moe import routing_problems
 from ..experts import export_moe, fuse_experts, moe_rules
 from ..family import Family
 from ..rules import Rule, embedding_and_head, same, tied_head
@@ -32,6 +38,7 @@ from . import llama
 # HF's defaults, which V2 and V3 share: the attention section's widths
 LATENT = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
 DENSE = "qkv loads DeepSeek-V2 checkpoints whose every layer is dense"
+TOPK_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's, as transformers 5 implements them
 
 
 def moe_problem(hf: dict, experts_default: int, first_default: int) -> str | None:
@@ -95,8 +102,48 @@ def v3_experts(hf: dict, problems: list[str]) -> dict:
 
 
 def config_v2(hf: dict, problems: list[str]) -> dict:
-    """DeepseekV2Config -> ModelConfig arguments: interleaved pairs always; mlp_bias as given."""
-    return latent_config(hf, problems, interleaved=True, experts=64, first_dense=0)
+    """DeepseekV2Config -> ModelConfig arguments: interleaved pairs always; mlp_bias as given; the layers from
+    first_k_dense_replace on mixtures of experts (``v2_experts``)."""
+    out = latent_config(hf, problems, interleaved=True, experts=64, first_dense=0, moe=True)
+    return out | v2_experts(hf, problems)
+
+
+def v2_experts(hf: dict, problems: list[str]) -> dict:
+    """The ``moe`` section of a DeepseekV2Config whose layers from first_k_dense_replace on have experts
+    (softmax, greedy or group-limited by each group's best, unnormalised, scaled); {} when none has."""
+    n, first = hf.get("num_hidden_layers", 32), hf.get("first_k_dense_replace", 0)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 64, 0) is None:
+        return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
+    found = v2_problems(hf)
+    problems += found
+    groups = hf.get("topk_method", "greedy") == "group_limited_greedy"
+    if found:
+        return {}
+    width, shared = hf.get("moe_intermediate_size", 1407), hf.get("n_shared_experts", 2)
+    return dict(moe=dict(
+        num_experts=hf.get("n_routed_experts", 64), top_k=hf.get("num_experts_per_tok"), d_expert=width,
+        norm_topk_prob=False, n_group=hf.get("n_group") if groups else None,
+        topk_group=hf.get("topk_group") if groups else None, group_score="max",
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), d_shared=width * shared,
+        layers=None if first == 0 else ["dense"] * first + ["moe"] * (n - first)))
+
+
+def v2_problems(hf: dict) -> list[str]:
+    """Every problem with a DeepseekV2Config's experts: the routing (topk_method, top-k, groups), the shared
+    experts, an MLP bias (qkv's shared experts have none)."""
+    method, shared = hf.get("topk_method", "greedy"), hf.get("n_shared_experts", 2)
+    out = [] if method in TOPK_METHODS else [f"topk_method={method!r} (DeepSeek-V2 routes with one of {TOPK_METHODS})"]
+    if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
+        out.append(f"n_shared_experts={shared!r} (DeepSeek-V2 has at least one shared expert)")
+    if hf.get("mlp_bias"):
+        out.append("mlp_bias=True with mixture-of-experts layers (qkv's shared experts have no bias)")
+    groups = method == "group_limited_greedy"
+    n_group, topk_group = (hf.get("n_group"), hf.get("topk_group")) if groups else (None, None)
+    if groups and (n_group is None or topk_group is None):
+        return out + [f"topk_method='group_limited_greedy' needs n_group and topk_group, got {n_group!r}, "
+                      f"{topk_group!r}"]
+    return out + routing_problems(hf.get("n_routed_experts", 64), hf.get("num_experts_per_tok"), n_group=n_group,
+                                  topk_group=topk_group, group_score="max")
 
 
 def attention_weights(c: ModelConfig) -> list[tuple[str, bool]]:
@@ -160,14 +207,38 @@ def export_v3_experts(c: ModelConfig, problems: list[str]) -> dict:
 
 
 def export_v2(c: ModelConfig, problems: list[str]) -> dict:
-    """ModelConfig -> DeepseekV2Config fields (a model with an MLP bias, which V3 lacks)."""
+    """ModelConfig -> DeepseekV2Config fields (a model with an MLP bias, which V3 lacks, or V2's experts)."""
     if not c.position.interleaved:
         problems.append("position.interleaved=False (DeepSeek-V2 rotates interleaved pairs; without an MLP bias "
                         "the model is written as DeepSeek-V3, whose rope_interleave=False rotates halves)")
     if c.d_model % c.attention.num_heads:
         problems.append(f"d_model={c.d_model} with {c.attention.num_heads} heads (DeepseekV2Config needs "
                         "hidden_size divisible by num_attention_heads)")
-    return latent_export(c, problems, "DeepSeek-V2") | dict(mlp_bias=c.feed_forward.bias)
+    if not c.feed_forward.bias and not c.moe.enabled:
+        problems.append("feed_forward.bias=False and no mixture of experts (such a model is written as DeepSeek-V3)")
+    fields = latent_export(c, problems, "DeepSeek-V2", moe=c.moe.enabled) | dict(mlp_bias=c.feed_forward.bias)
+    return fields | (export_v2_experts(c, problems) if c.moe.enabled else {})
+
+
+def export_v2_experts(c: ModelConfig, problems: list[str]) -> dict:
+    """DeepseekV2Config's MoE fields: dense layers first, then softmax-routed experts and shared experts."""
+    m = c.moe
+    routing = export_moe(c, problems, "DeepSeek-V2", n_group=m.n_group, topk_group=m.topk_group,
+                         group_score="max" if m.n_group else m.group_score, norm_topk_prob=False,
+                         routed_scaling_factor=m.routed_scaling_factor, shared_gate=False)
+    if c.feed_forward.bias:
+        problems.append("feed_forward.bias=True with a mixture of experts (DeepSeek-V2's experts have no bias)")
+    first = next((i for i in range(c.num_layers) if c.moe_layer(i)), c.num_layers)
+    if any(not c.moe_layer(i) for i in range(first, c.num_layers)):
+        problems.append("dense layers after a mixture-of-experts one (DeepSeek-V2's dense layers come first)")
+    width = m.d_expert or c.ff_width
+    if m.d_shared is None or m.d_shared % width:
+        problems.append(f"moe.d_shared={m.d_shared} (DeepSeek-V2 has n_shared_experts shared experts of "
+                        f"moe_intermediate_size={width})")
+    return dict(first_k_dense_replace=first, n_routed_experts=m.num_experts, moe_intermediate_size=width,
+                n_shared_experts=(m.d_shared or width) // width, n_group=m.n_group, topk_group=m.topk_group,
+                topk_method="group_limited_greedy" if m.n_group else "greedy", norm_topk_prob=False,
+                routed_scaling_factor=m.routed_scaling_factor, num_experts_per_tok=routing.get("num_experts_per_tok"))
 
 
 MLA = (("positional", "rope"), ("norm", "rmsnorm"), ("attention.kind", "mla"))  # LLaMA's pairs and one more
@@ -179,5 +250,6 @@ V3 = Family(
 V2 = Family(
     model_type="deepseek_v2", name="DeepSeek-V2", model=GPT, base="model", config=config_v2, rules=rules,
     ignored=llama.IGNORED, hf_classes=("DeepseekV2Config", "DeepseekV2ForCausalLM"),
-    copies=tied_head("embed_tokens.weight"), export=export_v2, export_when=(*MLA, ("feed_forward.bias", True)),
+    copies=tied_head("embed_tokens.weight"), merge=fuse_experts, export=export_v2,
+    export_when=(*MLA, ("moe.score", "softmax")),  # dense or V2's experts; export_v2 sends a plain dense one to V3
 )
