@@ -133,9 +133,31 @@ def test_a_sliding_window_model_is_served_past_its_window():
     assert_batched_as_alone(tiny_gpt(64, attention=dict(num_heads=4, sliding_window=4)))
 
 
+MLA = dict(kind="mla", num_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6,
+           v_head_dim=10)
+
+
+@pytest.mark.parametrize("change", [dict(attention=MLA), dict(moe=dict(num_experts=4, top_k=2, d_expert=16))],
+                         ids=["mla", "moe"])
+def test_mla_and_moe_models_are_served_as_alone(change):
+    """A DeepSeek-shaped latent cache (attention.kind mla), and a mixture of experts: rows as alone."""
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=96, position=dict(kind="rope"),
+                                    normalization=dict(kind="rmsnorm"), **change)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "embed" not in name:
+                p.mul_(4)
+    assert_batched_as_alone(model)
+
+
 def test_the_batcher_refuses_what_it_cannot_decode_row_by_row():
     with pytest.raises(ValueError, match="position.kind alibi is a bias .*not served"):
         Batcher(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
+    naive = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, position=dict(kind="rope"),
+                                    attention=dict(MLA, latent_cache="naive")))
+    with pytest.raises(ValueError, match=r"keeps DecompressedKVCache \(attention.kind mla\): not served"):
+        Batcher(naive)
     with pytest.raises(ValueError, match="a prompt must be 1 to 95 tokens .* got 96"):
         Batcher(tiny_gpt(64)).submit(Request([1] * 96, Settings(max_tokens=1), str, print))
 
