@@ -344,12 +344,14 @@ def test_chat_greedy_equals_qkv_sample_chat_and_streams_the_same(chat_dir, capsy
     assert capsys.readouterr().out == whole.choices[0].message.content + "\n"
 
 
-def test_a_served_mistral_answers_concurrent_requests_as_qkv_sample(tmp_path, capsys):
-    """A tiny Mistral (window 6): concurrent prompts of different lengths, answers past the window, as `qkv sample`."""
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "qwen2"])
+def test_a_served_sliding_window_model_answers_concurrent_requests_as_qkv_sample(family, tmp_path, capsys):
+    """Tiny Mistral, Gemma 2 (alternating layers), Qwen2 with windows of 6: concurrent prompts of different lengths,
+    answers past the window, as `qkv sample`."""
     pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     from hf_models import save_with_tokenizer
 
-    save_with_tokenizer("mistral", tmp_path)
+    save_with_tokenizer(family, tmp_path)
     served = build_served(serve_args("--hf", str(tmp_path), "--model-name", "m", "--max-batch", "4"))
     prompts = ["the dog", "a cat sat on the mat and", "x", "hello there friend"]
     with running(create_app(served)) as url, ThreadPoolExecutor(4) as pool:
