@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.nn.kv_cache import reorder_kv
+from qkv.nn.kv_cache import RingKVCache, reorder_kv
 
 ATOL = 1e-5
 
@@ -113,14 +113,15 @@ def test_reorder_takes_rows_in_place_and_reorder_kv_selects_rows():
         reorder_kv([(k, v)], [0, 1])
 
 
-@pytest.mark.parametrize("positional", ["rope", "learned", "none"])
-def test_per_row_input_pos_decodes_each_row_as_alone(positional):
+@pytest.mark.parametrize("positional, window", [("rope", None), ("learned", None), ("none", None), ("rope", 4)])
+def test_per_row_input_pos_decodes_each_row_as_alone(positional, window):
     """Rows of different lengths in one static cache, each writing at its own end (input_pos (B, 1)): every row's
-    logits equal those of its sequence decoded alone."""
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional=positional, num_kv_heads=2)).eval()
-    seqs = [torch.randint(0, 64, (n,)) for n in (3, 7, 5)]
+    logits equal those of its sequence decoded alone; with a window of 4, rows past it (ring caches) too."""
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional=positional, num_kv_heads=2,
+                                           attention=dict(num_heads=4, sliding_window=window))).eval()
+    seqs = [torch.randint(0, 64, (n,)) for n in (3, 7, 5, 9)]
     M = 10
-    caches, slots = model.new_kv_caches(3, M), torch.zeros(3, M, dtype=torch.bool)
+    caches, slots = model.new_kv_caches(4, M), torch.zeros(4, M, dtype=torch.bool)
     for b, s in enumerate(seqs):  # each row's prefix alone, through a view of its row
         slots[b, :len(s) - 1] = True
         model(s[None, :-1], mask=slots[b:b + 1], kv_caches=[c.rows(b, b + 1) for c in caches],
@@ -132,12 +133,10 @@ def test_per_row_input_pos_decodes_each_row_as_alone(positional):
     torch.testing.assert_close(last, alone, atol=ATOL, rtol=0)
 
 
-def test_per_row_input_pos_refuses_a_ring_cache_and_a_wrong_shape():
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_heads=4, sliding_window=4))).eval()
-    caches = model.new_kv_caches(2, 8)
-    with pytest.raises(ValueError, match="per-row input_pos .* needs a KVCache in every layer, got a RingKVCache"):
-        model(torch.zeros(2, 1, dtype=torch.long), mask=torch.ones(2, 8, dtype=torch.bool), kv_caches=caches,
-              input_pos=torch.zeros(2, 1, dtype=torch.long))
+def test_per_row_input_pos_refuses_a_wrong_shape():
+    with pytest.raises(ValueError, match=r"input_pos must be \(T=1,\) slots or \(B=2, T=1\) per row, got \(2, 3\)"):
+        RingKVCache(2, 1, 4, 4).write(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, 1, 4),
+                                      torch.zeros(2, 1, 1, 4))
     with pytest.raises(ValueError, match=r"per-row input_pos must be \(B=2, T=1\), got \(2, 3\)"):
         qkv.KVCache(2, 1, 8, 4).write(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 1, 1, 4),
                                       torch.zeros(2, 1, 1, 4))

@@ -121,6 +121,22 @@ def test_return_weights_shape_and_agreement(mode):
     torch.testing.assert_close(out, reference[:, 5:7], atol=ATOL, rtol=0)
 
 
+def test_per_row_slots_write_each_row_at_its_own_end_through_row_views():
+    """LatentCache.write with input_pos (B, T): row b's tokens at its slots; ``rows`` views share the buffer."""
+    cache = LatentCache(3, 6, 4, 2)
+    latent, k_rope = torch.randn(3, 1, 1, 4), torch.randn(3, 1, 1, 2)
+    kv = cache.write(torch.tensor([[0], [4], [2]]), latent, k_rope)  # (3, 1, 6, 6)
+    for b, slot in enumerate((0, 4, 2)):
+        assert torch.equal(kv[b, 0, slot], torch.cat((latent[b, 0, 0], k_rope[b, 0, 0])))
+    assert int((kv != 0).any(-1).sum()) == 3  # nothing else written
+    cache.rows(1, 2).write(torch.tensor([5]), latent[:1], k_rope[:1])
+    assert torch.equal(cache.kv[1, 0, 5], torch.cat((latent[0, 0, 0], k_rope[0, 0, 0])))
+    with pytest.raises(ValueError, match=r"per-row input_pos must be \(B=3, T=1\), got \(3, 2\)"):
+        cache.write(torch.zeros(3, 2, dtype=torch.long), latent, k_rope)
+    with pytest.raises(ValueError, match="0 <= start < stop <= 3, got 2, 2"):
+        cache.rows(2, 2)
+
+
 def test_reorder_follows_the_chosen_rows():
     mla = make_mla()
     x = torch.randn(3, 4, C)

@@ -104,11 +104,10 @@ def call(url: str, method: str = "GET", body=None) -> tuple[int, dict]:
 
 # --- the batcher and the text, alone ---------------------------------------------------------------------------
 
-def test_batched_greedy_equals_one_at_a_time_as_rows_join_and_leave():
+def assert_batched_as_alone(model, vocab: int = 64) -> None:
     """Prompts of different lengths and answers of different lengths, submitted at different steps through 3 rows:
     each answer is generate's, token for token."""
-    model = tiny_gpt(64)
-    prompts = [torch.randint(0, 64, (n,)).tolist() for n in (3, 11, 5, 17, 1, 8, 2)]
+    prompts = [torch.randint(0, vocab, (n,)).tolist() for n in (3, 11, 5, 17, 1, 8, 2)]
     lengths = [20, 7, 13, 4, 25, 9, 16]
     want = [generate(model, torch.tensor([p]), n, temperature=0, backend="eager")[0, len(p):].tolist()
             for p, n in zip(prompts, lengths)]
@@ -125,12 +124,40 @@ def test_batched_greedy_equals_one_at_a_time_as_rows_join_and_leave():
     assert {j.finish_reason for j in jobs} == {"length"} and batcher.active == 0
 
 
+def test_batched_greedy_equals_one_at_a_time_as_rows_join_and_leave():
+    assert_batched_as_alone(tiny_gpt(64))
+
+
+def test_a_sliding_window_model_is_served_past_its_window():
+    """A window of 4 (ring caches, Mistral-shaped): rows of different lengths, all past the window, as alone."""
+    assert_batched_as_alone(tiny_gpt(64, attention=dict(num_heads=4, sliding_window=4)))
+
+
+MLA = dict(kind="mla", num_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6,
+           v_head_dim=10)
+
+
+@pytest.mark.parametrize("change", [dict(attention=MLA), dict(moe=dict(num_experts=4, top_k=2, d_expert=16))],
+                         ids=["mla", "moe"])
+def test_mla_and_moe_models_are_served_as_alone(change):
+    """A DeepSeek-shaped latent cache (attention.kind mla), and a mixture of experts: rows as alone."""
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=96, position=dict(kind="rope"),
+                                    normalization=dict(kind="rmsnorm"), **change)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "embed" not in name:
+                p.mul_(4)
+    assert_batched_as_alone(model)
+
+
 def test_the_batcher_refuses_what_it_cannot_decode_row_by_row():
-    sliding = qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_heads=4, sliding_window=4)))
-    with pytest.raises(ValueError, match="RingKVCache .*not served"):
-        Batcher(sliding)
-    with pytest.raises(ValueError, match="alibi positions .*not served"):
+    with pytest.raises(ValueError, match="position.kind alibi is a bias .*not served"):
         Batcher(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
+    naive = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, position=dict(kind="rope"),
+                                    attention=dict(MLA, latent_cache="naive")))
+    with pytest.raises(ValueError, match=r"keeps DecompressedKVCache \(attention.kind mla\): not served"):
+        Batcher(naive)
     with pytest.raises(ValueError, match="a prompt must be 1 to 95 tokens .* got 96"):
         Batcher(tiny_gpt(64)).submit(Request([1] * 96, Settings(max_tokens=1), str, print))
 
@@ -317,15 +344,25 @@ def test_chat_greedy_equals_qkv_sample_chat_and_streams_the_same(chat_dir, capsy
     assert capsys.readouterr().out == whole.choices[0].message.content + "\n"
 
 
-def test_the_command_refuses_a_sliding_window_model_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "qwen2"])
+def test_a_served_sliding_window_model_answers_concurrent_requests_as_qkv_sample(family, tmp_path, capsys):
+    """Tiny Mistral, Gemma 2 (alternating layers), Qwen2 with windows of 6: concurrent prompts of different lengths,
+    answers past the window, as `qkv sample`."""
     pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     from hf_models import save_with_tokenizer
 
-    save_with_tokenizer("mistral", tmp_path)
+    save_with_tokenizer(family, tmp_path)
+    served = build_served(serve_args("--hf", str(tmp_path), "--model-name", "m", "--max-batch", "4"))
+    prompts = ["the dog", "a cat sat on the mat and", "x", "hello there friend"]
+    with running(create_app(served)) as url, ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: client(url).completions.create(
+            model="m", prompt=p, temperature=0, max_tokens=12).choices[0].text, prompts))
     capsys.readouterr()  # the writer's progress bar
-    assert cli.main(["serve", "--hf", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "RingKVCache" in err and "not served" in err
+    for prompt, answer in zip(prompts, answers):
+        assert cli.main(["sample", "--hf", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "12",
+                         "--temperature", "0", "--backend", "eager", "--device", "cpu"]) == 0
+        assert capsys.readouterr().out == prompt + answer + "\n"
+    assert min(map(len, answers)) > 0, answers
 
 
 def test_the_command_binds_loopback_unless_told_and_warns_without_a_key(run_dir, monkeypatch, capsys):

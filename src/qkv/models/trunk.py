@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache, RingKVCache, static_positions
+from ..nn.latent_attention import LatentCache
 from ..nn.masks import PreparedMask, causal_mask, causal_mask_at, padding_mask, prepare_mask, within_window
 from . import components
 from .config import ModelConfig
@@ -147,7 +148,9 @@ def layer_masks(config: ModelConfig, mask: Tensor | None, is_causal: bool, q_len
         places = torch.arange(k_len, device=device)  # (S,)
         q_places = input_pos if input_pos is not None else places[k_len - q_len:]  # (L,)
         base = causal_mask(q_len, k_len, device=device) if full is None else full
-        masks["sliding_attention"] = (prepare_mask(base & within_window(q_places, places, W), dtype), False)
+        window = within_window(q_places, places, W)  # (L, S), or (B, L, S) for per-row input_pos
+        window = window if window.dim() == 2 else window[:, None]  # (B, L, S) -> (B, 1, L, S)
+        masks["sliding_attention"] = (prepare_mask(base & window, dtype), False)
     return masks
 
 
@@ -274,7 +277,9 @@ class CausalTrunk(Trunk):
             return positions_of_new_tokens(mask, start, T, ids.device), key_mask(mask, B, start + T)
         if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
             raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
-        if input_pos.dim() == 2 and (other := next((c for c in kv_caches if type(c) is not KVCache), None)):
-            raise ValueError(f"per-row input_pos (B, T) needs a KVCache in every layer, got a "
-                             f"{type(other).__name__} (a sliding window's ring or a latent cache)")
+        per_row = (KVCache, RingKVCache, LatentCache)
+        if input_pos.dim() == 2 and (other := next((c for c in kv_caches if type(c) not in per_row), None)):
+            raise ValueError(f"per-row input_pos (B, T) needs a KVCache, RingKVCache or LatentCache in every layer, "
+                             f"got a "
+                             f"{type(other).__name__}")
         return static_positions_and_mask(mask, input_pos)

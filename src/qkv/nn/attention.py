@@ -245,9 +245,9 @@ def ring_mask(cache: RingKVCache, mask, is_causal: bool, q_len: int, k_len: int,
     ``update``'s keys are the span of the key axis the cache says; ``write``'s (static slots ``input_pos``) are
     at ``cache.key_places``, a tensor: each query keeps the written keys of its causal window there."""
     if input_pos is not None:
-        places = cache.key_places(input_pos)  # (K,)
-        keep = (places >= 0) & causal_mask_at(input_pos, places) & within_window(input_pos, places, cache.window)
-        return select_keys(mask, places, keep), False  # keep: (L, K)
+        places = cache.key_places(input_pos)  # (K,), or (B, K) for per-row input_pos (B, L)
+        keep = (places >= 0).unsqueeze(-2) & causal_mask_at(input_pos, places) & within_window(input_pos, places, cache.window)
+        return select_keys(mask, places, keep), False  # keep: (L, K) or (B, L, K)
     if mask is None and is_causal:
         return sliding_window_mask(q_len, k_len, cache.window, device=cache.k.device), False  # (L, K + L)
     return crop_keys(mask, *cache.span), is_causal

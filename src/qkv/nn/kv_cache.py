@@ -178,25 +178,33 @@ class RingKVCache(nn.Module):
         return keys, values
 
     def store(self, places: Tensor, k: Tensor, v: Tensor) -> None:
-        """Tokens at places (T,) of the full key axis into their ring slots, k, v (B, G, T, D): only the last W,
-        which are all a later query can see (and no slot is written twice in one copy)."""
-        n = min(k.size(2), self.window)
-        slots = places[places.numel() - n:] % self.window  # (n,)
-        self.k.index_copy_(2, slots, k[:, :, k.size(2) - n:])
-        self.v.index_copy_(2, slots, v[:, :, v.size(2) - n:])
+        """Tokens at places (T,), or (B, T) each row's own, of the full key axis into their ring slots, k, v
+        (B, G, T, D): only the last W, which are all a later query can see (no slot is written twice in one copy)."""
+        T = k.size(2)
+        n = min(T, self.window)
+        slots = places[..., T - n:] % self.window  # (n,) or (B, n)
+        if slots.dim() == 1:
+            self.k.index_copy_(2, slots, k[:, :, T - n:])
+            self.v.index_copy_(2, slots, v[:, :, T - n:])
+            return
+        index = slots[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))  # (B, G, n, D)
+        self.k.scatter_(2, index, k[:, :, T - n:])
+        self.v.scatter_(2, index, v[:, :, T - n:])
 
     def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Static form: k, v (B, G, T, D) at consecutive slots input_pos (T,), every slot before them written
-        earlier (or none: a prefill from slot 0). Returns the keys and values the T queries attend over, each
-        key at the place ``key_places(input_pos)`` says:
+        """Static form: k, v (B, G, T, D) at consecutive slots input_pos (T,), or (B, T) each row's own (continuous
+        batching), every slot before them written earlier (or none: a prefill from slot 0). Returns the keys and
+        values the T queries attend over, each key at the place ``key_places(input_pos)`` says (per row for (B, T)):
         T = 1: the ring after the write, (B, G, W, D), uncopied (what a decoded token needs);
         T > 1: the ring before the write, then the T new, (B, G, W + T, D) (a later token of a chunk may
         overwrite a key an earlier one still sees)."""
         self.check_kv(k, v)
         k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        if input_pos.dim() != 1 or input_pos.numel() != k.size(2):
-            raise ValueError(f"input_pos must be (T={k.size(2)},) slots, got {tuple(input_pos.shape)}")
-        if k.size(2) == 1:
+        B, T = k.size(0), k.size(2)
+        if input_pos.shape not in ((T,), (B, T)):
+            raise ValueError(f"input_pos must be (T={T},) slots or (B={B}, T={T}) per row, "
+                             f"got {tuple(input_pos.shape)}")
+        if T == 1:
             self.store(input_pos, k, v)
             return self.k, self.v
         if not torch.compiler.is_compiling() and not bool((input_pos.diff() == 1).all()):
@@ -206,11 +214,26 @@ class RingKVCache(nn.Module):
         return keys, values
 
     def key_places(self, input_pos: Tensor) -> Tensor:
-        """The place on the full key axis of each key ``write(input_pos, …)`` returns, (W,) or (W + T,); < 0
-        where a ring slot holds nothing yet. Ring slot s holds the latest place ≡ s (mod W) written so far."""
-        last = input_pos[-1:] if input_pos.numel() == 1 else input_pos[:1] - 1  # (1,): the ring's newest place
-        places = last - (last - self.ring) % self.window  # (W,)
-        return places if input_pos.numel() == 1 else torch.cat((places, input_pos))  # (W,) or (W + T,)
+        """The place on the full key axis of each key ``write(input_pos, …)`` returns, (W,) or (W + T,), or per
+        row (B, W) or (B, W + T) for input_pos (B, T); < 0 where a ring slot holds nothing yet. Ring slot s holds
+        the latest place ≡ s (mod W) written so far."""
+        T = input_pos.size(-1)
+        last = input_pos[..., -1:] if T == 1 else input_pos[..., :1] - 1  # (1,) or (B, 1): the ring's newest place
+        places = last - (last - self.ring) % self.window  # (W,) or (B, W)
+        return places if T == 1 else torch.cat((places, input_pos), dim=-1)  # (…, W) or (…, W + T)
+
+    def rows(self, start: int, stop: int) -> "RingKVCache":
+        """A ring over rows start … stop − 1 of this one, (stop − start, G, W, D), sharing its buffers (as
+        ``KVCache.rows``: a server's batch steps over its first n rows, a new row is filled alone)."""
+        if not 0 <= start < stop <= self.k.size(0):
+            raise ValueError(f"rows must satisfy 0 <= start < stop <= {self.k.size(0)}, got {start}, {stop}")
+        view = RingKVCache.__new__(RingKVCache)
+        nn.Module.__init__(view)
+        view.register_buffer("k", self.k[start:stop], persistent=False)  # (stop − start, G, W, D), a view
+        view.register_buffer("v", self.v[start:stop], persistent=False)
+        view.register_buffer("ring", self.ring, persistent=False)
+        view.max_len, view.window, view.pos, view.span = self.max_len, self.window, 0, (0, 0)
+        return view
 
     def reorder(self, indices: Tensor) -> None:
         """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search keeps its best rows)."""

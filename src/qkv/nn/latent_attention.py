@@ -141,9 +141,28 @@ class LatentCache(nn.Module):
         return self.kv[:, :, :end]
 
     def write(self, input_pos: Tensor, latent: Tensor, k_rope: Tensor) -> Tensor:
-        """Static form (as ``KVCache.write``): write at slots input_pos (T,), return the whole (B, 1, M, d_c + d_R)."""
-        self.kv.index_copy_(2, input_pos, self.joined(latent, k_rope))
+        """Static form (as ``KVCache.write``): write at slots input_pos (T,), the same in every row, or (B, T), each
+        row's own (continuous batching); return the whole (B, 1, M, d_c + d_R)."""
+        new = self.joined(latent, k_rope)  # (B, 1, T, d_c + d_R)
+        if input_pos.dim() == 1:
+            self.kv.index_copy_(2, input_pos, new)
+            return self.kv
+        if input_pos.shape != new.shape[::2]:
+            raise ValueError(f"per-row input_pos must be (B={new.size(0)}, T={new.size(2)}), "
+                             f"got {tuple(input_pos.shape)}")
+        self.kv.scatter_(2, input_pos[:, None, :, None].expand_as(new), new)  # row b's tokens to its slots
         return self.kv
+
+    def rows(self, start: int, stop: int) -> "LatentCache":
+        """A cache over rows start … stop − 1 of this one, sharing its buffer (as ``KVCache.rows``)."""
+        if not 0 <= start < stop <= self.kv.size(0):
+            raise ValueError(f"rows must satisfy 0 <= start < stop <= {self.kv.size(0)}, got {start}, {stop}")
+        view = LatentCache.__new__(LatentCache)
+        nn.Module.__init__(view)
+        view.register_buffer("kv", self.kv[start:stop], persistent=False)  # (stop − start, 1, M, d_c + d_R), a view
+        view.max_len, view.kv_lora_rank, view.qk_rope_head_dim = self.max_len, self.kv_lora_rank, self.qk_rope_head_dim
+        view.pos = 0
+        return view
 
     def reorder(self, indices: Tensor) -> None:
         """Row b of the cache becomes old row ``indices[b]`` (B,), in place (beam search)."""

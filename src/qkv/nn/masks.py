@@ -117,15 +117,23 @@ def crop_keys(mask, start: int, end: int):
 
 def select_keys(mask, places: Tensor, keep: Tensor):
     """A mask over keys 0 … S−1 -> over the keys at ``places`` (K,) (a ring cache's slots, in its order), and
-    only where ``keep`` (L, K) is True (bool, or a ``PreparedMask``; None gives ``keep`` itself).
+    only where ``keep`` (L, K) is True (bool, or a ``PreparedMask``; None gives ``keep`` itself). Per row:
+    places (B, K), keep (B, L, K), the mask (B, 1, L, S) or (B, 1, 1, S).
 
     ``keep`` must hold each query's own key (a ring's keys: written, causal, in the window), so no row of the
     bias is all −inf; a ``PreparedMask``'s rows without keys stay zeroed by its ``live``.
     """
-    index = places.clamp(min=0)  # (K,): a place < 0 (nothing written) reads column 0, then keep drops it
+    index = places.clamp(min=0)  # (K,) or (B, K): a place < 0 (nothing written) reads column 0, keep drops it
+    if places.dim() == 2:
+        keep = keep[:, None]  # (B, L, K) -> (B, 1, L, K)
 
     def select(t: Tensor) -> Tensor:
-        return t if t.size(-1) == 1 else t.index_select(-1, index)  # (..., L, K)
+        if t.size(-1) == 1:
+            return t
+        if index.dim() == 1:
+            return t.index_select(-1, index)  # (..., L, K)
+        rows = index[:, None, None, :].expand(t.size(0), t.size(1), t.size(2), -1)  # (B, h, L, K)
+        return t.gather(-1, rows)  # (B, h, L, K)
 
     if mask is None:
         return keep

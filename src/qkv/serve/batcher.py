@@ -1,6 +1,8 @@
 """Continuous batching: one thread owns the model; requests join the running batch at any step and leave when done.
 
-The batch's KV caches hold R rows of M slots (M = the model's max_len), one ``KVCache`` (R, G, M, D) per layer.
+The batch's KV caches hold R rows of M slots (M = the model's max_len), one ``KVCache`` (R, G, M, D) per layer
+(a sliding-window layer: a ``RingKVCache`` (R, G, W, D), each row's slot p at ring slot p mod W; an MLA layer:
+a ``LatentCache`` (R, 1, M, d_c + d_R)).
 The n requests running occupy rows 0 … n − 1 (kept packed: a finished row is replaced by the last one). Row b
 holds its tokens in slots 0 … len_b − 1 and each step writes its newest token at slot len_b — per-row
 ``input_pos`` (n, 1), so every row decodes as it would alone, whatever the others' lengths. A new request is
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from ..generation import next_token
 from ..generation.backends import speed_layer
-from ..nn.kv_cache import KVCache
+from ..nn.kv_cache import RingKVCache
 from .text import Answer
 
 
@@ -78,19 +80,21 @@ class Request:
 
 
 def check_servable(model) -> None:
-    """ValueError unless ``model`` is a decoder the batch decodes row by row: a GPT whose every layer keeps a plain
-    ``KVCache`` (no sliding window's ring, no latent cache) and whose positions are not a bias over key places."""
+    """ValueError unless ``model`` is a decoder the batch decodes row by row: a GPT whose every layer keeps a
+    ``KVCache``, a sliding window's ``RingKVCache`` or MLA's ``LatentCache`` (each writes every row at its own
+    slot) and whose positions are not a bias over shared key places."""
     from ..models import GPT
 
     if not isinstance(model, GPT):
         raise ValueError(f"serving needs a decoder (qkv.GPT), got {type(model).__name__}")
-    kinds = {type(c).__name__ for c in model.new_kv_caches(1, 1)} - {"KVCache"}
+    kinds = {type(c).__name__ for c in model.new_kv_caches(1, 1)} - {"KVCache", "RingKVCache", "LatentCache"}
     if kinds:
-        raise ValueError(f"the batch decodes rows of different lengths with a plain KVCache per layer; this model "
-                         f"keeps {', '.join(sorted(kinds))} (sliding-window or latent attention): not served")
+        raise ValueError(f"the batch decodes rows of different lengths with a KVCache, RingKVCache or LatentCache "
+                         f"per layer; this model keeps {', '.join(sorted(kinds))} (attention.kind "
+                         f"{model.config.attention.kind}): not served")
     if model.config.position.kind in ("alibi", "t5"):
-        raise ValueError(f"the batch decodes rows of different lengths; {model.config.position.kind} positions "
-                         "are a bias over shared key places: not served")
+        raise ValueError(f"the batch decodes rows of different lengths; position.kind "
+                         f"{model.config.position.kind} is a bias over shared key places: not served")
 
 
 class Batcher:
@@ -109,7 +113,7 @@ class Batcher:
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, model.config.max_len
         self.device = model.lm_head.weight.device
         R, M = max_batch, self.max_len
-        caches: list[KVCache] = model.new_kv_caches(R, M)
+        caches: list = model.new_kv_caches(R, M)  # KVCache, RingKVCache or LatentCache per layer
         self.caches = caches
         self.slots = torch.zeros(R, M, dtype=torch.bool, device=self.device)  # (R, M): True where a token sits
         self.lengths = torch.zeros(R, dtype=torch.long, device=self.device)  # (R,): tokens each row holds
@@ -234,15 +238,23 @@ class Batcher:
         """Row b leaves; the last row moves into it (its filled slots copied), so rows 0 … n − 2 stay in use."""
         last = len(self.rows) - 1
         if b != last:
-            used = int(self.lengths[last])
+            used = min(int(self.lengths[last]), self.max_len)
             for cache in self.caches:
-                cache.k[b, :, :used] = cache.k[last, :, :used]  # (G, used, D)
-                cache.v[b, :, :used] = cache.v[last, :, :used]
+                move_row(cache, last, b, used)
             for state in (self.slots, self.lengths, self.last):
                 state[b] = state[last]
             self.rows[b] = self.rows[last]
         self.slots[last] = False
         self.rows.pop()
+
+
+def move_row(cache, src: int, dst: int, used: int) -> None:
+    """Row ``src`` of a layer's cache into row ``dst``: its first ``used`` slots (k, v (R, G, M, D) of a
+    ``KVCache``; kv (R, 1, M, d_c + d_R) of a ``LatentCache``), a ring's W slots whole (places mod W)."""
+    n = cache.k.size(2) if isinstance(cache, RingKVCache) else used
+    for name in ("kv",) if hasattr(cache, "kv") else ("k", "v"):
+        buffer = getattr(cache, name)
+        buffer[dst, :, :n] = buffer[src, :, :n]  # (G, n, ·)
 
 
 def pick(rows: list[Request], logits: Tensor) -> Tensor:
