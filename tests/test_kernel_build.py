@@ -193,3 +193,14 @@ def test_the_avx2_variant_builds_and_equals_f_linear(tmp_path):
     done = subprocess.run([sys.executable, "-c", REAL_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
     assert "building its C++ kernels for this CPU (AVX2" in done.stderr and "qkv: built in" in done.stderr
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_recent_one_kept(tmp_path, capsys):
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not build.clear_stale_lock(tmp_path) and lock.exists()  # a build may be running: wait on it
+    old = lock.stat().st_mtime - build.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    assert build.clear_stale_lock(tmp_path) and not lock.exists()
+    assert "removed a build lock" in capsys.readouterr().err
+    assert not build.clear_stale_lock(tmp_path)  # none there

@@ -184,6 +184,7 @@ def compile_extension():
     if fresh:
         print(f"qkv: building its C++ kernels for this CPU ({ISA_NAMES[isa()]}; once per machine and torch "
               f"version) in {folder}", file=sys.stderr, flush=True)
+    clear_stale_lock(folder)
     start = time.perf_counter()
     module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(flags()),
                                 extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
@@ -191,6 +192,25 @@ def compile_extension():
         print(f"qkv: built in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     failure_marker().unlink(missing_ok=True)  # a retried build that worked
     return module
+
+
+STALE_LOCK_S = 600  # a build takes about a minute; a lock this old was left by a build that was killed
+
+
+def clear_stale_lock(folder: Path) -> bool:
+    """Remove ``folder/lock`` when older than STALE_LOCK_S: torch's build lock is a file that a killed build
+    (Ctrl-C, a timeout) leaves behind, and every later build would wait on it forever. True when removed."""
+    lock = folder / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    lock.unlink(missing_ok=True)
+    print(f"qkv: removed a build lock left {age / 60:.0f} min ago by a build that did not finish ({lock})",
+          file=sys.stderr, flush=True)
+    return True
 
 
 def failure_marker() -> Path:
