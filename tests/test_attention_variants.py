@@ -272,7 +272,7 @@ def test_qk_norm_over_unequal_head_widths_and_bad_modules_are_refused():
     ring = RingKVCache(1, 1, 4, 2)
     with pytest.raises(ValueError, match=r"a ring KV cache takes consecutive slots, got \[3, 2\]"):
         ring.write(torch.tensor([3, 2]), torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
-    with pytest.raises(ValueError, match=r"input_pos must be \(T=2,\) slots, got \(3,\)"):
+    with pytest.raises(ValueError, match=r"input_pos must be \(T=2,\) slots or \(B=1, T=2\) per row, got \(3,\)"):
         ring.write(torch.tensor([0, 1, 2]), torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
 
 
