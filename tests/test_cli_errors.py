@@ -110,7 +110,7 @@ def test_a_bad_device_is_a_user_error(command, tmp_path, capsys):
     (["study", "pe", "--quik"], "qkv: error: study pe: unrecognized arguments: --quik (--quik: did you mean --quick?)"),
     (["sample", "--run", "r", "--prompt", "a", "--backend", "fusd"],
      "qkv: error: sample: argument --backend: invalid choice: 'fusd' (choose from 'auto', 'eager', 'inductor', "
-     "'fused') (did you mean 'fused'?)"),
+     "'fused', 'cudagraph') (did you mean 'fused'?)"),
     (["info", "--run", "r", "--zzzzzz"], "qkv: error: info: unrecognized arguments: --zzzzzz"),
     (["--zzzzzz"], "qkv: error: unrecognized arguments: --zzzzzz"),
 ])

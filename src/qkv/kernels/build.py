@@ -23,6 +23,8 @@ simulated, for tests and ``python -m benchmarks.kernels_isa``.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -180,36 +182,43 @@ def compile_extension():
 
     name, folder = build_name(), build_folder()
     folder.mkdir(parents=True, exist_ok=True)
-    fresh = not (folder / f"{name}.so").exists()
-    if fresh:
-        print(f"qkv: building its C++ kernels for this CPU ({ISA_NAMES[isa()]}; once per machine and torch "
-              f"version) in {folder}", file=sys.stderr, flush=True)
-    clear_stale_lock(folder)
-    start = time.perf_counter()
-    module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(flags()),
-                                extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
+    with build_lock(folder):
+        fresh = not (folder / f"{name}.so").exists()
+        if fresh:
+            print(f"qkv: building its C++ kernels for this CPU ({ISA_NAMES[isa()]}; once per machine and torch "
+                  f"version) in {folder}", file=sys.stderr, flush=True)
+        remove_left_lock(folder)
+        start = time.perf_counter()
+        module = cpp_extension.load(name, [str(f) for f in SOURCES], extra_cflags=list(flags()),
+                                    extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=True)
     if fresh:
         print(f"qkv: built in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     failure_marker().unlink(missing_ok=True)  # a retried build that worked
     return module
 
 
-STALE_LOCK_S = 600  # a build takes about a minute; a lock this old was left by a build that was killed
+@contextlib.contextmanager
+def build_lock(folder: Path):
+    """One qkv process at a time builds or loads in ``folder``: an ``flock``, which the system releases when its
+    holder dies. torch's own lock is a file that a killed build leaves behind, and a process waiting on it imports
+    a library that was never written (ImportError, remembered as a failed build): under this lock, nothing waits
+    on torch's."""
+    with open(folder / "qkv-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks while another process builds
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def clear_stale_lock(folder: Path) -> bool:
-    """Remove ``folder/lock`` when older than STALE_LOCK_S: torch's build lock is a file that a killed build
-    (Ctrl-C, a timeout) leaves behind, and every later build would wait on it forever. True when removed."""
+def remove_left_lock(folder: Path) -> bool:
+    """Remove torch's build lock ``folder/lock``: under ``build_lock`` no build is running, so one there was
+    left by a build that was killed (Ctrl-C, a timeout), and torch would wait on it forever. True when removed."""
     lock = folder / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < STALE_LOCK_S:
+    if not lock.exists():
         return False
     lock.unlink(missing_ok=True)
-    print(f"qkv: removed a build lock left {age / 60:.0f} min ago by a build that did not finish ({lock})",
-          file=sys.stderr, flush=True)
+    print(f"qkv: removed a build lock left by a build that did not finish ({lock})", file=sys.stderr, flush=True)
     return True
 
 
