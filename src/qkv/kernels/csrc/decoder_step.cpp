@@ -16,6 +16,8 @@
 //   [a sliding layer (Mistral): its cache a ring of W < M rows, slot p in row p mod W, so it holds the W slots
 //    slot − W < p ≤ slot, the window itself (RingKVCache's static form)]
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
+//   [a mixture-of-experts layer (Mixtral, Qwen3-MoE): x += Σ_j w_j W_down[e_j] (silu(W_gate[e_j] h) ⊙ W_up[e_j] h)
+//    over the k experts e_j of top-k(softmax(h W_rᵀ)), w_j their probabilities [renormalised], as qkv.nn.moe]
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -42,11 +45,13 @@ namespace {
 enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Act { RELU = 0, GELU = 1, GELU_TANH = 2, SILU = 3 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
+enum Routing { NORM_TOPK = 1, TOP_K_FIRST = 2 };  // bits: renormalise the k weights; softmax over the k logits alone
 
-struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order (M last)
+struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order
   int64_t B, C, H, G, D, F, V, norm, act, gated, rope, M;
+  int64_t E, K, I, routing;  // experts (0: none), experts a token, an expert's width, Routing's bits
 };
-constexpr int64_t SHAPE = 11;  // the ints of DecoderState's shape
+constexpr int64_t SHAPE = 15;  // the ints of DecoderState's shape
 
 struct Embedding {  // nullptr where the model has none
   const float *tok, *pos, *type, *norm_w, *norm_b;
@@ -58,10 +63,11 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
   const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
   const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
   const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
+  const float *router, *e_gate, *e_up, *e_down;  // a mixture of experts': (E, C), (E, I, C) twice, (E, C, I)
   float *k_cache, *v_cache;  // (B, G, held, D) each
   int64_t held;              // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
 };
-constexpr int64_t PER_LAYER = 22;  // tensors a layer hands in, in Layer's order
+constexpr int64_t PER_LAYER = 26;  // tensors a layer hands in, in Layer's order
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
 // 64-byte pieces, and one that straddles two lines costs two reads.
@@ -86,14 +92,16 @@ struct Size {  // a weight's number of elements; one not required may be absent 
 };
 
 // Each weight's size, in the order handed in, from the shape (vocab, positions: rows of the embedding's tables).
+// A layer's feed-forward is dense or a mixture of experts: check_layers checks that it has one of the two whole.
 std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, int64_t positions) {
-  const int64_t C = s.C, Q = s.H * s.D, KV = s.G * s.D, F = s.F;
+  const int64_t C = s.C, Q = s.H * s.D, KV = s.G * s.D, F = s.F, EI = s.E * s.I;
   std::vector<Size> n{{vocab * C, true}, {positions * C, false}, {C, false}, {C, false}, {C, false}};
   for (int64_t i = 0; i < layers; i++)
     n.insert(n.end(), {{C, true}, {C, false}, {Q * C, true}, {Q, false}, {KV * C, true}, {KV, false},
                        {KV * C, true}, {KV, false}, {C * Q, true}, {C, false}, {C, true}, {C, false},
-                       {F * C, true}, {F, false}, {F * C, false}, {F, false}, {C * F, true}, {C, false},
-                       {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}});
+                       {F * C, false}, {F, false}, {F * C, false}, {F, false}, {C * F, false}, {C, false},
+                       {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}, {s.E * C, false}, {EI * C, false},
+                       {EI * C, false}, {C * EI, false}});
   n.insert(n.end(), {{C, false}, {C, false}, {s.V * C, true}});
   return n;
 }
@@ -115,6 +123,14 @@ void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::T
                 "tensor of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
                 t.scalar_type(), " ", t.sizes());
   }
+  for (int64_t i = 0; i < layers; i++) {  // dense (up, down) or experts (router, gate, up, down), not both
+    const at::Tensor* t = weights.data() + EMBEDDING + i * PER_LAYER;
+    const bool dense = t[12].numel() && t[16].numel(), experts = t[22].numel() && t[23].numel() && t[24].numel() &&
+                                                                  t[25].numel() && s.E;
+    TORCH_CHECK(dense != experts && !(experts && std::any_of(t + 12, t + 18, [](auto& w) { return w.numel(); })),
+                "qkv::DecoderState: layer ", i, " must hand in a dense feed-forward (up, down) or a mixture of ",
+                "experts (router, gate, up, down), one of the two whole");
+  }
   for (size_t i = 0; i < caches.size(); i++) {
     const at::Tensor &t = caches[i], &pair = caches[i ^ 1];  // a layer's k and v hold as many rows
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == s.B &&
@@ -134,8 +150,10 @@ Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_
   TORCH_CHECK(shape.size() == SHAPE, "qkv::DecoderState: shape must hold ", SHAPE, " ints, got ", shape.size());
   TORCH_CHECK(!caches.empty() && caches[0].dim() == 4, "qkv::DecoderState: expected each layer's k and v caches "
               "(B, G, M, D), got ", caches.size(), " tensors");
-  const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                shape[6], shape[7], shape[8], shape[9], shape[10]};
+  const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6], shape[7],
+                shape[8], shape[9], shape[10], shape[11], shape[12], shape[13], shape[14]};
+  TORCH_CHECK(s.E == 0 || (1 <= s.K && s.K <= s.E && s.I > 0), "qkv::DecoderState: experts (E, k, I) must have ",
+              "1 <= k <= E and I > 0, got (", s.E, ", ", s.K, ", ", s.I, ")");
   TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0 &&
                   s.M > 0,
               "qkv::DecoderState: shape (C, H, G, D, F, V, M) must be positive, G dividing H and D even, got (", s.C,
@@ -347,13 +365,15 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
 constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o, gate, up, down, then its heads
 constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
 
-struct Buffers {  // shared by the threads, except h and scratch (one each)
-  Floats x, q, k, v, a, up, gate;
+struct Buffers {  // shared by the threads, except h, scratch and the routing (one each)
+  Floats x, q, k, v, a, up, gate, logits, inner;  // logits (B, E) and inner (B·k, I): a mixture of experts'
+
   std::unique_ptr<Share[]> shares;  // (layers · SPLITS + 1, threads): each split, then the LM head's
   int64_t threads;
   Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), logits(s.B * s.E), inner(s.B * s.K * s.I),
+        shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
   Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
 
@@ -406,9 +426,68 @@ struct Activate {
   }
 };
 
-// Layer i, inside the parallel region; h and scratch are this thread's.
-void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, const bool* slots, int64_t slot,
-           const float* cos, const float* sin, const Shape& s, float eps) {
+struct Routed {  // a row's k experts (ascending) and their weights: each thread's own copy, computed alike
+  std::vector<int64_t> experts;
+  std::vector<float> weights;
+  std::vector<int64_t> order;  // scratch: the E experts by logit
+};
+
+// Row m's k experts and weights from its router logits (E), as qkv.nn.moe.Router: the k largest (topk's choice
+// of the softmax's, which orders them as the logits), their softmax probabilities [÷ their sum + 1e-20]; with
+// TOP_K_FIRST the softmax over the k logits alone. Sorted by expert: the order the reference adds them in.
+void route(const float* logits, const Shape& s, Routed& r, int64_t m) {
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::partial_sort(r.order.begin(), r.order.begin() + s.K, r.order.end(),
+                    [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::sort(r.order.begin(), r.order.begin() + s.K);
+  const float top = *std::max_element(logits, logits + s.E);
+  float total = 0.f, sum = 0.f;
+  for (int64_t e = 0; e < s.E; e++) total += std::exp(logits[e] - top);
+  if (s.routing & TOP_K_FIRST)
+    for (int64_t j = 0; j < s.K; j++) sum += std::exp(logits[r.order[j]] - top);
+  float* w = r.weights.data() + m * s.K;
+  for (int64_t j = 0; j < s.K; j++) {
+    r.experts[m * s.K + j] = r.order[j];
+    w[j] = std::exp(logits[r.order[j]] - top) / (s.routing & TOP_K_FIRST ? sum : total);
+  }
+  if (s.routing == NORM_TOPK) {  // the probabilities ÷ their sum
+    for (int64_t j = 0; j < s.K; j++) sum += w[j];
+    for (int64_t j = 0; j < s.K; j++) w[j] /= sum + 1e-20f;
+  }
+}
+
+// x += the mixture of experts of h (this thread's Norm₂(x)): the router's product, each row's routing (every
+// thread alike), the chosen experts' gate and up rows (inner = silu(g) ⊙ u), their down rows, summed per row.
+void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Routed& r, const Shape& s) {
+  product(L.router, nullptr, h, s.B, s.E, s.C, buf.split(i, 4), Store{buf.logits.data(), s.E});
+#pragma omp barrier
+  for (int64_t m = 0; m < s.B; m++) route(buf.logits.data() + m * s.E, s, r, m);
+  const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (8 * s.C));
+  shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {
+    for (int64_t a = n.begin / s.I, row = n.begin % s.I, at = n.begin; at < n.end; at++) {  // assignment a, row
+      const float* x = h + (a / s.K) * s.C;
+      const int64_t w = r.experts[a] * IC + row * s.C;
+      const float g = qkv::dot(L.e_gate + w, x, s.C), u = qkv::dot(L.e_up + w, x, s.C);
+      buf.inner[at] = activate(g, SILU) * u;
+      if (++row == s.I) row = 0, a++;
+    }
+  });
+#pragma omp barrier
+  shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {
+    for (int64_t c = n.begin; c < n.end; c++)
+      for (int64_t m = 0; m < s.B; m++) {
+        float sum = 0.f;
+        for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
+          sum += r.weights[a] * qkv::dot(L.e_down + (r.experts[a] * s.C + c) * s.I, buf.inner.data() + a * s.I, s.I);
+        buf.x[m * s.C + c] += sum;
+      }
+  });
+#pragma omp barrier
+}
+
+// Layer i, inside the parallel region; h, scratch and r are this thread's.
+void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, Routed& r, const bool* slots,
+           int64_t slot, const float* cos, const float* sin, const Shape& s, float eps) {
   const int64_t kv = s.G * s.D, width = s.H * s.D;
   normalise(buf.x.data(), L.norm1_w, L.norm1_b, h, s, eps);  // every thread, whole: no barrier
   product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
@@ -423,6 +502,7 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, co
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
 #pragma omp barrier
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
+  if (L.router) return experts_layer(L, i, buf, h, r, s);
   if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
     product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
 #pragma omp barrier
@@ -439,8 +519,8 @@ Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, c
   return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
-          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), k.data_ptr<float>(), v.data_ptr<float>(),
-          k.size(2)};
+          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), weight(t[22]), weight(t[23]),
+          weight(t[24]), weight(t[25]), k.data_ptr<float>(), v.data_ptr<float>(), k.size(2)};
 }
 
 Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
@@ -507,9 +587,10 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
 #pragma omp parallel num_threads(threads)
   {
     Floats h(s.B * s.C), scratch(2 * s.D + s.M);
+    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E)};
     for (int64_t i = 0; i < layers; i++)
-      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), on, slot, cos,
-            sin, s, eps);
+      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
+            cos, sin, s, eps);
     if (weights[last].numel())
       normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, eps);
     else
