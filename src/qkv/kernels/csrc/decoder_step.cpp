@@ -430,6 +430,7 @@ struct Routed {  // a row's k experts (ascending) and their weights: each thread
   std::vector<int64_t> experts;
   std::vector<float> weights;
   std::vector<int64_t> order;  // scratch: the E experts by logit
+  Floats gate, sums;            // scratch: a run of an expert's gate products (I), of a row's outputs (C)
 };
 
 // Row m's k experts and weights from its router logits (E), as qkv.nn.moe.Router: the k largest (topk's choice
@@ -462,25 +463,26 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
   product(L.router, nullptr, h, s.B, s.E, s.C, buf.split(i, 4), Store{buf.logits.data(), s.E});
 #pragma omp barrier
   for (int64_t m = 0; m < s.B; m++) route(buf.logits.data() + m * s.E, s, r, m);
-  const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (8 * s.C));
-  shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {
-    for (int64_t a = n.begin / s.I, row = n.begin % s.I, at = n.begin; at < n.end; at++) {  // assignment a, row
-      const float* x = h + (a / s.K) * s.C;
-      const int64_t w = r.experts[a] * IC + row * s.C;
-      const float g = qkv::dot(L.e_gate + w, x, s.C), u = qkv::dot(L.e_up + w, x, s.C);
-      buf.inner[at] = activate(g, SILU) * u;
-      if (++row == s.I) row = 0, a++;
+  const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
+  shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of (assignment, I)
+    for (int64_t at = n.begin, a = at / s.I; at < n.end; at = ++a * s.I) {  // the run within assignment a
+      const int64_t first = at % s.I, last = std::min(s.I, first + n.end - at);
+      const float *x = h + (a / s.K) * s.C, *gate = L.e_gate + r.experts[a] * IC, *up = L.e_up + r.experts[a] * IC;
+      float* inner = buf.inner.data() + a * s.I;
+      qkv::dot_rows(gate, x, s.C, first, last, [&](int64_t row, float v) { r.gate[row] = v; });
+      qkv::dot_rows(up, x, s.C, first, last, [&](int64_t row, float v) { inner[row] = v; });
+      activate_rows<SILU>(inner, r.gate.data(), first, last);  // silu(g) ⊙ u
     }
   });
 #pragma omp barrier
-  shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {
-    for (int64_t c = n.begin; c < n.end; c++)
-      for (int64_t m = 0; m < s.B; m++) {
-        float sum = 0.f;
-        for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
-          sum += r.weights[a] * qkv::dot(L.e_down + (r.experts[a] * s.C + c) * s.I, buf.inner.data() + a * s.I, s.I);
-        buf.x[m * s.C + c] += sum;
-      }
+  shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {  // each expert's down rows, one after another
+    for (int64_t m = 0; m < s.B; m++) {
+      std::fill(r.sums.begin() + n.begin, r.sums.begin() + n.end, 0.f);
+      for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
+        qkv::dot_rows(L.e_down + r.experts[a] * s.C * s.I, buf.inner.data() + a * s.I, s.I, n.begin, n.end,
+                      [&](int64_t c, float v) { r.sums[c] += r.weights[a] * v; });
+      for (int64_t c = n.begin; c < n.end; c++) buf.x[m * s.C + c] += r.sums[c];
+    }
   });
 #pragma omp barrier
 }
@@ -587,7 +589,8 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
 #pragma omp parallel num_threads(threads)
   {
     Floats h(s.B * s.C), scratch(2 * s.D + s.M);
-    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E)};
+    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E),
+             Floats(s.I), Floats(s.E ? s.C : 0)};
     for (int64_t i = 0; i < layers; i++)
       layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
             cos, sin, s, eps);
