@@ -105,7 +105,8 @@ def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
         torch.testing.assert_close(kernel_dispatch(x, routing, experts), reference_dispatch(x, routing, experts),
                                    rtol=1e-5, atol=1e-6)
         assert "at most 4 tokens, got 5" in kernel_refuses(experts, torch.randn(5, 16))
-        assert "swiglu experts, got swiglu_clamped" in kernel_refuses(SwiGLUExperts(6, 16, 8, activation="swiglu_clamped"), x)
+        clamped = SwiGLUExperts(6, 16, 8, activation="swiglu_clamped")
+        assert "swiglu experts, got swiglu_clamped" in kernel_refuses(clamped, x)
         assert "without biases" in kernel_refuses(SwiGLUExperts(6, 16, 8, bias=True), x)
     assert "autograd" in kernel_refuses(experts, x)  # grad mode on
     with pytest.raises(RuntimeError, match=r"experts must lie in \[0, 6\), got 6"):

@@ -38,12 +38,16 @@
 #include <omp.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "activations.h"
 #include "dot.h"
+#include "share.h"
 
 namespace {
 
+using qkv::Act, qkv::exp_vec, qkv::RELU, qkv::GELU, qkv::GELU_TANH, qkv::SILU, qkv::activate, qkv::activate_rows;
+using qkv::Rows, qkv::Share, qkv::share, qkv::shared_rows;
+
 enum Norm { LAYERNORM = 0, RMSNORM = 1 };
-enum Act { RELU = 0, GELU = 1, GELU_TANH = 2, SILU = 3 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
 enum Routing { NORM_TOPK = 1, TOP_K_FIRST = 2 };  // bits: renormalise the k weights; softmax over the k logits alone
 
@@ -184,14 +188,6 @@ struct DecoderState {
   void decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const;
 };
 
-struct Rows {  // this thread's share [begin, end) of n rows
-  int64_t begin, end;
-};
-Rows share(int64_t n) {
-  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-  return {n * t / T, n * (t + 1) / T};
-}
-
 // h = Norm(x) over n numbers: LayerNorm (biased variance) or RMSNorm, then × w (+ b).
 void normalise_row(const float* x, const float* w, const float* b, float* h, int64_t n, int64_t norm, float eps) {
   float mean = 0.f, square = 0.f;
@@ -207,79 +203,6 @@ void normalise_row(const float* x, const float* w, const float* b, float* h, int
 // h[m] = Norm(x[m]) for the B rows, C wide.
 void normalise(const float* x, const float* w, const float* b, float* h, const Shape& s, float eps) {
   for (int64_t m = 0; m < s.B; m++) normalise_row(x + m * s.C, w, b, h + m * s.C, s.C, s.norm, eps);
-}
-
-// e^v in fp32, in a form the compiler vectorises (libm's expf is one number at a time): Cephes' expf,
-// v = n ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-6 polynomial, 2^n by the exponent's bits; ~1 ulp.
-inline float exp_vec(float v) {
-  v = std::min(std::max(v, -87.3f), 88.3f);  // e^v stays a finite, normal float (2^n with n in [-126, 127])
-  const float n = static_cast<float>(static_cast<int32_t>(v * 1.44269504f + (v >= 0.f ? 0.5f : -0.5f)));
-  const float r = v - n * 0.693359375f + n * 2.12194440e-4f;  // ln 2 in two parts, exact products
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
-
-// erf(v) within 1.5e-7 (Abramowitz & Stegun 7.1.26), vectorisable as exp_vec is.
-inline float erf_vec(float v) {
-  const float x = std::fabs(v), t = 1.f / (1.f + 0.3275911f * x);
-  const float y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f +
-                  t * 1.061405429f)))) * exp_vec(-x * x);
-  return v < 0.f ? -y : y;
-}
-
-// The activations of qkv.layers: relu, gelu (erf), gelu_tanh (GPT-2's: 0.5 v (1 + tanh u) = v σ(2u)), silu.
-inline float activate(float v, int64_t act) {
-  switch (act) {
-    case RELU: return v > 0.f ? v : 0.f;
-    case GELU: return 0.5f * v * (1.f + erf_vec(v * 0.70710678f));
-    case GELU_TANH: return v / (1.f + exp_vec(-1.5957691216f * (v + 0.044715f * v * v * v)));
-    default: return v / (1.f + exp_vec(-v));  // SILU
-  }
-}
-
-// The rows [0, N) of one product, shared out. Each thread opens its share and takes rows from its front,
-// a few at a time; one that is done early takes rows from the back of the others' shares. Each thread's
-// reads stay one stream in order, and none waits long at the next barrier for a slower one (on a shared
-// host one core is often slower than the other for a whole token).
-struct alignas(64) Share {
-  std::atomic<uint64_t> rows{0};  // begin << 32 | end: empty until its thread opens it
-};
-
-// Up to a chunk of rows from the front of ``sh`` (or its back), a chunk being an eighth of what is left,
-// between ``least`` and ``most`` rows; false once it is empty.
-bool take(Share& sh, int64_t least, int64_t most, bool back, Rows& got) {
-  uint64_t v = sh.rows.load(std::memory_order_relaxed);
-  for (;;) {
-    const int64_t b = static_cast<int64_t>(v >> 32), e = static_cast<int64_t>(v & 0xffffffffu);
-    if (b >= e) return false;
-    const int64_t n = std::min(e - b, std::max(least, std::min(most, (e - b) / 8)));
-    got = back ? Rows{e - n, e} : Rows{b, b + n};
-    const uint64_t rest = back ? (static_cast<uint64_t>(b) << 32) | static_cast<uint64_t>(e - n)
-                               : (static_cast<uint64_t>(b + n) << 32) | static_cast<uint64_t>(e);
-    if (sh.rows.compare_exchange_weak(v, rest, std::memory_order_relaxed)) return true;
-  }
-}
-
-// fn(rows) for chunks of [0, N) shared out through ``split`` (a Share per thread, for this work alone): this
-// thread's share from its front, then the others' from their backs, chunks of ``least`` to ``most``.
-template <typename Fn>
-void shared_rows(int64_t N, Share* split, int64_t least, int64_t most, Fn fn) {
-  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-  const Rows mine = share(N);
-  split[t].rows.store((static_cast<uint64_t>(mine.begin) << 32) | static_cast<uint64_t>(mine.end),
-                      std::memory_order_relaxed);
-  Rows r;
-  for (int64_t i = 0; i < T; i++)
-    while (take(split[(t + i) % T], least, most, i > 0, r)) fn(r);
 }
 
 // out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
@@ -391,18 +314,6 @@ struct Add {
   void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] += a; }
   void done(Rows, int64_t) const {}
 };
-
-// y[n] = act(y[n]), or act(gate[n]) · y[n], for n in [begin, end): one activation, vectorised.
-template <int64_t A>
-void activate_rows(float* __restrict y, const float* __restrict gate, int64_t begin, int64_t end) {
-  if (gate) {
-#pragma omp simd
-    for (int64_t n = begin; n < end; n++) y[n] = activate(gate[n], A) * y[n];
-  } else {
-#pragma omp simd
-    for (int64_t n = begin; n < end; n++) y[n] = activate(y[n], A);
-  }
-}
 
 // The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate. The products are stored
 // as they come and activated a chunk at a time, vectorised: one output at a time inside the product, the
