@@ -16,7 +16,9 @@ import pytest
 import torch
 from hf_models import BUILDERS, save_with_tokenizer
 from safetensors.torch import load_file
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from qkv import cli
 from qkv.interop.hf import from_hf

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from hf_models import MOE, hf_model, save_with_tokenizer
+from hf_models import MOE, greedy_both, hf_model, left_padded, padded_logits_gap, save_with_tokenizer, saved_and_loaded
 
 from qkv import cli
 from qkv.interop.gguf import check_exportable
@@ -28,26 +28,14 @@ PROMPT = torch.tensor([[5, 17, 3, 42, 8, 60, 2, 11]])
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def pair(request, tmp_path_factory):
     family, change = VARIANTS[request.param]
-    hf = hf_model(family, **change)
-    path = tmp_path_factory.mktemp(family)
-    hf.save_pretrained(path)
-    return hf, from_hf(path), path
-
-
-def left_padded():
-    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    return ids, mask
+    hf, path = hf_model(family, **change), tmp_path_factory.mktemp(family)
+    return hf, saved_and_loaded(hf, path), path
 
 
 @torch.no_grad()
 def test_logits_match_hf_on_a_left_padded_batch(pair):
     hf, model, _ = pair
-    ids, mask = left_padded()
-    keep = mask.bool()
-    got, want = model(ids, mask=keep).logits, hf(ids, attention_mask=mask).logits
-    assert (got[keep] - want[keep]).abs().max() < 1e-4
+    assert padded_logits_gap(model, hf) < 1e-4
     kinds = [isinstance(b.ff, MixtureOfExperts) for b in model.blocks]
     assert any(kinds) and kinds == [type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP"))
                                     for layer in hf.model.layers]
@@ -56,9 +44,7 @@ def test_logits_match_hf_on_a_left_padded_batch(pair):
 @torch.no_grad()
 def test_greedy_equals_hf_generate(pair):
     hf, model, _ = pair
-    theirs = hf.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=16, min_new_tokens=16,
-                         do_sample=False, pad_token_id=0)
-    assert torch.equal(model.generate(PROMPT, 16, temperature=0.0, eos_id=None), theirs)
+    assert torch.equal(*greedy_both(model, hf, PROMPT, 16))
 
 
 @torch.no_grad()
@@ -104,17 +90,25 @@ def test_mixtral_checkpoint_names_block_sparse_moe_and_w1_w3(tmp_path):
                                    hf(ids, attention_mask=mask).logits[mask.bool()], atol=1e-4, rtol=1e-4)
 
 
-def test_missing_and_misshaped_experts_in_one_error(tmp_path):
-    hf_model("qwen2_moe").save_pretrained(tmp_path)
-    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
-    del state["model.layers.0.mlp.experts.1.gate_proj.weight"]
-    state["model.layers.1.mlp.experts.2.up_proj.weight"] = torch.zeros(5, 48)
-    state["model.layers.3.mlp.gate.weight"] = torch.zeros(7, 48)
-    safetensors_torch.save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+def load_error(hf, path, edit) -> str:
+    """from_hf's error for ``hf`` saved in ``path`` with ``edit(state dict)`` applied to the file: one line."""
+    hf.save_pretrained(path)
+    state = safetensors_torch.load_file(path / "model.safetensors")
+    edit(state)
+    safetensors_torch.save_file(state, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError) as e:
-        from_hf(tmp_path)
-    message = str(e.value)
-    assert "\n" not in message
+        from_hf(path)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_missing_and_misshaped_experts_in_one_error(tmp_path):
+    def edit(state):
+        del state["model.layers.0.mlp.experts.1.gate_proj.weight"]
+        state["model.layers.1.mlp.experts.2.up_proj.weight"] = torch.zeros(5, 48)
+        state["model.layers.3.mlp.gate.weight"] = torch.zeros(7, 48)
+
+    message = load_error(hf_model("qwen2_moe"), tmp_path, edit)
     for part in ("1 missing expert tensors: model.layers.0.mlp.experts.1.gate_proj.weight",
                  "experts of one layer with different shapes: model.layers.1.mlp.experts.*.up_proj.weight",
                  "model.layers.3.mlp.gate.weight torch.float32 (7, 48) (expected floating (6, 48))"):
@@ -174,16 +168,12 @@ def test_fused_step_refuses_gpt_oss_naming_its_sinks():
 
 def test_gpt_oss_problems_in_one_error(tmp_path):
     """A quantised checkpoint, top-k > experts and a mis-shaped expert tensor: one error, each named."""
+    def edit(state):
+        state["model.layers.1.mlp.experts.gate_up_proj"] = torch.zeros(4, 48, 30)
+        del state["model.layers.2.mlp.experts.down_proj_bias"]
+
     hf = hf_model("gpt_oss")
-    hf.save_pretrained(tmp_path)
-    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
-    state["model.layers.1.mlp.experts.gate_up_proj"] = torch.zeros(4, 48, 30)
-    del state["model.layers.2.mlp.experts.down_proj_bias"]
-    safetensors_torch.save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError) as e:
-        from_hf(tmp_path)
-    message = str(e.value)
-    assert "\n" not in message
+    message = load_error(hf, tmp_path, edit)
     for part in ("model.layers.1.mlp.experts.gate_up_proj torch.float32 (4, 48, 30) (expected floating (4, 48, 32))",
                  "model.layers.2.mlp.experts.down_proj_bias"):
         assert part in message
