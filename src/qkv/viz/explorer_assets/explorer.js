@@ -323,21 +323,21 @@
     const px = (v) => l + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * w, py = (v) => t + h - (v - y0) / (y1 - y0) * h;
     ctx.strokeStyle = "#d0d5dd"; ctx.fillStyle = "#344054"; ctx.font = "11px system-ui, sans-serif";
     ctx.strokeRect(l - 0.5, t - 0.5, w + 1, h + 1);
-    const xticks = new Set();  // whole steps, each once
     for (let k = 0; k <= 4; k++) {
       const vy = y0 + (k / 4) * (y1 - y0);
       ctx.textAlign = "right"; ctx.textBaseline = "middle"; ctx.fillText(vy.toFixed(2), l - 4, py(vy));
       ctx.beginPath(); ctx.moveTo(l, py(vy) + 0.5); ctx.lineTo(l + w, py(vy) + 0.5); ctx.stroke();
-      xticks.add(Math.round(x0 + (k / 4) * (x1 - x0)));
     }
+    const raw = Math.max(1, (x1 - x0) / 4), p10 = 10 ** Math.floor(Math.log10(raw));
+    const dx = p10 * [1, 2, 5, 10].find((m) => m * p10 >= raw);  // whole, round steps: 1, 2, 5 × 10^n
     ctx.textAlign = "center"; ctx.textBaseline = "top";
-    for (const vx of xticks) ctx.fillText(String(vx), px(vx), t + h + 4);
+    for (let vx = Math.ceil(x0 / dx) * dx; vx <= x1; vx += dx) ctx.fillText(String(vx), px(vx), t + h + 4);
     ctx.fillText(names[0], l + w / 2, t + h + 20);
     ctx.save(); ctx.translate(12, t + h / 2); ctx.rotate(-Math.PI / 2); ctx.fillText(names[1], 0, 0); ctx.restore();
     return [px, py];
   }
   function maxvioChart(x) {
-    const canvas = $("xl-maxvio"), W = 560, H = 260, box = { l: 52, t: 10, w: W - 64, h: H - 50 };
+    const canvas = $("xl-maxvio"), W = 560, H = 260, box = { l: 52, t: 10, w: W - 80, h: H - 50 };
     const ctx = sized(canvas, W, H), top = Math.max(0.1, ...x.maxvio.flat()) * 1.05;
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
     const [px, py] = axes(ctx, box, [x.steps[0], x.steps[x.steps.length - 1]], [0, top], ["step", "MaxVio"]);
@@ -347,7 +347,7 @@
       ctx.strokeStyle = ctx.fillStyle = colour; ctx.lineWidth = 1.5; ctx.beginPath();
       x.steps.forEach((s, n) => { ctx[n ? "lineTo" : "moveTo"](px(s), py(x.maxvio[n][l])); });
       ctx.stroke();
-      x.steps.forEach((s, n) => ctx.fillRect(px(s) - 2, py(x.maxvio[n][l]) - 2, 4, 4));
+      if (x.steps.length <= 40) x.steps.forEach((s, n) => ctx.fillRect(px(s) - 2, py(x.maxvio[n][l]) - 2, 4, 4));
       const key = el("span", null, name); key.style.borderLeftColor = colour; keys.appendChild(key);
     });
     Object.assign(canvas.dataset, { lines: x.layers.length, points: x.steps.length });
@@ -364,7 +364,9 @@
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
     ctx.drawImage(bitmap(L, E, (i, j) => Math.log2(Math.max(ratio(i, j), 0.5)), div), mx, my, E * cs, L * cs);
     ctx.fillStyle = "#344054"; ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "middle";
+    const every = Math.ceil(12 / cs);  // a label on every row that has room for one
     x.layers.forEach((name, i) => {
+      if (i % every) return;
       const y = my + i * cs + cs / 2, vio = means[i] > 0 ? Math.max(...snap.tokens[i]) / means[i] - 1 : 0;
       ctx.textAlign = "right"; ctx.fillText(name, mx - 4, y);
       ctx.textAlign = "left"; ctx.fillText(`MaxVio ${vio.toFixed(2)}`, mx + E * cs + 6, y);
