@@ -89,6 +89,15 @@ def test_command_adds_the_panel_for_an_moe_run_only(runs, tmp_path, capsys):
         (tmp_path / "kept.jsonl").replace(runs[0] / "metrics.jsonl")
 
 
+def test_notebook_view_has_the_panel_for_an_moe_run(runs):
+    from qkv.viz.notebook import show
+
+    moe, dense = runs
+    for source in (moe, str(moe), load_run(moe)):
+        assert boot_json(show(source, "def f").html)["experts"]["layers"] == ["block 1", "block 2"]
+    assert "experts" not in boot_json(show(dense, "def f").html)
+
+
 def test_panel_in_browser_draws_load_and_maxvio(browser, runs, tmp_path):  # noqa: F811
     moe, dense = runs
     run = load_run(moe)
