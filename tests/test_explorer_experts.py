@@ -3,6 +3,7 @@ and tokens per expert, read back from metrics.jsonl, and the panel in a real bro
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -65,6 +66,7 @@ def test_many_evaluations_keep_every_maxvio_and_spread_snapshots(tmp_path):
     ('{"step": 4, "expert_tokens": [[1, 2, 3]], "maxvio": [0.5]}', "line 2: expected expert_tokens as 2 × 4"),
     ('{"step": 4, "expert_tokens": [[1, 2, 3, 4], [1, 2, 3, -4]], "maxvio": [0.1, 0.2]}', "counts"),
     ('{"step": 4, "expert_tokens": [[1, 2, 3, 4], [1, 2, 3, 4]], "maxvio": [0.1]}', "one number per layer"),
+    ('{"step": 4, "expert_tokens": [[1, 2, 3, 4], [1, 2, 3, 4]], "maxvio": [0.1, NaN]}', "one number per layer"),
 ])
 def test_bad_metrics_are_refused_naming_the_line(tmp_path, line, words):
     good = {"step": 2, "expert_tokens": [[1, 2, 3, 4], [4, 3, 2, 1]], "maxvio": [0.6, 0.6]}
@@ -125,3 +127,26 @@ def test_panel_in_browser_draws_load_and_maxvio(browser, runs, tmp_path):  # noq
     assert not page.locator("#experts").is_visible() and page.locator("#xl-map").get_attribute("data-step") is None
     assert watch.errors == []
     page.close()
+
+
+def test_served_page_keeps_the_panel_across_texts(browser, runs):  # noqa: F811
+    from playwright.sync_api import expect
+
+    run = load_run(runs[0])
+    srv = explorer.make_server(run.model, run.tokenizer, port=0, experts=expert_load_data(runs[0], run.model))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page()
+        watch = Watch(page)
+        page.goto(srv.url)
+        assert page.locator("#experts").is_visible() and page.locator("#empty").is_visible()  # before any text
+        page.fill("#text", "def f(x)")
+        page.click("#run")
+        expect(page.locator("#main")).to_be_visible()
+        assert not page.locator("#empty").is_visible() and page.locator("#tokens .tok").count() > 0
+        assert page.locator("#experts").is_visible() and page.locator("#xl-map").get_attribute("data-step") == "4"
+        assert watch.errors == []
+        page.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()

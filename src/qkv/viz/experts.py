@@ -11,6 +11,7 @@ Shapes: L MoE layers, E experts per layer, N evaluations.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -43,22 +44,26 @@ def load_records(path: str | os.PathLike) -> list[tuple[int, list[list[int]], li
             raise ValueError(f"{path} line {n} is not JSON: {e}") from None
         if not isinstance(record, dict) or "expert_tokens" not in record:
             continue  # a dense run's record, or an evaluation before expert load was logged
+        shape = (len(out[0][1]), len(out[0][1][0])) if out else None  # (L, E) of the first such record
         tokens, vio = record["expert_tokens"], record.get("maxvio")
-        shape = (len(out[0][1]), len(out[0][1][0])) if out else None
-        if not _table(tokens) or shape not in (None, (len(tokens), len(tokens[0]))) \
-                or not isinstance(vio, list) or len(vio) != len(tokens):
-            want = f"{shape[0]} × {shape[1]}" if shape else "L × E"
+        if not well_formed(tokens, vio, shape):
+            want = "L × E" if shape is None else f"{shape[0]} × {shape[1]}"
             raise ValueError(f"{path} line {n}: expected expert_tokens as {want} counts and maxvio as one number "
                              f"per layer, got {json.dumps(tokens)[:80]} and {json.dumps(vio)[:80]}")
         out.append((int(record.get("step", 0)), tokens, [float(v) for v in vio]))
     return out
 
 
-def _table(rows: Any) -> bool:
-    """A non-empty list of equally long non-empty lists of counts."""
-    return isinstance(rows, list) and bool(rows) and all(
-        isinstance(r, list) and r and len(r) == len(rows[0])
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r) for r in rows)
+def well_formed(tokens: Any, vio: Any, shape: tuple[int, int] | None) -> bool:
+    """tokens: L × E counts (of ``shape`` when given), vio: L finite numbers."""
+    def counts(row: Any) -> bool:
+        return isinstance(row, list) and bool(row) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                           for v in row)
+    if not (isinstance(tokens, list) and tokens and all(counts(r) and len(r) == len(tokens[0]) for r in tokens)):
+        return False
+    numbers = isinstance(vio, list) and len(vio) == len(tokens) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vio)
+    return numbers and shape in (None, (len(tokens), len(tokens[0])))
 
 
 def expert_load_data(run: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any] | None:
