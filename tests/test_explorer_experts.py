@@ -82,6 +82,7 @@ def test_command_adds_the_panel_for_an_moe_run_only(runs, tmp_path, capsys):
         out = tmp_path / f"{run.name}.html"
         assert cli.main(["explore", "--run", str(run), "--text", "def f", "--out", str(out)]) == 0
         assert ("experts" in boot_json(out.read_text())) is has
+        assert ("expert load of 2 MoE layers" in capsys.readouterr().out) is has
     (runs[0] / "metrics.jsonl").rename(tmp_path / "kept.jsonl")  # a damaged log: one line, exit 2
     try:
         (runs[0] / "metrics.jsonl").write_text("{oops\n")

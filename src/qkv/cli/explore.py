@@ -50,5 +50,6 @@ def run_explore(args: argparse.Namespace) -> int:
     data = explorer.text_data(model, tokenizer, args.text, title=title, target=args.target, num_beams=args.num_beams)
     path = explorer.write_html(args.out, explorer.page(data, title=title, experts=load))
     shown = f"translation: {data['translation']!r}" if "views" in data else f"{len(data['tokens'])} tokens"
+    shown += f"; expert load of {len(load['layers'])} MoE layers" if load else ""
     print(f"wrote {path} ({shown}); open it in a browser")
     return 0
