@@ -1,9 +1,9 @@
 """What llama.cpp reads from a GGUF file, written out for the GGUF tests: the file read back with gguf-py's GGUFReader,
 the tensor names an architecture loads (from ``gguf.MODEL_TENSORS``), each tensor against its Hugging Face weight
 (q/k un-permuted by the converter's formula, experts re-joined), and llama.cpp's graph for the architectures qkv
-writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3}.cpp) in PyTorch over the file's tensors.
+writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3,smollm3}.cpp) in PyTorch over the file's tensors.
 
-Shapes: T tokens, C model width, H heads, G key/value heads, D head width, E experts, I expert width, K experts per token.
+Shapes: T tokens, C model width, H heads, G key/value heads, D head width, E experts, I expert width, K per token.
 """
 import re
 
@@ -14,6 +14,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install -e '.[ggu
 
 # llama.cpp's build_moe_ffn(..., norm_w, ...) per architecture: the top-k weights renormalised or not
 RENORMALISES = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+NOPE_STEP = {"smollm3": 4}  # src/models/smollm3.cpp: hparams.n_no_rope_layer_step = 4, no RoPE where (il + 1) % 4 == 0
 
 
 def read(path):
@@ -75,7 +76,7 @@ def as_hf(values, key, names, arch, config):
         return None
     got, proj = values[name], key.rsplit(".", 2)[-2]
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    if arch == gguf.MODEL_ARCH.LLAMA and proj in heads:
+    if arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.SMOLLM3) and proj in heads:
         got = unpermute(got, heads[proj])
     return got.reshape(1, -1) if key.endswith("shared_expert_gate.weight") else got  # llama.cpp's is (C,)
 
@@ -136,7 +137,7 @@ class Graph:
         self.meta = {k.removeprefix(name + "."): v for k, v in meta.items()}
         self.H, self.G = self.meta["attention.head_count"], self.meta["attention.head_count_kv"]
         self.D, self.eps = self.meta["attention.key_length"], self.meta["attention.layer_norm_rms_epsilon"]
-        self.renormalise = RENORMALISES.get(name)
+        self.renormalise, self.nope_step = RENORMALISES.get(name), NOPE_STEP.get(name)
 
     def norm(self, x, key):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.t[key + ".weight"]
@@ -150,15 +151,16 @@ class Graph:
         for i in range(self.meta["block_count"]):
             b = f"blk.{i}."
             h = self.norm(x, b + "attn_norm") if b + "attn_norm.weight" in self.t else x  # olmo2: none before
-            x = x + self.attention(b, h)
+            x = x + self.attention(b, h, rotate=self.nope_step is None or (i + 1) % self.nope_step != 0)
             h = self.norm(x, b + "ffn_norm") if b + "ffn_norm.weight" in self.t else x
             y = self.experts(b, h) if b + "ffn_gate_inp.weight" in self.t else self.mlp(b, h)
             x = x + (self.norm(y, b + "post_ffw_norm") if b + "post_ffw_norm.weight" in self.t else y)
         return self.norm(x, "output_norm") @ self.t.get("output.weight", self.t["token_embd.weight"]).T
 
-    def attention(self, b, h):
+    def attention(self, b, h, rotate: bool):
         """Causal self-attention of (T, C) ``h``: fused or separate q/k/v, QK-norm per head or over the projection,
-        RoPE on rope.dimension_count dims (adjacent pairs in llama, halves elsewhere), a post-norm in olmo2."""
+        RoPE on rope.dimension_count dims (adjacent pairs in llama and smollm3, halves elsewhere) where ``rotate``,
+        a post-norm in olmo2."""
         T, H, G, D, t = len(h), self.H, self.G, self.D, self.t
         if b + "attn_qkv.weight" in t:  # phi3: [q; k; v] rows
             q, k, v = self.proj(h, b + "attn_qkv").split([H * D, G * D, G * D], dim=-1)
@@ -170,8 +172,10 @@ class Graph:
         q, k, v = q.reshape(T, H, D), k.reshape(T, G, D), v.reshape(T, G, D)
         if b + "attn_q_norm.weight" in t and not whole:
             q, k = self.norm(q, b + "attn_q_norm"), self.norm(k, b + "attn_k_norm")
-        turn = dict(adjacent=self.arch == gguf.MODEL_ARCH.LLAMA, dims=self.meta["rope.dimension_count"])
-        q, k = (rope(z, self.meta["rope.freq_base"], **turn) for z in (q, k))
+        if rotate:
+            turn = dict(adjacent=self.arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.SMOLLM3),
+                        dims=self.meta["rope.dimension_count"])
+            q, k = (rope(z, self.meta["rope.freq_base"], **turn) for z in (q, k))
         k, v = (z.repeat_interleave(H // G, dim=1) for z in (k, v))  # (T, H, D)
         scores = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))

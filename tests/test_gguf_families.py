@@ -1,6 +1,6 @@
-"""GGUF export of the families after LLaMA's: Mixtral (llama.cpp's llama with experts), Qwen2-MoE, Qwen3-MoE, OLMo 2
-and Phi-3. A tiny random Hugging Face model of each (tests/hf_models.py, in the settings llama.cpp runs) is loaded by
-qkv and written with ``to_gguf`` in f32, f16 and q8_0; read back with GGUFReader, the tensor names are those
+"""GGUF export of the families after LLaMA's: Mixtral (llama.cpp's llama with experts), Qwen2-MoE, Qwen3-MoE, OLMo 2,
+Phi-3 and SmolLM3. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
+loaded by qkv and written with ``to_gguf`` in f32, f16 and q8_0; read back with GGUFReader, the tensor names are those
 ``gguf.MODEL_TENSORS`` lists for the architecture, every tensor equals the HF weight in llama.cpp's layout (experts
 stacked, gate and up apart), the metadata keys hold the config's values, and llama.cpp's graph for the architecture
 over the f32 file gives HF's logits (tests/gguf_reference.py). What an architecture fixes otherwise is refused.
@@ -31,7 +31,9 @@ FAMILIES = {  # HF settings llama.cpp runs, gguf arch, kinds llama.cpp would loa
     "phi3": (dict(sliding_window=None, rope_parameters=dict(rope_type="default", rope_theta=500.0,
                                                              partial_rotary_factor=0.75)),
              "PHI3", ("ROPE_FACTORS_.*", "ATTN_[QKV]"), ()),  # RoPE on 12 of 16 dims
-}
+    "smollm3": (dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], use_sliding_window=False, attention_bias=False,
+                     mlp_bias=False, tie_word_embeddings=True), "SMOLLM3", ("ROPE_FREQS", "ATTN_ROT_EMBD"), ()),
+}  # a tied qwen2moe or smollm3 head is written as output.weight too; a tied qwen3moe one is not
 TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
 
@@ -88,10 +90,14 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
         r"norm_topk_prob=False \(llama.cpp's qwen3moe renormalises the top-k weights\)"]),
     ("olmo2", dict(attention_bias=True), [r"attention biases on \(llama.cpp's olmo2 has none\)",
                                           r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48"]),
-    ("phi3", {}, [r"RoPE scaling 'longrope' \(written here: none or linear\)",
+    ("phi3", {}, [r"RoPE scaling 'longrope' \(llama.cpp picks the short or long factors by the context it is started "
+                  r"with, transformers by each sequence's length\)",
                   r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
     ("gpt_oss", {}, [r"gpt-oss \(attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases\) is not "
                      "written by qkv's GGUF export yet"]),
+    ("smollm3", {}, [r"no_rope_layers=\[1, 0, 1, 0\] \(llama.cpp's smollm3 skips RoPE in every 4th layer: "
+                     r"\[1, 1, 1, 0\]\)", r"sliding_window=6 < context 128", r"attention biases on",
+                     r"mlp_bias=True \(llama.cpp's smollm3 has none\)"]),
     ("deepseek_v3", {}, [r"DeepSeek-V3's multi-head latent attention and mixture of experts \(llama.cpp's deepseek2"]),
 ])
 def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, change, reasons):

@@ -22,7 +22,7 @@ from test_cli_train import one_thread  # noqa: E402,F401  (an autouse fixture)
 NO_WINDOW = {"smollm3": dict(use_sliding_window=False), "olmo2": {}, "phi3": dict(sliding_window=None)}
 FAST_PATH_REFUSES = {"smollm3": "position.nope_layers=(1, 3)", "olmo2": "attention.qk_norm_scope='projection'",
                      "phi3": "position.rotary_dim=6"}  # the first field the fused step names, windows apart
-GGUF_REFUSES = {"smollm3": "position.nope_layers", "olmo2": r"attention biases on \(llama.cpp's olmo2 has none\)",
+GGUF_REFUSES = {"smollm3": r"no_rope_layers=\[1, 0, 1, 0\]", "olmo2": r"attention biases on \(llama.cpp's olmo2 has",
                 "phi3": r"RoPE scaling 'longrope'"}  # what llama.cpp's architecture lacks (tests/test_gguf_families.py)
 
 

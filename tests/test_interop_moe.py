@@ -2,7 +2,8 @@
 dense layers among the MoE ones, norm_topk_prob both ways, a gated shared expert, sliding windows) saved with
 save_pretrained (per-expert tensors on disk) or in memory (fused), against HF eager on a left-padded batch and HF
 greedy generate; to_hf exact and loadable by transformers; per-expert checkpoint problems listed in one error;
-the fused decode step refuses in one line, and GGUF export all but Mixtral without a window; `qkv sample --hf` decodes one."""
+the fused decode step refuses in one line, and GGUF export all but Mixtral without a window; `qkv sample --hf`
+decodes one."""
 import dataclasses
 
 import pytest

@@ -11,6 +11,7 @@ differently (refused, with the reason), and the HF tensors and config fields lai
                                     QK-norm over the whole q and k projections
     phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
+    smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
 
 Experts: transformers 5 holds gate and up fused, ``experts.gate_up_proj`` (E, 2I, C) = [gate; up] along I;
 llama.cpp reads two (E, I, C) tensors. Routing is the architecture's own in llama.cpp, not a setting: softmax
@@ -34,10 +35,11 @@ class Arch:
 
     member: str  # gguf.MODEL_ARCH member
     permute: bool = False  # q/k rows to interleaved RoPE (llama's NORM mode; HF rotates halves)
-    head: bool = False  # it loads output.weight, tied or not: a tied head is written as a copy of token_embd
+    head: bool = False  # output.weight written for a tied head too (a copy of token_embd): its loader wants one
     q_width: bool = False  # q is as wide as the model: head_dim · heads must be hidden_size
     biases: bool | None = None  # q/k/v biases: True it needs them, False it has none, None either
     renormalise: bool | None = None  # its experts' top-k weights renormalised; None: no experts
+    nope_step: int | None = None  # every nope_step-th layer has no RoPE (a constant in llama.cpp, not a key)
 
 
 ARCHES = {
@@ -48,6 +50,7 @@ ARCHES = {
     "qwen3_moe": Arch("QWEN3MOE", biases=False, renormalise=True),
     "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
     "phi3": Arch("PHI3", q_width=True, biases=False),
+    "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
 }
 # Families to_hf writes that this exporter does not: why, for the error message
 NOT_WRITTEN = {
@@ -58,7 +61,6 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
-    "smollm3": "SmolLM3 (layers without RoPE: position.nope_layers) is not written by qkv's GGUF export yet",
     "gpt_oss": "gpt-oss (attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases) is not written "
                "by qkv's GGUF export yet; use --format hf",
     **{t: f"{name}'s multi-head latent attention and mixture of experts (llama.cpp's deepseek2 splits kv_b_proj "
@@ -75,9 +77,12 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     name, problems = arch.member.lower(), []  # gguf.MODEL_ARCH_NAMES spells them so
     if hf.get("hidden_act") != "silu":
         problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {name} gates with silu: SwiGLU)")
-    scaling = hf.get("rope_scaling") or {}
-    if scaling.get("rope_type", "default") not in ("default", "linear"):
-        problems.append(f"RoPE scaling {scaling['rope_type']!r} (written here: none or linear)")
+    scaling = (hf.get("rope_scaling") or {}).get("rope_type", "default")
+    if scaling == "longrope":
+        problems.append("RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
+                        "started with, transformers by each sequence's length)")
+    elif scaling not in ("default", "linear"):
+        problems.append(f"RoPE scaling {scaling!r} (written here: none or linear)")
     window, context = hf.get("sliding_window"), hf.get("max_position_embeddings")
     if hf.get("use_sliding_window", True) and window is not None and window < context:
         problems.append(f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)")
@@ -89,7 +94,9 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     if arch.biases is not None and biased != arch.biases:
         problems.append(f"attention biases {'on' if biased else 'off'} (llama.cpp's {name} "
                         f"{'reads q/k/v biases' if arch.biases else 'has none'})")
-    return problems + expert_problems(arch, hf)
+    if arch.biases is False and hf.get("mlp_bias"):
+        problems.append(f"mlp_bias=True (llama.cpp's {name} has none)")
+    return problems + expert_problems(arch, hf) + nope_problems(arch, hf)
 
 
 def expert_problems(arch: Arch, hf: dict) -> list[str]:
@@ -106,6 +113,19 @@ def expert_problems(arch: Arch, hf: dict) -> list[str]:
         problems.append(f"norm_topk_prob={renormalised} (llama.cpp's {name} "
                         f"{'renormalises' if arch.renormalise else 'does not renormalise'} the top-k weights)")
     return problems
+
+
+def nope_problems(arch: Arch, hf: dict) -> list[str]:
+    """SmolLM3's layers without RoPE (no_rope_layers: 0 = NoPE) against the ones llama.cpp's graph skips."""
+    if arch.nope_step is None:
+        return []  # only SmolLM3's config has no_rope_layers
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers") or [1] * n
+    fixed = [int((i + 1) % arch.nope_step != 0) for i in range(n)]
+    if list(flags[:n]) == fixed:
+        return []
+    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.member.lower()} skips RoPE in every "
+            f"{arch.nope_step}th layer: {fixed})"]
 
 
 def head_dim(hf: dict) -> int:
