@@ -106,3 +106,28 @@ def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, 
     with pytest.raises(ValueError, match=r"^no GGUF counterpart for this \S+ model: ") as error:
         check_exportable(model)
     assert all(re.search(reason, str(error.value)) for reason in reasons), str(error.value)
+
+
+def test_a_mixture_of_experts_trained_here_runs_as_llama_cpp_s_llama(tmp_path, capsys):
+    """A qkv run with experts in every layer: `qkv export --format gguf` writes it as Mixtral does, and llama.cpp's
+    graph over the file gives the run's logits."""
+    from test_gguf import LLAMA, TEXT, make_run
+
+    from qkv.cli import main
+    from qkv.data import BPETokenizer
+    from qkv.training.run_dir import load_run
+
+    run = make_run(tmp_path / "run", BPETokenizer.train(TEXT, 300), **LLAMA, moe=dict(num_experts=4, top_k=2))
+    out = tmp_path / "moe.gguf"
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(out), "--gguf-type", "f32"]) == 0
+    values, _, meta = read(out)
+    loaded = load_run(run)
+    c, L = loaded.model.config, gguf.Keys.LLM
+    assert meta["general.architecture"] == "llama"
+    assert (meta[L.EXPERT_COUNT.format(arch="llama")], meta[L.EXPERT_USED_COUNT.format(arch="llama")]) == (4, 2)
+    assert values["blk.1.ffn_gate_exps.weight"].shape == (4, c.moe.d_expert or c.ff_width, 64)  # (E, I, C)
+    ids = loaded.tokenizer.encode("def f(x):\n    return 2 * x")
+    with torch.no_grad():
+        want = loaded.model(torch.tensor([ids])).logits[0]
+    got = Graph(values, meta, gguf.MODEL_ARCH.LLAMA).logits(ids)
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
