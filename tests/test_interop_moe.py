@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_cli_families import TEXT, fine_tune_and_export
 from hf_models import MOE, greedy_both, hf_model, left_padded, padded_logits_gap, save_with_tokenizer, saved_and_loaded
 
 from qkv import cli
@@ -151,6 +152,16 @@ def test_what_a_family_lacks_is_refused_on_export(pair):
     sigmoid = type(model)(c.replace(moe=dataclasses.replace(c.moe, score="sigmoid")))
     with pytest.raises(ValueError, match=r"moe\.score='sigmoid' \(\S+ needs 'softmax'\)"):
         to_hf(sigmoid)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("family", list(MOE))
+def test_a_fine_tuned_moe_run_exports_with_qkvs_logits(family, lora, tmp_path, capsys):
+    """`qkv train --init-from-hf` (LoRA on the attention's projections, or every weight, experts included) and
+    `qkv export --hf` round trip for each mixture-of-experts family."""
+    save_with_tokenizer(family, tmp_path / "hf")
+    (tmp_path / "data.txt").write_text((TEXT + ". ") * 300, encoding="utf-8")
+    fine_tune_and_export(family, tmp_path, lora, tmp_path, capsys)
 
 
 def test_qkv_sample_decodes_a_moe_checkpoint(tmp_path, capsys):
