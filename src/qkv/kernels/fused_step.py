@@ -19,6 +19,10 @@ Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the t
 ``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
 over each head's D, before RoPE), Mistral and Qwen2 with sliding windows (a sliding layer's cache is its
 ``RingKVCache``: the C++ step writes slot p at ring row p mod W and attends over the W rows, the window itself).
+Mixtral and Qwen3-MoE (mixture-of-experts layers, dense ones among them: softmax top-k routing, renormalised or not,
+or the softmax over the k best logits; SwiGLU experts without biases; the router's product, each row's routing, then
+the chosen experts' rows, in the same parallel region). Shared experts, sigmoid or group-limited routing, correction
+biases and biased or clamped experts (Qwen2-MoE, DeepSeek, gpt-oss) are refused.
 RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
