@@ -210,7 +210,9 @@ class RunDir:
     def padded_vocabulary(self, tokenizer, config: ModelConfig) -> bool:
         """A run fine-tuned from a checkpoint may hold more embeddings than its tokenizer uses (padded
         vocabularies); every other run's tokenizer and embeddings match one to one."""
-        fine_tuned = (self.read_json(self.TRAIN_CONFIG) or {}).get("init_from_hf") is not None
+        from .finetune import base_source
+
+        fine_tuned = base_source(self.read_json(self.TRAIN_CONFIG) or {}) is not None
         return fine_tuned and tokenizer.vocab_size < config.vocab_size
 
     # --- training --------------------------------------------------------------------------
