@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..checks import check_positive_int
-from .run_dir import RunDir
-from .finetune import DEFAULT_LORA_TARGETS, BaseSource, base_source, run_base_tokenizer
+from .run_dir import RunDir, run_base_tokenizer
+from .finetune import DEFAULT_LORA_TARGETS, BaseSource, base_source
 from ..models import PRESETS, ModelConfig
 from ..runtime import device_type, native_bf16
 from .optim import check_optimizer_options

@@ -3,7 +3,9 @@
     base      a Hugging Face decoder directory (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …: any
               decoder family of ``qkv.interop.hf``): weights through ``from_hf``, its own
               tokenizer kept unchanged (byte-level BPE, stored in the run as tokenizer.json);
-              or a finished qkv run of a decoder (``--init-from``): its final weights, config and tokenizer
+              or a finished qkv run of a decoder (``--init-from``): its final weights, config and tokenizer;
+              ``BaseSource`` says which, ``qkv.training.run_dir.load_base`` loads either (a run loads its
+              own base in turn when it is a LoRA run: loading a run and loading a base recurse, so both live there)
     identity  the SHA-256 of its weight files, recorded in train_config.json: ``--resume`` (and a
               LoRA run, which stores only its adapters) refuses any other base
     LoRA      h = W x + (α / r) · B A x, W frozen, A (r × in) and B (out × r, zero at the start)
@@ -22,9 +24,8 @@ from typing import Mapping, NamedTuple
 
 from torch import Tensor, nn
 
-from ..data import BPETokenizer, CharTokenizer, load_tokenizer, tokenizer_from_json
+from ..data import BPETokenizer, CharTokenizer, tokenizer_from_json
 from ..models import GPT
-from .run_dir import RunDir
 
 DEFAULT_LORA_TARGETS = "attn"  # every projection of the self-attention (LoRA paper): q, k, v, out; MLA's q, kv_a, kv_b, o
 
@@ -84,48 +85,6 @@ def run_tokenizer(tokenizer, where: str) -> BPETokenizer:
     if kind != "BPE":
         raise ValueError(f"the tokenizer in {where} is {kind}; a run keeps BPE tokenizers (GPT-2's, LLaMA's)")
     return tokenizer_from_json(text)
-
-
-def finished_run(path: str | os.PathLike) -> RunDir:
-    """The run at ``path``, if it holds final weights (its summary.json written when it finished); ValueError
-    naming what is missing otherwise."""
-    run = RunDir(path)
-    try:
-        run.check()
-    except ValueError as e:
-        raise ValueError(f"--init-from {e}") from None
-    if not run.has(run.SUMMARY):
-        raise ValueError(f"--init-from {path}: the run has not finished (no {run.SUMMARY}; its weights are a "
-                         f"checkpoint): finish it with qkv train --resume --out {path}")
-    return run
-
-
-def run_base_tokenizer(path: str | os.PathLike) -> str:
-    """The tokenizer kind (char | bpe) of the run at ``path``, checked to be a finished decoder run first."""
-    run = finished_run(path)
-    if not issubclass(run.architecture(), GPT):
-        raise ValueError(f"--init-from {path} holds a qkv.{run.architecture().__name__}, not a decoder (a --task "
-                         "translate run is an encoder-decoder); fine-tuning starts from a run of --task lm, sft or dpo")
-    return load_tokenizer(run.path).kind
-
-
-def load_base(source: BaseSource, *, expect_sha256: str | None = None) -> Base:
-    """The checkpoint ``source`` names, to fine-tune; ValueError for anything but a decoder with a matching
-    BPE tokenizer (a run's own tokenizer, whatever its kind), or for weights whose SHA-256 is not
-    ``expect_sha256`` (when given)."""
-    where = str(source.path)
-    if not Path(where).is_dir():
-        raise ValueError(f"the base {where}: no such directory")
-    if source.kind == "run":
-        loaded = finished_run(where).load()
-        model, tokenizer = check_decoder(loaded.model, where), loaded.tokenizer
-    else:
-        model, tokenizer = hf_base(where)
-    sha = weights_sha256(where)
-    if expect_sha256 is not None and sha != expect_sha256:
-        raise ValueError(f"{where} is not the base this run was trained from: its weights' SHA-256 "
-                         f"is {sha[:16]}…, the run's base had {expect_sha256[:16]}…")
-    return Base(model=model, tokenizer=tokenizer, sha256=sha, path=where)
 
 
 def hf_base(where: str) -> tuple[GPT, BPETokenizer]:
@@ -225,16 +184,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, module.get_base_layer())
     return model
-
-
-def adapted_base(run, config) -> GPT:
-    """A LoRA run's base (found by train_config.json, checked by SHA-256) with empty adapters, ready for
-    the run's adapters (``checkpoint.load_weights``) and then ``merge_lora``."""
-    t = run.read_json(run.TRAIN_CONFIG) or {}
-    source = base_source(t)
-    if not (source and t.get("init_sha256") and t.get("lora")):
-        raise ValueError(f"{run} holds LoRA adapters, but its {run.TRAIN_CONFIG} does not name their base")
-    base = load_base(source, expect_sha256=t["init_sha256"])
-    if base.model.config != config:
-        raise ValueError(f"{run}'s config.json does not describe its base {base.path}")
-    return add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])

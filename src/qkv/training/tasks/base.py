@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ...data import load_tokenizer, tokenizer_from_json
 from ...models import PRESETS, ModelConfig
-from ..finetune import load_base
+from ..run_dir import load_base
 
 
 def check_option_type(name: str, value, default) -> None:
