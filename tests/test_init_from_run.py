@@ -67,16 +67,39 @@ def test_sft_from_a_run_is_sft_from_its_export(sft_base, chats, tmp_path):
     assert saved["preset"] is None
 
 
-def test_lm_from_a_run_continues_from_its_weights(data, tmp_path, capsys):
-    base, tuned = tmp_path / "base", tmp_path / "tuned"
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--max-steps", "3", "--out", str(base),
+@pytest.fixture(scope="module")
+def lm_base(data, tmp_path_factory):
+    """A finished lm run of the tiny preset (a character tokenizer)."""
+    base = tmp_path_factory.mktemp("lm_base") / "run"
+    assert main(["train", "--preset", "tiny", "--data", str(data), "--max-steps", "3", "--out", str(base), *FAST]) == 0
+    return base
+
+
+def test_lm_from_a_run_continues_from_its_weights(lm_base, data, tmp_path):
+    tuned = tmp_path / "tuned"
+    assert main(["train", "--init-from", str(lm_base), "--data", str(data), "--max-steps", "0", "--out", str(tuned),
                  *FAST]) == 0
-    assert main(["train", "--init-from", str(base), "--data", str(data), "--max-steps", "0", "--out", str(tuned),
-                 *FAST]) == 0
-    s0, s1 = (json.loads((d / "summary.json").read_text()) for d in (base, tuned))
+    s0, s1 = (json.loads((d / "summary.json").read_text()) for d in (lm_base, tuned))
     assert s1["val_loss"] == pytest.approx(s0["val_loss"], abs=1e-6)  # not a fresh model's ln V
     assert s1["tokenizer"] == s0["tokenizer"] == "char" and s1["steps"] == 0
-    assert json.loads((tuned / "train_config.json").read_text())["init_sha256"] == weights_sha256(base)
+    assert json.loads((tuned / "train_config.json").read_text())["init_sha256"] == weights_sha256(lm_base)
+
+
+def test_resume_needs_the_same_run_weights(lm_base, data, tmp_path, capsys):
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    shutil.copytree(lm_base, base)
+    args = ["train", "--init-from", str(base), "--data", str(data), "--out", str(tuned), *FAST]
+    assert main([*args, "--max-steps", "1"]) == 0
+    assert main(["train", "--resume", "--out", str(tuned), "--max-steps", "2", *FAST]) == 0
+    assert main(["train", "--resume", "--out", str(base), "--max-steps", "4", *FAST]) == 0  # the base trains on
+    fails(capsys, ["train", "--resume", "--out", str(tuned), "--max-steps", "3", *FAST],
+          r"is not the base this run was trained from: its weights' SHA-256")
+
+
+def test_a_character_run_is_no_sft_base(lm_base, chats, tmp_path, capsys):
+    fails(capsys, ["train", "--task", "sft", "--init-from", str(lm_base), "--data", chats, "--out",
+                   str(tmp_path / "out"), *FAST], r"byte-level BPE .*; the run .* has a char tokenizer")
+    assert not (tmp_path / "out").exists()
 
 
 def test_lora_over_a_run_samples_and_exports(sft_base, chats, tmp_path, capsys):

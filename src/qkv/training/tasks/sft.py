@@ -88,8 +88,9 @@ class SFTTask(DecoderTask):
     @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.tokenizer not in (None, "bpe"):
-            raise ValueError(f"--task sft trains a byte-level BPE (its chat markers are special tokens); "
-                             f"--tokenizer {cfg.tokenizer} is for --task lm")
+            why = f"the run {cfg.init_from} has a {cfg.tokenizer} tokenizer" if cfg.init_from else \
+                f"--tokenizer {cfg.tokenizer} is for --task lm"
+            raise ValueError(f"--task sft trains a byte-level BPE (its chat markers are special tokens); {why}")
 
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
