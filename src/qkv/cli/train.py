@@ -174,9 +174,10 @@ def train_config(args: argparse.Namespace):
                            f"{', '.join(sorted(overrides))})")
     if given.get("init_from"):  # a Hugging Face directory given as the run: say which flag takes it
         check_directory_kind(given["init_from"], "--init-from", hint=f"give it as --init-from-hf {given['init_from']}")
-    if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to continue it instead
-        check_directory_kind(given["init_from_hf"], "--init-from-hf",
-                             hint=f"continue it with --resume --out {given['init_from_hf']}")
+    if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to fine-tune or continue it instead
+        run = given["init_from_hf"]
+        check_directory_kind(run, "--init-from-hf",
+                             hint=f"fine-tune it with --init-from {run}, or continue it with --resume --out {run}")
     if args.resume:
         if not args.out:
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
