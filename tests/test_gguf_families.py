@@ -1,5 +1,5 @@
 """GGUF export of the families after LLaMA's: Mixtral (llama.cpp's llama with experts), Qwen2-MoE, Qwen3-MoE, OLMo 2,
-Phi-3 and SmolLM3. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
+Phi-3, SmolLM3 and gpt-oss. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
 loaded by qkv and written with ``to_gguf`` in f32, f16 and q8_0; read back with GGUFReader, the tensor names are those
 ``gguf.MODEL_TENSORS`` lists for the architecture, every tensor equals the HF weight in llama.cpp's layout (experts
 stacked, gate and up apart), the metadata keys hold the config's values, and llama.cpp's graph for the architecture
@@ -33,6 +33,10 @@ FAMILIES = {  # HF settings llama.cpp runs, gguf arch, kinds llama.cpp would loa
              "PHI3", ("ROPE_FACTORS_.*", "ATTN_[QKV]"), ()),  # RoPE on 12 of 16 dims
     "smollm3": (dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], use_sliding_window=False, attention_bias=False,
                      mlp_bias=False, tie_word_embeddings=True), "SMOLLM3", ("ROPE_FREQS", "ATTN_ROT_EMBD"), ()),
+    "gpt_oss": (dict(swiglu_limit=7.0, sliding_window=4, rope_parameters=dict(  # layers 0 and 2 slide; YaRN's ramp
+        rope_type="yarn", rope_theta=100.0, factor=4.0, beta_fast=32.0, beta_slow=1.0, truncate=True,  # on pairs 0-3
+        original_max_position_embeddings=32)), "GPT_OSS", (),
+        ("ATTN_Q", "ATTN_K", "ATTN_V", "ATTN_OUT", "FFN_GATE_INP", "FFN_GATE_EXP", "FFN_UP_EXP", "FFN_DOWN_EXP")),
 }  # a tied qwen2moe or smollm3 head is written as output.weight too; a tied qwen3moe one is not
 TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
@@ -43,6 +47,11 @@ def checkpoint(request, tmp_path_factory):
     family = request.param
     path = tmp_path_factory.mktemp(family)
     hf = save_with_tokenizer(family, path, **WIDTHS, **FAMILIES[family][0])
+    if family == "gpt_oss":  # experts' gate and up past llama.cpp's fixed limit of 7: the clamp bites
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.mlp.experts.gate_up_proj.mul_(100)
+        hf.save_pretrained(path)
     return family, hf, *load_pretrained(path)
 
 
@@ -56,6 +65,12 @@ def metadata(hf_config: dict, family: str) -> dict:
         out[L.EXPERT_FEED_FORWARD_LENGTH] = hf_config["moe_intermediate_size"]
     if family == "qwen2_moe":
         out[L.EXPERT_SHARED_FEED_FORWARD_LENGTH] = hf_config["shared_expert_intermediate_size"]
+    if family == "gpt_oss":
+        R, yarn = gguf.Keys.Rope, hf_config["rope_parameters"]
+        out |= {L.EXPERT_FEED_FORWARD_LENGTH: hf_config["intermediate_size"],
+                gguf.Keys.Attention.SLIDING_WINDOW: hf_config["sliding_window"], R.SCALING_TYPE: "yarn",
+                R.SCALING_FACTOR: yarn["factor"], R.SCALING_ORIG_CTX_LEN: yarn["original_max_position_embeddings"],
+                R.SCALING_YARN_BETA_FAST: yarn["beta_fast"], R.SCALING_YARN_BETA_SLOW: yarn["beta_slow"]}
     return out
 
 
@@ -71,7 +86,7 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     check_metadata(meta, arch, config, getattr(gguf.LlamaFileType, file_type), metadata(config, family))
     if dtype != "f32":
         return  # the values were checked within a rounding step; the graph is f32's check
-    ids = tok.backend("the dog bites the man").input_ids
+    ids = tok.backend("the dog bites the man and the man bites the dog").input_ids  # longer than windows
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
     got = Graph(values, meta, arch).logits(ids)
@@ -93,8 +108,12 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     ("phi3", {}, [r"RoPE scaling 'longrope' \(llama.cpp picks the short or long factors by the context it is started "
                   r"with, transformers by each sequence's length\)",
                   r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
-    ("gpt_oss", {}, [r"gpt-oss \(attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases\) is not "
-                     "written by qkv's GGUF export yet"]),
+    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"]), [
+        r"YaRN truncate=False \(llama.cpp's gpt-oss rounds the ramp's ends to whole dims: truncate=True\)",
+        r"layer_types=\['full_attention', 'sliding_attention', 'sliding_attention'\] \(llama.cpp's gpt-oss slides on "
+        r"\['sliding_attention', 'full_attention', 'sliding_attention'\]\)",
+        r"attention biases off \(llama.cpp's gpt-oss reads q/k/v biases\)",
+        r"swiglu_alpha=1.702, swiglu_limit=0.05 \(llama.cpp's gpt-oss fixes α=1.702, limit=7.0\)"]),
     ("smollm3", {}, [r"no_rope_layers=\[1, 0, 1, 0\] \(llama.cpp's smollm3 skips RoPE in every 4th layer: "
                      r"\[1, 1, 1, 0\]\)", r"sliding_window=6 < context 128", r"attention biases on",
                      r"mlp_bias=True \(llama.cpp's smollm3 has none\)"]),

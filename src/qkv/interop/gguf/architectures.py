@@ -12,9 +12,15 @@ differently (refused, with the reason), and the HF tensors and config fields lai
     phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
     smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
+    gpt_oss             gpt-oss     a sink logit per head (attn_sinks); q/k/v/o biases; a window on even layers
+                                    (fixed); YaRN with its ramp's ends rounded (truncate); the router's bias,
+                                    softmax over the top-k logits; experts with biases and the clamped SwiGLU
+                                    (α 1.702, limit 7 in llama.cpp's build_moe_ffn); post_attention_norm the
+                                    feed-forward's pre-norm
 
 Experts: transformers 5 holds gate and up fused, ``experts.gate_up_proj`` (E, 2I, C) = [gate; up] along I;
-llama.cpp reads two (E, I, C) tensors. Routing is the architecture's own in llama.cpp, not a setting: softmax
+llama.cpp reads two (E, I, C) tensors. gpt-oss's are transposed, (E, C, 2I) with gate and up interleaved, and
+biased: ``gate_up_proj_bias`` (E, 2I) the same way, ``down_proj`` (E, I, C), ``down_proj_bias`` (E, C). Routing is the architecture's own in llama.cpp, not a setting: softmax
 over all experts, top-k, the k weights renormalised in llama and qwen3moe but not in qwen2moe.
 
 Shapes: C model width, E experts, I expert width, H heads, D head width.
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..hf import hf_config
+from ..hf.families.gpt_oss import interleaved
 from ..hf.rules import half_split_to_interleaved
 
 
@@ -40,6 +47,14 @@ class Arch:
     biases: bool | None = None  # q/k/v biases: True it needs them, False it has none, None either
     renormalise: bool | None = None  # its experts' top-k weights renormalised; None: no experts
     nope_step: int | None = None  # every nope_step-th layer has no RoPE (a constant in llama.cpp, not a key)
+    swa_step: int | None = None  # a window on layers il % swa_step < swa_step - 1 (llama.cpp's fixed pattern)
+    yarn: bool = False  # YaRN written (rope.scaling.*), with llama.cpp's rounded ramp ends (HF truncate=True)
+    swiglu_oai: tuple[float, float] | None = None  # (α, limit): clamped SwiGLU experts, gpt-oss's layout
+
+    @property
+    def name(self) -> str:
+        """As gguf.MODEL_ARCH_NAMES spells it: qwen2moe, gpt-oss."""
+        return self.member.lower().replace("_", "-")
 
 
 ARCHES = {
@@ -51,6 +66,8 @@ ARCHES = {
     "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
     "phi3": Arch("PHI3", q_width=True, biases=False),
     "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
+    "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True,
+                    swiglu_oai=(1.702, 7.0)),  # softmax over the top-k logits: the top-k of a softmax renormalised
 }
 # Families to_hf writes that this exporter does not: why, for the error message
 NOT_WRITTEN = {
@@ -61,8 +78,6 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
-    "gpt_oss": "gpt-oss (attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases) is not written "
-               "by qkv's GGUF export yet; use --format hf",
     **{t: f"{name}'s multi-head latent attention and mixture of experts (llama.cpp's deepseek2 splits kv_b_proj "
           "and routes by its own group rules) are not written by qkv's GGUF export yet; use --format hf"
        for t, name in (("deepseek_v2", "DeepSeek-V2"), ("deepseek_v3", "DeepSeek-V3"))},
@@ -74,18 +89,10 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     if model_type not in ARCHES:
         return [NOT_WRITTEN.get(model_type, f"Hugging Face model_type {model_type!r} has no GGUF mapping here")]
     arch = ARCHES[model_type]
-    name, problems = arch.member.lower(), []  # gguf.MODEL_ARCH_NAMES spells them so
+    name, problems = arch.name, []
     if hf.get("hidden_act") != "silu":
         problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {name} gates with silu: SwiGLU)")
-    scaling = (hf.get("rope_scaling") or {}).get("rope_type", "default")
-    if scaling == "longrope":
-        problems.append("RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
-                        "started with, transformers by each sequence's length)")
-    elif scaling not in ("default", "linear"):
-        problems.append(f"RoPE scaling {scaling!r} (written here: none or linear)")
-    window, context = hf.get("sliding_window"), hf.get("max_position_embeddings")
-    if hf.get("use_sliding_window", True) and window is not None and window < context:
-        problems.append(f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)")
+    problems += rope_problems(arch, hf) + window_problems(arch, hf)
     heads, width = hf["num_attention_heads"], head_dim(hf) * hf["num_attention_heads"]
     if arch.q_width and width != hf["hidden_size"]:
         problems.append(f"head_dim={head_dim(hf)} × {heads} heads = {width} ≠ hidden_size={hf['hidden_size']} "
@@ -99,11 +106,50 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     return problems + expert_problems(arch, hf) + nope_problems(arch, hf)
 
 
+def rope_scaling(hf: dict) -> dict:
+    """The config's RoPE scaling (4.x rope_scaling or 5.x rope_parameters), {} for none."""
+    return hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+
+
+def rope_problems(arch: Arch, hf: dict) -> list[str]:
+    """RoPE scalings llama.cpp computes otherwise: LongRoPE, YaRN where not written or with unrounded ends."""
+    scaling = rope_scaling(hf)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "longrope":
+        return ["RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
+                "started with, transformers by each sequence's length)"]
+    if kind == "yarn" and arch.yarn:
+        out = []
+        if scaling.get("truncate", True) is False:
+            out.append(f"YaRN truncate=False (llama.cpp's {arch.name} rounds the ramp's ends to whole "
+                       "dims: truncate=True)")
+        extra = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if scaling.get(k) is not None]
+        if extra:
+            out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
+        return out
+    if kind not in ("default", "linear"):
+        return [f"RoPE scaling {kind!r} (written here: none or linear" + (", yarn)" if arch.yarn else ")")]
+    return []
+
+
+def window_problems(arch: Arch, hf: dict) -> list[str]:
+    """Sliding windows llama.cpp's architecture does not apply where HF does (or applies where HF does not)."""
+    name, window, context = arch.name, hf.get("sliding_window"), hf.get("max_position_embeddings")
+    if window is None or window >= context or not hf.get("use_sliding_window", True):
+        return []
+    if arch.swa_step is None:
+        return [f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)"]
+    fixed = ["sliding_attention" if i % arch.swa_step < arch.swa_step - 1 else "full_attention"
+             for i in range(hf["num_hidden_layers"])]
+    types = hf.get("layer_types") or fixed
+    return [] if list(types) == fixed else [f"layer_types={list(types)} (llama.cpp's {name} slides on {fixed})"]
+
+
 def expert_problems(arch: Arch, hf: dict) -> list[str]:
     """What llama.cpp's routing for ``arch`` fixes that the HF config sets otherwise."""
     if arch.renormalise is None:
         return []
-    name, problems = arch.member.lower(), []
+    name, problems = arch.name, []
     dense = hf.get("mlp_only_layers") or []
     if dense or hf.get("decoder_sparse_step", 1) != 1:
         problems.append(f"dense layers {dense} among the mixture-of-experts ones (llama.cpp's {name} has experts "
@@ -112,6 +158,9 @@ def expert_problems(arch: Arch, hf: dict) -> list[str]:
     if renormalised != arch.renormalise:
         problems.append(f"norm_topk_prob={renormalised} (llama.cpp's {name} "
                         f"{'renormalises' if arch.renormalise else 'does not renormalise'} the top-k weights)")
+    if arch.swiglu_oai and (hf.get("swiglu_alpha"), hf.get("swiglu_limit")) != arch.swiglu_oai:
+        problems.append(f"swiglu_alpha={hf.get('swiglu_alpha')}, swiglu_limit={hf.get('swiglu_limit')} (llama.cpp's "
+                        f"{name} fixes α={arch.swiglu_oai[0]}, limit={arch.swiglu_oai[1]})")
     return problems
 
 
@@ -124,7 +173,7 @@ def nope_problems(arch: Arch, hf: dict) -> list[str]:
     fixed = [int((i + 1) % arch.nope_step != 0) for i in range(n)]
     if list(flags[:n]) == fixed:
         return []
-    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.member.lower()} skips RoPE in every "
+    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.name} skips RoPE in every "
             f"{arch.nope_step}th layer: {fixed})"]
 
 
@@ -149,7 +198,11 @@ def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
     ``arch`` loads one; RoPE's inv_freq table dropped (llama.cpp computes it)."""
     out = {}
     for key, tensor in state.items():
-        if key.endswith("experts.gate_up_proj"):  # (E, 2I, C) = [gate; up] along I
+        if arch.swiglu_oai and ".experts." in key:
+            out |= oai_experts(key, tensor)
+        elif key.endswith("self_attn.sinks"):
+            out[key + ".weight"] = tensor  # (H,): the converter's name
+        elif key.endswith("experts.gate_up_proj"):  # (E, 2I, C) = [gate; up] along I
             stem = key.removesuffix("gate_up_proj")
             out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = tensor.chunk(2, dim=1)  # (E, I, C) each
         elif key.endswith("experts.down_proj"):  # (E, C, I)
@@ -164,6 +217,20 @@ def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
         else:
             out.pop("lm_head.weight", None)
     return out
+
+
+def oai_experts(key: str, tensor: torch.Tensor) -> dict:
+    """gpt-oss's experts as llama.cpp holds them: gate and up apart, (E, out, in), biases (E, out)."""
+    stem, kind = key.rsplit(".", 1)
+    if kind == "gate_up_proj":  # (E, C, 2I), interleaved
+        gate, up = (w.transpose(1, 2) for w in interleaved(tensor))  # (E, I, C) each
+        return {f"{stem}.gate_proj.weight": gate, f"{stem}.up_proj.weight": up}
+    if kind == "gate_up_proj_bias":  # (E, 2I), interleaved
+        gate, up = interleaved(tensor)
+        return {f"{stem}.gate_proj.bias": gate, f"{stem}.up_proj.bias": up}
+    if kind == "down_proj":  # (E, I, C)
+        return {f"{stem}.down_proj.weight": tensor.transpose(1, 2)}
+    return {f"{stem}.down_proj.bias": tensor}  # down_proj_bias (E, C)
 
 
 def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
@@ -183,9 +250,10 @@ def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
 
 
 def encode(gguf, name: str, data, qtype):
-    """(bytes or array, its GGMLQuantizationType): 1-D tensors, norms and routers f32, as the converter keeps
-    them (a router rounded may choose other experts); a matrix whose rows do not split into the type's blocks f16."""
-    if data.ndim <= 1 or name.endswith(("_norm.weight", ".ffn_gate_inp.weight")):
+    """(bytes or array, its GGMLQuantizationType): 1-D tensors, norms, routers and biases f32, as the converter
+    keeps them (a router rounded may choose other experts; llama-quantize quantises only ``.weight`` tensors);
+    a matrix whose rows do not split into the type's blocks f16."""
+    if data.ndim <= 1 or name.endswith(("_norm.weight", ".ffn_gate_inp.weight", ".bias")):
         qtype = gguf.GGMLQuantizationType.F32
     try:
         return gguf.quants.quantize(data, qtype), qtype
@@ -194,7 +262,7 @@ def encode(gguf, name: str, data, qtype):
         return gguf.quants.quantize(data, qtype), qtype
 
 
-def write_hparams(gguf, writer, fields: dict, file_type) -> None:
+def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     """The architecture's metadata from the HF config fields, as convert_hf_to_gguf.py writes it."""
     D = head_dim(fields)
     writer.add_context_length(fields["max_position_embeddings"])
@@ -209,12 +277,27 @@ def write_hparams(gguf, writer, fields: dict, file_type) -> None:
     writer.add_rope_freq_base(float(fields["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
     writer.add_vocab_size(fields["vocab_size"])
-    scaling = fields.get("rope_scaling") or {}
-    if scaling.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    write_rope_scaling(gguf, writer, rope_scaling(fields))
+    if arch.swa_step:
+        writer.add_sliding_window(fields.get("sliding_window") or fields["max_position_embeddings"])
     write_experts(writer, fields)
+    if arch.swiglu_oai:
+        writer.add_expert_feed_forward_length(fields["intermediate_size"])  # gpt-oss: the experts' width
     writer.add_file_type(file_type)
+
+
+def write_rope_scaling(gguf, writer, scaling: dict) -> None:
+    """rope.scaling.*: linear's factor; YaRN's factor, original context and β bounds (``rope_problems`` has
+    refused what else)."""
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ("linear", "yarn"):
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if kind == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        writer.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast", 32.0)))
+        writer.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow", 1.0)))
 
 
 def write_experts(writer, fields: dict) -> None:
