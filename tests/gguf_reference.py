@@ -77,6 +77,10 @@ def sources(key, names, arch) -> list[str]:
         return [f"{names.get_name(f'{stem}.{w}_proj')}.{suffix}" for w in ("gate", "up")]
     if arch == OAI and kind in ("down_proj", "down_proj_bias"):
         return [f"{names.get_name(f'{stem}.down_proj')}.{'bias' if kind.endswith('bias') else 'weight'}"]
+    if key.endswith("kv_b_proj.weight"):  # deepseek2: split per head into k_b and v_b
+        return [names.get_name(key.replace("kv_b_proj", f"{w}_b_proj"), try_suffixes=(".weight",)) for w in "kv"]
+    if kind == "e_score_correction_bias":
+        return [names.get_name(f"{stem}.e_score_correction.bias", try_suffixes=(".bias",))]
     name = names.get_name(key, try_suffixes=(".weight", ".bias"))
     return [] if name is None else [name if name.endswith((".weight", ".bias")) else name + ".weight"]
 
@@ -92,6 +96,8 @@ def as_hf(values, key, names, arch, config):
         return torch.stack([p if p.dim() == 2 else p.transpose(1, 2) for p in parts], dim=-1).flatten(-2)
     if key.endswith("experts.gate_up_proj"):  # HF (E, 2I, C) = [gate; up]; llama.cpp two (E, I, C)
         return torch.cat(parts, dim=1)
+    if key.endswith("kv_b_proj.weight"):  # HF (H·(N + V), r); llama.cpp k_b (H, r, N), v_b (H, V, r)
+        return torch.cat([parts[0].transpose(1, 2), parts[1]], dim=1).flatten(0, 1)
     got, proj = parts[0], key.rsplit(".", 2)[-2]
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     if arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.SMOLLM3) and proj in heads:
@@ -165,7 +171,8 @@ class Graph:
         self.meta = {k.removeprefix(name + "."): v for k, v in meta.items()}
         self.H, self.G = self.meta["attention.head_count"], self.meta["attention.head_count_kv"]
         self.D, self.eps = self.meta["attention.key_length"], self.meta["attention.layer_norm_rms_epsilon"]
-        self.renormalise, self.nope_step = RENORMALISES.get(name), NOPE_STEP.get(name)
+        self.renormalise = RENORMALISES.get(name, self.meta.get("expert_weights_norm", False))  # deepseek2: a key
+        self.nope_step = NOPE_STEP.get(name)
         self.swa_step, self.window = SWA_STEP.get(name), self.meta.get("attention.sliding_window")
         self.inv_freq, self.scale = frequencies(self.meta, self.meta["rope.dimension_count"])
         # gpt-oss's post_attention_norm is its feed-forward's pre-norm; olmo2's normalises the attention's output
@@ -186,7 +193,10 @@ class Graph:
             h = self.norm(x, b + "attn_norm") if b + "attn_norm.weight" in self.t else x  # olmo2: none before
             rotate = self.nope_step is None or (i + 1) % self.nope_step != 0
             slides = self.swa_step is not None and i % self.swa_step < self.swa_step - 1
-            x = x + self.attention(b, h, rotate=rotate, window=self.window if slides else None)
+            if b + "attn_kv_a_mqa.weight" in self.t:
+                x = x + self.latent_attention(b, h)
+            else:
+                x = x + self.attention(b, h, rotate=rotate, window=self.window if slides else None)
             h = self.norm(x, b + self.ffn_norm) if f"{b}{self.ffn_norm}.weight" in self.t else x
             y = self.experts(b, h) if b + "ffn_gate_inp.weight" in self.t else self.mlp(b, h)
             x = x + (self.norm(y, b + "post_ffw_norm") if b + "post_ffw_norm.weight" in self.t else y)
@@ -211,17 +221,28 @@ class Graph:
             adjacent = self.arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.SMOLLM3)
             q, k = (rope(z, self.inv_freq, adjacent=adjacent, scale=self.scale) for z in (q, k))
         k, v = (z.repeat_interleave(H // G, dim=1) for z in (k, v))  # (T, H, D)
-        scores = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
-        back = torch.arange(T)[:, None] - torch.arange(T)  # (T, S): how far key s lies behind query t
-        scores = scores.masked_fill((back < 0) | (back >= (window or T + 1)), float("-inf"))
-        if b + "attn_sinks.weight" in t:  # one more logit per head in each softmax, weighing no value
-            sinks = t[b + "attn_sinks.weight"][:, None, None].expand(H, T, 1)
-            weights = torch.cat([scores, sinks], dim=-1).softmax(-1)[..., :-1]
-        else:
-            weights = scores.softmax(-1)
-        out = self.proj(torch.einsum("hts,shd->thd", weights, v).reshape(T, -1), b + "attn_output")
+        out = self.proj(attend(q, k, v, window, t.get(b + "attn_sinks.weight")), b + "attn_output")
         post = self.attn_post_norm and f"{b}{self.attn_post_norm}.weight" in t
         return self.norm(out, b + self.attn_post_norm) if post else out
+
+    def latent_attention(self, b, h):
+        """deepseek2's multi-head latent attention of (T, C) ``h``, decompressed: q (low-rank through attn_q_a_norm
+        or plain) as N + R dims a head; attn_kv_a_mqa's latent (r, normed) and one shared RoPE key (R); per head
+        keys [latent · attn_k_b; RoPE key] and values latent · attn_v_bᵀ; RoPE on adjacent pairs; scale 1/√(N+R)."""
+        T, H, t = len(h), self.H, self.t
+        R = self.meta["rope.dimension_count"]
+        N = self.meta["attention.key_length_mla"] - R
+        if b + "attn_q_a.weight" in t:
+            q = self.proj(self.norm(self.proj(h, b + "attn_q_a"), b + "attn_q_a_norm"), b + "attn_q_b")
+        else:
+            q = self.proj(h, b + "attn_q")
+        q_nope, q_pe = q.reshape(T, H, N + R).split([N, R], dim=-1)
+        latent, k_pe = self.proj(h, b + "attn_kv_a_mqa").split([self.meta["attention.kv_lora_rank"], R], dim=-1)
+        latent = self.norm(latent, b + "attn_kv_a_norm")  # (T, r)
+        q_pe, k_pe = (rope(z, self.inv_freq, adjacent=True) for z in (q_pe, k_pe[:, None]))
+        k = torch.cat([torch.einsum("sr,hrn->shn", latent, t[b + "attn_k_b.weight"]), k_pe.expand(T, H, R)], dim=-1)
+        v = torch.einsum("sr,hvr->shv", latent, t[b + "attn_v_b.weight"])  # (T, H, V)
+        return self.proj(attend(torch.cat([q_nope, q_pe], dim=-1), k, v), b + "attn_output")
 
     def mlp(self, b, h, gate="ffn_gate", up="ffn_up", down="ffn_down"):
         """SwiGLU: separate gate and up, or phi3's fused ffn_up = [gate; up] (llama.cpp's LLM_FFN_SWIGLU)."""
@@ -230,20 +251,36 @@ class Graph:
         g, u = self.proj(h, b + up).chunk(2, dim=-1)
         return self.proj(torch.nn.functional.silu(g) * u, b + down)
 
-    def experts(self, b, h):
-        """build_moe_ffn: softmax over all experts then top-k, renormalised where the architecture does (gpt-oss:
-        top-k of the biased logits, softmax over those k); each chosen expert's SwiGLU (gpt-oss: biased, clamped)
-        weighted; qwen2moe's shared expert scaled by σ(ffn_gate_inp_shexp · h)."""
-        t, K = self.t, self.meta["expert_used_count"]
-        assert t[b + "ffn_gate_inp.weight"].shape[0] == self.meta["expert_count"]
+    def route(self, b, h):
+        """build_moe_ffn's choice: (weights, experts) (T, K) each. Scores softmax or sigmoid (expert_gating_func);
+        the top-k of scores + exp_probs_b, within the expert_group_used_count best groups (a group scores its two
+        best), weighed by the unbiased scores, renormalised where the architecture does, × expert_weights_scale.
+        gpt-oss: the top-k of the biased logits, softmax over those k."""
+        t, K, meta = self.t, self.meta["expert_used_count"], self.meta
+        assert t[b + "ffn_gate_inp.weight"].shape[0] == meta["expert_count"]
         logits = self.proj(h, b + "ffn_gate_inp")  # (T, E)
         if self.arch == OAI:
             top, chosen = logits.topk(K, dim=-1)
-            weights = top.softmax(-1)  # (T, K)
-        else:
-            weights, chosen = logits.softmax(-1).topk(K, dim=-1)  # (T, K) each
-        if self.renormalise and self.arch != OAI:
+            return top.softmax(-1), chosen
+        scores = logits.sigmoid() if meta.get("expert_gating_func") == 2 else logits.softmax(-1)  # 2: SIGMOID
+        choice = scores + t.get(b + "exp_probs_b.bias", 0)
+        groups = meta.get("expert_group_count", 1)
+        if groups > 1:
+            grouped = choice.reshape(len(h), groups, -1)  # (T, groups, E / groups)
+            best = grouped.topk(2, dim=-1).values.sum(-1).topk(meta["expert_group_used_count"], dim=-1).indices
+            kept = torch.zeros(len(h), groups, dtype=torch.bool).scatter(1, best, True)
+            choice = grouped.masked_fill(~kept[..., None], float("-inf")).reshape(len(h), -1)
+        chosen = choice.topk(K, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        if self.renormalise:
             weights = weights / weights.sum(-1, keepdim=True)
+        return weights * meta.get("expert_weights_scale", 1.0), chosen
+
+    def experts(self, b, h):
+        """build_moe_ffn: each chosen expert's SwiGLU (gpt-oss: biased, clamped) weighted as ``route`` says; a
+        shared expert added (qwen2moe: scaled by σ(ffn_gate_inp_shexp · h))."""
+        t = self.t
+        weights, chosen = self.route(b, h)
         def each(w, kind="weight"):  # the chosen experts' tensors: (T, K, ·, ·) weights, (T, K, ·) biases
             key = f"{b}ffn_{w}_exps.{kind}"
             return t[key][chosen] if key in t else 0
@@ -256,7 +293,22 @@ class Graph:
             inner = torch.nn.functional.silu(g) * u
         out = torch.einsum("tk,tkc->tc", weights, torch.einsum("tkci,tki->tkc", each("down"), inner)
                            + each("down", "bias"))
-        if b + "ffn_gate_inp_shexp.weight" in t:
-            share = torch.sigmoid(h @ t[b + "ffn_gate_inp_shexp.weight"])[:, None]  # (T, 1)
+        if b + "ffn_up_shexp.weight" in t:
+            gated = b + "ffn_gate_inp_shexp.weight" in t
+            share = torch.sigmoid(h @ t[b + "ffn_gate_inp_shexp.weight"])[:, None] if gated else 1  # (T, 1)
             out = out + share * self.mlp(b, h, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
         return out
+
+
+def attend(q, k, v, window=None, sinks=None):
+    """Causal softmax attention (T, H, ·) -> (T, H·V), scale 1/√(q's width); keys within ``window`` positions;
+    ``sinks`` (H,): one more logit per head in each softmax, weighing no value."""
+    T, H, D = q.shape
+    scores = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
+    back = torch.arange(T)[:, None] - torch.arange(T)  # (T, S): how far key s lies behind query t
+    scores = scores.masked_fill((back < 0) | (back >= (window or T + 1)), float("-inf"))
+    if sinks is None:
+        weights = scores.softmax(-1)
+    else:
+        weights = torch.cat([scores, sinks[:, None, None].expand(H, T, 1)], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hts,shd->thd", weights, v).reshape(T, -1)

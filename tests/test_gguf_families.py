@@ -117,7 +117,6 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     ("smollm3", {}, [r"no_rope_layers=\[1, 0, 1, 0\] \(llama.cpp's smollm3 skips RoPE in every 4th layer: "
                      r"\[1, 1, 1, 0\]\)", r"sliding_window=6 < context 128", r"attention biases on",
                      r"mlp_bias=True \(llama.cpp's smollm3 has none\)"]),
-    ("deepseek_v3", {}, [r"DeepSeek-V3's multi-head latent attention and mixture of experts \(llama.cpp's deepseek2"]),
 ])
 def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, change, reasons):
     """tests/hf_models.py's settings (every option away from its default), as the architecture cannot hold them."""

@@ -34,6 +34,7 @@ import torch
 from ..hf import hf_config
 from ..hf.families.gpt_oss import interleaved
 from ..hf.rules import half_split_to_interleaved
+from .deepseek import latent_problems, latent_tensors, write_latent_experts, write_latent_heads
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Arch:
     swa_step: int | None = None  # a window on layers il % swa_step < swa_step - 1 (llama.cpp's fixed pattern)
     yarn: bool = False  # YaRN written (rope.scaling.*), with llama.cpp's rounded ramp ends (HF truncate=True)
     swiglu_oai: tuple[float, float] | None = None  # (α, limit): clamped SwiGLU experts, gpt-oss's layout
+    latent_gating: str | None = None  # DeepSeek's MLA as deepseek2 reads it; its gguf.ExpertGatingFuncType
 
     @property
     def name(self) -> str:
@@ -68,6 +70,8 @@ ARCHES = {
     "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
     "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True,
                     swiglu_oai=(1.702, 7.0)),  # softmax over the top-k logits: the top-k of a softmax renormalised
+    "deepseek_v2": Arch("DEEPSEEK2", biases=False, latent_gating="SOFTMAX"),  # routing: keys (``deepseek``)
+    "deepseek_v3": Arch("DEEPSEEK2", biases=False, latent_gating="SIGMOID"),
 }
 # Families to_hf writes that this exporter does not: why, for the error message
 NOT_WRITTEN = {
@@ -78,9 +82,6 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
-    **{t: f"{name}'s multi-head latent attention and mixture of experts (llama.cpp's deepseek2 splits kv_b_proj "
-          "and routes by its own group rules) are not written by qkv's GGUF export yet; use --format hf"
-       for t, name in (("deepseek_v2", "DeepSeek-V2"), ("deepseek_v3", "DeepSeek-V3"))},
 }
 
 
@@ -103,7 +104,8 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
                         f"{'reads q/k/v biases' if arch.biases else 'has none'})")
     if arch.biases is False and hf.get("mlp_bias"):
         problems.append(f"mlp_bias=True (llama.cpp's {name} has none)")
-    return problems + expert_problems(arch, hf) + nope_problems(arch, hf)
+    return problems + expert_problems(arch, hf) + nope_problems(arch, hf) + \
+        (latent_problems(hf) if arch.latent_gating else [])
 
 
 def rope_scaling(hf: dict) -> dict:
@@ -127,8 +129,9 @@ def rope_problems(arch: Arch, hf: dict) -> list[str]:
         if extra:
             out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
         return out
-    if kind not in ("default", "linear"):
-        return [f"RoPE scaling {kind!r} (written here: none or linear" + (", yarn)" if arch.yarn else ")")]
+    written = ("default",) + ("yarn",) * arch.yarn + ("linear",) * (not arch.latent_gating)  # deepseek2: YaRN's
+    if kind not in written:  # scale corrections in its graph, which qkv's export does not write
+        return [f"RoPE scaling {kind!r} (written for llama.cpp's {arch.name}: {', '.join(written[1:]) or 'none'})"]
     return []
 
 
@@ -198,7 +201,9 @@ def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
     ``arch`` loads one; RoPE's inv_freq table dropped (llama.cpp computes it)."""
     out = {}
     for key, tensor in state.items():
-        if arch.swiglu_oai and ".experts." in key:
+        if arch.latent_gating and (latent := latent_tensors(key, tensor, fields)) is not None:
+            out |= latent
+        elif arch.swiglu_oai and ".experts." in key:
             out |= oai_experts(key, tensor)
         elif key.endswith("self_attn.sinks"):
             out[key + ".weight"] = tensor  # (H,): the converter's name
@@ -270,10 +275,13 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     writer.add_block_count(fields["num_hidden_layers"])
     writer.add_feed_forward_length(fields["intermediate_size"])
     writer.add_head_count(fields["num_attention_heads"])
-    writer.add_head_count_kv(fields["num_key_value_heads"])
-    writer.add_key_length(D)
-    writer.add_value_length(D)
-    writer.add_rope_dimension_count(int(D * fields.get("partial_rotary_factor", 1.0)))  # Phi-3: the first dims
+    if arch.latent_gating:
+        write_latent_heads(writer, fields)
+    else:
+        writer.add_head_count_kv(fields["num_key_value_heads"])
+        writer.add_key_length(D)
+        writer.add_value_length(D)
+        writer.add_rope_dimension_count(int(D * fields.get("partial_rotary_factor", 1.0)))  # Phi-3: the first dims
     writer.add_rope_freq_base(float(fields["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
     writer.add_vocab_size(fields["vocab_size"])
@@ -283,6 +291,8 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     write_experts(writer, fields)
     if arch.swiglu_oai:
         writer.add_expert_feed_forward_length(fields["intermediate_size"])  # gpt-oss: the experts' width
+    if arch.latent_gating:
+        write_latent_experts(gguf, writer, fields, arch.latent_gating)
     writer.add_file_type(file_type)
 
 
