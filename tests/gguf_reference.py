@@ -102,6 +102,11 @@ def as_hf(values, key, names, arch, config):
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     if arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.SMOLLM3) and proj in heads:
         got = unpermute(got, heads[proj])
+    if config.get("rope_interleave", True) is False and proj in ("q_proj", "q_b_proj", "kv_a_proj_with_mqa"):
+        heads, R = 1 if proj.startswith("kv") else config["num_attention_heads"], config["qk_rope_head_dim"]
+        got = got.reshape(heads, -1, got.shape[-1])  # deepseek2: each head's last R rows in adjacent pairs
+        rotated = unpermute(got[:, -R:].reshape(heads * R, -1), heads).reshape(heads, R, -1)
+        got = torch.cat([got[:, :-R], rotated], dim=1).flatten(0, 1)
     return got.reshape(1, -1) if key.endswith("shared_expert_gate.weight") else got  # llama.cpp's is (C,)
 
 

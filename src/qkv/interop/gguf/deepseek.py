@@ -8,15 +8,17 @@ DeepseekV2Model writes them.
                (head_count_kv 1, key_length r + R, value_length r) and the per-head widths apart
                (key_length_mla N + R, value_length_mla V)
     RoPE       on adjacent pairs of the last R dims of each head (llama.cpp's NORM mode): HF's interleaved
-               layout (V2 always, V3 with rope_interleave), so no row moves
+               layout (V2 always, V3 with rope_interleave), so no row moves; V3 with rope_interleave=False
+               rotates halves, so those R rows of q and of the RoPE key are permuted per head, as the
+               converter's ``LlamaModel.permute``
     experts    from layer ``leading_dense_block_count`` on: ``ffn_gate_inp``, the stacked experts, the shared
                experts (``expert_shared_count`` of them, one SwiGLU), V3's correction bias ``exp_probs_b.bias``;
                ``expert_gating_func`` softmax (V2) or sigmoid (V3), the top-k chosen on scores + bias within the
                ``expert_group_used_count`` best of ``expert_group_count`` groups (a group scores its two best),
                weighed unbiased, renormalised where ``expert_weights_norm``, × ``expert_weights_scale``
 
-Refused: RoPE on halves (V3's rope_interleave=False), V2's group_limited_greedy over groups (its groups score
-their best expert only), experts without a shared one (llama.cpp's graph adds one in every expert layer).
+Refused: V2's group_limited_greedy over groups (its groups score their best expert only), experts without a
+shared one (llama.cpp's graph adds one in every expert layer), RoPE scaling (``architectures.rope_problems``).
 
 Shapes: C model width, H heads, N and R a head's non-rotated and rotated q/k widths, V its value width,
 r the latent (kv_lora_rank).
@@ -25,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from ..hf.rules import half_split_to_interleaved
+
 def latent_problems(hf: dict) -> list[str]:
     """What llama.cpp's deepseek2 would compute differently from this DeepSeek config."""
     problems = []
-    if hf.get("rope_interleave", True) is False:
-        problems.append("rope_interleave=False (llama.cpp's deepseek2 rotates adjacent pairs: rope_interleave=True)")
     groups, kept = hf.get("n_group") or 1, hf.get("topk_group") or 1
     if hf.get("topk_method") == "group_limited_greedy" and 1 < groups and kept < groups:
         problems.append(f"topk_method='group_limited_greedy' with n_group={groups} (llama.cpp's deepseek2 scores a "
@@ -42,7 +44,11 @@ def latent_problems(hf: dict) -> list[str]:
 
 
 def latent_tensors(key: str, tensor: torch.Tensor, fields: dict) -> dict | None:
-    """HF ``key`` as deepseek2 holds it (kv_b_proj split, the correction bias renamed); None: unchanged."""
+    """HF ``key`` as deepseek2 holds it (kv_b_proj split, the correction bias renamed, RoPE rows on halves
+    permuted to adjacent pairs); None: unchanged."""
+    if fields.get("rope_interleave", True) is False and key.endswith(ROTATED):
+        heads = 1 if key.endswith("kv_a_proj_with_mqa.weight") else fields["num_attention_heads"]
+        return {key: rotated_rows_interleaved(tensor, heads, fields["qk_rope_head_dim"])}
     if key.endswith("kv_b_proj.weight"):  # (H·(N + V), r)
         H, N, V = fields["num_attention_heads"], fields["qk_nope_head_dim"], fields["v_head_dim"]
         k_b, v_b = tensor.reshape(H, N + V, -1).split([N, V], dim=1)  # (H, N, r), (H, V, r)
@@ -51,6 +57,16 @@ def latent_tensors(key: str, tensor: torch.Tensor, fields: dict) -> dict | None:
     if key.endswith("e_score_correction_bias"):
         return {key.removesuffix("_bias") + ".bias": tensor}  # the converter's name: exp_probs_b.bias
     return None
+
+
+ROTATED = ("q_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight")  # rows: each head's last R rotate
+
+
+def rotated_rows_interleaved(w: torch.Tensor, heads: int, R: int) -> torch.Tensor:
+    """(heads·W, in) with each head's last R rows rotated on halves -> those rows in adjacent pairs."""
+    w = w.reshape(heads, -1, w.shape[-1]).clone()  # (heads, W, in)
+    w[:, -R:] = half_split_to_interleaved(w[:, -R:].reshape(heads * R, -1), heads).reshape(heads, R, -1)
+    return w.flatten(0, 1)
 
 
 def write_latent_heads(writer, fields: dict) -> None:
