@@ -233,7 +233,8 @@ class Graph:
     def latent_attention(self, b, h):
         """deepseek2's multi-head latent attention of (T, C) ``h``, decompressed: q (low-rank through attn_q_a_norm
         or plain) as N + R dims a head; attn_kv_a_mqa's latent (r, normed) and one shared RoPE key (R); per head
-        keys [latent · attn_k_b; RoPE key] and values latent · attn_v_bᵀ; RoPE on adjacent pairs; scale 1/√(N+R)."""
+        keys [latent · attn_k_b; RoPE key] and values latent · attn_v_bᵀ; RoPE on adjacent pairs; scale
+        1/√(N+R)."""
         T, H, t = len(h), self.H, self.t
         R = self.meta["rope.dimension_count"]
         N = self.meta["attention.key_length_mla"] - R

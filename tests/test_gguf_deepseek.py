@@ -1,8 +1,9 @@
-"""GGUF export of DeepSeek-V2 and -V3 as llama.cpp's deepseek2 (src/qkv/interop/gguf/deepseek.py): tiny random Hugging
-Face models (tests/test_interop_deepseek.py's) in widths that split into q8_0's blocks, loaded by qkv and written with
-``to_gguf`` in f32, f16 and q8_0. Read back: the tensor names deepseek2 loads (k_b and v_b for kv_b_proj, experts only
-after the leading dense layers), every value, the metadata (MLA as one key/value head, the routing keys), and llama.cpp's
-graph over the f32 file gives HF's logits (tests/gguf_reference.py). What deepseek2 computes otherwise is refused."""
+"""GGUF export of DeepSeek-V2 and -V3 as llama.cpp's deepseek2 (src/qkv/interop/gguf/deepseek.py): tiny random
+Hugging Face models (tests/test_interop_deepseek.py's) in widths that split into q8_0's blocks, loaded by qkv and
+written with ``to_gguf`` in f32, f16 and q8_0. Read back: the tensor names deepseek2 loads (k_b and v_b for kv_b_proj,
+experts only after the leading dense layers), every value, the metadata (MLA as one key/value head, the routing keys),
+and llama.cpp's graph over the f32 file gives HF's logits (tests/gguf_reference.py). What deepseek2 computes otherwise
+is refused."""
 import re
 
 import pytest
@@ -18,7 +19,8 @@ from qkv.interop.gguf import check_exportable, to_gguf  # noqa: E402
 from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
 
 WIDTHS = dict(hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=32,
-              q_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32)  # 32 | rows
+              q_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=8, v_head_dim=16,
+              moe_intermediate_size=32)  # every matrix's rows split into q8_0's blocks of 32
 EXPERTS = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
                n_shared_experts=2)  # layer 0 dense, 1 and 2 experts
 VARIANTS = {  # name -> (tests/test_interop_deepseek.py's variant, changes)

@@ -12,6 +12,7 @@ differently (refused, with the reason), and the HF tensors and config fields lai
     phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
     smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
+    deepseek_v2/v3      deepseek2   multi-head latent attention, leading dense layers, routing as keys (``deepseek``)
     gpt_oss             gpt-oss     a sink logit per head (attn_sinks); q/k/v/o biases; a window on even layers
                                     (fixed); YaRN with its ramp's ends rounded (truncate); the router's bias,
                                     softmax over the top-k logits; experts with biases and the clamped SwiGLU
@@ -20,8 +21,10 @@ differently (refused, with the reason), and the HF tensors and config fields lai
 
 Experts: transformers 5 holds gate and up fused, ``experts.gate_up_proj`` (E, 2I, C) = [gate; up] along I;
 llama.cpp reads two (E, I, C) tensors. gpt-oss's are transposed, (E, C, 2I) with gate and up interleaved, and
-biased: ``gate_up_proj_bias`` (E, 2I) the same way, ``down_proj`` (E, I, C), ``down_proj_bias`` (E, C). Routing is the architecture's own in llama.cpp, not a setting: softmax
-over all experts, top-k, the k weights renormalised in llama and qwen3moe but not in qwen2moe.
+biased: ``gate_up_proj_bias`` (E, 2I) the same way, ``down_proj`` (E, I, C), ``down_proj_bias`` (E, C).
+Routing is the architecture's own in llama.cpp, not a setting: softmax over all experts, top-k, the k weights
+renormalised in llama, qwen3moe and gpt-oss (there as a softmax over the k logits) but not in qwen2moe; deepseek2
+reads its routing from keys (``deepseek``).
 
 Shapes: C model width, E experts, I expert width, H heads, D head width.
 """
