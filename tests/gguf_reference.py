@@ -135,7 +135,8 @@ def check_values(values, types, hf_state, arch, config, qtype):
         else:
             torch.testing.assert_close(got, want.to(torch.float16).float(), rtol=0, atol=0)
     mapped = {n for k in hf_state for n in sources(k, names, arch)}
-    assert set(values) - mapped <= {"output.weight"}, set(values) - mapped
+    assert set(values) - mapped <= {"output.weight", "rope_factors_short.weight", "rope_factors_long.weight"}, \
+        set(values) - mapped  # a tied head's copy; LongRoPE's factors (from the config)
 
 
 def frequencies(meta, dims: int):
@@ -180,6 +181,9 @@ class Graph:
         self.nope_step = NOPE_STEP.get(name)
         self.swa_step, self.window = SWA_STEP.get(name), self.meta.get("attention.sliding_window")
         self.inv_freq, self.scale = frequencies(self.meta, self.meta["rope.dimension_count"])
+        if "rope_factors_short.weight" in t:  # LongRoPE as llama.cpp runs it in a context ≤ the original one
+            self.inv_freq = self.inv_freq / t["rope_factors_short.weight"].double()
+            self.scale = self.meta["rope.scaling.attn_factor"]
         # gpt-oss's post_attention_norm is its feed-forward's pre-norm; olmo2's normalises the attention's output
         self.ffn_norm, self.attn_post_norm = ("post_attention_norm", None) if arch == OAI else \
             ("ffn_norm", "post_attention_norm")

@@ -14,6 +14,7 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
     q and k    llama.cpp's ``llama`` architecture rotates adjacent pairs (interleaved RoPE) where HF
                LLaMA rotates halves: its q/k rows (weights and biases) are permuted per head, as the
                converter's ``LlamaModel.permute``; the others rotate halves, as HF
+    MLA        DeepSeek-V2/V3 as ``deepseek2`` (``deepseek``): kv_b_proj split per head into attn_k_b, attn_v_b
     experts    ``ffn_gate_inp`` (the router), ``ffn_{gate,up,down}_exps`` (E, ·, ·) stacked, Qwen2-MoE's
                shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``; gpt-oss's biases (``.bias``)
     types      f32, f16, bf16 or q8_0 for matrices; 1-D tensors, norms, routers and biases stay f32; a matrix whose

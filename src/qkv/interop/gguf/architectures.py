@@ -9,7 +9,9 @@ differently (refused, with the reason), and the HF tensors and config fields lai
     qwen3_moe           qwen3moe    experts in every layer, QK-norm per head
     olmo2               olmo2       norms after each sublayer (post_attention_norm, post_ffw_norm), none before;
                                     QK-norm over the whole q and k projections
-    phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
+    phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); LongRoPE's
+                                    factors as rope_factors_short/long (llama.cpp picks by the context it is
+                                    started with: short up to the original context); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
     smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
     deepseek_v2/v3      deepseek2   multi-head latent attention, leading dense layers, routing as keys (``deepseek``)
@@ -30,6 +32,7 @@ Shapes: C model width, E experts, I expert width, H heads, D head width.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +58,7 @@ class Arch:
     yarn: bool = False  # YaRN written (rope.scaling.*), with llama.cpp's rounded ramp ends (HF truncate=True)
     swiglu_oai: tuple[float, float] | None = None  # (α, limit): clamped SwiGLU experts, gpt-oss's layout
     latent_gating: str | None = None  # DeepSeek's MLA as deepseek2 reads it; its gguf.ExpertGatingFuncType
+    longrope: bool = False  # LongRoPE's factors written as rope_factors_short / rope_factors_long
 
     @property
     def name(self) -> str:
@@ -69,7 +73,7 @@ ARCHES = {
     "qwen2_moe": Arch("QWEN2MOE", head=True, q_width=True, biases=True, renormalise=False),
     "qwen3_moe": Arch("QWEN3MOE", biases=False, renormalise=True),
     "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
-    "phi3": Arch("PHI3", q_width=True, biases=False),
+    "phi3": Arch("PHI3", q_width=True, biases=False, longrope=True),
     "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
     "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True,
                     swiglu_oai=(1.702, 7.0)),  # softmax over the top-k logits: the top-k of a softmax renormalised
@@ -120,9 +124,8 @@ def rope_problems(arch: Arch, hf: dict) -> list[str]:
     """RoPE scalings llama.cpp computes otherwise: LongRoPE, YaRN where not written or with unrounded ends."""
     scaling = rope_scaling(hf)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "longrope":
-        return ["RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
-                "started with, transformers by each sequence's length)"]
+    if kind == "longrope" and not arch.longrope:
+        return [f"RoPE scaling 'longrope' (llama.cpp's {arch.name} has no short and long factors)"]
     if kind == "yarn" and arch.yarn:
         out = []
         if scaling.get("truncate", True) is False:
@@ -132,7 +135,8 @@ def rope_problems(arch: Arch, hf: dict) -> list[str]:
         if extra:
             out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
         return out
-    written = ("default",) + ("yarn",) * arch.yarn + ("linear",) * (not arch.latent_gating)  # deepseek2: YaRN's
+    written = ("default",) + ("yarn",) * arch.yarn + ("longrope",) * arch.longrope + \
+        ("linear",) * (not arch.latent_gating)  # deepseek2: YaRN's
     if kind not in written:  # scale corrections in its graph, which qkv's export does not write
         return [f"RoPE scaling {kind!r} (written for llama.cpp's {arch.name}: {', '.join(written[1:]) or 'none'})"]
     return []
@@ -243,7 +247,7 @@ def oai_experts(key: str, tensor: torch.Tensor) -> dict:
 
 def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
     """(GGUF name, float32 array) for every tensor of an HF ``state`` dict in ``llama_cpp_layout``, named by
-    gguf's table, q/k permuted to interleaved RoPE where the architecture wants it."""
+    gguf's table, q/k permuted to interleaved RoPE where the architecture wants it; LongRoPE's factors."""
     member = getattr(gguf.MODEL_ARCH, arch.member)
     names = gguf.get_tensor_name_map(member, fields["num_hidden_layers"])
     heads = {"q_proj": fields["num_attention_heads"], "k_proj": fields["num_key_value_heads"]}
@@ -255,6 +259,7 @@ def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
         if arch.permute and proj in heads:
             tensor = half_split_to_interleaved(tensor, heads[proj])  # (H·D, …): per head (2, D/2) -> (D/2, 2)
         yield name, tensor.detach().to(torch.float32).cpu().numpy()
+    yield from rope_factor_tensors(gguf, fields)
 
 
 def encode(gguf, name: str, data, qtype):
@@ -288,7 +293,7 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     writer.add_rope_freq_base(float(fields["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
     writer.add_vocab_size(fields["vocab_size"])
-    write_rope_scaling(gguf, writer, rope_scaling(fields))
+    write_rope_scaling(gguf, writer, fields)
     if arch.swa_step:
         writer.add_sliding_window(fields.get("sliding_window") or fields["max_position_embeddings"])
     write_experts(writer, fields)
@@ -299,10 +304,14 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     writer.add_file_type(file_type)
 
 
-def write_rope_scaling(gguf, writer, scaling: dict) -> None:
-    """rope.scaling.*: linear's factor; YaRN's factor, original context and β bounds (``rope_problems`` has
-    refused what else)."""
+def write_rope_scaling(gguf, writer, fields: dict) -> None:
+    """rope.scaling.*: linear's factor; YaRN's factor, original context and β bounds; LongRoPE's original
+    context and cos/sin scale, as the converter's Phi3MiniModel (``rope_problems`` has refused what else)."""
+    scaling = rope_scaling(fields)
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "longrope":
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        writer.add_rope_scaling_attn_factors(longrope_scale(scaling, fields["max_position_embeddings"]))
     if kind not in ("linear", "yarn"):
         return
     writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
@@ -311,6 +320,26 @@ def write_rope_scaling(gguf, writer, scaling: dict) -> None:
         writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
         writer.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast", 32.0)))
         writer.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow", 1.0)))
+
+
+def longrope_scale(scaling: dict, context: int) -> float:
+    """LongRoPE's cos/sin factor as transformers computes it: attention_factor, else √(1 + ln s / ln L₀) with
+    s the factor (else context / L₀), 1 where s ≤ 1."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or context / original
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+
+def rope_factor_tensors(gguf, fields: dict):
+    """(GGUF name, float32 array) of LongRoPE's per-pair divisors, short and long; none without LongRoPE."""
+    scaling = rope_scaling(fields)
+    if scaling.get("rope_type", scaling.get("type")) != "longrope":
+        return
+    for kind in ("short", "long"):
+        name = gguf.TENSOR_NAMES[getattr(gguf.MODEL_TENSOR, f"ROPE_FACTORS_{kind.upper()}")] + ".weight"
+        yield name, torch.tensor(scaling[f"{kind}_factor"], dtype=torch.float32).numpy()
 
 
 def write_experts(writer, fields: dict) -> None:
