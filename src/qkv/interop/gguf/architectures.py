@@ -135,9 +135,10 @@ def rope_problems(arch: Arch, hf: dict) -> list[str]:
         if extra:
             out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
         return out
+    # deepseek2: neither linear nor YaRN (its graph corrects YaRN's scales its own way, not written here)
     written = ("default",) + ("yarn",) * arch.yarn + ("longrope",) * arch.longrope + \
-        ("linear",) * (not arch.latent_gating)  # deepseek2: YaRN's
-    if kind not in written:  # scale corrections in its graph, which qkv's export does not write
+        ("linear",) * (not arch.latent_gating)
+    if kind not in written:
         return [f"RoPE scaling {kind!r} (written for llama.cpp's {arch.name}: {', '.join(written[1:]) or 'none'})"]
     return []
 
