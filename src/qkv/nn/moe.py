@@ -42,7 +42,7 @@ from .layers import FeedForward
 
 SCORES = ("softmax", "sigmoid")  # the router's score function
 EXPERT_ACTIVATIONS = ("swiglu", "swiglu_clamped")  # Mixtral/Qwen/DeepSeek | gpt-oss
-DISPATCHES = ("grouped", "reference", "gathered")
+DISPATCHES = ("grouped", "reference", "gathered", "batched")
 GROUP_SCORES = ("top2", "max")  # a group's score: its two best experts' sum (DeepSeek-V3) | its best (DeepSeek-V2)
 
 
@@ -189,6 +189,16 @@ class SwiGLUExperts(nn.Module):
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)  # gpt-oss: clamped,
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # α-sharpened gate, up shifted by one
 
+    def batched(self, x: Tensor) -> Tensor:
+        """Expert e on rows x[e], every expert at once in batched products, gate and up as one (their weights
+        concatenated on the fly). x (E, n, C) -> (E, n, C)."""
+        gate_up = torch.bmm(x, torch.cat([self.gate_proj, self.up_proj], dim=1).transpose(1, 2))  # (E, n, 2I)
+        if self.gate_bias is not None:
+            gate_up = gate_up + torch.cat([self.gate_bias, self.up_bias], dim=1).unsqueeze(1)
+        gate, up = gate_up.chunk(2, dim=-1)  # (E, n, I) each
+        y = torch.bmm(self.activate(gate, up), self.down_proj.transpose(1, 2))  # (E, n, I) @ (E, I, C) -> (E, n, C)
+        return y if self.down_bias is None else y + self.down_bias.unsqueeze(1)
+
     def gathered(self, x: Tensor, idx: Tensor) -> Tensor:
         """Row m through expert idx[m], every row at once: each row's weights gathered, then batched
         matrix-vector products. x (M, C), idx (M,) long -> (M, C)."""
@@ -224,6 +234,31 @@ def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     return torch.zeros_like(x).index_add_(0, token, torch.cat(ys) * weights[:, None])
 
 
+PAD_LIMIT = 2  # batched: at most this many padded rows per assignment, else the grouped dispatch
+
+
+def batched_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
+    """The same sum with each expert's assignments padded to the step's largest load (cap, no token dropped):
+    one gather into (E, cap, C), batched products over the experts (``SwiGLUExperts.batched``), one gather back.
+    Padded rows compute a copy of token 0 whose output is never read (so their gradient is zero). Where uneven
+    loads would pad to more than ``PAD_LIMIT`` rows per assignment, it runs ``grouped_dispatch``.
+    x (N, C) -> (N, C)."""
+    N, k = routing.experts.shape
+    E, flat = experts.num_experts, routing.experts.reshape(-1)  # (N·k,)
+    counts = torch.bincount(flat, minlength=E)  # (E,)
+    cap = int(counts.max())  # one host sync
+    if E * cap > PAD_LIMIT * N * k:
+        return grouped_dispatch(x, routing, experts)
+    order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
+    rank = torch.arange(N * k, device=flat.device) - (counts.cumsum(0) - counts)[flat[order]]  # row within expert
+    slot = torch.empty_like(flat).index_copy_(0, order, flat[order] * cap + rank)  # (N·k,) each one's padded row
+    token = torch.zeros(E * cap, dtype=torch.long, device=flat.device).index_copy_(0, slot, torch.arange(
+        N * k, device=flat.device) // k)  # (E·cap,) each padded row's token
+    y = experts.batched(x.index_select(0, token).view(E, cap, -1)).view(E * cap, -1)  # (E·cap, C)
+    y = y.index_select(0, slot).view(N, k, -1)  # (N, k, C)
+    return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
+
+
 def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     """The same sum with each of the N·k assignments' expert weights gathered (``SwiGLUExperts.gathered``):
     batched products of static shapes, no data-dependent slicing and no host sync; reads N·k experts' weights
@@ -234,7 +269,8 @@ def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor
     return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
 
 
-DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch}
+DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch,
+            "batched": batched_dispatch}
 
 
 class MixtureOfExperts(nn.Module):
