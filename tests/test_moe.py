@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from qkv.models import GPT, ModelConfig
-from qkv.nn.moe import (MixtureOfExperts, Router, SwiGLUExperts, gathered_dispatch, grouped_dispatch,
-                        load_balancing_loss, reference_dispatch, router_z_loss)
+from qkv.nn.moe import (MixtureOfExperts, Router, SwiGLUExperts, gathered_dispatch, load_balancing_loss,
+                        reference_dispatch, router_z_loss)
 from qkv.nn.layers import FeedForward
 
 
@@ -28,43 +28,35 @@ def moe(E=4, k=2, C=8, I=6, *, shared=False, gate=False, bias=False, activation=
     (4, 2, dict(activation="swiglu_clamped", bias=True, top_k_first=True)),
     (8, 3, dict(score="sigmoid", n_group=4, topk_group=2, correction_bias=True, scaling=2.5, norm_topk_prob=True)),
 ])
-@pytest.mark.parametrize("dispatch", ["grouped", "gathered", "batched"])
-def test_fast_dispatch_equals_reference(E, k, options, dispatch):
-    """Outputs and the gradients of x and of every parameter, an expert left without a token (unless k = E)."""
-    m = moe(E, k, **options)
-    m.dispatch = dispatch
+@pytest.mark.parametrize("dispatch", ["grouped", "grouped_loop", "gathered"])
+def test_fast_dispatch_equals_reference(E, k, options, dispatch, monkeypatch):
+    """Outputs and the gradients of x and of every parameter, an expert left without a token (unless k = E);
+    grouped through torch._grouped_mm where it takes the experts (no biases) and through its loop."""
+    from qkv.nn import moe as moe_module
+
+    m = moe(E, k, I=8, **options)  # I = 8: rows 16-byte aligned for _grouped_mm
+    m.dispatch = dispatch.removesuffix("_loop")
+    calls = []
+    if dispatch == "grouped_loop":
+        monkeypatch.setattr(moe_module, "grouped_mm_refusal", lambda *a: "the test's")
+    elif hasattr(torch, "_grouped_mm"):
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
     with torch.no_grad():  # expert 0 receives no token: the router never scores it high
         m.router.bias[0] = -100.0 if k < E else 0.0
     x = torch.randn(3, 5, 8, requires_grad=True)  # a batch of 3 × 5 (padding rows are rows like any other)
     y = m(x)
     assert m.fallback is None and y.shape == x.shape
+    assert bool(calls) == (dispatch == "grouped" and hasattr(torch, "_grouped_mm") and not options.get("bias"))
     assert int(m.expert_counts.sum()) == 15 * k and (k == E or int(m.expert_counts[0]) == 0)
     ref = m.reference_forward(x)
     torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
     inputs = [x, *m.parameters()]
     grads, refs = (torch.autograd.grad(out.square().sum(), inputs) for out in (y, ref))
-    # batched products sum in another order than F.linear's, and gradients here reach hundreds, so 1e-6 of the
-    # largest (a few fp32 roundings; k = 1's router gradient is such rounding alone); grouped runs the very products
-    scale = 1.0 if dispatch == "grouped" else max(float(g.abs().max()) for g in refs)
+    # the fast paths sum in other orders (over the k choices, inside batched and grouped products), and gradients
+    # here reach hundreds, so 1e-6 of the largest (a few fp32 roundings; k = 1's router gradient is such rounding)
+    scale = max(float(g.abs().max()) for g in refs)
     for name, g, g_ref in zip(["x"] + [n for n, _ in m.named_parameters()], grads, refs):
         torch.testing.assert_close(g, g_ref, atol=1e-6 * scale, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
-
-
-def test_batched_pads_to_the_largest_load_or_runs_grouped(monkeypatch):
-    """The batched dispatch pads each expert's rows to the largest load; where that would more than double the
-    rows (a router sending most tokens to one expert) it runs the grouped dispatch, with the same answer."""
-    from qkv.nn import moe as moe_module
-
-    m, x = moe(4, 1), torch.randn(1, 12, 8)
-    m.dispatch = "batched"
-    ran = []
-    monkeypatch.setattr(moe_module, "grouped_dispatch", lambda *a: ran.append(1) or grouped_dispatch(*a))
-    for skew, grouped in ((0.0, False), (100.0, True)):  # even-ish loads | every token on expert 1
-        with torch.no_grad():
-            m.router.bias.copy_(torch.tensor([0.0, skew, 0.0, 0.0]))
-        ran[:] = []
-        torch.testing.assert_close(m(x), m.reference_forward(x), atol=1e-6, rtol=1e-6)
-        assert bool(ran) == grouped and (int(m.expert_counts[1]) == 12) == grouped
 
 
 def router_of(E, k, **options):

@@ -42,7 +42,7 @@ from .layers import FeedForward
 
 SCORES = ("softmax", "sigmoid")  # the router's score function
 EXPERT_ACTIVATIONS = ("swiglu", "swiglu_clamped")  # Mixtral/Qwen/DeepSeek | gpt-oss
-DISPATCHES = ("grouped", "reference", "gathered", "batched")
+DISPATCHES = ("grouped", "reference", "gathered")
 GROUP_SCORES = ("top2", "max")  # a group's score: its two best experts' sum (DeepSeek-V3) | its best (DeepSeek-V2)
 
 
@@ -176,11 +176,33 @@ class SwiGLUExperts(nn.Module):
 
     def forward(self, x: Tensor, e: int) -> Tensor:
         """Expert ``e`` on its tokens: x (n, C) -> (n, C)."""
-        def b(p):
-            return None if p is None else p[e]
-        gate = F.linear(x, self.gate_proj[e], b(self.gate_bias))  # (n, I)
-        up = F.linear(x, self.up_proj[e], b(self.up_bias))  # (n, I)
-        return F.linear(self.activate(gate, up), self.down_proj[e], b(self.down_bias))  # (n, C)
+        return self.expert(x, *(None if p is None else p[e] for p in self.weights()))
+
+    def weights(self) -> tuple[Tensor | None, ...]:
+        """gate_proj, up_proj, down_proj, gate_bias, up_bias, down_bias (a bias None where there is none)."""
+        return self.gate_proj, self.up_proj, self.down_proj, self.gate_bias, self.up_bias, self.down_bias
+
+    def expert(self, x: Tensor, gate_w, up_w, down_w, gate_b, up_b, down_b) -> Tensor:
+        """One expert given its weights (I, C), (I, C), (C, I) and biases or None: x (n, C) -> (n, C)."""
+        gate, up = F.linear(x, gate_w, gate_b), F.linear(x, up_w, up_b)  # (n, I)
+        return F.linear(self.activate(gate, up), down_w, down_b)  # (n, C)
+
+    def segments(self, x: Tensor, counts: Tensor) -> Tensor:
+        """Each expert on its own contiguous rows of x (sorted by expert, counts[e] rows for expert e):
+        x (M, C), counts (E,) long -> (M, C). Where autograd records, one ``torch._grouped_mm`` per product if
+        ``grouped_mm_refusal`` allows (each weight's gradient in one call, no host sync); else one product per
+        expert that has rows, the stacked weights unbound once (one gradient op per weight, not one per expert)."""
+        if torch.is_grad_enabled() and grouped_mm_refusal(x, self) is None:
+            offs = counts.cumsum(0).to(torch.int32)  # (E,) each expert's end row
+
+            def product(v: Tensor, w: Tensor) -> Tensor:
+                return torch._grouped_mm(v, w.transpose(1, 2), offs=offs)  # (M, K) @ (E, K, O) by segment -> (M, O)
+            h = self.activate(product(x, self.gate_proj), product(x, self.up_proj))  # (M, I)
+            return product(h, self.down_proj)  # (M, C)
+        weights = [None if p is None else p.unbind(0) for p in self.weights()]  # 6 × (E × one expert's) or None
+        ys = [self.expert(rows, *(None if w is None else w[e] for w in weights))
+              for e, rows in enumerate(x.split(counts.tolist())) if rows.numel()]  # one host sync
+        return torch.cat(ys) if ys else x.new_zeros(x.shape)
 
     def activate(self, gate: Tensor, up: Tensor) -> Tensor:
         """h from the gate and up products (..., I): silu(gate) ⊙ up, or gpt-oss's clamped variant."""
@@ -188,16 +210,6 @@ class SwiGLUExperts(nn.Module):
             return F.silu(gate) * up
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)  # gpt-oss: clamped,
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))  # α-sharpened gate, up shifted by one
-
-    def batched(self, x: Tensor) -> Tensor:
-        """Expert e on rows x[e], every expert at once in batched products, gate and up as one (their weights
-        concatenated on the fly). x (E, n, C) -> (E, n, C)."""
-        gate_up = torch.bmm(x, torch.cat([self.gate_proj, self.up_proj], dim=1).transpose(1, 2))  # (E, n, 2I)
-        if self.gate_bias is not None:
-            gate_up = gate_up + torch.cat([self.gate_bias, self.up_bias], dim=1).unsqueeze(1)
-        gate, up = gate_up.chunk(2, dim=-1)  # (E, n, I) each
-        y = torch.bmm(self.activate(gate, up), self.down_proj.transpose(1, 2))  # (E, n, I) @ (E, I, C) -> (E, n, C)
-        return y if self.down_bias is None else y + self.down_bias.unsqueeze(1)
 
     def gathered(self, x: Tensor, idx: Tensor) -> Tensor:
         """Row m through expert idx[m], every row at once: each row's weights gathered, then batched
@@ -207,6 +219,19 @@ class SwiGLUExperts(nn.Module):
             return out if bias is None else out + bias.index_select(0, idx)
         gate, up = product(self.gate_proj, self.gate_bias, x), product(self.up_proj, self.up_bias, x)  # (M, I)
         return product(self.down_proj, self.down_bias, self.activate(gate, up))  # (M, C)
+
+
+def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
+    """Why ``torch._grouped_mm`` cannot run these experts' products on x (it is built and tested here for a CPU,
+    no biases, one dtype without autocast, rows 16-byte aligned), or None."""
+    if not hasattr(torch, "_grouped_mm"):
+        return "this torch has no _grouped_mm"
+    if x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+        return "not a CPU tensor outside autocast"
+    if experts.gate_bias is not None or x.dtype != experts.gate_proj.dtype:
+        return "biased experts, or the tokens' dtype differs from the weights'"
+    I, C = experts.gate_proj.shape[1:]
+    return None if (I * x.element_size()) % 16 == 0 == (C * x.element_size()) % 16 else "rows not 16-byte aligned"
 
 
 def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
@@ -221,41 +246,16 @@ def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tenso
 
 
 def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
-    """The same sum with the N·k assignments sorted by expert: one gather, a contiguous slice per expert, one
-    ``index_add_``. x (N, C) -> (N, C)."""
-    k = routing.experts.size(-1)
-    flat = routing.experts.reshape(-1)  # (N·k,)
-    order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
-    token = order // k  # (N·k,) each sorted assignment's token
-    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()  # (E,) one host sync
-    slices = x[token].split(counts)  # E × (n_e, C)
-    ys = [experts(s, e) if s.numel() else s for e, s in enumerate(slices)]
-    weights = routing.weights.reshape(-1)[order].to(x.dtype)  # (N·k,)
-    return torch.zeros_like(x).index_add_(0, token, torch.cat(ys) * weights[:, None])
-
-
-PAD_LIMIT = 2  # batched: at most this many padded rows per assignment, else the grouped dispatch
-
-
-def batched_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
-    """The same sum with each expert's assignments padded to the step's largest load (cap, no token dropped):
-    one gather into (E, cap, C), batched products over the experts (``SwiGLUExperts.batched``), one gather back.
-    Padded rows compute a copy of token 0 whose output is never read (so their gradient is zero). Where uneven
-    loads would pad to more than ``PAD_LIMIT`` rows per assignment, it runs ``grouped_dispatch``.
+    """The same sum with the N·k assignments sorted by expert: one gather, each expert on its contiguous rows
+    (``SwiGLUExperts.segments``), the outputs gathered back to their tokens and summed over the k choices.
     x (N, C) -> (N, C)."""
     N, k = routing.experts.shape
-    E, flat = experts.num_experts, routing.experts.reshape(-1)  # (N·k,)
-    counts = torch.bincount(flat, minlength=E)  # (E,)
-    cap = int(counts.max())  # one host sync
-    if E * cap > PAD_LIMIT * N * k:
-        return grouped_dispatch(x, routing, experts)
+    flat = routing.experts.reshape(-1)  # (N·k,)
     order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
-    rank = torch.arange(N * k, device=flat.device) - (counts.cumsum(0) - counts)[flat[order]]  # row within expert
-    slot = torch.empty_like(flat).index_copy_(0, order, flat[order] * cap + rank)  # (N·k,) each one's padded row
-    token = torch.zeros(E * cap, dtype=torch.long, device=flat.device).index_copy_(0, slot, torch.arange(
-        N * k, device=flat.device) // k)  # (E·cap,) each padded row's token
-    y = experts.batched(x.index_select(0, token).view(E, cap, -1)).view(E * cap, -1)  # (E·cap, C)
-    y = y.index_select(0, slot).view(N, k, -1)  # (N, k, C)
+    counts = torch.bincount(flat, minlength=experts.num_experts)  # (E,)
+    y = experts.segments(x[order // k], counts)  # (N·k, C) in expert order
+    back = torch.empty_like(order).index_copy_(0, order, torch.arange(N * k, device=order.device))  # inverse
+    y = y[back].view(N, k, -1)  # (N, k, C) each token's k outputs
     return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
 
 
@@ -269,8 +269,7 @@ def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor
     return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
 
 
-DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch,
-            "batched": batched_dispatch}
+DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch}
 
 
 class MixtureOfExperts(nn.Module):
