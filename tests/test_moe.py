@@ -59,6 +59,22 @@ def test_fast_dispatch_equals_reference(E, k, options, dispatch, monkeypatch):
         torch.testing.assert_close(g, g_ref, atol=1e-6 * scale, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_grouped_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
+    """Under CPU autocast the grouped dispatch's products run in bf16 as F.linear's would: the reference's answer
+    to within summation order, gradients to within bf16 rounding."""
+    m, calls = moe(4, 2, I=8), []
+    if hasattr(torch, "_grouped_mm"):
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        y, ref = m(x), m.reference_forward(x)
+    assert y.dtype == ref.dtype and bool(calls) == hasattr(torch, "_grouped_mm")
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    inputs = [x, *m.parameters()]
+    for g, g_ref in zip(*(torch.autograd.grad(out.square().sum(), inputs) for out in (y, ref))):
+        torch.testing.assert_close(g, g_ref, atol=1e-2 * float(g_ref.abs().max()), rtol=1e-2)
+
+
 def router_of(E, k, **options):
     """A router whose logits are its input (W_r = I): x (N, E) reads as logits."""
     r = Router(E, E, k, **options)

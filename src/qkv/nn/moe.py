@@ -190,13 +190,14 @@ class SwiGLUExperts(nn.Module):
     def segments(self, x: Tensor, counts: Tensor) -> Tensor:
         """Each expert on its own contiguous rows of x (sorted by expert, counts[e] rows for expert e):
         x (M, C), counts (E,) long -> (M, C). Where autograd records, one ``torch._grouped_mm`` per product if
-        ``grouped_mm_refusal`` allows (each weight's gradient in one call, no host sync); else one product per
-        expert that has rows, the stacked weights unbound once (one gradient op per weight, not one per expert)."""
+        ``grouped_mm_refusal`` allows (each weight's gradient in one call, no host sync; under autocast in its
+        dtype, as ``F.linear``); else one product per expert that has rows, the stacked weights unbound once (one
+        gradient op per weight, not one per expert)."""
         if torch.is_grad_enabled() and grouped_mm_refusal(x, self) is None:
-            offs = counts.cumsum(0).to(torch.int32)  # (E,) each expert's end row
+            offs, dtype = counts.cumsum(0).to(torch.int32), product_dtype(x)  # (E,) each expert's end row
 
-            def product(v: Tensor, w: Tensor) -> Tensor:
-                return torch._grouped_mm(v, w.transpose(1, 2), offs=offs)  # (M, K) @ (E, K, O) by segment -> (M, O)
+            def product(v: Tensor, w: Tensor) -> Tensor:  # (M, K) @ (E, K, O) by segment -> (M, O)
+                return torch._grouped_mm(v.to(dtype), w.to(dtype).transpose(1, 2), offs=offs)
             h = self.activate(product(x, self.gate_proj), product(x, self.up_proj))  # (M, I)
             return product(h, self.down_proj)  # (M, C)
         weights = [None if p is None else p.unbind(0) for p in self.weights()]  # 6 × (E × one expert's) or None
@@ -221,17 +222,26 @@ class SwiGLUExperts(nn.Module):
         return product(self.down_proj, self.down_bias, self.activate(gate, up))  # (M, C)
 
 
+def product_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the experts' products run in: CPU autocast's where it is on (as ``F.linear`` would), else x's."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+
+
 def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
     """Why ``torch._grouped_mm`` cannot run these experts' products on x (it is built and tested here for a CPU,
-    no biases, one dtype without autocast, rows 16-byte aligned), or None."""
+    fp32 or bf16 (autocast's included), no biases, rows 16-byte aligned), or None."""
     if not hasattr(torch, "_grouped_mm"):
         return "this torch has no _grouped_mm"
-    if x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
-        return "not a CPU tensor outside autocast"
-    if experts.gate_bias is not None or x.dtype != experts.gate_proj.dtype:
-        return "biased experts, or the tokens' dtype differs from the weights'"
+    dtype = product_dtype(x)
+    if x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return f"a {x.device.type} {dtype} product, not a CPU fp32 or bf16 one"
+    if not torch.is_autocast_enabled("cpu") and x.dtype != experts.gate_proj.dtype:
+        return f"tokens in {x.dtype}, weights in {experts.gate_proj.dtype}"
+    if experts.gate_bias is not None:
+        return "biased experts"
     I, C = experts.gate_proj.shape[1:]
-    return None if (I * x.element_size()) % 16 == 0 == (C * x.element_size()) % 16 else "rows not 16-byte aligned"
+    size = dtype.itemsize
+    return None if (I * size) % 16 == 0 == (C * size) % 16 else "rows not 16-byte aligned"
 
 
 def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
