@@ -258,15 +258,31 @@ def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tenso
 def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     """The same sum with the N·k assignments sorted by expert: one gather, each expert on its contiguous rows
     (``SwiGLUExperts.segments``), the outputs gathered back to their tokens and summed over the k choices.
-    x (N, C) -> (N, C)."""
+    Each expert's rows are padded to a multiple of ``segment_rows(x)`` (padding rows copy token 0; their outputs
+    are never read, so their gradients are zero). x (N, C) -> (N, C)."""
     N, k = routing.experts.shape
-    flat = routing.experts.reshape(-1)  # (N·k,)
+    flat, align = routing.experts.reshape(-1), segment_rows(x)  # (N·k,)
     order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
     counts = torch.bincount(flat, minlength=experts.num_experts)  # (E,)
-    y = experts.segments(x[order // k], counts)  # (N·k, C) in expert order
-    back = torch.empty_like(order).index_copy_(0, order, torch.arange(N * k, device=order.device))  # inverse
-    y = y[back].view(N, k, -1)  # (N, k, C) each token's k outputs
+    rows = (counts + align - 1) // align * align  # (E,) each expert's rows, padded
+    expert = flat[order]  # (N·k,) each sorted assignment's expert
+    rank = torch.arange(N * k, device=flat.device) - (counts.cumsum(0) - counts)[expert]  # its place among them
+    slot = torch.empty_like(flat).index_copy_(0, order, (rows.cumsum(0) - rows)[expert] + rank)  # (N·k,) its row
+    M = N * k if align == 1 else int(rows.sum())  # one host sync where padded
+    token = torch.zeros(M, dtype=torch.long, device=flat.device).index_copy_(0, slot, torch.arange(
+        N * k, device=flat.device) // k)  # (M,) each row's token
+    y = experts.segments(x[token], rows)[slot].view(N, k, -1)  # (M, C) -> (N, k, C) each token's k outputs
     return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
+
+
+SEGMENT_ROWS = 32  # bf16 training: each expert's rows padded to a multiple of this (see segment_rows)
+
+
+def segment_rows(x: Tensor) -> int:
+    """The multiple each expert's rows are padded to: ``SEGMENT_ROWS`` where autograd records products in bf16
+    on a CPU (oneDNN builds a kernel per matrix shape, and the loads change every step), else 1."""
+    bf16 = product_dtype(x) == torch.bfloat16 and x.device.type == "cpu"
+    return SEGMENT_ROWS if bf16 and torch.is_grad_enabled() else 1
 
 
 def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
