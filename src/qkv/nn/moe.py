@@ -23,7 +23,8 @@ u = clamp(W_up x, ±L), W_down ((u + 1) ⊙ g σ(α g)).
 
 Three ways to run the experts, one answer (tests/test_moe.py: 1e-6 in fp32): ``reference_dispatch`` loops over
 experts and finds each one's tokens (HF's MixtralExperts loop, readable); ``grouped_dispatch`` sorts the N·k
-assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice;
+assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice (in training one
+``torch._grouped_mm`` per product over every slice, ``SwiGLUExperts.segments``);
 ``gathered_dispatch`` gathers each assignment's expert weights (N·k, I, C) and runs them all in batched products:
 static shapes, no data-dependent slicing (torch.compile traces it whole) and only the k chosen experts' weights
 read per token, which suits decoding (N·k small beside E); the speed layer (qkv.kernels.moe) runs it inside
@@ -223,8 +224,10 @@ class SwiGLUExperts(nn.Module):
 
 
 def product_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the experts' products run in: CPU autocast's where it is on (as ``F.linear`` would), else x's."""
-    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    """The dtype the experts' products run in: autocast's where it is on for x's device (as ``F.linear``'s would),
+    else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
