@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -144,3 +145,18 @@ def write_generated(docs: Path, name: str, saved: dict, body: Callable[[str], st
                 f"`{saved['command']}`，{saved['stamp']}。")
         atomic_text(out / f"{name}{suffix}.md", head + "\n\n" + body(lang) + "\n")
     atomic_text(out / f"{name}.json", json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
+
+
+def publish(name: str, saved: dict, body: Callable[[str], str], argv, docs: str | None) -> str:
+    """Stamp ``saved`` (date, commit, machine) and the command ``python -m benchmarks.NAME ARGV``, write its pages
+    under ``docs`` where given (``write_generated``), print and return ``body("en")``. The stamp is taken before
+    any page is written, so the commit is the source measured."""
+    from qkv.runtime import machine, source_commit
+
+    saved |= {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
+              "command": f"python -m benchmarks.{name} " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if docs:
+        write_generated(Path(docs), name, saved, body)
+    text = body("en")
+    print(text)
+    return text

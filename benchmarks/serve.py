@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 SHAPES = {"tiny": dict(max_len=128), "demo": dict()}  # qkv's presets, as the tests and `make demo` train them
 CONCURRENCY = (1, 4, 8, 32)
@@ -82,9 +80,9 @@ def table(saved: dict, lang: str) -> str:
 def main(argv=None) -> str:
     import torch
 
-    from qkv.runtime import cpu_threads, machine, source_commit
+    from qkv.runtime import cpu_threads
 
-    from .common import write_generated
+    from .common import publish
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=32, help="requests per round (at least the concurrency)")
@@ -95,14 +93,8 @@ def main(argv=None) -> str:
     torch.set_num_threads(cpu_threads())  # as `qkv serve` does
     results = {preset: {str(c): r for c, r in measure(preset, args.requests, args.tokens, args.repeats).items()}
                for preset in SHAPES}
-    saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
-             "command": "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv),
-             "results": results}
-    if args.markdown:
-        write_generated(Path(args.markdown), "serve", saved, lambda lang: table(saved, lang))
-    text = table(saved, "en")
-    print(text)
-    return text
+    saved = {"results": results}
+    return publish("serve", saved, lambda lang: table(saved, lang), argv, args.markdown)
 
 
 if __name__ == "__main__":

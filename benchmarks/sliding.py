@@ -14,16 +14,13 @@ the reason printed. Every contender's tokens are asserted equal to eager's.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
 import torch
 
 import qkv
 from qkv.generation.backends import pick
 
-from .common import table, time_interleaved
+from .common import publish, table, time_interleaved
 
 SHAPE = dict(vocab_size=8000, d_model=512, num_layers=8, max_len=512,
              attention=dict(num_heads=8, num_kv_heads=2, sliding_window=64), position=dict(kind="rope"),
@@ -74,22 +71,12 @@ def body(saved: dict, lang: str) -> str:
 
 
 def main(argv=None) -> str:
-    from qkv.runtime import machine, source_commit
-
-    from .common import write_generated
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="64 new tokens, 3 rounds")
     p.add_argument("--markdown", metavar="DOCS", default=None)
     args = p.parse_args(argv)
     saved = measure(64 if args.quick else 256, 3 if args.quick else 5)
-    saved |= {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
-              "command": "python -m benchmarks.sliding " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.markdown:
-        write_generated(Path(args.markdown), "sliding", saved, lambda lang: body(saved, lang))
-    text = body(saved, "en")
-    print(text)
-    return text
+    return publish("sliding", saved, lambda lang: body(saved, lang), argv, args.markdown)
 
 
 if __name__ == "__main__":

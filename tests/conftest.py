@@ -9,6 +9,16 @@ def seed():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (a file's ``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny
+    models run fastest so, above all on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 CODE = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
 
 

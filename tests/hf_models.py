@@ -5,6 +5,10 @@ for the tests that load, train and export them (no network: random initialisatio
                                    SmolLM3, OLMo 2, Phi-3 (DENSE); Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss (MOE: mixtures of
                                    experts)
     save_with_tokenizer(model, d)  the model and a tokenizer of its vocabulary size in directory d
+    saved_and_loaded(hf, d)        qkv's from_hf of the model's save_pretrained files in d
+    left_padded(length, pad)       a two-row batch, the second left-padded, and its attention mask
+    padded_logits_gap(model, hf)   the largest |qkv − HF| logit at the real positions of that batch
+    greedy_both(model, hf, ids, n) qkv's greedy tokens and HF generate's
 """
 import pytest
 import torch
@@ -81,6 +85,38 @@ def hf_model(family: str, **change):
             elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 p.mul_(50)  # a router that decides: no near-tie for rounding to flip
     return model
+
+
+def saved_and_loaded(hf, path):
+    """qkv's ``from_hf`` of ``hf``'s save_pretrained files in ``path`` (per-expert tensors, as on the Hub)."""
+    from qkv.interop.hf import from_hf
+
+    hf.save_pretrained(path)
+    return from_hf(path)
+
+
+def left_padded(length: int = 12, pad: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids (2, length) of SIZES' vocabulary and HF's attention_mask: row 1 left-padded by ``pad``."""
+    ids = torch.randint(0, SIZES["vocab_size"], (2, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, :pad] = 0
+    return ids, mask
+
+
+@torch.no_grad()
+def padded_logits_gap(model, hf, length: int = 12, pad: int = 4) -> float:
+    """max |qkv − HF| logit over the real positions of ``left_padded(length, pad)``."""
+    ids, mask = left_padded(length, pad)
+    keep = mask.bool()
+    return (model(ids, mask=keep).logits[keep] - hf(ids, attention_mask=mask).logits[keep]).abs().max().item()
+
+
+@torch.no_grad()
+def greedy_both(model, hf, prompt: torch.Tensor, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qkv's greedy tokens, HF generate's) for ``new`` tokens after ``prompt`` (1, T), no early stop."""
+    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False, pad_token_id=0)
+    return model.generate(prompt, new, temperature=0.0, eos_id=None), theirs
 
 
 def exported_again(model, path):

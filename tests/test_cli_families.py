@@ -16,7 +16,9 @@ import pytest
 import torch
 from hf_models import BUILDERS, save_with_tokenizer
 from safetensors.torch import load_file
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from qkv import cli
 from qkv.interop.hf import from_hf
@@ -89,7 +91,12 @@ def test_explore_shows_sliding_layers_as_bands_and_full_layers_whole(family, tmp
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_a_fine_tuned_run_exports_to_hugging_face_with_qkvs_logits(family, lora, tmp_path, capsys):
-    name, d = family
+    fine_tune_and_export(*family, lora, tmp_path, capsys)
+
+
+def fine_tune_and_export(name: str, d, lora: bool, tmp_path, capsys) -> None:
+    """`qkv train --init-from-hf d/hf` (``--lora 2`` or all weights) on d/data.txt, `qkv export --hf`: transformers
+    loads the export with the run's logits (moved from the base's), its model_type and tokenizer."""
     run, out = tmp_path / "run", tmp_path / "exported"
     extra = ["--lora", "2"] if lora else []
     assert cli.main(["train", "--init-from-hf", str(d / "hf"), "--data", str(d / "data.txt"), *TRAIN, *extra,

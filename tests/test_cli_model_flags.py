@@ -3,7 +3,9 @@ from the command line, over the preset, validated as config.json is."""
 import json
 
 import pytest
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from qkv.cli import build_parser, main
 from qkv.cli.train import train_config

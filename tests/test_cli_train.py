@@ -13,12 +13,7 @@ FAST = ["--preset", "tiny", "--context", "32", "--batch-size", "4", "--eval-inte
         "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is fastest, above all on a shared machine
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

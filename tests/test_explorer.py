@@ -63,7 +63,7 @@ def _decode(b64: str, shape) -> np.ndarray:
     return np.frombuffer(base64.b64decode(b64), dtype="<f4").reshape(shape)
 
 
-def _boot(html_text: str) -> dict:
+def boot_json(html_text: str) -> dict:
     m = re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', html_text, re.S)
     return json.loads(m.group(1))
 
@@ -136,7 +136,7 @@ def test_page_is_self_contained_and_escapes_user_text(gpt):
     assert "alert(1)</script>" not in html_text and "<img" not in html_text and "alert(2)</script>" not in html_text
     assert len(re.findall(r"<script", html_text)) == 2  # the data block and the page's own code
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html_text)  # nothing fetched from anywhere
-    boot = _boot(html_text)
+    boot = boot_json(html_text)
     assert "".join(boot["data"]["tokens"]) == XSS and boot["data"]["title"].startswith("</title>")
     assert "default-src 'none'" in html_text  # CSP: no network, no foreign script
 
@@ -218,7 +218,7 @@ def test_command_writes_the_page(gpt, tmp_path, monkeypatch):
     monkeypatch.setattr(cli.sources, "load_model_source", lambda args, device="cpu": (gpt, CharTokenizer()))
     out = tmp_path / "page.html"
     assert cli.main(["explore", "--run", "somewhere", "--text", "the dog", "--out", str(out)]) == 0
-    assert _boot(out.read_text())["data"]["tokens"] == list("the dog")
+    assert boot_json(out.read_text())["data"]["tokens"] == list("the dog")
     assert cli.main(["explore", "--run", "somewhere"]) == 2  # no --text and no --serve
     assert cli.main(["explore", "--run", "somewhere", "--text", "€", "--out", str(out)]) == 2
 
@@ -250,7 +250,7 @@ class Watch:
         page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
 
 
-def _open(browser, tmp_path, html_text):
+def open_page(browser, tmp_path, html_text):
     path = tmp_path / "explore.html"
     path.write_text(html_text, encoding="utf-8")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -269,7 +269,7 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
 
     text = "the dog bit the man"
     ids, labels = encode_text(CharTokenizer(), text)
-    page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title="qkv test page"))
+    page, watch = open_page(browser, tmp_path, explorer.render_html(gpt, ids, labels, title="qkv test page"))
     assert page.title() == "qkv test page"
     assert page.locator("#tokens .tok").count() == len(text)
     assert page.locator("#thumbs .thumb").count() == 4 and page.locator("#entropy td").count() == 12
@@ -313,7 +313,7 @@ def test_page_in_browser_selects_hovers_and_screenshots(browser, gpt, tmp_path):
 
 def test_page_in_browser_shows_hostile_text_as_text(browser, gpt, tmp_path):
     ids, labels = encode_text(CharTokenizer(), XSS)
-    page, watch = _open(browser, tmp_path, explorer.render_html(gpt, ids, labels, title=XSS))
+    page, watch = open_page(browser, tmp_path, explorer.render_html(gpt, ids, labels, title=XSS))
     page.hover("#tokens .tok >> nth=5")
     page.select_option("#layer", "1")
     page.wait_for_selector("#hm-row[data-row='5']")
@@ -326,11 +326,11 @@ def test_page_in_browser_shows_hostile_text_as_text(browser, gpt, tmp_path):
 
 
 def test_page_in_browser_positional_section(browser, gpt, tmp_path):
-    page, watch = _open(browser, tmp_path, explorer.render_html(gpt, [1, 2, 3], list("abc")))
+    page, watch = open_page(browser, tmp_path, explorer.render_html(gpt, [1, 2, 3], list("abc")))
     assert page.locator("#pe-matrix").is_visible() and "Learned" in page.text_content("#pe-note")
     page.close()
     rope = _model(positional="rope")
-    page, watch = _open(browser, tmp_path, explorer.render_html(rope, [1, 2, 3], list("abc")))
+    page, watch = open_page(browser, tmp_path, explorer.render_html(rope, [1, 2, 3], list("abc")))
     assert not page.locator("#pe-views").is_visible() and "RoPE" in page.text_content("#pe-note")
     assert watch.errors == []
     page.close()
@@ -388,7 +388,7 @@ def test_command_explores_a_run(run_dir, tmp_path, capsys):
     out = tmp_path / "run.html"
     assert cli.main(["explore", "--run", str(run_dir), "--text", "the lazy dog", "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
-    d = _boot(out.read_text())["data"]
+    d = boot_json(out.read_text())["data"]
     assert d["tokens"] == list("the lazy dog") and d["title"] == f"qkv explorer: {run_dir.name}"
     run = load_run(run_dir)
     ids = torch.tensor([run.tokenizer.encode("the lazy dog")])
@@ -414,7 +414,7 @@ def test_command_serves_a_run_on_loopback(run_dir):
         conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=20)
         conn.request("GET", "/")
         r = conn.getresponse()
-        assert r.status == 200 and _boot(r.read().decode())["data"]["tokens"] == list("the fox")
+        assert r.status == 200 and boot_json(r.read().decode())["data"]["tokens"] == list("the fox")
         for text, status in (("dog", 200), ("x" * 21, 413), ("€", 400)):
             conn.request("POST", "/api/attention", body=json.dumps({"text": text}),
                          headers={"Content-Type": "application/json"})
@@ -454,7 +454,7 @@ def test_command_explores_a_hugging_face_directory(hf_dir, tmp_path):
 
     out = tmp_path / "hf.html"
     assert cli.main(["explore", "--hf", str(hf_dir), "--text", "the lazy fox", "--out", str(out)]) == 0
-    d = _boot(out.read_text())["data"]
+    d = boot_json(out.read_text())["data"]
     assert "".join(d["tokens"]) == "the lazy fox" and d["num_layers"] == 3 and d["num_heads"] == 4
     bare = tmp_path / "bare"  # weights without a tokenizer: a clear one-line error
     bare.mkdir()

@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 import torch
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from qkv.training.run_dir import load_run
 from qkv.cli import main

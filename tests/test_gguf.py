@@ -1,9 +1,9 @@
 """`qkv export --format gguf` and ``qkv.interop.gguf.to_gguf``: the file read back with gguf-py's GGUFReader.
 
 Every tensor name is the set llama.cpp expects for the architecture (derived from ``gguf.MODEL_TENSORS``), every
-value equals the Hugging Face weight (q/k un-permuted by the converter's formula, written out here), metadata
-keys and values as convert_hf_to_gguf.py writes them, and a reference forward pass of llama.cpp's graph (adjacent
-RoPE pairs for llama, halves for qwen2/qwen3) over the file's tensors gives qkv's logits.
+value equals the Hugging Face weight (q/k un-permuted by the converter's formula), metadata keys and values as
+convert_hf_to_gguf.py writes them, and llama.cpp's graph (adjacent RoPE pairs for llama, halves for qwen2/qwen3)
+over the file's tensors gives qkv's logits: both written out in tests/gguf_reference.py.
 """
 import pytest
 import torch
@@ -16,11 +16,12 @@ from qkv.training.run_dir import load_run, save_model
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install -e '.[gguf]'")
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
 
 TEXT = "def f(x):\n    return x * 2  # é ✓ 中\n" * 20
 LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
              num_kv_heads=2)
-MOE_OR_OPTIONAL = ("ROPE_FREQS", "ATTN_ROT_EMBD", "FFN_GATE_INP", "_EXP")  # absent from a dense model
+DENSE_LLAMA = ("ROPE_FREQS", "ATTN_ROT_EMBD", "FFN_GATE_INP.*", ".*_EXP")  # optional, or a mixture of experts'
 
 
 def perturbed(model):
@@ -36,116 +37,6 @@ def make_run(path, tokenizer, **shape):
                              **shape)
     save_model(path, perturbed(qkv.GPT(config)), tokenizer)
     return path
-
-
-def read(path):
-    """(name -> float32 tensor in HF's (out, in) order, name -> GGMLQuantizationType, metadata key -> value)."""
-    reader = gguf.GGUFReader(path)
-    values = {t.name: torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).astype("float32").copy())
-              .reshape(tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors}
-    types = {t.name: t.tensor_type for t in reader.tensors}
-    meta = {k: f.contents() for k, f in reader.fields.items()}
-    return values, types, meta
-
-
-def expected_names(arch, blocks: int, *, tied: bool, biases=()) -> set[str]:
-    """What llama.cpp loads for a dense model of ``arch``: gguf.MODEL_TENSORS less the optional and MoE kinds."""
-    out = set()
-    for kind in gguf.MODEL_TENSORS[arch]:
-        if any(part in kind.name for part in MOE_OR_OPTIONAL) or (tied and kind == gguf.MODEL_TENSOR.OUTPUT):
-            continue
-        name = gguf.TENSOR_NAMES[kind]
-        out |= {name.format(bid=i) + ".weight" for i in range(blocks)} if "{bid}" in name else {name + ".weight"}
-    out |= {gguf.TENSOR_NAMES[kind].format(bid=i) + ".bias" for kind in biases for i in range(blocks)}
-    return out
-
-
-def unpermute(w, heads):
-    """convert_hf_to_gguf.py's LlamaModel.permute undone: per head, rows (D/2, 2) -> (2, D/2)."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def check_values(values, types, hf_state, arch, config, qtype):
-    """Each GGUF tensor against its HF tensor: exact in f32, within half a step of f16 / q8_0 otherwise."""
-    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
-    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    seen = set()
-    for key, want in hf_state.items():
-        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-        if name is None or name not in values:
-            assert key == "lm_head.weight" or key.endswith("inv_freq"), key  # a tied head: token_embd
-            continue
-        got, seen = values[name], seen | {name}
-        proj = key.rsplit(".", 2)[-2]
-        if arch == gguf.MODEL_ARCH.LLAMA and proj in heads:
-            got = unpermute(got, heads[proj])
-        assert got.shape == want.shape, name
-        matrix = want.dim() == 2 and not name.endswith("_norm.weight")
-        assert types[name] == (qtype if matrix else gguf.GGMLQuantizationType.F32), name
-        want = want.float()
-        if types[name] == gguf.GGMLQuantizationType.F32:
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-        elif types[name] == gguf.GGMLQuantizationType.Q8_0:  # per block of 32: d = max|w| / 127, stored in f16
-            step = want.reshape(-1, 32).abs().amax(dim=1, keepdim=True) / 127
-            assert ((got - want).reshape(-1, 32).abs() <= (0.5 + 127 * 2 ** -11) * step).all(), name
-        else:
-            torch.testing.assert_close(got, want.to(torch.float16).float(), rtol=0, atol=0)
-    assert seen == set(values)
-
-
-def rope(x, base, *, adjacent: bool):
-    """RoPE on x (T, H, D) at positions 0..T-1: pairs (2i, 2i+1) (llama.cpp's NORM mode) or (i, i + D/2) (NEOX)."""
-    T, _, D = x.shape
-    angle = torch.arange(T)[:, None] * base ** (-torch.arange(0, D, 2) / D)  # (T, D/2)
-    cos, sin = angle.cos()[:, None], angle.sin()[:, None]  # (T, 1, D/2)
-    a, b = (x[..., 0::2], x[..., 1::2]) if adjacent else x.chunk(2, dim=-1)
-    turned = (a * cos - b * sin, a * sin + b * cos)
-    return torch.stack(turned, dim=-1).flatten(-2) if adjacent else torch.cat(turned, dim=-1)
-
-
-def llama_cpp_forward(t, meta, arch, ids):
-    """llama.cpp's llama / qwen2 / qwen3 graph, written out over the GGUF's tensors ``t``: logits (T, V)."""
-    name = gguf.MODEL_ARCH_NAMES[arch]
-    H, G = meta[f"{name}.attention.head_count"], meta[f"{name}.attention.head_count_kv"]
-    eps, base = meta[f"{name}.attention.layer_norm_rms_epsilon"], meta[f"{name}.rope.freq_base"]
-
-    def norm(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-    def proj(x, key):
-        return x @ t[key + ".weight"].T + t.get(key + ".bias", 0)
-
-    x, T = t["token_embd.weight"][ids], len(ids)
-    for i in range(meta[f"{name}.block_count"]):
-        b, h = f"blk.{i}.", norm(x, t[f"blk.{i}.attn_norm.weight"])
-        q, k = proj(h, b + "attn_q").reshape(T, H, -1), proj(h, b + "attn_k").reshape(T, G, -1)
-        v = proj(h, b + "attn_v").reshape(T, G, -1)
-        if b + "attn_q_norm.weight" in t:
-            q, k = norm(q, t[b + "attn_q_norm.weight"]), norm(k, t[b + "attn_k_norm.weight"])
-        q, k = (rope(z, base, adjacent=arch == gguf.MODEL_ARCH.LLAMA) for z in (q, k))
-        k, v = (z.repeat_interleave(H // G, dim=1) for z in (k, v))  # (T, H, D)
-        scores = torch.einsum("thd,shd->hts", q, k) / q.shape[-1] ** 0.5
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        x = x + proj(torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(T, -1), b + "attn_output")
-        h = norm(x, t[b + "ffn_norm.weight"])
-        x = x + proj(torch.nn.functional.silu(proj(h, b + "ffn_gate")) * proj(h, b + "ffn_up"), b + "ffn_down")
-    return norm(x, t["output_norm.weight"]) @ t.get("output.weight", t["token_embd.weight"]).T
-
-
-def check_metadata(meta, arch, config, file_type):
-    name = gguf.MODEL_ARCH_NAMES[arch]
-    L = gguf.Keys.LLM
-    want = {gguf.Keys.General.ARCHITECTURE: name, gguf.Keys.General.FILE_TYPE: file_type,
-            L.CONTEXT_LENGTH: config["max_position_embeddings"], L.EMBEDDING_LENGTH: config["hidden_size"],
-            L.BLOCK_COUNT: config["num_hidden_layers"], L.FEED_FORWARD_LENGTH: config["intermediate_size"],
-            L.VOCAB_SIZE: config["vocab_size"], gguf.Keys.Attention.HEAD_COUNT: config["num_attention_heads"],
-            gguf.Keys.Attention.HEAD_COUNT_KV: config["num_key_value_heads"],
-            gguf.Keys.Attention.KEY_LENGTH: config["head_dim"], gguf.Keys.Attention.VALUE_LENGTH: config["head_dim"],
-            gguf.Keys.Rope.DIMENSION_COUNT: config["head_dim"]}
-    for key, value in want.items():
-        assert meta[key.format(arch=name)] == value, key
-    assert meta[gguf.Keys.Rope.FREQ_BASE.format(arch=name)] == pytest.approx(config["rope_theta"])
-    assert meta[gguf.Keys.Attention.LAYERNORM_RMS_EPS.format(arch=name)] == pytest.approx(config["rms_norm_eps"])
 
 
 def check_vocabulary(meta, hf_tok, vocab_size):
@@ -171,7 +62,7 @@ def test_a_llama_run_as_gguf(tmp_path, capsys, dtype, qtype, file_type):
     loaded = load_run(run)
     hf = qkv.interop.to_hf(loaded.model)
     config, arch = hf.config.to_dict() | {"rope_theta": 10000.0}, gguf.MODEL_ARCH.LLAMA
-    assert set(values) == expected_names(arch, 2, tied=False)
+    assert set(values) == expected_names(arch, 2, absent=DENSE_LLAMA)
     check_values(values, types, hf.state_dict(), arch, config, getattr(gguf.GGMLQuantizationType, qtype))
     check_metadata(meta, arch, config, getattr(gguf.LlamaFileType, file_type))
     check_vocabulary(meta, hf_tokenizer(loaded.tokenizer), config["vocab_size"])
@@ -179,7 +70,7 @@ def test_a_llama_run_as_gguf(tmp_path, capsys, dtype, qtype, file_type):
     with torch.no_grad():
         want = loaded.model(torch.tensor([ids])).logits[0]
     share = {"f32": 1e-5, "f16": 1e-3, "q8_0": 0.1}[dtype]  # of the largest logit: rounding (the layout is f32's check)
-    got = llama_cpp_forward(values, meta, arch, ids)
+    got = Graph(values, meta, arch).logits(ids)
     torch.testing.assert_close(got, want, atol=share * want.abs().max().item(), rtol=0)
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no temporary file left
 
@@ -219,7 +110,8 @@ def test_a_hugging_face_checkpoint_loaded_by_qkv_as_gguf(tmp_path, config_class,
     values, types, meta = read(out)
     arch, config = getattr(gguf.MODEL_ARCH, arch), {**SHAPE, "vocab_size": hf.config.vocab_size}
     tied = settings.get("tie_word_embeddings", False)
-    assert set(values) == expected_names(arch, 2, tied=tied, biases=[getattr(gguf.MODEL_TENSOR, b) for b in biases])
+    absent = DENSE_LLAMA + (("OUTPUT",) if tied else ())
+    assert set(values) == expected_names(arch, 2, absent=absent, biases=biases)
     check_values(values, types, hf.state_dict(), arch, config, gguf.GGMLQuantizationType.F32)
     check_metadata(meta, arch, config, gguf.LlamaFileType.ALL_F32)
     tokens, loaded = meta[gguf.Keys.Tokenizer.LIST], tok.backend  # as qkv loaded it (Qwen2's adds <|endoftext|>)
@@ -235,7 +127,7 @@ def test_a_hugging_face_checkpoint_loaded_by_qkv_as_gguf(tmp_path, config_class,
     ids = hf_tok("def f(x):\n    return 2 * x").input_ids
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
-    got = llama_cpp_forward(values, meta, arch, ids)
+    got = Graph(values, meta, arch).logits(ids)
     torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
 
 

@@ -17,6 +17,7 @@ from qkv.interop.hf import FAMILIES, from_hf, to_hf
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors, a core dependency: pip install -e .")
+from hf_models import greedy_both, left_padded, padded_logits_gap, saved_and_loaded  # noqa: E402
 
 SIZES = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6,
@@ -50,9 +51,7 @@ def hf_model(variant: str, **change):
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def pair(request, tmp_path_factory):
     hf = hf_model(request.param)
-    path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
-    return request.param, hf, from_hf(path)
+    return request.param, hf, saved_and_loaded(hf, tmp_path_factory.mktemp(request.param))
 
 
 def with_cache(model: qkv.GPT, mode: str) -> qkv.GPT:
@@ -266,15 +265,8 @@ def test_v3_mixture_of_experts_layers_as_hf(tmp_path):
     hf.save_pretrained(tmp_path)
     model = from_hf(tmp_path)
     assert model.config.moe.layers == ("dense", "moe", "moe")
-    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    keep = mask.bool()
-    assert (model(ids, mask=keep).logits[keep] - hf(ids, attention_mask=mask).logits[keep]).abs().max() < 1e-4
-    prompt = ids[:1, :8]
-    assert torch.equal(model.generate(prompt, 12, temperature=0.0), hf.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-        pad_token_id=0))
+    assert padded_logits_gap(model, hf) < 1e-4
+    assert torch.equal(*greedy_both(model, hf, left_padded()[0][:1, :8], 12))
     back = to_hf(model).state_dict()
     assert set(back) == set(hf.state_dict()) and all(torch.equal(v, hf.state_dict()[k]) for k, v in back.items())
 
@@ -292,19 +284,12 @@ def test_v2_mixture_of_experts_layers_as_hf(routing, tmp_path):
     hf = hf_model("v2_biases", **V2_MOE, **routing, mlp_bias=False)
     for layer in hf.model.layers[1:]:
         layer.mlp.gate.weight.normal_(0, 2.0)  # a router that decides: no near-tie for rounding to flip
-    hf.save_pretrained(tmp_path)
-    model = from_hf(tmp_path)
+    model = saved_and_loaded(hf, tmp_path)
     m = model.config.moe
     assert m.layers == ("dense", "moe", "moe") and m.n_group == routing.get("n_group") and not m.norm_topk_prob
-    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    keep = mask.bool()
-    assert (model(ids, mask=keep).logits[keep] - hf(ids, attention_mask=mask).logits[keep]).abs().max() < 1e-4
-    prompt = ids[:1, :8]
-    assert torch.equal(model.generate(prompt, 12, temperature=0.0), hf.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-        pad_token_id=0))
+    assert padded_logits_gap(model, hf) < 1e-4
+    ids = left_padded()[0]
+    assert torch.equal(*greedy_both(model, hf, ids[:1, :8], 12))
     out = to_hf(model)
     assert out.config.model_type == "deepseek_v2" and out.config.topk_method == routing["topk_method"]
     back = out.state_dict()

@@ -6,7 +6,9 @@ import shutil
 import pytest
 import torch
 from safetensors import safe_open
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 from test_export import hf_load
 from test_finetune import FAST, llama, text  # noqa: F401  (fixtures)
 

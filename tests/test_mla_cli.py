@@ -9,7 +9,9 @@ import re
 import numpy as np
 import pytest
 import torch
-from test_cli_train import fails, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_cli_train import fails
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from qkv.cli import build_parser, main
 from qkv.cli.model_flags import apply_overrides, latent_defaults

@@ -16,12 +16,7 @@ CORPUS = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")
 MOE = dict(num_experts=4, d_expert=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def skewed_layer(E=4, C=8) -> MixtureOfExperts:

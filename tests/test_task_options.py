@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from test_cli_train import one_thread  # noqa: F401  (an autouse fixture)
+pytestmark = pytest.mark.usefixtures("one_thread")
 from test_translation import pairs_file  # noqa: F401  (a fixture)
 
 from qkv.cli import build_parser, main

@@ -14,13 +14,7 @@ CORPUS = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")
 TINY = ModelConfig(d_model=32, num_heads=2, num_layers=2, max_len=32, positional="rope", dropout=0.1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(**kw) -> TrainConfig:

@@ -31,22 +31,25 @@ def add_explore(sub) -> argparse.ArgumentParser:
 def run_explore(args: argparse.Namespace) -> int:
     """Write the page (or serve it until Ctrl-C)."""
     from ..viz import explorer
+    from ..viz.experts import expert_load_data
     from . import sources  # load_model_source through its module: tests/test_explorer.py replaces it there
 
     if not args.serve and args.text is None:
         raise CommandError("explore: give --text TEXT (or --serve for a page with a text box)")
     model, tokenizer = sources.load_model_source(args, device=args.device)
     title = args.title or f"qkv explorer: {os.path.basename(os.path.normpath(args.run or args.hf))}"
+    load = expert_load_data(args.run, model) if args.run else None  # a mixture of experts' training log
     if args.serve:
         server = explorer.make_server(model, tokenizer, port=args.port, max_chars=args.max_chars,
-                                      title=title, text=args.text)
+                                      title=title, text=args.text, experts=load)
         try:
             explorer.serve(server)
         except KeyboardInterrupt:
             print("qkv explore: stopped", file=sys.stderr)
         return 0
     data = explorer.text_data(model, tokenizer, args.text, title=title, target=args.target, num_beams=args.num_beams)
-    path = explorer.write_html(args.out, explorer.page(data, title=title))
+    path = explorer.write_html(args.out, explorer.page(data, title=title, experts=load))
     shown = f"translation: {data['translation']!r}" if "views" in data else f"{len(data['tokens'])} tokens"
+    shown += f"; expert load of {len(load['layers'])} MoE layers" if load else ""
     print(f"wrote {path} ({shown}); open it in a browser")
     return 0

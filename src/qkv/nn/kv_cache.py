@@ -104,12 +104,7 @@ class KVCache(nn.Module):
     def rows(self, start: int, stop: int) -> "KVCache":
         """A cache over rows start … stop − 1 of this one, (stop − start, G, M, D), sharing its buffers: what is
         written through it lands here (a server's batch steps over its first n rows, a new row is filled alone)."""
-        if not 0 <= start < stop <= self.k.size(0):
-            raise ValueError(f"rows must satisfy 0 <= start < stop <= {self.k.size(0)}, got {start}, {stop}")
-        view = KVCache.__new__(KVCache)
-        nn.Module.__init__(view)
-        view.register_buffer("k", self.k[start:stop], persistent=False)  # (stop − start, G, M, D), a view
-        view.register_buffer("v", self.v[start:stop], persistent=False)
+        view = row_view(self, start, stop)  # k, v (stop − start, G, M, D)
         view.max_len, view.pos = self.max_len, 0
         return view
 
@@ -225,12 +220,7 @@ class RingKVCache(nn.Module):
     def rows(self, start: int, stop: int) -> "RingKVCache":
         """A ring over rows start … stop − 1 of this one, (stop − start, G, W, D), sharing its buffers (as
         ``KVCache.rows``: a server's batch steps over its first n rows, a new row is filled alone)."""
-        if not 0 <= start < stop <= self.k.size(0):
-            raise ValueError(f"rows must satisfy 0 <= start < stop <= {self.k.size(0)}, got {start}, {stop}")
-        view = RingKVCache.__new__(RingKVCache)
-        nn.Module.__init__(view)
-        view.register_buffer("k", self.k[start:stop], persistent=False)  # (stop − start, G, W, D), a view
-        view.register_buffer("v", self.v[start:stop], persistent=False)
+        view = row_view(self, start, stop)  # k, v (stop − start, G, W, D)
         view.register_buffer("ring", self.ring, persistent=False)
         view.max_len, view.window, view.pos, view.span = self.max_len, self.window, 0, (0, 0)
         return view
@@ -240,3 +230,15 @@ class RingKVCache(nn.Module):
         _check_indices(indices, self.k.size(0))
         self.k.copy_(self.k.index_select(0, indices))  # (B, G, W, D)
         self.v.copy_(self.v.index_select(0, indices))
+
+
+def row_view(cache: nn.Module, start: int, stop: int) -> nn.Module:
+    """A bare module of ``cache``'s class whose buffers k and v are rows start … stop − 1 of its own (views:
+    what is written through it lands in ``cache``); the caller sets the rest of its state."""
+    if not 0 <= start < stop <= cache.k.size(0):
+        raise ValueError(f"rows must satisfy 0 <= start < stop <= {cache.k.size(0)}, got {start}, {stop}")
+    view = type(cache).__new__(type(cache))
+    nn.Module.__init__(view)
+    view.register_buffer("k", cache.k[start:stop], persistent=False)
+    view.register_buffer("v", cache.v[start:stop], persistent=False)
+    return view

@@ -89,8 +89,8 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
 
 def export_run_gguf(run: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "f16",
                     overwrite: bool = False) -> Path:
-    """Write run ``run`` as the GGUF file ``out`` (``qkv.interop.gguf.to_gguf``: LLaMA, Mistral, Qwen2 and
-    Qwen3 shapes; matrices of ``dtype``). ValueError, with nothing written, for what llama.cpp cannot run."""
+    """Write run ``run`` as the GGUF file ``out`` (``qkv.interop.gguf.to_gguf``: the families of its
+    ``ARCHES``; matrices of ``dtype``). ValueError, with nothing written, for what llama.cpp cannot run."""
     from ..interop.gguf import to_gguf
 
     loaded = load_decoder(run)

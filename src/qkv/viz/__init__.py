@@ -1,5 +1,5 @@
 """Seeing inside a model: attention maps (``maps``), figures (``plots``, saved by ``figures``)
-and the attention explorer (``explorer``).
+and the attention explorer (``explorer``; a mixture of experts' load from its run: ``experts``).
 
 Importing this package imports no matplotlib: ``plots`` and ``figures`` need it and are
 imported on use (``from qkv.viz import plots``).

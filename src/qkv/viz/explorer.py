@@ -251,12 +251,14 @@ def _script_json(data: Any) -> str:
     return text
 
 
-def page(data: dict[str, Any] | None, *, title: str = "qkv explorer", server: dict[str, Any] | None = None) -> str:
-    """The HTML document for ``data`` (from ``attention_data``; None: an empty page awaiting text)."""
+def page(data: dict[str, Any] | None, *, title: str = "qkv explorer", server: dict[str, Any] | None = None,
+         experts: dict[str, Any] | None = None) -> str:
+    """The HTML document for ``data`` (from ``attention_data``; None: an empty page awaiting text), with the
+    expert-load panel when given ``experts`` (``qkv.viz.experts.expert_load_data``: a mixture-of-experts run)."""
     nonce = secrets.token_urlsafe(16)
     csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; img-src data:; "
            "connect-src 'self'; base-uri 'none'; form-action 'none'")
-    boot = {"data": data, "server": server}
+    boot = {"data": data, "server": server} | ({"experts": experts} if experts else {})
     return (ASSETS / "explorer.html").read_text(encoding="utf-8").format(
         csp=csp, nonce=nonce, title=html.escape(title),
         css=(ASSETS / "explorer.css").read_text(encoding="utf-8"),
@@ -293,13 +295,13 @@ class _Explorer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, port: int, max_chars: int, title: str,
-                 text: str | None) -> None:
+                 text: str | None, experts: dict[str, Any] | None) -> None:
         super().__init__((LOOPBACK, port), _Handler)  # loopback only: never reachable from the network
         self.model, self.tokenizer, self.max_chars, self.title = model, tokenizer, max_chars, title
         self.lock = threading.Lock()  # one forward at a time
         data = self.run_text(text) if text else None
         server = {"max_chars": max_chars, "text": text or "", "title": title}
-        self.html = page(data, title=title, server=server).encode("utf-8")
+        self.html = page(data, title=title, server=server, experts=experts).encode("utf-8")
 
     def run_text(self, text: str) -> dict[str, Any]:
         if len(text) > self.max_chars:
@@ -384,16 +386,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 def make_server(
     model: nn.Module, tokenizer: Any, *, port: int = 0, max_chars: int = MAX_CHARS,
-    title: str = "qkv explorer", text: str | None = None,
+    title: str = "qkv explorer", text: str | None = None, experts: dict[str, Any] | None = None,
 ) -> _Explorer:
     """A ThreadingHTTPServer on 127.0.0.1:``port`` (0: any free port) serving the explorer page,
     whose text box POSTs {"text": …} to /api/attention. Call ``serve_forever()``; ``.url`` is its address.
-    ``text``: shown when the page opens. Texts over ``max_chars`` get HTTP 413 and a message."""
+    ``text``: shown when the page opens; ``experts``: the expert-load panel (see ``page``). Texts over
+    ``max_chars`` get HTTP 413 and a message."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in 0 … 65535, got {port!r}")
     if not isinstance(max_chars, int) or isinstance(max_chars, bool) or not 1 <= max_chars <= 100_000:
         raise ValueError(f"max_chars must be an int in 1 … 100000, got {max_chars!r}")
-    return _Explorer(model, tokenizer, port=port, max_chars=max_chars, title=title, text=text)
+    return _Explorer(model, tokenizer, port=port, max_chars=max_chars, title=title, text=text, experts=experts)
 
 
 def serve(server: _Explorer) -> None:

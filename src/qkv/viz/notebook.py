@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..training.run_dir import Run, load_run
+from .experts import expert_load_data
 from .explorer import page, text_data, write_html
 
 HEIGHT = 760  # pixels: the heatmap, the head grid and the entropy table without scrolling on a laptop
@@ -54,13 +55,15 @@ def show(source: Any, text: str, *, tokenizer: Any = None, title: str = "qkv exp
          target: str | None = None, num_beams: int = 4) -> ExplorerView:
     """The attention explorer on ``text``, shown inline when a notebook cell ends with it.
 
-    ``source``: a qkv model (with ``tokenizer=``), a ``Run``, a run directory or a Hugging Face
-    directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels. An encoder-decoder
+    ``source``: a qkv model (with ``tokenizer=``), a ``Run``, a run directory (with the expert-load panel
+    when it trained a mixture of experts) or a Hugging Face directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels. An encoder-decoder
     translates ``text`` (``num_beams``; 1: greedy), or reads the given ``target`` translation.
     """
     model, tokenizer = load_source(source, tokenizer=tokenizer)
     data = text_data(model, tokenizer, text, title=title, target=target, num_beams=num_beams)
-    return ExplorerView(page(data, title=title), height=height)
+    run = source.path if isinstance(source, Run) else source if isinstance(source, (str, os.PathLike)) else None
+    experts = expert_load_data(run, model) if run is not None else None  # a mixture of experts' training log
+    return ExplorerView(page(data, title=title, experts=experts), height=height)
 
 
 def load_source(source: Any, *, tokenizer: Any = None) -> tuple[nn.Module, Any]:

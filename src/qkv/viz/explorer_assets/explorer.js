@@ -316,6 +316,90 @@
     $("pe-views").hidden = false;
   }
 
+  // ---- expert load (a mixture-of-experts run): MaxVio over training, tokens per expert --------
+  const LAYER_COLOURS = ["#1f5fbf", "#d9730d", "#2e9e44", "#b42318", "#7a4cc2", "#0e8f8f", "#a15c00", "#c2418d"];
+  function axes(ctx, box, xs, ys, names) {  // frame, 5 ticks a side, axis names; returns value -> pixel maps
+    const [x0, x1] = xs, [y0, y1] = ys, { l, t, w, h } = box;
+    const px = (v) => l + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * w, py = (v) => t + h - (v - y0) / (y1 - y0) * h;
+    ctx.strokeStyle = "#d0d5dd"; ctx.fillStyle = "#344054"; ctx.font = "11px system-ui, sans-serif";
+    ctx.strokeRect(l - 0.5, t - 0.5, w + 1, h + 1);
+    for (let k = 0; k <= 4; k++) {
+      const vy = y0 + (k / 4) * (y1 - y0);
+      ctx.textAlign = "right"; ctx.textBaseline = "middle"; ctx.fillText(vy.toFixed(2), l - 4, py(vy));
+      ctx.beginPath(); ctx.moveTo(l, py(vy) + 0.5); ctx.lineTo(l + w, py(vy) + 0.5); ctx.stroke();
+    }
+    const raw = Math.max(1, (x1 - x0) / 4), p10 = 10 ** Math.floor(Math.log10(raw));
+    const dx = p10 * [1, 2, 5, 10].find((m) => m * p10 >= raw);  // whole, round steps: 1, 2, 5 × 10^n
+    ctx.textAlign = "center"; ctx.textBaseline = "top";
+    for (let vx = Math.ceil(x0 / dx) * dx; vx <= x1; vx += dx) ctx.fillText(String(vx), px(vx), t + h + 4);
+    ctx.fillText(names[0], l + w / 2, t + h + 20);
+    ctx.save(); ctx.translate(12, t + h / 2); ctx.rotate(-Math.PI / 2); ctx.fillText(names[1], 0, 0); ctx.restore();
+    return [px, py];
+  }
+  function maxvioChart(x) {
+    const canvas = $("xl-maxvio"), W = 560, H = 260, box = { l: 52, t: 10, w: W - 80, h: H - 50 };
+    const ctx = sized(canvas, W, H), top = Math.max(0.1, ...x.maxvio.flat()) * 1.05;
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+    const [px, py] = axes(ctx, box, [x.steps[0], x.steps[x.steps.length - 1]], [0, top], ["step", "MaxVio"]);
+    const keys = $("xl-keys"); keys.replaceChildren();
+    x.layers.forEach((name, l) => {
+      const colour = LAYER_COLOURS[l % LAYER_COLOURS.length];
+      ctx.strokeStyle = ctx.fillStyle = colour; ctx.lineWidth = 1.5; ctx.beginPath();
+      x.steps.forEach((s, n) => { ctx[n ? "lineTo" : "moveTo"](px(s), py(x.maxvio[n][l])); });
+      ctx.stroke();
+      if (x.steps.length <= 40) x.steps.forEach((s, n) => ctx.fillRect(px(s) - 2, py(x.maxvio[n][l]) - 2, 4, 4));
+      const key = el("span", null, name); key.style.borderLeftColor = colour; keys.appendChild(key);
+    });
+    Object.assign(canvas.dataset, { lines: x.layers.length, points: x.steps.length });
+  }
+  function loadMap(x, k) {  // snapshot k: L × E tokens, each coloured by log2(tokens / the layer's mean)
+    const snap = x.snapshots[k], L = x.layers.length, E = x.experts, canvas = $("xl-map");
+    const means = snap.tokens.map((row) => row.reduce((a, b) => a + b, 0) / E);
+    const ratio = (i, j) => means[i] > 0 ? snap.tokens[i][j] / means[i] : 1;
+    const cs = Math.max(3, Math.min(28, Math.floor(520 / E), Math.floor(360 / L)));
+    const probe = canvas.getContext("2d"); probe.font = "11px ui-monospace, monospace";
+    const mx = 8 + Math.max(24, ...x.layers.map((s) => probe.measureText(s).width)), my = 30;
+    const W = mx + E * cs + 90, H = my + L * cs + 24;
+    const ctx = sized(canvas, W, H);
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+    ctx.drawImage(bitmap(L, E, (i, j) => Math.log2(Math.max(ratio(i, j), 0.5)), div), mx, my, E * cs, L * cs);
+    ctx.fillStyle = "#344054"; ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "middle";
+    const every = Math.ceil(12 / cs);  // a label on every row that has room for one
+    x.layers.forEach((name, i) => {
+      if (i % every) return;
+      const y = my + i * cs + cs / 2, vio = means[i] > 0 ? Math.max(...snap.tokens[i]) / means[i] - 1 : 0;
+      ctx.textAlign = "right"; ctx.fillText(name, mx - 4, y);
+      ctx.textAlign = "left"; ctx.fillText(`MaxVio ${vio.toFixed(2)}`, mx + E * cs + 6, y);
+    });
+    ctx.textAlign = "center";
+    for (let j = 0; j < E; j += Math.ceil(E / 16)) ctx.fillText(String(j), mx + j * cs + cs / 2, my - 8);
+    ctx.fillText("expert", mx + E * cs / 2, my + L * cs + 12);
+    Object.assign(st, { xl: { x, k, cs, mx, my, ratio } });
+    Object.assign(canvas.dataset, { step: snap.step, rows: L, cols: E });
+    const legend = $("xl-legend"), c = el("canvas"); legend.replaceChildren();
+    sized(c, 120, 10).drawImage(bitmap(1, 120, (i, j) => j / 59.5 - 1, div), 0, 0, 120, 10);
+    legend.append(el("span", null, "½× mean or less"), c, el("span", null, "2× mean or more"));
+  }
+  function onLoadMapMove(ev) {
+    const g = st.xl, r = $("xl-map").getBoundingClientRect(), tip = $("xl-tip"), snap = g.x.snapshots[g.k];
+    const j = Math.floor((ev.clientX - r.left - g.mx) / g.cs), i = Math.floor((ev.clientY - r.top - g.my) / g.cs);
+    if (i < 0 || j < 0 || i >= g.x.layers.length || j >= g.x.experts) { tip.hidden = true; return; }
+    tip.textContent = `${g.x.layers[i]}, expert ${j}\n${snap.tokens[i][j]} tokens (${g.ratio(i, j).toFixed(2)}× the mean)`;
+    tip.style.left = ev.clientX - r.left + 14 + "px"; tip.style.top = ev.clientY - r.top + 14 + "px";
+    tip.hidden = false;
+  }
+  function experts(x) {
+    const last = x.snapshots.length - 1, pick = $("xl-step");
+    $("xl-summary").textContent = `${x.layers.length} MoE layers × ${x.experts} experts, ${x.steps.length} evaluations`;
+    x.snapshots.forEach((s, k) => { const o = el("option", null, `step ${s.step}`); o.value = k; pick.appendChild(o); });
+    pick.value = last;
+    pick.addEventListener("change", () => loadMap(x, Number(pick.value)));
+    $("xl-map").addEventListener("mousemove", onLoadMapMove);
+    $("xl-map").addEventListener("mouseleave", () => { $("xl-tip").hidden = true; });
+    $("experts").hidden = false;
+    maxvioChart(x); loadMap(x, last);
+  }
+
   // ---- selection and the whole page ------------------------------------------------------------
   function select(l, h) {
     st.layer = l; st.head = h;
@@ -384,6 +468,7 @@
     $("run").addEventListener("click", run);
     count();
   }
+  if (boot.experts) experts(boot.experts);
   if (boot.data) render(boot.data);
   else {
     const t = (server && server.title) || "qkv explorer";

@@ -1,0 +1,231 @@
+"""Which llama.cpp architecture each Hugging Face family is written as, what that architecture would compute
+differently (refused, with the reason), and the HF tensors and config fields laid out as it reads them.
+
+    HF model_type       gguf arch   what differs from LLaMA's layout (llama.cpp's src/models/<arch>.cpp)
+    llama, mistral      llama       q/k rows permuted to interleaved RoPE (NORM mode), as convert_hf_to_gguf.py
+    mixtral             llama       + a router (ffn_gate_inp) and the experts stacked, ffn_{gate,up,down}_exps
+    qwen2, qwen3        qwen2/3     RoPE on halves (NEOX), as HF: no permutation; q/k/v biases; QK-norm per head
+    qwen2_moe           qwen2moe    experts in every layer + a shared expert scaled by σ(ffn_gate_inp_shexp · x)
+    qwen3_moe           qwen3moe    experts in every layer, QK-norm per head
+    olmo2               olmo2       norms after each sublayer (post_attention_norm, post_ffw_norm), none before;
+                                    QK-norm over the whole q and k projections
+    phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
+                                    first ``rope.dimension_count`` dims of each head
+    smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
+
+Experts: transformers 5 holds gate and up fused, ``experts.gate_up_proj`` (E, 2I, C) = [gate; up] along I;
+llama.cpp reads two (E, I, C) tensors. Routing is the architecture's own in llama.cpp, not a setting: softmax
+over all experts, top-k, the k weights renormalised in llama and qwen3moe but not in qwen2moe.
+
+Shapes: C model width, E experts, I expert width, H heads, D head width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..hf import hf_config
+from ..hf.rules import half_split_to_interleaved
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One llama.cpp architecture as qkv writes it: what its loader and graph fix that HF configs leave open."""
+
+    member: str  # gguf.MODEL_ARCH member
+    permute: bool = False  # q/k rows to interleaved RoPE (llama's NORM mode; HF rotates halves)
+    head: bool = False  # output.weight written for a tied head too (a copy of token_embd): its loader wants one
+    q_width: bool = False  # q is as wide as the model: head_dim · heads must be hidden_size
+    biases: bool | None = None  # q/k/v biases: True it needs them, False it has none, None either
+    renormalise: bool | None = None  # its experts' top-k weights renormalised; None: no experts
+    nope_step: int | None = None  # every nope_step-th layer has no RoPE (a constant in llama.cpp, not a key)
+
+
+ARCHES = {
+    "llama": Arch("LLAMA", permute=True), "mistral": Arch("LLAMA", permute=True),
+    "mixtral": Arch("LLAMA", permute=True, biases=False, renormalise=True),
+    "qwen2": Arch("QWEN2"), "qwen3": Arch("QWEN3", biases=False),
+    "qwen2_moe": Arch("QWEN2MOE", head=True, q_width=True, biases=True, renormalise=False),
+    "qwen3_moe": Arch("QWEN3MOE", biases=False, renormalise=True),
+    "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
+    "phi3": Arch("PHI3", q_width=True, biases=False),
+    "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
+}
+# Families to_hf writes that this exporter does not: why, for the error message
+NOT_WRITTEN = {
+    "gpt2": "GPT-2 shape (learned positions, LayerNorm): llama.cpp's gpt2 architecture is not written by qkv's "
+            "GGUF export yet; export a RoPE + RMSNorm + SwiGLU model (LLaMA shape), or use --format hf",
+    "gpt_neox": "GPT-NeoX shape (RoPE with LayerNorm, the demo preset's): llama.cpp's gptneox architecture is not "
+                "written by qkv's GGUF export yet; train with --norm rmsnorm --activation swiglu for a LLaMA "
+                "shape, or use --format hf",
+    "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
+    "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
+    "gpt_oss": "gpt-oss (attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases) is not written "
+               "by qkv's GGUF export yet; use --format hf",
+    **{t: f"{name}'s multi-head latent attention and mixture of experts (llama.cpp's deepseek2 splits kv_b_proj "
+          "and routes by its own group rules) are not written by qkv's GGUF export yet; use --format hf"
+       for t, name in (("deepseek_v2", "DeepSeek-V2"), ("deepseek_v3", "DeepSeek-V3"))},
+}
+
+
+def gguf_problems(model_type: str, hf: dict) -> list[str]:
+    """What llama.cpp's architecture for ``model_type`` would compute differently from this HF config."""
+    if model_type not in ARCHES:
+        return [NOT_WRITTEN.get(model_type, f"Hugging Face model_type {model_type!r} has no GGUF mapping here")]
+    arch = ARCHES[model_type]
+    name, problems = arch.member.lower(), []  # gguf.MODEL_ARCH_NAMES spells them so
+    if hf.get("hidden_act") != "silu":
+        problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {name} gates with silu: SwiGLU)")
+    scaling = (hf.get("rope_scaling") or {}).get("rope_type", "default")
+    if scaling == "longrope":
+        problems.append("RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
+                        "started with, transformers by each sequence's length)")
+    elif scaling not in ("default", "linear"):
+        problems.append(f"RoPE scaling {scaling!r} (written here: none or linear)")
+    window, context = hf.get("sliding_window"), hf.get("max_position_embeddings")
+    if hf.get("use_sliding_window", True) and window is not None and window < context:
+        problems.append(f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)")
+    heads, width = hf["num_attention_heads"], head_dim(hf) * hf["num_attention_heads"]
+    if arch.q_width and width != hf["hidden_size"]:
+        problems.append(f"head_dim={head_dim(hf)} × {heads} heads = {width} ≠ hidden_size={hf['hidden_size']} "
+                        f"(llama.cpp's {name} makes q as wide as the model)")
+    biased = bool(hf.get("attention_bias", hf.get("qkv_bias", False)))
+    if arch.biases is not None and biased != arch.biases:
+        problems.append(f"attention biases {'on' if biased else 'off'} (llama.cpp's {name} "
+                        f"{'reads q/k/v biases' if arch.biases else 'has none'})")
+    if arch.biases is False and hf.get("mlp_bias"):
+        problems.append(f"mlp_bias=True (llama.cpp's {name} has none)")
+    return problems + expert_problems(arch, hf) + nope_problems(arch, hf)
+
+
+def expert_problems(arch: Arch, hf: dict) -> list[str]:
+    """What llama.cpp's routing for ``arch`` fixes that the HF config sets otherwise."""
+    if arch.renormalise is None:
+        return []
+    name, problems = arch.member.lower(), []
+    dense = hf.get("mlp_only_layers") or []
+    if dense or hf.get("decoder_sparse_step", 1) != 1:
+        problems.append(f"dense layers {dense} among the mixture-of-experts ones (llama.cpp's {name} has experts "
+                        "in every layer)")
+    renormalised = hf.get("norm_topk_prob", True)  # Mixtral's config has no such field: it renormalises
+    if renormalised != arch.renormalise:
+        problems.append(f"norm_topk_prob={renormalised} (llama.cpp's {name} "
+                        f"{'renormalises' if arch.renormalise else 'does not renormalise'} the top-k weights)")
+    return problems
+
+
+def nope_problems(arch: Arch, hf: dict) -> list[str]:
+    """SmolLM3's layers without RoPE (no_rope_layers: 0 = NoPE) against the ones llama.cpp's graph skips."""
+    if arch.nope_step is None:
+        return []  # only SmolLM3's config has no_rope_layers
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers") or [1] * n
+    fixed = [int((i + 1) % arch.nope_step != 0) for i in range(n)]
+    if list(flags[:n]) == fixed:
+        return []
+    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.member.lower()} skips RoPE in every "
+            f"{arch.nope_step}th layer: {fixed})"]
+
+
+def head_dim(hf: dict) -> int:
+    """D: the config's head_dim, else hidden_size / heads (Phi-3's writes none)."""
+    return hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+
+
+def check_exportable(model) -> tuple[dict, Arch]:
+    """(the HF config fields ``to_hf`` writes, the llama.cpp architecture) for ``model``; one ValueError naming
+    every reason it has no GGUF counterpart."""
+    family, fields = hf_config(getattr(model, "config", None), type(model))
+    problems = gguf_problems(family.model_type, fields)
+    if problems:
+        raise ValueError(f"no GGUF counterpart for this {family.name} model: " + "; ".join(problems))
+    return fields, ARCHES[family.model_type]
+
+
+def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
+    """An HF state dict with the tensors llama.cpp holds otherwise: fused experts split into gate and up, the
+    shared expert's (1, C) gate as (C,), a tied head dropped (llama.cpp reuses token_embd) or copied where
+    ``arch`` loads one; RoPE's inv_freq table dropped (llama.cpp computes it)."""
+    out = {}
+    for key, tensor in state.items():
+        if key.endswith("experts.gate_up_proj"):  # (E, 2I, C) = [gate; up] along I
+            stem = key.removesuffix("gate_up_proj")
+            out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = tensor.chunk(2, dim=1)  # (E, I, C) each
+        elif key.endswith("experts.down_proj"):  # (E, C, I)
+            out[key + ".weight"] = tensor
+        elif key.endswith("shared_expert_gate.weight"):
+            out[key] = tensor.reshape(-1)  # (1, C) -> (C,), as llama.cpp's qwen2moe loads it
+        elif not key.endswith("rotary_emb.inv_freq"):
+            out[key] = tensor
+    if fields["tie_word_embeddings"]:
+        if arch.head:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        else:
+            out.pop("lm_head.weight", None)
+    return out
+
+
+def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
+    """(GGUF name, float32 array) for every tensor of an HF ``state`` dict in ``llama_cpp_layout``, named by
+    gguf's table, q/k permuted to interleaved RoPE where the architecture wants it."""
+    member = getattr(gguf.MODEL_ARCH, arch.member)
+    names = gguf.get_tensor_name_map(member, fields["num_hidden_layers"])
+    heads = {"q_proj": fields["num_attention_heads"], "k_proj": fields["num_key_value_heads"]}
+    for key, tensor in llama_cpp_layout(state, fields, arch).items():
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"{key} has no name in gguf's {gguf.MODEL_ARCH_NAMES[member]} table")
+        proj = key.rsplit(".", 2)[-2]
+        if arch.permute and proj in heads:
+            tensor = half_split_to_interleaved(tensor, heads[proj])  # (H·D, …): per head (2, D/2) -> (D/2, 2)
+        yield name, tensor.detach().to(torch.float32).cpu().numpy()
+
+
+def encode(gguf, name: str, data, qtype):
+    """(bytes or array, its GGMLQuantizationType): 1-D tensors, norms and routers f32, as the converter keeps
+    them (a router rounded may choose other experts); a matrix whose rows do not split into the type's blocks f16."""
+    if data.ndim <= 1 or name.endswith(("_norm.weight", ".ffn_gate_inp.weight")):
+        qtype = gguf.GGMLQuantizationType.F32
+    try:
+        return gguf.quants.quantize(data, qtype), qtype
+    except gguf.QuantError:  # rows not a multiple of the block: the converter's fallback
+        qtype = gguf.GGMLQuantizationType.F16
+        return gguf.quants.quantize(data, qtype), qtype
+
+
+def write_hparams(gguf, writer, fields: dict, file_type) -> None:
+    """The architecture's metadata from the HF config fields, as convert_hf_to_gguf.py writes it."""
+    D = head_dim(fields)
+    writer.add_context_length(fields["max_position_embeddings"])
+    writer.add_embedding_length(fields["hidden_size"])
+    writer.add_block_count(fields["num_hidden_layers"])
+    writer.add_feed_forward_length(fields["intermediate_size"])
+    writer.add_head_count(fields["num_attention_heads"])
+    writer.add_head_count_kv(fields["num_key_value_heads"])
+    writer.add_key_length(D)
+    writer.add_value_length(D)
+    writer.add_rope_dimension_count(int(D * fields.get("partial_rotary_factor", 1.0)))  # Phi-3: the first dims
+    writer.add_rope_freq_base(float(fields["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
+    writer.add_vocab_size(fields["vocab_size"])
+    scaling = fields.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    write_experts(writer, fields)
+    writer.add_file_type(file_type)
+
+
+def write_experts(writer, fields: dict) -> None:
+    """expert_count, expert_used_count and (Qwen's) the experts' and the shared expert's widths, where there
+    are experts; Mixtral's width is feed_forward_length itself."""
+    count = fields.get("num_local_experts", fields.get("num_experts"))
+    if not count:
+        return
+    writer.add_expert_count(count)
+    writer.add_expert_used_count(fields["num_experts_per_tok"])
+    if fields.get("moe_intermediate_size"):
+        writer.add_expert_feed_forward_length(fields["moe_intermediate_size"])
+    if fields.get("shared_expert_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(fields["shared_expert_intermediate_size"])

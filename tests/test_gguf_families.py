@@ -1,0 +1,133 @@
+"""GGUF export of the families after LLaMA's: Mixtral (llama.cpp's llama with experts), Qwen2-MoE, Qwen3-MoE, OLMo 2,
+Phi-3 and SmolLM3. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
+loaded by qkv and written with ``to_gguf`` in f32, f16 and q8_0; read back with GGUFReader, the tensor names are those
+``gguf.MODEL_TENSORS`` lists for the architecture, every tensor equals the HF weight in llama.cpp's layout (experts
+stacked, gate and up apart), the metadata keys hold the config's values, and llama.cpp's graph for the architecture
+over the f32 file gives HF's logits (tests/gguf_reference.py). What an architecture fixes otherwise is refused.
+"""
+import re
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install -e '.[gguf]'")
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
+from hf_models import hf_model, save_with_tokenizer  # noqa: E402
+
+from qkv.interop.gguf import check_exportable, to_gguf  # noqa: E402
+from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
+
+WIDTHS = dict(hidden_size=64, num_attention_heads=4, head_dim=16, intermediate_size=64)  # q8_0's rows: 32 | each
+FAMILIES = {  # HF settings llama.cpp runs, gguf arch, kinds llama.cpp would load but this model has not, biases
+    "mixtral": (dict(sliding_window=None), "LLAMA", ("ROPE_FREQS", "ATTN_ROT_EMBD", "FFN_GATE", "FFN_UP", "FFN_DOWN"),
+                ()),
+    "qwen2_moe": (dict(mlp_only_layers=[], use_sliding_window=False, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, tie_word_embeddings=True), "QWEN2MOE", (),
+                  ("ATTN_Q", "ATTN_K", "ATTN_V")),  # tied: llama.cpp's qwen2moe loads output.weight all the same
+    "qwen3_moe": (dict(decoder_sparse_step=1, moe_intermediate_size=32, tie_word_embeddings=True), "QWEN3MOE",
+                  ("OUTPUT",), ()),
+    "olmo2": (dict(attention_bias=False), "OLMO2", (), ()),
+    "phi3": (dict(sliding_window=None, rope_parameters=dict(rope_type="default", rope_theta=500.0,
+                                                             partial_rotary_factor=0.75)),
+             "PHI3", ("ROPE_FACTORS_.*", "ATTN_[QKV]"), ()),  # RoPE on 12 of 16 dims
+    "smollm3": (dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], use_sliding_window=False, attention_bias=False,
+                     mlp_bias=False, tie_word_embeddings=True), "SMOLLM3", ("ROPE_FREQS", "ATTN_ROT_EMBD"), ()),
+}  # a tied qwen2moe or smollm3 head is written as output.weight too; a tied qwen3moe one is not
+TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def checkpoint(request, tmp_path_factory):
+    """(family, the HF model, qkv's model and tokenizer loaded from its save_pretrained directory)."""
+    family = request.param
+    path = tmp_path_factory.mktemp(family)
+    hf = save_with_tokenizer(family, path, **WIDTHS, **FAMILIES[family][0])
+    return family, hf, *load_pretrained(path)
+
+
+def metadata(hf_config: dict, family: str) -> dict:
+    """The keys beyond every architecture's: RoPE's dims (Phi-3: the first 75%), the experts' counts and widths."""
+    L, out = gguf.Keys.LLM, {gguf.Keys.Rope.DIMENSION_COUNT: 12 if family == "phi3" else 16}
+    experts = hf_config.get("num_local_experts") or hf_config.get("num_experts")
+    if experts:
+        out |= {L.EXPERT_COUNT: experts, L.EXPERT_USED_COUNT: hf_config["num_experts_per_tok"]}
+    if family.startswith("qwen"):
+        out[L.EXPERT_FEED_FORWARD_LENGTH] = hf_config["moe_intermediate_size"]
+    if family == "qwen2_moe":
+        out[L.EXPERT_SHARED_FEED_FORWARD_LENGTH] = hf_config["shared_expert_intermediate_size"]
+    return out
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
+    family, hf, model, tok = checkpoint
+    _, arch, absent, biases = FAMILIES[family]
+    arch, (qtype, file_type) = getattr(gguf.MODEL_ARCH, arch), TYPES[dtype]
+    values, types, meta = read(to_gguf(model, tok.backend, tmp_path / "model.gguf", dtype=dtype))
+    config = hf.config.to_dict() | WIDTHS | {"rope_theta": hf.config.rope_parameters["rope_theta"]}
+    assert set(values) == expected_names(arch, config["num_hidden_layers"], absent=absent, biases=biases)
+    check_values(values, types, hf.state_dict(), arch, config, getattr(gguf.GGMLQuantizationType, qtype))
+    check_metadata(meta, arch, config, getattr(gguf.LlamaFileType, file_type), metadata(config, family))
+    if dtype != "f32":
+        return  # the values were checked within a rounding step; the graph is f32's check
+    ids = tok.backend("the dog bites the man").input_ids
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    got = Graph(values, meta, arch).logits(ids)
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("family, change, reasons", [
+    ("mixtral", dict(sliding_window=6), [r"sliding_window=6 < context 128 \(llama.cpp's llama attends to every key\)"]),
+    ("qwen2_moe", dict(head_dim=12, norm_topk_prob=True, qkv_bias=False), [
+        r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48 \(llama.cpp's qwen2moe makes q as wide as the model\)",
+        r"attention biases off \(llama.cpp's qwen2moe reads q/k/v biases\)",
+        r"dense layers \[2\] among the mixture-of-experts ones \(llama.cpp's qwen2moe has experts in every layer\)",
+        r"norm_topk_prob=True \(llama.cpp's qwen2moe does not renormalise the top-k weights\)"]),
+    ("qwen3_moe", dict(norm_topk_prob=False, attention_bias=True), [
+        r"attention biases on \(llama.cpp's qwen3moe has none\)", r"dense layers \[0, 2\]",
+        r"norm_topk_prob=False \(llama.cpp's qwen3moe renormalises the top-k weights\)"]),
+    ("olmo2", dict(attention_bias=True), [r"attention biases on \(llama.cpp's olmo2 has none\)",
+                                          r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48"]),
+    ("phi3", {}, [r"RoPE scaling 'longrope' \(llama.cpp picks the short or long factors by the context it is started "
+                  r"with, transformers by each sequence's length\)",
+                  r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
+    ("gpt_oss", {}, [r"gpt-oss \(attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases\) is not "
+                     "written by qkv's GGUF export yet"]),
+    ("smollm3", {}, [r"no_rope_layers=\[1, 0, 1, 0\] \(llama.cpp's smollm3 skips RoPE in every 4th layer: "
+                     r"\[1, 1, 1, 0\]\)", r"sliding_window=6 < context 128", r"attention biases on",
+                     r"mlp_bias=True \(llama.cpp's smollm3 has none\)"]),
+    ("deepseek_v3", {}, [r"DeepSeek-V3's multi-head latent attention and mixture of experts \(llama.cpp's deepseek2"]),
+])
+def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, change, reasons):
+    """tests/hf_models.py's settings (every option away from its default), as the architecture cannot hold them."""
+    model = from_hf(hf_model(family, **change))
+    with pytest.raises(ValueError, match=r"^no GGUF counterpart for this \S+ model: ") as error:
+        check_exportable(model)
+    assert all(re.search(reason, str(error.value)) for reason in reasons), str(error.value)
+
+
+def test_a_mixture_of_experts_trained_here_runs_as_llama_cpp_s_llama(tmp_path, capsys):
+    """A qkv run with experts in every layer: `qkv export --format gguf` writes it as Mixtral does, and llama.cpp's
+    graph over the file gives the run's logits."""
+    from test_gguf import LLAMA, TEXT, make_run
+
+    from qkv.cli import main
+    from qkv.data import BPETokenizer
+    from qkv.training.run_dir import load_run
+
+    run = make_run(tmp_path / "run", BPETokenizer.train(TEXT, 300), **LLAMA, moe=dict(num_experts=4, top_k=2))
+    out = tmp_path / "moe.gguf"
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(out), "--gguf-type", "f32"]) == 0
+    values, _, meta = read(out)
+    loaded = load_run(run)
+    c, L = loaded.model.config, gguf.Keys.LLM
+    assert meta["general.architecture"] == "llama"
+    assert (meta[L.EXPERT_COUNT.format(arch="llama")], meta[L.EXPERT_USED_COUNT.format(arch="llama")]) == (4, 2)
+    assert values["blk.1.ffn_gate_exps.weight"].shape == (4, c.moe.d_expert or c.ff_width, 64)  # (E, I, C)
+    ids = loaded.tokenizer.encode("def f(x):\n    return 2 * x")
+    with torch.no_grad():
+        want = loaded.model(torch.tensor([ids])).logits[0]
+    got = Graph(values, meta, gguf.MODEL_ARCH.LLAMA).logits(ids)
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
