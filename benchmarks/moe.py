@@ -90,7 +90,7 @@ def training_step(model, ids: torch.Tensor, opt, bf16: bool) -> None:
 
 def measure_training(shape: tuple, repeats: int) -> list[list]:
     """Seconds of one training step, dense against MoE of equal active parameters, in fp32 and under bf16
-    autocast, interleaved; at one thread (the work), then at torch's threads (the count changes between runs
+    autocast, interleaved; at torch's threads, then at one thread (the work) (the count changes between runs
     only: changing it between calls would rebuild the thread pool each time)."""
     from qkv.models import GPT, ModelConfig
 
@@ -105,7 +105,7 @@ def measure_training(shape: tuple, repeats: int) -> list[list]:
     steps = {(precision, name): (lambda m=m, o=opts[name], bf16=precision != "fp32": training_step(m, ids, o, bf16))
              for precision in ("fp32", "bf16 autocast") for name, m in models.items()}
     label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k} batch={B}x{T}", torch.get_num_threads(), []
-    for n in sorted({1, threads}):
+    for n in sorted({1, threads}, reverse=True):
         torch.set_num_threads(n)
         try:
             t = time_interleaved(steps, repeats=repeats)
