@@ -75,6 +75,18 @@ def test_grouped_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
         torch.testing.assert_close(g, g_ref, atol=1e-2 * float(g_ref.abs().max()), rtol=1e-2)
 
 
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_mm_refusal_names_why():
+    from qkv.nn.moe import grouped_mm_refusal
+
+    x, experts = torch.randn(2, 8), SwiGLUExperts(4, 8, 8)
+    assert grouped_mm_refusal(x, experts) is None
+    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 8, bias=True)) == "biased experts"
+    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
+    assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
+    assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
+
+
 def router_of(E, k, **options):
     """A router whose logits are its input (W_r = I): x (N, E) reads as logits."""
     r = Router(E, E, k, **options)
