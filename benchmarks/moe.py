@@ -5,15 +5,16 @@
 One ``qkv.nn.moe.MixtureOfExperts`` layer (softmax router, top-k renormalised, SwiGLU experts), fp32, at a few
 (tokens N, width C, expert width I, experts E, k) shapes: ``reference_dispatch`` (a loop over experts, each
 finding its tokens with torch.where over the (N, k) choices), ``grouped_dispatch`` (the N·k assignments sorted
-by expert once, one gather, one contiguous slice per expert, one index_add_) and transformers'
+by expert once, one gather, one contiguous slice per expert (under autograd one torch._grouped_mm per product),
+the outputs gathered back) and transformers'
 ``MixtralSparseMoeBlock`` given the same weights (its default experts implementation). Forward at inference, and
 forward + backward. Calls alternate round-robin; each time is the median of its rounds, so ratios come from
 one run. The largest difference between the dispatches' outputs is printed beside.
 
 Then a training step of whole GPTs (forward + backward + AdamW step) as ``qkv train`` takes it (the training
 speed layer on, the layer's default dispatch: grouped): a dense SwiGLU GPT against an MoE GPT of equal active
-parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast, at one thread and at torch's
-threads, every combination interleaved; the ratio MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
+parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at torch's threads
+and then at one thread; the ratio MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
 """
 from __future__ import annotations
 
