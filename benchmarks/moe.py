@@ -5,14 +5,16 @@
 One ``qkv.nn.moe.MixtureOfExperts`` layer (softmax router, top-k renormalised, SwiGLU experts), fp32, at a few
 (tokens N, width C, expert width I, experts E, k) shapes: ``reference_dispatch`` (a loop over experts, each
 finding its tokens with torch.where over the (N, k) choices), ``grouped_dispatch`` (the N·k assignments sorted
-by expert once, one gather, one contiguous slice per expert, one index_add_) and transformers'
+by expert once, one gather, one contiguous slice per expert (under autograd one torch._grouped_mm per product),
+the outputs gathered back) and transformers'
 ``MixtralSparseMoeBlock`` given the same weights (its default experts implementation). Forward at inference, and
 forward + backward. Calls alternate round-robin; each time is the median of its rounds, so ratios come from
 one run. The largest difference between the dispatches' outputs is printed beside.
 
-Then a training step of whole GPTs (forward + backward + AdamW step, fp32): a dense SwiGLU GPT against an MoE GPT
-of equal active parameters (E experts of width d_ff / k, top-k, grouped dispatch), interleaved medians; the ratio
-MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
+Then a training step of whole GPTs (forward + backward + AdamW step) as ``qkv train`` takes it (the training
+speed layer on, the layer's default dispatch: grouped): a dense SwiGLU GPT against an MoE GPT of equal active
+parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at torch's threads
+and then at one thread; the ratio MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from qkv.kernels import accelerated
 from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts, grouped_dispatch, reference_dispatch
 
 from .common import machine_info, table, time_interleaved, write_generated
@@ -77,34 +80,45 @@ TRAIN_SHAPES = [(256, 4, 1024, 8, 2, 8, 128)]  # d_model, layers, d_ff, E, k, ba
 TRAIN_QUICK = [(64, 2, 256, 4, 2, 4, 64)]
 
 
-def training_step(model, ids: torch.Tensor, opt) -> None:
-    model(ids, targets=ids).loss.backward()
+def training_step(model, ids: torch.Tensor, opt, bf16: bool) -> None:
+    """One step as ``qkv train`` takes it: the training speed layer on, the forward under bf16 autocast or not."""
+    with accelerated(model, training=True), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        loss = model(ids, targets=ids).loss
+    loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 
 
 def measure_training(shape: tuple, repeats: int) -> list[list]:
-    """Seconds of one training step, dense against MoE of equal active parameters."""
+    """Seconds of one training step, dense against MoE of equal active parameters, in fp32 and under bf16
+    autocast, interleaved; at torch's threads, then at one thread (the work) (the count changes between runs
+    only: changing it between calls would rebuild the thread pool each time)."""
     from qkv.models import GPT, ModelConfig
 
     C, L, F, E, k, B, T = shape
     base = dict(vocab_size=256, d_model=C, num_heads=4, num_layers=L, max_len=T, positional="rope", norm="rmsnorm",
                 activation="swiglu", bias=False, d_ff=F)
     torch.manual_seed(0)
-    models = {"dense": GPT(ModelConfig(**base)),
-              "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k)))}
+    models = {"dense": GPT(ModelConfig(**base)).train(),
+              "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
     ids = torch.randint(0, 256, (B, T))
-    steps = {}
-    for name, m in models.items():
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        steps[name] = lambda m=m, opt=opt: training_step(m.train(), ids, opt)
-    t = time_interleaved(steps, repeats=repeats)
-    label = f"d_model={C} layers={L} d_ff={F} E={E} k={k} batch={B}x{T}"
-    return [[label, name, f"{t[name] * 1e3:.1f}", f"{t[name] / t['dense']:.2f}"] for name in models]
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    steps = {(precision, name): (lambda m=m, o=opts[name], bf16=precision != "fp32": training_step(m, ids, o, bf16))
+             for precision in ("fp32", "bf16 autocast") for name, m in models.items()}
+    label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k} batch={B}x{T}", torch.get_num_threads(), []
+    for n in sorted({1, threads}, reverse=True):
+        torch.set_num_threads(n)
+        try:
+            t = time_interleaved(steps, repeats=repeats)
+        finally:
+            torch.set_num_threads(threads)
+        rows += [[label, precision, n, name, f"{t[precision, name] * 1e3:.1f}",
+                  f"{t[precision, name] / t[precision, 'dense']:.2f}"] for precision, name in steps]
+    return rows
 
 
-TRAIN_HEADER = {"en": ["GPT", "feed-forward", "training step ms", "÷ dense"],
-                "zh": ["GPT", "前馈层", "训练步 ms", "÷ 稠密"]}
+TRAIN_HEADER = {"en": ["GPT", "precision", "threads", "feed-forward", "training step ms", "÷ dense"],
+                "zh": ["GPT", "精度", "线程", "前馈层", "训练步 ms", "÷ 稠密"]}
 HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+backward ms", "reference ÷ this",
                  "max abs(grouped − reference)"],
           "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(分组 − 参考)"]}
@@ -131,10 +145,13 @@ def main(argv=None) -> str:
     if args.markdown:
         note = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
                 "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
-        train_note = {"en": "A whole training step (forward, backward, AdamW), fp32; MoE of the dense model's active "
-                            "parameters (experts of width d_ff / k); medians of alternating rounds.",
-                      "zh": "完整训练步（前向、反向、AdamW），fp32；MoE 与稠密模型激活参数相同（专家宽度 d_ff / k）；"
-                            "交替轮次的中位数。"}
+        train_note = {"en": "A whole training step (forward, backward, AdamW) with the training speed layer, as "
+                            "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
+                            "grouped dispatch); medians of alternating rounds. One thread measures the work; at more "
+                            "threads a shared machine's load weighs on the MoE step's more numerous operations.",
+                      "zh": "完整训练步（前向、反向、AdamW），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
+                            "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。单线程衡量的是计算量；多线程时，"
+                            "共享机器的负载对 MoE 步中更多的算子影响更大。"}
         write_generated(Path(args.markdown), "moe", saved,
                         lambda lang: table(saved["rows"], HEADER[lang]) + "\n\n" + note[lang] + "\n\n"
                         + table(saved["train_rows"], TRAIN_HEADER[lang]) + "\n\n" + train_note[lang])

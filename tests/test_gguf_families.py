@@ -1,10 +1,11 @@
 """GGUF export of the families after LLaMA's: Mixtral (llama.cpp's llama with experts), Qwen2-MoE, Qwen3-MoE, OLMo 2,
-Phi-3 and SmolLM3. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
+Phi-3, SmolLM3 and gpt-oss. A tiny random Hugging Face model of each (tests/hf_models.py, in settings llama.cpp runs) is
 loaded by qkv and written with ``to_gguf`` in f32, f16 and q8_0; read back with GGUFReader, the tensor names are those
 ``gguf.MODEL_TENSORS`` lists for the architecture, every tensor equals the HF weight in llama.cpp's layout (experts
 stacked, gate and up apart), the metadata keys hold the config's values, and llama.cpp's graph for the architecture
 over the f32 file gives HF's logits (tests/gguf_reference.py). What an architecture fixes otherwise is refused.
 """
+import math
 import re
 
 import pytest
@@ -18,6 +19,7 @@ from hf_models import hf_model, save_with_tokenizer  # noqa: E402
 from qkv.interop.gguf import check_exportable, to_gguf  # noqa: E402
 from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
 
+SHORT, LONG = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0], [2.0, 3.0, 5.0, 7.0, 11.0, 13.0]  # LongRoPE's, one per rotated pair
 WIDTHS = dict(hidden_size=64, num_attention_heads=4, head_dim=16, intermediate_size=64)  # q8_0's rows: 32 | each
 FAMILIES = {  # HF settings llama.cpp runs, gguf arch, kinds llama.cpp would load but this model has not, biases
     "mixtral": (dict(sliding_window=None), "LLAMA", ("ROPE_FREQS", "ATTN_ROT_EMBD", "FFN_GATE", "FFN_UP", "FFN_DOWN"),
@@ -28,11 +30,15 @@ FAMILIES = {  # HF settings llama.cpp runs, gguf arch, kinds llama.cpp would loa
     "qwen3_moe": (dict(decoder_sparse_step=1, moe_intermediate_size=32, tie_word_embeddings=True), "QWEN3MOE",
                   ("OUTPUT",), ()),
     "olmo2": (dict(attention_bias=False), "OLMO2", (), ()),
-    "phi3": (dict(sliding_window=None, rope_parameters=dict(rope_type="default", rope_theta=500.0,
-                                                             partial_rotary_factor=0.75)),
-             "PHI3", ("ROPE_FACTORS_.*", "ATTN_[QKV]"), ()),  # RoPE on 12 of 16 dims
+    "phi3": (dict(sliding_window=None, original_max_position_embeddings=16, rope_parameters=dict(
+        rope_type="longrope", rope_theta=500.0, partial_rotary_factor=0.75, short_factor=SHORT, long_factor=LONG)),
+             "PHI3", ("ATTN_[QKV]",), ()),  # RoPE on 12 of 16 dims, LongRoPE from 16 positions
     "smollm3": (dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], use_sliding_window=False, attention_bias=False,
                      mlp_bias=False, tie_word_embeddings=True), "SMOLLM3", ("ROPE_FREQS", "ATTN_ROT_EMBD"), ()),
+    "gpt_oss": (dict(swiglu_limit=7.0, sliding_window=4, rope_parameters=dict(  # layers 0 and 2 slide; YaRN's ramp
+        rope_type="yarn", rope_theta=100.0, factor=4.0, beta_fast=32.0, beta_slow=1.0, truncate=True,  # on pairs 0-3
+        original_max_position_embeddings=32)), "GPT_OSS", (),
+        ("ATTN_Q", "ATTN_K", "ATTN_V", "ATTN_OUT", "FFN_GATE_INP", "FFN_GATE_EXP", "FFN_UP_EXP", "FFN_DOWN_EXP")),
 }  # a tied qwen2moe or smollm3 head is written as output.weight too; a tied qwen3moe one is not
 TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
@@ -43,12 +49,19 @@ def checkpoint(request, tmp_path_factory):
     family = request.param
     path = tmp_path_factory.mktemp(family)
     hf = save_with_tokenizer(family, path, **WIDTHS, **FAMILIES[family][0])
+    if family == "gpt_oss":  # experts' gate and up past llama.cpp's fixed limit of 7: the clamp bites
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.mlp.experts.gate_up_proj.mul_(100)
+        hf.save_pretrained(path)
     return family, hf, *load_pretrained(path)
 
 
 def metadata(hf_config: dict, family: str) -> dict:
     """The keys beyond every architecture's: RoPE's dims (Phi-3: the first 75%), the experts' counts and widths."""
     L, out = gguf.Keys.LLM, {gguf.Keys.Rope.DIMENSION_COUNT: 12 if family == "phi3" else 16}
+    if family == "phi3":
+        out[gguf.Keys.Rope.SCALING_ORIG_CTX_LEN] = 16
     experts = hf_config.get("num_local_experts") or hf_config.get("num_experts")
     if experts:
         out |= {L.EXPERT_COUNT: experts, L.EXPERT_USED_COUNT: hf_config["num_experts_per_tok"]}
@@ -56,6 +69,12 @@ def metadata(hf_config: dict, family: str) -> dict:
         out[L.EXPERT_FEED_FORWARD_LENGTH] = hf_config["moe_intermediate_size"]
     if family == "qwen2_moe":
         out[L.EXPERT_SHARED_FEED_FORWARD_LENGTH] = hf_config["shared_expert_intermediate_size"]
+    if family == "gpt_oss":
+        R, yarn = gguf.Keys.Rope, hf_config["rope_parameters"]
+        out |= {L.EXPERT_FEED_FORWARD_LENGTH: hf_config["intermediate_size"],
+                gguf.Keys.Attention.SLIDING_WINDOW: hf_config["sliding_window"], R.SCALING_TYPE: "yarn",
+                R.SCALING_FACTOR: yarn["factor"], R.SCALING_ORIG_CTX_LEN: yarn["original_max_position_embeddings"],
+                R.SCALING_YARN_BETA_FAST: yarn["beta_fast"], R.SCALING_YARN_BETA_SLOW: yarn["beta_slow"]}
     return out
 
 
@@ -69,9 +88,14 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     assert set(values) == expected_names(arch, config["num_hidden_layers"], absent=absent, biases=biases)
     check_values(values, types, hf.state_dict(), arch, config, getattr(gguf.GGMLQuantizationType, qtype))
     check_metadata(meta, arch, config, getattr(gguf.LlamaFileType, file_type), metadata(config, family))
+    if family == "phi3":  # LongRoPE: both factor lists, and transformers' cos/sin scale √(1 + ln 8 / ln 16)
+        factors = (values["rope_factors_short.weight"].tolist(), values["rope_factors_long.weight"].tolist())
+        assert factors == (SHORT, LONG)
+        assert meta["phi3.rope.scaling.attn_factor"] == pytest.approx((1 + math.log(8) / math.log(16)) ** 0.5)
     if dtype != "f32":
         return  # the values were checked within a rounding step; the graph is f32's check
-    ids = tok.backend("the dog bites the man").input_ids
+    ids = tok.backend("the dog bites the man and the man bites the dog").input_ids  # longer than windows
+    assert len(ids) <= 16  # within Phi-3's original context: transformers' short factors, as llama.cpp's in one
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
     got = Graph(values, meta, arch).logits(ids)
@@ -90,15 +114,16 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
         r"norm_topk_prob=False \(llama.cpp's qwen3moe renormalises the top-k weights\)"]),
     ("olmo2", dict(attention_bias=True), [r"attention biases on \(llama.cpp's olmo2 has none\)",
                                           r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48"]),
-    ("phi3", {}, [r"RoPE scaling 'longrope' \(llama.cpp picks the short or long factors by the context it is started "
-                  r"with, transformers by each sequence's length\)",
-                  r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
-    ("gpt_oss", {}, [r"gpt-oss \(attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases\) is not "
-                     "written by qkv's GGUF export yet"]),
+    ("phi3", {}, [r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
+    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"]), [
+        r"YaRN truncate=False \(llama.cpp's gpt-oss rounds the ramp's ends to whole dims: truncate=True\)",
+        r"layer_types=\['full_attention', 'sliding_attention', 'sliding_attention'\] \(llama.cpp's gpt-oss slides on "
+        r"\['sliding_attention', 'full_attention', 'sliding_attention'\]\)",
+        r"attention biases off \(llama.cpp's gpt-oss reads q/k/v biases\)",
+        r"swiglu_alpha=1.702, swiglu_limit=0.05 \(llama.cpp's gpt-oss fixes α=1.702, limit=7.0\)"]),
     ("smollm3", {}, [r"no_rope_layers=\[1, 0, 1, 0\] \(llama.cpp's smollm3 skips RoPE in every 4th layer: "
                      r"\[1, 1, 1, 0\]\)", r"sliding_window=6 < context 128", r"attention biases on",
                      r"mlp_bias=True \(llama.cpp's smollm3 has none\)"]),
-    ("deepseek_v3", {}, [r"DeepSeek-V3's multi-head latent attention and mixture of experts \(llama.cpp's deepseek2"]),
 ])
 def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, change, reasons):
     """tests/hf_models.py's settings (every option away from its default), as the architecture cannot hold them."""

@@ -25,7 +25,7 @@ VARIANTS = {name: (name, {}) for name in MOE} | {
     "qwen3_moe (window)": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=6)),
 }
 GGUF_REFUSES = {"mixtral": r"sliding_window=6 < context", "qwen2_moe": r"dense layers \[2\]",
-                "qwen3_moe": r"dense layers \[0, 2\]", "gpt_oss": "attention sinks"}
+                "qwen3_moe": r"dense layers \[0, 2\]", "gpt_oss": r"swiglu_limit=0.05 \(llama.cpp.s gpt-oss fixes"}
 PROMPT = torch.tensor([[5, 17, 3, 42, 8, 60, 2, 11]])
 
 

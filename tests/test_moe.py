@@ -28,24 +28,63 @@ def moe(E=4, k=2, C=8, I=6, *, shared=False, gate=False, bias=False, activation=
     (4, 2, dict(activation="swiglu_clamped", bias=True, top_k_first=True)),
     (8, 3, dict(score="sigmoid", n_group=4, topk_group=2, correction_bias=True, scaling=2.5, norm_topk_prob=True)),
 ])
-@pytest.mark.parametrize("dispatch", ["grouped", "gathered"])
-def test_grouped_equals_reference(E, k, options, dispatch):
-    m = moe(E, k, **options)
-    m.dispatch = dispatch
+@pytest.mark.parametrize("dispatch", ["grouped", "grouped_loop", "gathered"])
+def test_fast_dispatch_equals_reference(E, k, options, dispatch, monkeypatch):
+    """Outputs and the gradients of x and of every parameter, an expert left without a token (unless k = E);
+    grouped through torch._grouped_mm where it takes the experts (no biases) and through its loop."""
+    from qkv.nn import moe as moe_module
+
+    m = moe(E, k, I=8, **options)  # I = 8: rows 16-byte aligned for _grouped_mm
+    m.dispatch = dispatch.removesuffix("_loop")
+    calls = []
+    if dispatch == "grouped_loop":
+        monkeypatch.setattr(moe_module, "grouped_mm_refusal", lambda *a: "the test's")
+    elif hasattr(torch, "_grouped_mm"):
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
     with torch.no_grad():  # expert 0 receives no token: the router never scores it high
         m.router.bias[0] = -100.0 if k < E else 0.0
     x = torch.randn(3, 5, 8, requires_grad=True)  # a batch of 3 × 5 (padding rows are rows like any other)
     y = m(x)
     assert m.fallback is None and y.shape == x.shape
+    assert bool(calls) == (dispatch == "grouped" and hasattr(torch, "_grouped_mm") and not options.get("bias"))
     assert int(m.expert_counts.sum()) == 15 * k and (k == E or int(m.expert_counts[0]) == 0)
     ref = m.reference_forward(x)
     torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
-    g, = torch.autograd.grad(y.square().sum(), x)
-    g_ref, = torch.autograd.grad(ref.square().sum(), x)
-    # gathered: batched products sum in another order than F.linear's, and gradients here reach hundreds, so
-    # 1e-6 of the largest (a few fp32 roundings); grouped runs the reference's very products
-    scale = 1.0 if dispatch == "grouped" else float(g_ref.abs().max())
-    torch.testing.assert_close(g, g_ref, atol=1e-6 * scale, rtol=1e-6)
+    inputs = [x, *m.parameters()]
+    grads, refs = (torch.autograd.grad(out.square().sum(), inputs) for out in (y, ref))
+    # the fast paths sum in other orders (over the k choices, inside batched and grouped products), and gradients
+    # here reach hundreds, so 1e-6 of the largest (a few fp32 roundings; k = 1's router gradient is such rounding)
+    scale = max(float(g.abs().max()) for g in refs)
+    for name, g, g_ref in zip(["x"] + [n for n, _ in m.named_parameters()], grads, refs):
+        torch.testing.assert_close(g, g_ref, atol=1e-6 * scale, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_grouped_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
+    """Under CPU autocast the grouped dispatch's products run in bf16 as F.linear's would: the reference's answer
+    to within summation order, gradients to within bf16 rounding."""
+    m, calls = moe(4, 2, I=8), []
+    if hasattr(torch, "_grouped_mm"):
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        y, ref = m(x), m.reference_forward(x)
+    assert y.dtype == ref.dtype and bool(calls) == hasattr(torch, "_grouped_mm")
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    inputs = [x, *m.parameters()]
+    for g, g_ref in zip(*(torch.autograd.grad(out.square().sum(), inputs) for out in (y, ref))):
+        torch.testing.assert_close(g, g_ref, atol=1e-2 * float(g_ref.abs().max()), rtol=1e-2)
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_mm_refusal_names_why():
+    from qkv.nn.moe import grouped_mm_refusal
+
+    x, experts = torch.randn(2, 8), SwiGLUExperts(4, 8, 8)
+    assert grouped_mm_refusal(x, experts) is None
+    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 8, bias=True)) == "biased experts"
+    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
+    assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
+    assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
 
 
 def router_of(E, k, **options):

@@ -57,9 +57,9 @@ def directory_kind(path: str | os.PathLike) -> str | None:
 
 
 def check_directory_kind(path: str | os.PathLike, flag: str, *, hint: str | None = None) -> None:
-    """CommandError when the directory given to ``flag`` (--run wants a run; --hf, --init-from-hf a Hugging Face
-    directory) is of the other kind; ``hint`` replaces "give it as --hf/--run PATH"."""
-    wanted = "run" if flag == "--run" else "hf"
+    """CommandError when the directory given to ``flag`` (--run, --init-from want a run; --hf, --init-from-hf a
+    Hugging Face directory) is of the other kind; ``hint`` replaces "give it as --hf/--run PATH"."""
+    wanted = "run" if flag in ("--run", "--init-from") else "hf"
     found = directory_kind(path)
     if found is None or found == wanted:
         return

@@ -61,10 +61,13 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                    "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
                    "(warmup, then cosine decay over the budget; the default for every other run)"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
-    "--init-from-hf": ("init_from_hf", str, "lm: fine-tune this Hugging Face decoder directory (GPT-2, LLaMA, "
-                       "GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
+    "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune from a finished qkv run directory (RUN): its final "
+                    "weights, model shape, tokenizer and chat template (an sft run's), with no export round trip; "
+                    "no --preset or shape flags (the run has the shape); --out must be another directory"),
+    "--init-from-hf": ("init_from_hf", str, "lm, sft, dpo: fine-tune this Hugging Face decoder directory (GPT-2, "
+                       "LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
                        "model.safetensors, its tokenizer, kept unchanged)"),
-    "--lora": ("lora", int, "with --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
+    "--lora": ("lora", int, "with --init-from or --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
     "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
     "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default attn: every projection of "
                        "the self-attention, q_proj,k_proj,v_proj,out_proj or MLA's; also up_proj, down_proj, "
@@ -166,9 +169,15 @@ def train_config(args: argparse.Namespace):
     switches = ("bf16", "compile", "copy", "speed_layer")
     given |= {k: getattr(args, k) for k in switches if getattr(args, k) is not None}
     overrides = model_overrides(args)
-    if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to continue it instead
-        check_directory_kind(given["init_from_hf"], "--init-from-hf",
-                             hint=f"continue it with --resume --out {given['init_from_hf']}")
+    if given.get("init_from") and overrides:
+        raise CommandError(f"--init-from takes the model's shape from the run; drop the shape flags (they set "
+                           f"{', '.join(sorted(overrides))})")
+    if given.get("init_from"):  # a Hugging Face directory given as the run: say which flag takes it
+        check_directory_kind(given["init_from"], "--init-from", hint=f"give it as --init-from-hf {given['init_from']}")
+    if given.get("init_from_hf"):  # a qkv run given as the checkpoint: say how to fine-tune or continue it instead
+        run = given["init_from_hf"]
+        check_directory_kind(run, "--init-from-hf",
+                             hint=f"fine-tune it with --init-from {run}, or continue it with --resume --out {run}")
     if args.resume:
         if not args.out:
             raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
@@ -179,9 +188,9 @@ def train_config(args: argparse.Namespace):
         given["max_minutes"] = task_type(given.get("task", "lm")).defaults.minutes
     if overrides:
         given |= {"model": shaped(TrainConfig(**given), overrides)} | preset_tokenizer(TrainConfig(**given), given)
-    cfg = TrainConfig(**given, overwrite=args.overwrite, progress=not args.quiet)
+    cfg = TrainConfig(**given, out=args.out, overwrite=args.overwrite, progress=not args.quiet)
     name = cfg.preset if cfg.task in ("lm", "translate") else cfg.task  # runs/sft, runs/dpo: not runs/demo
-    cfg.out = args.out or fresh_run_dir(Path(cfg.init_from_hf).resolve().name if cfg.init_from_hf else name)
+    cfg.out = args.out or fresh_run_dir(Path(cfg.base_source.path).name if cfg.base_source else name)
     return cfg
 
 

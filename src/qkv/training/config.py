@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..checks import check_positive_int
-from .run_dir import RunDir
-from .finetune import DEFAULT_LORA_TARGETS
+from .run_dir import RunDir, run_base_tokenizer
+from .finetune import DEFAULT_LORA_TARGETS, BaseSource, base_source
 from ..models import PRESETS, ModelConfig
 from ..runtime import device_type, native_bf16
 from .optim import check_optimizer_options
@@ -44,9 +44,10 @@ class TrainConfig:
     task_options: TaskOptions | dict | None = None  # None: the task's defaults (lm has none)
     preset: str | None = None  # None: the task's (Task.defaults): demo for lm, translate for translate
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
-    init_from_hf: str | None = None  # lm: fine-tune this Hugging Face GPT-2/LLaMA directory (its shape, tokenizer)
+    init_from: str | None = None  # lm, sft, dpo: fine-tune this qkv run's final weights (its shape, tokenizer, template)
+    init_from_hf: str | None = None  # lm, sft, dpo: fine-tune this Hugging Face decoder directory (its shape, tokenizer)
     init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
-    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from_hf)
+    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from or init_from_hf)
     lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
     lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
     data: str | None = None  # None: the task's (the embedded corpus; the system's gettext catalogs)
@@ -118,13 +119,13 @@ class TrainConfig:
     def validate(self, task: type[Task] | None = None) -> None:
         """Fill in the task's defaults, then check every field (the options checked themselves)."""
         task = task or task_type(self.task)
-        if self.preset is None and self.model is None and self.init_from_hf is None:
+        if self.preset is None and self.model is None and self.init_from_hf is None and self.init_from is None:
             self.preset = task.defaults.preset_for(device_type(self.device))
-        for name in TASK_DEFAULTED:
-            if getattr(self, name) is None:
+        for name in TASK_DEFAULTED:  # a run's base leaves the preset None: the run has the shape
+            if getattr(self, name) is None and not (name == "preset" and self.init_from):
                 setattr(self, name, task.defaults.value(name, self.preset, self.model,
-                                                        scratch=self.init_from_hf is None))
-        if self.model is None and self.preset not in PRESETS:
+                                                        scratch=self.base_source is None))
+        if self.model is None and self.init_from is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
@@ -134,7 +135,7 @@ class TrainConfig:
             self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
             self.vocab_size = self.vocab_size or (default_vocab if self.tokenizer == "bpe" else None)
         check_sharding(self.sharding)
-        scratch = self.model is None and self.init_from_hf is None and self.sharding != "fsdp"
+        scratch = self.model is None and self.base_source is None and self.sharding != "fsdp"
         for name, value in task.defaults.recipe_for(self.preset if scratch else None).items():
             setattr(self, name, value if getattr(self, name) is None else getattr(self, name))
         self.bf16 = native_bf16(self.device) if self.bf16 == NATIVE else self.bf16
@@ -167,19 +168,42 @@ class TrainConfig:
                 and not torch.cuda.is_bf16_supported():
             raise ValueError(f"--bf16: {torch.cuda.get_device_name()} does not compute bfloat16; train with --no-bf16")
 
+    @property
+    def base_source(self) -> BaseSource | None:
+        """The checkpoint a fine-tune starts from (--init-from's run, --init-from-hf's directory); None from scratch."""
+        return base_source({"init_from": self.init_from, "init_from_hf": self.init_from_hf})
+
     def check_base(self) -> None:
-        """--init-from-hf: the checkpoint brings the model's shape and its own byte-level BPE; --lora adapts it."""
+        """--init-from, --init-from-hf: the checkpoint brings the model's shape and its own tokenizer (a Hugging
+        Face directory's byte-level BPE, a run's own); --lora adapts it."""
         self.check_lora()
-        if self.init_from_hf is None:
+        source = self.base_source
+        if source is None:
             return
+        if self.init_from and self.init_from_hf:
+            raise ValueError("--init-from (a qkv run) and --init-from-hf (a Hugging Face directory) both name the "
+                             "base; give one")
         if self.task not in ("lm", "sft", "dpo"):
-            raise ValueError(f"--init-from-hf fine-tunes a decoder (task lm, sft or dpo), not task {self.task!r}")
+            raise ValueError(f"{source.flag} fine-tunes a decoder (task lm, sft or dpo), not task {self.task!r}")
         if self.model is not None:
-            raise ValueError("--init-from-hf takes the model's shape from the checkpoint; drop the shape flags")
-        if self.tokenizer not in (None, "bpe") or self.vocab_size is not None:
-            raise ValueError("--init-from-hf keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
-        self.tokenizer = "bpe"
-        self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
+            raise ValueError(f"{source.flag} takes the model's shape from the checkpoint; drop the shape flags")
+        own = run_base_tokenizer(self.init_from) if source.kind == "run" else "bpe"
+        if self.tokenizer not in (None, own) or self.vocab_size is not None:
+            raise ValueError(f"{source.flag} keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
+        self.tokenizer = own
+        if source.kind == "run":
+            self.check_run_base()
+        else:
+            self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
+
+    def check_run_base(self) -> None:
+        """--init-from RUN: no preset (the run has the shape), and never the run it writes (--out)."""
+        if self.preset is not None:
+            raise ValueError(f"--init-from takes the model's shape from the run; drop --preset {self.preset}")
+        self.init_from = os.path.abspath(self.init_from)
+        if self.out and os.path.realpath(self.out) == os.path.realpath(self.init_from):
+            raise ValueError(f"--init-from {self.init_from} is also --out: the run would overwrite its own base; "
+                             "write the fine-tune elsewhere")
 
     def check_lora(self) -> None:
         """``--lora R [--lora-alpha A] [--lora-targets NAMES]`` adapts a checkpoint; defaults α = 2r, attention."""
@@ -188,8 +212,8 @@ class TrainConfig:
                 raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
             return
         check_positive_int("lora (the adapters' rank)", self.lora)
-        if self.init_from_hf is None:
-            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR too")
+        if self.base_source is None:
+            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR or --init-from RUN too")
         self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
         if not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")

@@ -2,7 +2,10 @@
 
     base      a Hugging Face decoder directory (GPT-2, LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …: any
               decoder family of ``qkv.interop.hf``): weights through ``from_hf``, its own
-              tokenizer kept unchanged (byte-level BPE, stored in the run as tokenizer.json)
+              tokenizer kept unchanged (byte-level BPE, stored in the run as tokenizer.json);
+              or a finished qkv run of a decoder (``--init-from``): its final weights, config and tokenizer;
+              ``BaseSource`` says which, ``qkv.training.run_dir.load_base`` loads either (a run loads its
+              own base in turn when it is a LoRA run: loading a run and loading a base recurse, so both live there)
     identity  the SHA-256 of its weight files, recorded in train_config.json: ``--resume`` (and a
               LoRA run, which stores only its adapters) refuses any other base
     LoRA      h = W x + (α / r) · B A x, W frozen, A (r × in) and B (out × r, zero at the start)
@@ -17,13 +20,33 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping, NamedTuple
 
 from torch import Tensor, nn
 
-from ..data import BPETokenizer, tokenizer_from_json
+from ..data import BPETokenizer, CharTokenizer, tokenizer_from_json
 from ..models import GPT
 
 DEFAULT_LORA_TARGETS = "attn"  # every projection of the self-attention (LoRA paper): q, k, v, out; MLA's q, kv_a, kv_b, o
+
+
+class BaseSource(NamedTuple):
+    """Where a fine-tune's base is: ``kind`` "hf" (a Hugging Face directory, --init-from-hf) or "run" (a qkv run
+    directory, --init-from), at ``path``."""
+
+    kind: str
+    path: str
+
+    @property
+    def flag(self) -> str:
+        return "--init-from" if self.kind == "run" else "--init-from-hf"
+
+
+def base_source(t: Mapping) -> BaseSource | None:
+    """The base a train config (a ``TrainConfig``'s fields, or its saved train_config.json) names; None from scratch."""
+    if t.get("init_from"):
+        return BaseSource("run", t["init_from"])
+    return BaseSource("hf", t["init_from_hf"]) if t.get("init_from_hf") else None
 
 
 @dataclass
@@ -31,7 +54,7 @@ class Base:
     """A checkpoint to fine-tune: model (qkv.GPT), the run's tokenizer, and the weights' SHA-256."""
 
     model: GPT
-    tokenizer: BPETokenizer
+    tokenizer: BPETokenizer | CharTokenizer
     sha256: str
     path: str
 
@@ -64,25 +87,24 @@ def run_tokenizer(tokenizer, where: str) -> BPETokenizer:
     return tokenizer_from_json(text)
 
 
-def load_base(path: str | os.PathLike, *, expect_sha256: str | None = None) -> Base:
-    """The checkpoint at ``path`` to fine-tune; ValueError for anything but a decoder with a matching
-    BPE tokenizer, or for weights whose SHA-256 is not ``expect_sha256`` (when given)."""
+def hf_base(where: str) -> tuple[GPT, BPETokenizer]:
+    """(qkv model, qkv tokenizer) of a Hugging Face directory; ValueError for one without a tokenizer."""
     from ..interop.hf import load_pretrained
 
-    where = str(path)
-    if not Path(path).is_dir():
-        raise ValueError(f"the base {where}: no such directory")
-    model, tokenizer = load_pretrained(path)
-    if not isinstance(model, GPT):
-        raise ValueError(f"the base {where} is not a decoder (it loads as qkv.{type(model).__name__}); "
-                         "fine-tuning starts from a decoder-only checkpoint (GPT-2, LLaMA, Qwen2, Mistral …)")
+    model, tokenizer = load_pretrained(where)
+    check_decoder(model, where)
     if tokenizer is None:
         raise ValueError(f"the base {where} has no tokenizer files (tokenizer.json …): a run needs its tokenizer")
-    sha = weights_sha256(path)
-    if expect_sha256 is not None and sha != expect_sha256:
-        raise ValueError(f"{where} is not the base this run was trained from: its weights' SHA-256 "
-                         f"is {sha[:16]}…, the run's base had {expect_sha256[:16]}…")
-    return Base(model=model, tokenizer=run_tokenizer(tokenizer, where), sha256=sha, path=where)
+    return model, run_tokenizer(tokenizer, where)
+
+
+def check_decoder(model: nn.Module, where: str) -> GPT:
+    """``model``, if it is a decoder (qkv.GPT); ValueError otherwise (an encoder-decoder of --task translate …)."""
+    if not isinstance(model, GPT):
+        raise ValueError(f"the base {where} is not a decoder (it loads as qkv.{type(model).__name__}); "
+                         "fine-tuning starts from a decoder-only checkpoint (GPT-2, LLaMA, Qwen2, Mistral …, "
+                         "or a qkv run of --task lm, sft or dpo)")
+    return model
 
 
 # --- LoRA ---------------------------------------------------------------------------------------
@@ -162,15 +184,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, module.get_base_layer())
     return model
-
-
-def adapted_base(run, config) -> GPT:
-    """A LoRA run's base (found by train_config.json, checked by SHA-256) with empty adapters, ready for
-    the run's adapters (``checkpoint.load_weights``) and then ``merge_lora``."""
-    t = run.read_json(run.TRAIN_CONFIG) or {}
-    if not (t.get("init_from_hf") and t.get("init_sha256") and t.get("lora")):
-        raise ValueError(f"{run} holds LoRA adapters, but its {run.TRAIN_CONFIG} does not name their base")
-    base = load_base(t["init_from_hf"], expect_sha256=t["init_sha256"])
-    if base.model.config != config:
-        raise ValueError(f"{run}'s config.json does not describe its base {base.path}")
-    return add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])

@@ -113,7 +113,8 @@ class RecipeLoop:
     def header(self) -> str:
         c, (n, k), kind = self.cfg, parameter_counts(self.model), self.model_type
         threads = f" with {torch.get_num_threads()} thread(s)" if self.device.type == "cpu" else ""
-        source = f"from {c.init_from_hf}" if c.init_from_hf else c.preset if c.model is None else "custom"
+        base = c.base_source
+        source = f"from {base.path}" if base else c.preset if c.model is None else "custom"
         trains = f", {k:,} of them trained ({100 * k / n:.2f} %: LoRA rank {c.lora})" if c.lora else ""
         precision = ("bf16 autocast" if c.bf16 else "fp32") + (", speed layer" if self.speed_layer else "")
         return (f"qkv: training a {n / 1e6:.2f} M-parameter {kind.__name__}{trains} "

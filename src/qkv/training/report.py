@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 
+from .finetune import base_source
 from .run_dir import RunDir
 from .tasks import make_task, task_type
 
@@ -52,8 +53,9 @@ def run_info(path: str | os.PathLike) -> dict:
         info["training"] = (f"task={t.get('task', 'lm')}, batch_size={t.get('batch_size')}, lr={t.get('lr')}, "
                             f"seed={t.get('seed')}, budget: steps={t.get('max_steps')}, "
                             f"minutes={t.get('max_minutes')}, tokens={t.get('max_tokens')}")
-        if t.get("init_from_hf"):
-            info["base"] = f"{t['init_from_hf']} (weights SHA-256 {str(t.get('init_sha256'))[:16]}…)"
+        base = base_source(t)
+        if base:
+            info["base"] = f"{base.path} (weights SHA-256 {str(t.get('init_sha256'))[:16]}…)"
         if t.get("lora"):
             info["lora"] = (f"rank {t['lora']}, alpha {t['lora_alpha']:g}, on {t['lora_targets']} "
                             f"({run.ADAPTERS} over the base, merged on loading)")

@@ -19,6 +19,9 @@ A run directory holds::
 Every file is written atomically (``qkv.fileio``): a crash, a kill or a full disk leaves either
 the old file or the new one. One writer at a time: ``RunDir.lock()`` takes an exclusive OS lock
 that dies with its process, even under SIGKILL.
+
+A run is also a base to fine-tune (``load_base``: a finished decoder run, or a Hugging Face directory), and a
+LoRA run loads its base to apply its adapters (``adapted_base``): the one recursion, kept in this module.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from torch import nn
@@ -39,6 +42,9 @@ from torch import nn
 from ..fileio import atomic_json, atomic_via, atomic_write  # noqa: F401  (atomic_write: re-exported)
 from ..models import GPT, Encoder, ModelConfig, Transformer
 from ..models.pointer import PointerTransformer
+
+if TYPE_CHECKING:
+    from .finetune import Base, BaseSource
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {"GPT": GPT, "Encoder": Encoder, "Transformer": Transformer,
                                              "PointerTransformer": PointerTransformer}
@@ -197,7 +203,7 @@ class RunDir:
                              f"vocab_size={config.vocab_size}")
         cls = self.architecture()
         if self.has(self.ADAPTERS):  # LoRA: the base, the run's adapters, merged into plain nn.Linear layers
-            from .finetune import adapted_base, merge_lora
+            from .finetune import merge_lora
 
             model = adapted_base(self, config)
             load_weights(model, self.path)
@@ -210,7 +216,9 @@ class RunDir:
     def padded_vocabulary(self, tokenizer, config: ModelConfig) -> bool:
         """A run fine-tuned from a checkpoint may hold more embeddings than its tokenizer uses (padded
         vocabularies); every other run's tokenizer and embeddings match one to one."""
-        fine_tuned = (self.read_json(self.TRAIN_CONFIG) or {}).get("init_from_hf") is not None
+        from .finetune import base_source
+
+        fine_tuned = base_source(self.read_json(self.TRAIN_CONFIG) or {}) is not None
         return fine_tuned and tokenizer.vocab_size < config.vocab_size
 
     # --- training --------------------------------------------------------------------------
@@ -425,3 +433,66 @@ def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> 
     """Load a run directory (``qkv train``'s output) for inference; ValueError with a clear message for
     a directory that is not a qkv run, or whose config, weights or tokenizer are corrupt or truncated."""
     return RunDir(path).load(device=device)
+
+
+# --- a base to fine-tune: a finished run of a decoder, or a Hugging Face directory (qkv.training.finetune) ---
+
+def finished_run(path: str | os.PathLike) -> RunDir:
+    """The run at ``path`` given as a base (--init-from), if it holds final weights (its summary.json is written
+    when it finishes); ValueError naming what is missing otherwise."""
+    run = RunDir(path)
+    try:
+        run.check()
+    except ValueError as e:
+        raise ValueError(f"--init-from {e}") from None
+    if not run.has(run.SUMMARY):
+        raise ValueError(f"--init-from {path}: the run has not finished (no {run.SUMMARY}; its weights are a "
+                         f"checkpoint): finish it with qkv train --resume --out {path}")
+    return run
+
+
+def run_base_tokenizer(path: str | os.PathLike) -> str:
+    """The tokenizer kind (char | bpe) of the run at ``path``, checked to be a finished decoder run first."""
+    run = finished_run(path)
+    if not issubclass(run.architecture(), GPT):
+        raise ValueError(f"--init-from {path} holds a qkv.{run.architecture().__name__}, not a decoder (a --task "
+                         "translate run is an encoder-decoder); fine-tuning starts from a run of --task lm, sft or dpo")
+    from ..data import load_tokenizer
+
+    return load_tokenizer(run.path).kind
+
+
+def load_base(source: BaseSource, *, expect_sha256: str | None = None) -> Base:
+    """The checkpoint ``source`` names, to fine-tune; ValueError for anything but a decoder with a matching
+    BPE tokenizer (a run's own tokenizer, whatever its kind), or for weights whose SHA-256 is not
+    ``expect_sha256`` (when given)."""
+    from .finetune import Base, check_decoder, hf_base, weights_sha256
+
+    where = str(source.path)
+    if not Path(where).is_dir():
+        raise ValueError(f"the base {where}: no such directory")
+    if source.kind == "run":
+        loaded = finished_run(where).load()
+        model, tokenizer = check_decoder(loaded.model, where), loaded.tokenizer
+    else:
+        model, tokenizer = hf_base(where)
+    sha = weights_sha256(where)
+    if expect_sha256 is not None and sha != expect_sha256:
+        raise ValueError(f"{where} is not the base this run was trained from: its weights' SHA-256 "
+                         f"is {sha[:16]}…, the run's base had {expect_sha256[:16]}…")
+    return Base(model=model, tokenizer=tokenizer, sha256=sha, path=where)
+
+
+def adapted_base(run: RunDir, config: ModelConfig) -> GPT:
+    """A LoRA run's base (found by train_config.json, checked by SHA-256) with empty adapters, ready for
+    the run's adapters (``checkpoint.load_weights``) and then ``merge_lora``."""
+    from .finetune import add_lora, base_source
+
+    t = run.read_json(run.TRAIN_CONFIG) or {}
+    source = base_source(t)
+    if not (source and t.get("init_sha256") and t.get("lora")):
+        raise ValueError(f"{run} holds LoRA adapters, but its {run.TRAIN_CONFIG} does not name their base")
+    base = load_base(source, expect_sha256=t["init_sha256"])
+    if base.model.config != config:
+        raise ValueError(f"{run}'s config.json does not describe its base {base.path}")
+    return add_lora(base.model, r=t["lora"], alpha=t["lora_alpha"], targets=t["lora_targets"])

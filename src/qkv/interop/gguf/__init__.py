@@ -5,7 +5,8 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
 ``gguf`` package's own tables and writer (no format code here):
 
     arches     LLaMA, Mistral and Mixtral as llama.cpp's ``llama``; Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
-               OLMo 2 and Phi-3 as its ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``, ``olmo2``, ``phi3``
+               OLMo 2, Phi-3, SmolLM3 and gpt-oss as its ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``,
+               ``olmo2``, ``phi3``, ``smollm3``, ``gpt-oss``
                (``architectures``: the table, and the layout each reads)
     names      ``gguf.get_tensor_name_map(arch, blocks)``: HF ``model.layers.0.self_attn.q_proj.weight``
                -> ``blk.0.attn_q.weight``; a tied head writes no ``output.weight`` (llama.cpp reuses
@@ -13,15 +14,17 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
     q and k    llama.cpp's ``llama`` architecture rotates adjacent pairs (interleaved RoPE) where HF
                LLaMA rotates halves: its q/k rows (weights and biases) are permuted per head, as the
                converter's ``LlamaModel.permute``; the others rotate halves, as HF
+    MLA        DeepSeek-V2/V3 as ``deepseek2`` (``deepseek``): kv_b_proj split per head into attn_k_b, attn_v_b
     experts    ``ffn_gate_inp`` (the router), ``ffn_{gate,up,down}_exps`` (E, ·, ·) stacked, Qwen2-MoE's
-               shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``
-    types      f32, f16, bf16 or q8_0 for matrices; 1-D tensors, norms and routers stay f32; a matrix whose
+               shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``; gpt-oss's biases (``.bias``)
+    types      f32, f16, bf16 or q8_0 for matrices; 1-D tensors, norms, routers and biases stay f32; a matrix whose
                rows do not split into q8_0's blocks of 32 falls back to f16 (the converter's rule)
     metadata   ``{arch}.context_length``, ``embedding_length``, ``block_count``, ``feed_forward_length``,
                ``attention.head_count(_kv)``, ``attention.key_length``/``value_length``,
                ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``rope.dimension_count``,
                ``vocab_size``, ``general.file_type``; with experts ``expert_count``, ``expert_used_count``,
-               ``expert_feed_forward_length``, ``expert_shared_feed_forward_length``
+               ``expert_feed_forward_length``, ``expert_shared_feed_forward_length``; gpt-oss's
+               ``attention.sliding_window`` and ``rope.scaling.*`` (YaRN)
     tokenizer  (``vocabulary``) byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` (tokens, token types,
                merges); a character vocabulary as the same, with merges that build each multi-byte
                character from its bytes; bos/eos ids and the chat template where the tokenizer has them
@@ -86,7 +89,7 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", ov
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.member)])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name or path.stem)
-    write_hparams(gguf, writer, fields, file_type)
+    write_hparams(gguf, writer, fields, arch, file_type)
     write_vocabulary(gguf, writer, tokenizer, fields["vocab_size"])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for tensor_name, data in gguf_tensors(gguf, to_hf(model).state_dict(), fields, arch):

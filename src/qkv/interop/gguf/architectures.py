@@ -9,24 +9,38 @@ differently (refused, with the reason), and the HF tensors and config fields lai
     qwen3_moe           qwen3moe    experts in every layer, QK-norm per head
     olmo2               olmo2       norms after each sublayer (post_attention_norm, post_ffw_norm), none before;
                                     QK-norm over the whole q and k projections
-    phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); RoPE on the
+    phi3                phi3        q/k/v fused (attn_qkv), gate/up fused (ffn_up = [gate; up]); LongRoPE's
+                                    factors as rope_factors_short/long (llama.cpp picks by the context it is
+                                    started with: short up to the original context); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
     smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
+    deepseek_v2/v3      deepseek2   multi-head latent attention, leading dense layers, routing as keys (``deepseek``)
+    gpt_oss             gpt-oss     a sink logit per head (attn_sinks); q/k/v/o biases; a window on even layers
+                                    (fixed); YaRN with its ramp's ends rounded (truncate); the router's bias,
+                                    softmax over the top-k logits; experts with biases and the clamped SwiGLU
+                                    (α 1.702, limit 7 in llama.cpp's build_moe_ffn); post_attention_norm the
+                                    feed-forward's pre-norm
 
 Experts: transformers 5 holds gate and up fused, ``experts.gate_up_proj`` (E, 2I, C) = [gate; up] along I;
-llama.cpp reads two (E, I, C) tensors. Routing is the architecture's own in llama.cpp, not a setting: softmax
-over all experts, top-k, the k weights renormalised in llama and qwen3moe but not in qwen2moe.
+llama.cpp reads two (E, I, C) tensors. gpt-oss's are transposed, (E, C, 2I) with gate and up interleaved, and
+biased: ``gate_up_proj_bias`` (E, 2I) the same way, ``down_proj`` (E, I, C), ``down_proj_bias`` (E, C).
+Routing is the architecture's own in llama.cpp, not a setting: softmax over all experts, top-k, the k weights
+renormalised in llama, qwen3moe and gpt-oss (there as a softmax over the k logits) but not in qwen2moe; deepseek2
+reads its routing from keys (``deepseek``).
 
 Shapes: C model width, E experts, I expert width, H heads, D head width.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from ..hf import hf_config
+from ..hf.families.gpt_oss import interleaved
 from ..hf.rules import half_split_to_interleaved
+from .deepseek import latent_problems, latent_tensors, write_latent_experts, write_latent_heads
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,16 @@ class Arch:
     biases: bool | None = None  # q/k/v biases: True it needs them, False it has none, None either
     renormalise: bool | None = None  # its experts' top-k weights renormalised; None: no experts
     nope_step: int | None = None  # every nope_step-th layer has no RoPE (a constant in llama.cpp, not a key)
+    swa_step: int | None = None  # a window on layers il % swa_step < swa_step - 1 (llama.cpp's fixed pattern)
+    yarn: bool = False  # YaRN written (rope.scaling.*), with llama.cpp's rounded ramp ends (HF truncate=True)
+    swiglu_oai: tuple[float, float] | None = None  # (α, limit): clamped SwiGLU experts, gpt-oss's layout
+    latent_gating: str | None = None  # DeepSeek's MLA as deepseek2 reads it; its gguf.ExpertGatingFuncType
+    longrope: bool = False  # LongRoPE's factors written as rope_factors_short / rope_factors_long
+
+    @property
+    def name(self) -> str:
+        """As gguf.MODEL_ARCH_NAMES spells it: qwen2moe, gpt-oss."""
+        return self.member.lower().replace("_", "-")
 
 
 ARCHES = {
@@ -49,8 +73,12 @@ ARCHES = {
     "qwen2_moe": Arch("QWEN2MOE", head=True, q_width=True, biases=True, renormalise=False),
     "qwen3_moe": Arch("QWEN3MOE", biases=False, renormalise=True),
     "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
-    "phi3": Arch("PHI3", q_width=True, biases=False),
+    "phi3": Arch("PHI3", q_width=True, biases=False, longrope=True),
     "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
+    "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True,
+                    swiglu_oai=(1.702, 7.0)),  # softmax over the top-k logits: the top-k of a softmax renormalised
+    "deepseek_v2": Arch("DEEPSEEK2", biases=False, latent_gating="SOFTMAX"),  # routing: keys (``deepseek``)
+    "deepseek_v3": Arch("DEEPSEEK2", biases=False, latent_gating="SIGMOID"),
 }
 # Families to_hf writes that this exporter does not: why, for the error message
 NOT_WRITTEN = {
@@ -61,11 +89,6 @@ NOT_WRITTEN = {
                 "shape, or use --format hf",
     "gemma2": "Gemma 2 ((1 + w) norms, soft caps, sliding layers) is not written by qkv's GGUF export yet",
     "gemma3": "Gemma 3 ((1 + w) norms, sliding layers, a local RoPE base) is not written by qkv's GGUF export yet",
-    "gpt_oss": "gpt-oss (attention sinks: attention.kind='sink'; clamped SwiGLU experts with biases) is not written "
-               "by qkv's GGUF export yet; use --format hf",
-    **{t: f"{name}'s multi-head latent attention and mixture of experts (llama.cpp's deepseek2 splits kv_b_proj "
-          "and routes by its own group rules) are not written by qkv's GGUF export yet; use --format hf"
-       for t, name in (("deepseek_v2", "DeepSeek-V2"), ("deepseek_v3", "DeepSeek-V3"))},
 }
 
 
@@ -74,18 +97,10 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
     if model_type not in ARCHES:
         return [NOT_WRITTEN.get(model_type, f"Hugging Face model_type {model_type!r} has no GGUF mapping here")]
     arch = ARCHES[model_type]
-    name, problems = arch.member.lower(), []  # gguf.MODEL_ARCH_NAMES spells them so
+    name, problems = arch.name, []
     if hf.get("hidden_act") != "silu":
         problems.append(f"hidden_act={hf.get('hidden_act')!r} (llama.cpp's {name} gates with silu: SwiGLU)")
-    scaling = (hf.get("rope_scaling") or {}).get("rope_type", "default")
-    if scaling == "longrope":
-        problems.append("RoPE scaling 'longrope' (llama.cpp picks the short or long factors by the context it is "
-                        "started with, transformers by each sequence's length)")
-    elif scaling not in ("default", "linear"):
-        problems.append(f"RoPE scaling {scaling!r} (written here: none or linear)")
-    window, context = hf.get("sliding_window"), hf.get("max_position_embeddings")
-    if hf.get("use_sliding_window", True) and window is not None and window < context:
-        problems.append(f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)")
+    problems += rope_problems(arch, hf) + window_problems(arch, hf)
     heads, width = hf["num_attention_heads"], head_dim(hf) * hf["num_attention_heads"]
     if arch.q_width and width != hf["hidden_size"]:
         problems.append(f"head_dim={head_dim(hf)} × {heads} heads = {width} ≠ hidden_size={hf['hidden_size']} "
@@ -96,14 +111,56 @@ def gguf_problems(model_type: str, hf: dict) -> list[str]:
                         f"{'reads q/k/v biases' if arch.biases else 'has none'})")
     if arch.biases is False and hf.get("mlp_bias"):
         problems.append(f"mlp_bias=True (llama.cpp's {name} has none)")
-    return problems + expert_problems(arch, hf) + nope_problems(arch, hf)
+    return problems + expert_problems(arch, hf) + nope_problems(arch, hf) + \
+        (latent_problems(hf) if arch.latent_gating else [])
+
+
+def rope_scaling(hf: dict) -> dict:
+    """The config's RoPE scaling (4.x rope_scaling or 5.x rope_parameters), {} for none."""
+    return hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+
+
+def rope_problems(arch: Arch, hf: dict) -> list[str]:
+    """RoPE scalings llama.cpp computes otherwise: LongRoPE, YaRN where not written or with unrounded ends."""
+    scaling = rope_scaling(hf)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "longrope" and not arch.longrope:
+        return [f"RoPE scaling 'longrope' (llama.cpp's {arch.name} has no short and long factors)"]
+    if kind == "yarn" and arch.yarn:
+        out = []
+        if scaling.get("truncate", True) is False:
+            out.append(f"YaRN truncate=False (llama.cpp's {arch.name} rounds the ramp's ends to whole "
+                       "dims: truncate=True)")
+        extra = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if scaling.get(k) is not None]
+        if extra:
+            out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
+        return out
+    # deepseek2: neither linear nor YaRN (its graph corrects YaRN's scales its own way, not written here)
+    written = ("default",) + ("yarn",) * arch.yarn + ("longrope",) * arch.longrope + \
+        ("linear",) * (not arch.latent_gating)
+    if kind not in written:
+        return [f"RoPE scaling {kind!r} (written for llama.cpp's {arch.name}: {', '.join(written[1:]) or 'none'})"]
+    return []
+
+
+def window_problems(arch: Arch, hf: dict) -> list[str]:
+    """Sliding windows llama.cpp's architecture does not apply where HF does (or applies where HF does not)."""
+    name, window, context = arch.name, hf.get("sliding_window"), hf.get("max_position_embeddings")
+    if window is None or window >= context or not hf.get("use_sliding_window", True):
+        return []
+    if arch.swa_step is None:
+        return [f"sliding_window={window} < context {context} (llama.cpp's {name} attends to every key)"]
+    fixed = ["sliding_attention" if i % arch.swa_step < arch.swa_step - 1 else "full_attention"
+             for i in range(hf["num_hidden_layers"])]
+    types = hf.get("layer_types") or fixed
+    return [] if list(types) == fixed else [f"layer_types={list(types)} (llama.cpp's {name} slides on {fixed})"]
 
 
 def expert_problems(arch: Arch, hf: dict) -> list[str]:
     """What llama.cpp's routing for ``arch`` fixes that the HF config sets otherwise."""
     if arch.renormalise is None:
         return []
-    name, problems = arch.member.lower(), []
+    name, problems = arch.name, []
     dense = hf.get("mlp_only_layers") or []
     if dense or hf.get("decoder_sparse_step", 1) != 1:
         problems.append(f"dense layers {dense} among the mixture-of-experts ones (llama.cpp's {name} has experts "
@@ -112,6 +169,9 @@ def expert_problems(arch: Arch, hf: dict) -> list[str]:
     if renormalised != arch.renormalise:
         problems.append(f"norm_topk_prob={renormalised} (llama.cpp's {name} "
                         f"{'renormalises' if arch.renormalise else 'does not renormalise'} the top-k weights)")
+    if arch.swiglu_oai and (hf.get("swiglu_alpha"), hf.get("swiglu_limit")) != arch.swiglu_oai:
+        problems.append(f"swiglu_alpha={hf.get('swiglu_alpha')}, swiglu_limit={hf.get('swiglu_limit')} (llama.cpp's "
+                        f"{name} fixes α={arch.swiglu_oai[0]}, limit={arch.swiglu_oai[1]})")
     return problems
 
 
@@ -124,7 +184,7 @@ def nope_problems(arch: Arch, hf: dict) -> list[str]:
     fixed = [int((i + 1) % arch.nope_step != 0) for i in range(n)]
     if list(flags[:n]) == fixed:
         return []
-    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.member.lower()} skips RoPE in every "
+    return [f"no_rope_layers={list(flags[:n])} (llama.cpp's {arch.name} skips RoPE in every "
             f"{arch.nope_step}th layer: {fixed})"]
 
 
@@ -149,7 +209,13 @@ def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
     ``arch`` loads one; RoPE's inv_freq table dropped (llama.cpp computes it)."""
     out = {}
     for key, tensor in state.items():
-        if key.endswith("experts.gate_up_proj"):  # (E, 2I, C) = [gate; up] along I
+        if arch.latent_gating and (latent := latent_tensors(key, tensor, fields)) is not None:
+            out |= latent
+        elif arch.swiglu_oai and ".experts." in key:
+            out |= oai_experts(key, tensor)
+        elif key.endswith("self_attn.sinks"):
+            out[key + ".weight"] = tensor  # (H,): the converter's name
+        elif key.endswith("experts.gate_up_proj"):  # (E, 2I, C) = [gate; up] along I
             stem = key.removesuffix("gate_up_proj")
             out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = tensor.chunk(2, dim=1)  # (E, I, C) each
         elif key.endswith("experts.down_proj"):  # (E, C, I)
@@ -166,9 +232,23 @@ def llama_cpp_layout(state: dict, fields: dict, arch: Arch) -> dict:
     return out
 
 
+def oai_experts(key: str, tensor: torch.Tensor) -> dict:
+    """gpt-oss's experts as llama.cpp holds them: gate and up apart, (E, out, in), biases (E, out)."""
+    stem, kind = key.rsplit(".", 1)
+    if kind == "gate_up_proj":  # (E, C, 2I), interleaved
+        gate, up = (w.transpose(1, 2) for w in interleaved(tensor))  # (E, I, C) each
+        return {f"{stem}.gate_proj.weight": gate, f"{stem}.up_proj.weight": up}
+    if kind == "gate_up_proj_bias":  # (E, 2I), interleaved
+        gate, up = interleaved(tensor)
+        return {f"{stem}.gate_proj.bias": gate, f"{stem}.up_proj.bias": up}
+    if kind == "down_proj":  # (E, I, C)
+        return {f"{stem}.down_proj.weight": tensor.transpose(1, 2)}
+    return {f"{stem}.down_proj.bias": tensor}  # down_proj_bias (E, C)
+
+
 def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
     """(GGUF name, float32 array) for every tensor of an HF ``state`` dict in ``llama_cpp_layout``, named by
-    gguf's table, q/k permuted to interleaved RoPE where the architecture wants it."""
+    gguf's table, q/k permuted to interleaved RoPE where the architecture wants it; LongRoPE's factors."""
     member = getattr(gguf.MODEL_ARCH, arch.member)
     names = gguf.get_tensor_name_map(member, fields["num_hidden_layers"])
     heads = {"q_proj": fields["num_attention_heads"], "k_proj": fields["num_key_value_heads"]}
@@ -180,12 +260,14 @@ def gguf_tensors(gguf, state: dict, fields: dict, arch: Arch):
         if arch.permute and proj in heads:
             tensor = half_split_to_interleaved(tensor, heads[proj])  # (H·D, …): per head (2, D/2) -> (D/2, 2)
         yield name, tensor.detach().to(torch.float32).cpu().numpy()
+    yield from rope_factor_tensors(gguf, fields)
 
 
 def encode(gguf, name: str, data, qtype):
-    """(bytes or array, its GGMLQuantizationType): 1-D tensors, norms and routers f32, as the converter keeps
-    them (a router rounded may choose other experts); a matrix whose rows do not split into the type's blocks f16."""
-    if data.ndim <= 1 or name.endswith(("_norm.weight", ".ffn_gate_inp.weight")):
+    """(bytes or array, its GGMLQuantizationType): 1-D tensors, norms, routers and biases f32, as the converter
+    keeps them (a router rounded may choose other experts; llama-quantize quantises only ``.weight`` tensors);
+    a matrix whose rows do not split into the type's blocks f16."""
+    if data.ndim <= 1 or name.endswith(("_norm.weight", ".ffn_gate_inp.weight", ".bias")):
         qtype = gguf.GGMLQuantizationType.F32
     try:
         return gguf.quants.quantize(data, qtype), qtype
@@ -194,7 +276,7 @@ def encode(gguf, name: str, data, qtype):
         return gguf.quants.quantize(data, qtype), qtype
 
 
-def write_hparams(gguf, writer, fields: dict, file_type) -> None:
+def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     """The architecture's metadata from the HF config fields, as convert_hf_to_gguf.py writes it."""
     D = head_dim(fields)
     writer.add_context_length(fields["max_position_embeddings"])
@@ -202,19 +284,63 @@ def write_hparams(gguf, writer, fields: dict, file_type) -> None:
     writer.add_block_count(fields["num_hidden_layers"])
     writer.add_feed_forward_length(fields["intermediate_size"])
     writer.add_head_count(fields["num_attention_heads"])
-    writer.add_head_count_kv(fields["num_key_value_heads"])
-    writer.add_key_length(D)
-    writer.add_value_length(D)
-    writer.add_rope_dimension_count(int(D * fields.get("partial_rotary_factor", 1.0)))  # Phi-3: the first dims
+    if arch.latent_gating:
+        write_latent_heads(writer, fields)
+    else:
+        writer.add_head_count_kv(fields["num_key_value_heads"])
+        writer.add_key_length(D)
+        writer.add_value_length(D)
+        writer.add_rope_dimension_count(int(D * fields.get("partial_rotary_factor", 1.0)))  # Phi-3: the first dims
     writer.add_rope_freq_base(float(fields["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
     writer.add_vocab_size(fields["vocab_size"])
-    scaling = fields.get("rope_scaling") or {}
-    if scaling.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    write_rope_scaling(gguf, writer, fields)
+    if arch.swa_step:
+        writer.add_sliding_window(fields.get("sliding_window") or fields["max_position_embeddings"])
     write_experts(writer, fields)
+    if arch.swiglu_oai:
+        writer.add_expert_feed_forward_length(fields["intermediate_size"])  # gpt-oss: the experts' width
+    if arch.latent_gating:
+        write_latent_experts(gguf, writer, fields, arch.latent_gating)
     writer.add_file_type(file_type)
+
+
+def write_rope_scaling(gguf, writer, fields: dict) -> None:
+    """rope.scaling.*: linear's factor; YaRN's factor, original context and β bounds; LongRoPE's original
+    context and cos/sin scale, as the converter's Phi3MiniModel (``rope_problems`` has refused what else)."""
+    scaling = rope_scaling(fields)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "longrope":
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        writer.add_rope_scaling_attn_factors(longrope_scale(scaling, fields["max_position_embeddings"]))
+    if kind not in ("linear", "yarn"):
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if kind == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        writer.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast", 32.0)))
+        writer.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow", 1.0)))
+
+
+def longrope_scale(scaling: dict, context: int) -> float:
+    """LongRoPE's cos/sin factor as transformers computes it: attention_factor, else √(1 + ln s / ln L₀) with
+    s the factor (else context / L₀), 1 where s ≤ 1."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or context / original
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+
+def rope_factor_tensors(gguf, fields: dict):
+    """(GGUF name, float32 array) of LongRoPE's per-pair divisors, short and long; none without LongRoPE."""
+    scaling = rope_scaling(fields)
+    if scaling.get("rope_type", scaling.get("type")) != "longrope":
+        return
+    for kind in ("short", "long"):
+        name = gguf.TENSOR_NAMES[getattr(gguf.MODEL_TENSOR, f"ROPE_FACTORS_{kind.upper()}")] + ".weight"
+        yield name, torch.tensor(scaling[f"{kind}_factor"], dtype=torch.float32).numpy()
 
 
 def write_experts(writer, fields: dict) -> None:

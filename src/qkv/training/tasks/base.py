@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ...data import load_tokenizer, tokenizer_from_json
 from ...models import PRESETS, ModelConfig
+from ..run_dir import load_base
 
 
 def check_option_type(name: str, value, default) -> None:
@@ -215,9 +216,16 @@ class Task:
 
 class DecoderTask(Task):
     """A task that trains a GPT: from a preset, a shape of its own, or a base checkpoint (``self.base``, which
-    ``prepare`` loads for --init-from-hf)."""
+    ``prepare`` loads for --init-from or --init-from-hf)."""
 
     base = None  # a ``qkv.training.finetune.Base``
+
+    def read_base(self, cfg) -> None:
+        """``self.base``: the checkpoint ``cfg`` starts from, if any (its weights, shape and tokenizer); on --resume
+        it must be the same checkpoint (``cfg.init_sha256``), which a new run records."""
+        if cfg.base_source is not None:
+            self.base = load_base(cfg.base_source, expect_sha256=cfg.init_sha256)
+            cfg.init_sha256 = self.base.sha256
 
     def model_config(self, cfg) -> ModelConfig:
         if self.base is not None:

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
-from ..finetune import load_base
 from ...models import GPT, ModelConfig
 from .base import SCRATCH, DecoderTask, TaskDefaults
 
@@ -119,9 +118,7 @@ class LanguageModelTask(DecoderTask):
     def prepare(self, cfg, run, dist) -> None:
         self.corpus = self.corpus if self.corpus is not None else load_corpus(cfg.data)
         text = self.corpus.train + self.corpus.val if cfg.tokenizer == "char" else self.corpus.train
-        if cfg.init_from_hf:  # its weights, shape and tokenizer; on --resume it must be the same checkpoint
-            self.base = load_base(cfg.init_from_hf, expect_sha256=cfg.init_sha256)
-            cfg.init_sha256 = self.base.sha256
+        self.read_base(cfg)
         fit = (lambda: self.base.tokenizer) if self.base else \
             (lambda: fit_tokenizer(cfg.tokenizer, text, vocab_size=cfg.vocab_size))
         self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)

@@ -25,7 +25,6 @@ from ...data import BPETokenizer
 from ...data.chat_template import CHATML, CHATML_TOKENS, encode_conversation, plain_ids, render, template_source
 from ...data.conversations import Conversation, catalog_conversations, load_conversations
 from ...models import GPT, ModelConfig
-from ..finetune import load_base
 from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
@@ -89,16 +88,15 @@ class SFTTask(DecoderTask):
     @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.tokenizer not in (None, "bpe"):
-            raise ValueError(f"--task sft trains a byte-level BPE (its chat markers are special tokens); "
-                             f"--tokenizer {cfg.tokenizer} is for --task lm")
+            why = f"the run {cfg.init_from} has a {cfg.tokenizer} tokenizer" if cfg.init_from else \
+                f"--tokenizer {cfg.tokenizer} is for --task lm"
+            raise ValueError(f"--task sft trains a byte-level BPE (its chat markers are special tokens); {why}")
 
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
         opts = self.options = cfg.task_options
         self.train_set, self.val_set, self.source = self.read(cfg.data, opts.val_data)
-        if cfg.init_from_hf:
-            self.base = load_base(cfg.init_from_hf, expect_sha256=cfg.init_sha256)
-            cfg.init_sha256 = self.base.sha256
+        self.read_base(cfg)
         self.template, self.template_tokens, self.template_from = self.chat_template(cfg, opts)
         fit = (lambda: self.base.tokenizer) if self.base else (lambda: self.fit(cfg.vocab_size))
         self.tokenizer = self.ready_tokenizer(cfg, run, dist, fit)
@@ -126,9 +124,9 @@ class SFTTask(DecoderTask):
         from scratch takes ChatML; a checkpoint without one needs --chat-template."""
         given = template_source(opts.chat_template)
         if self.base is not None:
-            own, tokens = checkpoint_template(cfg.init_from_hf)
+            own, tokens = checkpoint_template(self.base.path)  # a run's: the chat_template.jinja it trained with
             if given is None and own is None:
-                raise ValueError(f"{cfg.init_from_hf} has no chat template (tokenizer_config.json 'chat_template' or "
+                raise ValueError(f"{self.base.path} has no chat template (tokenizer_config.json 'chat_template' or "
                                  f"{TEMPLATE_FILE}); give one with --chat-template chatml|FILE")
             return (given or own), tokens, ("--chat-template" if given else "the checkpoint's")
         if cfg.resume and cfg.out and (Path(cfg.out) / TEMPLATE_FILE).is_file():
