@@ -12,7 +12,7 @@ from hf_models import hf_model
 
 from qkv.generation.backends import BackendFallback, pick
 from qkv.interop.hf import from_hf
-from qkv.kernels import accelerated
+from qkv.kernels import accelerated, build
 from qkv.kernels.moe import kernel_dispatch, kernel_refuses
 from qkv.nn.moe import Router, SwiGLUExperts, reference_dispatch
 
@@ -112,3 +112,11 @@ def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
     with pytest.raises(RuntimeError, match=r"experts must lie in \[0, 6\), got 6"):
         torch.ops.qkv.moe_swiglu(x, torch.full((3, 2), 6), routing.weights, experts.gate_proj.detach(),
                                  experts.up_proj.detach(), experts.down_proj.detach())
+
+
+def test_the_moe_kernel_takes_no_tokens():
+    assert build.available(), build.WHY_NOT  # torch.ops.qkv loaded
+    experts = SwiGLUExperts(6, 16, 64).requires_grad_(False)  # a grain once divided by the (zero) groups: SIGFPE
+    y = torch.ops.qkv.moe_swiglu(torch.randn(0, 16), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2),
+                                 experts.gate_proj, experts.up_proj, experts.down_proj)
+    assert y.shape == (0, 16)

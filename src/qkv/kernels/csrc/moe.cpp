@@ -76,7 +76,7 @@ at::Tensor moe_swiglu(const at::Tensor& x, const at::Tensor& experts, const at::
   const std::vector<Group> groups = group(chosen, N * k, order);
   const int64_t U = static_cast<int64_t>(groups.size());
   std::vector<float> h(N * k * I);  // (N·k, I): row a is assignment order[a]'s inner value
-  at::parallel_for(0, U * I, std::max<int64_t>(1, 16384 / C), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, U * I, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {  // row i of expert groups[u]'s gate and up
       const Group& g = groups[r / I];
       const int64_t i = r % I, row = (g.expert * I + i) * C;
@@ -87,9 +87,9 @@ at::Tensor moe_swiglu(const at::Tensor& x, const at::Tensor& experts, const at::
       }
     }
   });
-  at::Tensor y = at::zeros({N, C}, x.options());
+  at::Tensor y = at::zeros({N, C}, x.options());  // no token (N = 0, U = 0): zeros (0, C), the grains kept ≥ 1
   float* Y = y.data_ptr<float>();
-  at::parallel_for(0, C, std::max<int64_t>(1, 16384 / (I * U)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, C, std::max<int64_t>(1, 16384 / std::max<int64_t>(I * U, 1)), [&](int64_t begin, int64_t end) {
     for (const Group& g : groups)  // experts in ascending order, as the reference adds them
       for (int64_t c = begin; c < end; c++) {
         const float* row = Wd + (g.expert * C + c) * I;
