@@ -108,7 +108,10 @@ def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
         clamped = SwiGLUExperts(6, 16, 8, activation="swiglu_clamped")
         assert "swiglu experts, got swiglu_clamped" in kernel_refuses(clamped, x)
         assert "without biases" in kernel_refuses(SwiGLUExperts(6, 16, 8, bias=True), x)
-    assert "autograd" in kernel_refuses(experts, x)  # grad mode on
+    assert kernel_refuses(experts, x).endswith("got grad mode on")  # not x's dtype and device, which fit
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernel_refuses(experts, x).endswith("got CPU autocast on")
+    assert kernel_refuses(experts, x.double()).endswith("got torch.float64 on cpu")
     with pytest.raises(RuntimeError, match=r"experts must lie in \[0, 6\), got 6"):
         torch.ops.qkv.moe_swiglu(x, torch.full((3, 2), 6), routing.weights, experts.gate_proj.detach(),
                                  experts.up_proj.detach(), experts.down_proj.detach())

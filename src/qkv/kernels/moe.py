@@ -36,8 +36,11 @@ def gathers() -> bool:
 def kernel_refuses(experts: SwiGLUExperts, x: Tensor) -> str | None:
     """Why ``kernel_dispatch`` cannot run ``experts`` on x (N, C), or None: it was built and tested for a few fp32
     tokens on a CPU at inference, through plain SwiGLU experts without biases, where qkv's kernels are built."""
-    if not x.is_cpu or x.dtype != torch.float32 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
-        return f"it runs fp32 CPU inference without autograd or autocast, got {x.dtype} on {x.device}"
+    if not x.is_cpu or x.dtype != torch.float32:
+        return f"it runs fp32 tokens on a CPU, got {x.dtype} on {x.device}"
+    on = "grad mode" if torch.is_grad_enabled() else "CPU autocast" if torch.is_autocast_enabled("cpu") else None
+    if on is not None:
+        return f"it runs inference without autograd or autocast, got {on} on"
     if x.size(0) > build.MAX_ROWS:
         return f"it runs at most {build.MAX_ROWS} tokens, got {x.size(0)}"
     if experts.activation != "swiglu":
