@@ -13,7 +13,8 @@ def add_explore(sub) -> argparse.ArgumentParser:
     """Declare `qkv explore`."""
     p = sub.add_parser("explore", help="explore a model's attention in the browser (one HTML file or a local server)",
                        description="Write one self-contained HTML page showing every head's attention on TEXT, "
-                       "or serve it on 127.0.0.1 with a text box (--serve).")
+                       "or serve it on 127.0.0.1 with a text box (--serve). For a --run that trained a mixture of "
+                       "experts, the page also shows its expert load (from the run's metrics.jsonl).")
     add_model_source(p)
     p.add_argument("--text", help="the text to look at (required unless --serve)")
     p.add_argument("--out", default="qkv-explore.html", metavar="FILE.html", help="where to write the page")

@@ -20,8 +20,8 @@ def add_export(sub) -> argparse.ArgumentParser:
                                    "windows kept); LoRA adapters merged. With --format gguf, one GGUF file that "
                                    "llama.cpp (llama-cli -m FILE) and Ollama (a Modelfile's FROM FILE) run: "
                                    "LLaMA-shaped runs (and Mistral, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-                                   "gpt-oss, DeepSeek-V2/V3, OLMo 2, Phi-3 (LongRoPE too), SmolLM3 in the settings "
-                                   "llama.cpp fixes) with a byte-level BPE "
+                                   "gpt-oss, DeepSeek-V2/V3, OLMo 2, Phi-3 (LongRoPE too) and SmolLM3, each in the "
+                                   "settings llama.cpp fixes) with a byte-level BPE "
                                    "or character tokenizer; other shapes are refused with the reason.")
     p.add_argument("--run", required=True, metavar="DIR", help="a run directory written by `qkv train`")
     out = p.add_mutually_exclusive_group(required=True)

@@ -61,9 +61,10 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                    "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
                    "(warmup, then cosine decay over the budget; the default for every other run)"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
-    "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune from a finished qkv run directory (RUN): its final "
-                    "weights, model shape, tokenizer and chat template (an sft run's), with no export round trip; "
-                    "no --preset or shape flags (the run has the shape); --out must be another directory"),
+    "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune this finished qkv run directory (one with "
+                    "summary.json): its final weights, model shape, tokenizer and (an sft or dpo run's) chat "
+                    "template, with no export round trip; no --preset, shape flags, --vocab-size or another "
+                    "--tokenizer (the run has them); --out must be another directory"),
     "--init-from-hf": ("init_from_hf", str, "lm, sft, dpo: fine-tune this Hugging Face decoder directory (GPT-2, "
                        "LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
                        "model.safetensors, its tokenizer, kept unchanged)"),
