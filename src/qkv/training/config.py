@@ -44,8 +44,8 @@ class TrainConfig:
     task_options: TaskOptions | dict | None = None  # None: the task's defaults (lm has none)
     preset: str | None = None  # None: the task's (Task.defaults): demo for lm, translate for translate
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
-    init_from: str | None = None  # lm, sft, dpo: fine-tune this qkv run's final weights (its shape, tokenizer, template)
-    init_from_hf: str | None = None  # lm, sft, dpo: fine-tune this Hugging Face decoder directory (its shape, tokenizer)
+    init_from: str | None = None  # lm, sft, dpo: fine-tune this qkv run (its weights, shape, tokenizer, template)
+    init_from_hf: str | None = None  # lm, sft, dpo: fine-tune this Hugging Face decoder (its shape, tokenizer)
     init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
     lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from or init_from_hf)
     lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r

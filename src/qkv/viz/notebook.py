@@ -56,8 +56,9 @@ def show(source: Any, text: str, *, tokenizer: Any = None, title: str = "qkv exp
     """The attention explorer on ``text``, shown inline when a notebook cell ends with it.
 
     ``source``: a qkv model (with ``tokenizer=``), a ``Run``, a run directory (with the expert-load panel
-    when it trained a mixture of experts) or a Hugging Face directory; ``tokenizer`` overrides theirs; ``height`` is the frame's, in pixels. An encoder-decoder
-    translates ``text`` (``num_beams``; 1: greedy), or reads the given ``target`` translation.
+    when it trained a mixture of experts) or a Hugging Face directory; ``tokenizer`` overrides theirs;
+    ``height`` is the frame's, in pixels. An encoder-decoder translates ``text`` (``num_beams``; 1: greedy),
+    or reads the given ``target`` translation.
     """
     model, tokenizer = load_source(source, tokenizer=tokenizer)
     data = text_data(model, tokenizer, text, title=title, target=target, num_beams=num_beams)

@@ -5,8 +5,8 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
 ``gguf`` package's own tables and writer (no format code here):
 
     arches     LLaMA, Mistral and Mixtral as llama.cpp's ``llama``; Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
-               OLMo 2, Phi-3, SmolLM3 and gpt-oss as its ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``,
-               ``olmo2``, ``phi3``, ``smollm3``, ``gpt-oss``
+               OLMo 2, Phi-3, SmolLM3, gpt-oss and DeepSeek-V2/V3 as its ``qwen2``, ``qwen3``, ``qwen2moe``,
+               ``qwen3moe``, ``olmo2``, ``phi3``, ``smollm3``, ``gpt-oss``, ``deepseek2``
                (``architectures``: the table, and the layout each reads)
     names      ``gguf.get_tensor_name_map(arch, blocks)``: HF ``model.layers.0.self_attn.q_proj.weight``
                -> ``blk.0.attn_q.weight``; a tied head writes no ``output.weight`` (llama.cpp reuses
@@ -24,7 +24,7 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
                ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``rope.dimension_count``,
                ``vocab_size``, ``general.file_type``; with experts ``expert_count``, ``expert_used_count``,
                ``expert_feed_forward_length``, ``expert_shared_feed_forward_length``; gpt-oss's
-               ``attention.sliding_window`` and ``rope.scaling.*`` (YaRN)
+               ``attention.sliding_window``; ``rope.scaling.*`` (linear, YaRN, Phi-3's LongRoPE)
     tokenizer  (``vocabulary``) byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` (tokens, token types,
                merges); a character vocabulary as the same, with merges that build each multi-byte
                character from its bytes; bos/eos ids and the chat template where the tokenizer has them
