@@ -258,9 +258,11 @@ def test_bad_input_is_named():
     caches = [t for layer in cache.layers for t in (layer.k, layer.v)]
     before = [t.clone() for t in caches]
     state = matvec.MODULE.DecoderState
-    args = (step.weights, caches, torch.empty(0), step.shape + [20], 1e-5, 1.0)  # M = 20 slots
+    args = (step.weights, caches, torch.empty(0), step.shape + [20] + step.experts, 1e-5, 1.0)  # M = 20 slots
+    no_up = step.weights[:5 + 12] + [torch.empty(0)] + step.weights[5 + 13:]  # layer 0 without its up product
     bad_states = [
-        ((step.weights[:-1], *args[1:]), r"expected 52 weights for 2 layers \(a k and a v cache each\), got 51"),
+        ((step.weights[:-1], *args[1:]), r"expected 60 weights for 2 layers \(a k and a v cache each\), got 59"),
+        ((no_up, *args[1:]), r"layer 0 must hand in a dense feed-forward \(up, down\) or a mixture of experts"),
         ((step.weights[:7] + [step.weights[7][:-1]] + step.weights[8:], *args[1:]),
          r"weight 7 must be a contiguous float32 CPU tensor of 1024 elements, got Float \[31, 32\]"),
         ((step.weights[:2] + [torch.ones(32).double()] + step.weights[3:], *args[1:]),
@@ -269,9 +271,10 @@ def test_bad_input_is_named():
          r"each cache must be contiguous float32 \(1, 4, rows, 8\), 1 <= rows <= 20, a layer's k and v alike, "
          r"got Float \[1, 4, 20, 8\] beside \[1, 4, 5, 8\]"),
         ((args[0], [torch.zeros(1, 4, 21, 8)] * len(caches), *args[2:]), r"1 <= rows <= 20, .* got Float \[1, 4, 21"),
-        ((*args[:3], step.shape, 1e-5, 1.0), r"shape must hold 11 ints, got 10"),
-        ((*args[:3], [32, 4, 3, *step.shape[3:], 20], 1e-5, 1.0),
+        ((*args[:3], step.shape + [20], 1e-5, 1.0), r"shape must hold 15 ints, got 11"),
+        ((*args[:3], [32, 4, 3, *step.shape[3:], 20] + step.experts, 1e-5, 1.0),
          r"G dividing H and D even, got \(32, 4, 3, 8, 128, 64, 20\)"),
+        ((*args[:3], step.shape + [20, 4, 5, 8, 1], 1e-5, 1.0), r"1 <= k <= E and I > 0, got \(4, 5, 8\)"),
     ]
     for bad, message in bad_states:
         with pytest.raises(RuntimeError, match=message):

@@ -1,9 +1,9 @@
 """Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss through from_hf / to_hf: tiny random Hugging Face models (tests/hf_models.py MOE:
 dense layers among the MoE ones, norm_topk_prob both ways, a gated shared expert, sliding windows) saved with
 save_pretrained (per-expert tensors on disk) or in memory (fused), against HF eager on a left-padded batch and HF
-greedy generate; to_hf exact and loadable by transformers; per-expert checkpoint problems listed in one error;
-the fused decode step refuses in one line, and GGUF export all but Mixtral without a window; `qkv sample --hf`
-decodes one."""
+greedy generate (auto: the fused step for Mixtral and Qwen3-MoE, windows included); to_hf exact and loadable by
+transformers; per-expert checkpoint problems listed in one error; the fused decode step refuses the other families
+in one line, and GGUF export all but Mixtral without a window; `qkv sample --hf` decodes one."""
 import dataclasses
 
 import pytest
@@ -129,19 +129,23 @@ def test_moe_config_problems_in_one_error():
         __import__("qkv").ModelConfig.from_dict(fields)
 
 
-def test_fused_step_and_gguf_refuse_in_one_line(pair):
-    _, model, _ = pair
+FUSED = {"mixtral", "qwen3_moe"}  # softmax top-k routing and SwiGLU experts without biases or a shared expert
+
+
+def test_the_fused_step_decodes_or_refuses_and_gguf_exports_or_refuses_in_one_line(pair):
+    hf, model, _ = pair
     reason = fused_step.unsupported(model, 1)
-    assert reason is not None and "\n" not in reason
-    c = model.config  # without its window and sinks, the experts are the reason
-    full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None, kind="mha"))
-    assert fused_step.refused_field(full) == (f"config field moe.num_experts={c.moe.num_experts} (it computes a "
-                                              "dense feed-forward in every layer, no mixture of experts)")
-    hf = pair[0].config
-    if hf.model_type == "mixtral" and hf.sliding_window is None:  # llama.cpp's llama with experts
+    if hf.config.model_type in FUSED:
+        assert reason is None
+    else:
+        assert reason is not None and "\n" not in reason
+        c = model.config  # without its window and sinks, an experts' setting is the reason
+        full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None, kind="mha"))
+        assert fused_step.refused_field(full).startswith("config field moe.")
+    if hf.config.model_type == "mixtral" and hf.config.sliding_window is None:  # llama.cpp's llama with experts
         assert check_exportable(model)[1].member == "LLAMA"
         return
-    with pytest.raises(ValueError, match=GGUF_REFUSES[hf.model_type]) as error:  # tests/test_gguf_families.py
+    with pytest.raises(ValueError, match=GGUF_REFUSES[hf.config.model_type]) as error:  # tests/test_gguf_families.py
         check_exportable(model)
     assert "\n" not in str(error.value)
 

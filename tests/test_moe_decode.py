@@ -1,7 +1,8 @@
-"""Mixture-of-experts models decode through the fast backends: ``auto`` (the speed layer: the gathered dispatch
-for few tokens) and ``inductor`` (the compiled one-token step) give the eager path's greedy tokens for Mixtral-,
-Qwen2-MoE-, Qwen3-MoE- and DeepSeek-V3-MoE-shaped tiny random models, at batch 1 and on a left-padded batch of 2;
-the compiled step is captured once (no graph break, no recompile per token); the fused C++ step refuses in one line."""
+"""Mixture-of-experts models decode through the fast backends: the speed layer's forward (qkv's MoE kernel for
+few tokens), ``auto`` (the fused C++ step where it accepts the model), ``inductor`` (the compiled one-token step)
+and ``fused`` give the eager path's greedy tokens for Mixtral-, Qwen2-MoE-, Qwen3-MoE-, DeepSeek-V3-MoE- and
+gpt-oss-shaped tiny random models, at batch 1 and on a left-padded batch of 2; the compiled step is captured once
+(no graph break, no recompile per token); a path that refuses a model says why in one line."""
 import importlib
 import warnings
 
@@ -11,24 +12,32 @@ from hf_models import hf_model
 
 from qkv.generation.backends import BackendFallback, pick
 from qkv.interop.hf import from_hf
+from qkv.kernels import accelerated
+from qkv.kernels.moe import kernel_dispatch, kernel_refuses
+from qkv.nn.moe import Router, SwiGLUExperts, reference_dispatch
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 DEEPSEEK_V3_MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
                        moe_intermediate_size=8, n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5)
-FAMILIES = {  # no sliding windows: inductor's compiled step refuses ring caches (and falls back to auto)
+FAMILIES = {
     "mixtral": lambda: hf_model("mixtral", sliding_window=None),
     "qwen2_moe": lambda: hf_model("qwen2_moe", use_sliding_window=False),
     "qwen3_moe": lambda: hf_model("qwen3_moe"),
     "deepseek_v3": lambda: importlib.import_module("test_interop_deepseek").hf_model(
         "v3_low_rank_q_interleaved", **DEEPSEEK_V3_MOE),
+    "gpt_oss": lambda: hf_model("gpt_oss"),  # biased, clamped experts; sinks; sliding layers
 }
+FUSED = {"mixtral", "qwen3_moe"}  # the families the fused step decodes; the others it refuses, naming why
+REFUSED_FOR = {"qwen2_moe": "moe.d_shared", "deepseek_v3": "attention.kind='mla'", "gpt_oss": "config field"}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     FAMILIES[request.param]().save_pretrained(path)
-    return from_hf(path).eval()
+    model = from_hf(path).eval()
+    model.family = request.param
+    return model
 
 
 def prompts(batch: int):
@@ -65,7 +74,41 @@ def test_auto_and_inductor_give_eagers_tokens(model, batch, monkeypatch):
     assert counter.frame_count == 1, f"the step was captured in {counter.frame_count} graphs (a break or recompile)"
 
 
-def test_fused_step_refuses_in_one_line(model):
-    chosen, why = pick(model, 1, "fused")
-    assert chosen == "inductor" and "\n" not in why
-    assert ("attention.kind='mla'" if model.config.attention.kind == "mla" else "mixture of experts") in why
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_speed_layers_forward_and_fused_give_eagers_tokens(model, batch):
+    ids, mask = prompts(batch)
+    with torch.no_grad():
+        eager = model.generate(ids, 10, temperature=0, mask=mask, backend="eager", eos_id=None)
+        with accelerated(model):  # the forward with the speed layer: DecodeMixtureOfExperts, auto's non-fused path
+            forward = model.generate(ids, 10, temperature=0, mask=mask, backend="eager", eos_id=None)
+        with warnings.catch_warnings(record=True):  # the refused families fall back to inductor, saying why
+            fused = model.generate(ids, 10, temperature=0, mask=mask, backend="fused", eos_id=None)
+    assert torch.equal(forward, eager) and torch.equal(fused, eager)
+
+
+def test_auto_runs_the_fused_step_where_it_accepts_the_model_and_refusals_take_one_line(model):
+    fused, why = pick(model, 1, "fused")
+    if model.family in FUSED:
+        assert (fused, why) == ("fused", None) and pick(model, 1, "auto") == ("fused", None)
+    else:
+        assert fused == "inductor" and "\n" not in why and REFUSED_FOR[model.family] in why
+        assert pick(model, 1, "auto") == ("auto", None)
+    assert pick(model, 5, "auto") == ("auto", None)  # past the fused step's rows: the forward
+
+
+def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
+    router, experts = Router(16, 6, 2), SwiGLUExperts(6, 16, 64)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        routing = router(x)
+        assert kernel_refuses(experts, x) is None
+        torch.testing.assert_close(kernel_dispatch(x, routing, experts), reference_dispatch(x, routing, experts),
+                                   rtol=1e-5, atol=1e-6)
+        assert "at most 4 tokens, got 5" in kernel_refuses(experts, torch.randn(5, 16))
+        clamped = SwiGLUExperts(6, 16, 8, activation="swiglu_clamped")
+        assert "swiglu experts, got swiglu_clamped" in kernel_refuses(clamped, x)
+        assert "without biases" in kernel_refuses(SwiGLUExperts(6, 16, 8, bias=True), x)
+    assert "autograd" in kernel_refuses(experts, x)  # grad mode on
+    with pytest.raises(RuntimeError, match=r"experts must lie in \[0, 6\), got 6"):
+        torch.ops.qkv.moe_swiglu(x, torch.full((3, 2), 6), routing.weights, experts.gate_proj.detach(),
+                                 experts.up_proj.detach(), experts.down_proj.detach())

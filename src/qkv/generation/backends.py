@@ -2,7 +2,8 @@
 
     eager     the model's own forward, as written: the reference
     auto      the same forward with the speed layer on top (``qkv.kernels.accelerate``: on a CPU the linear
-              products go through oneDNN or qkv's matrix-vector kernel); the same tokens as eager
+              products go through oneDNN or qkv's matrix-vector kernel); the same tokens as eager. For a model
+              with mixture-of-experts layers on a CPU, the fused step where it accepts the model (``auto_fuses``)
     inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
     fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
               any other model falls back to inductor, with one line saying why
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import accelerated, build, fused_step
+from ..nn.moe import MixtureOfExperts
 from . import cuda_graph
 from .fallback import BackendFallback
 
@@ -65,7 +67,7 @@ def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str,
     if backend in ("auto", "cudagraph"):
         reason = graph_refuses(model)
         if backend == "auto" or reason is None:
-            return ("cudagraph" if reason is None else "auto"), None
+            return ("cudagraph" if reason is None else "fused" if auto_fuses(model, batch) else "auto"), None
         if strict:
             raise ValueError(f"backend 'cudagraph' cannot decode this model: {reason}")
         return "auto", f"the CUDA-graph step cannot decode this model: {reason}"
@@ -81,6 +83,14 @@ def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str,
     if backend == "inductor" and (reason := compiled_step_refuses(model)) is not None:
         return "auto", f"the compiled step cannot decode this model: {reason}"
     return backend, None
+
+
+def auto_fuses(model, batch: int) -> bool:
+    """Whether "auto" runs the fused step: for a model with mixture-of-experts layers on a CPU that the step accepts.
+    The forward passes the threads over each chosen expert's products in turn, dozens of passes a token, and on a
+    shared host each may wait for a descheduled thread; the fused step is one pass a token."""
+    experts = any(isinstance(m, MixtureOfExperts) for m in model.modules())
+    return experts and model_device(model).type == "cpu" and fused_step.unsupported(model, batch) is None
 
 
 def graph_refuses(model) -> str | None:

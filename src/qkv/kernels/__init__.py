@@ -4,7 +4,8 @@
                     (accelerate_training, accelerated(training=True): its attention by training.py's path)
     training.py     attention in training: q, k, v in one product; the core in fp32 where a CPU's bf16 is slower
     linear.py       F.linear at inference on a CPU through oneDNN, inductor's reduction or qkv's matvec kernel
-    moe.py          mixture-of-experts layers at inference: the gathered dispatch inside the compiled step
+    moe.py          mixture-of-experts layers at inference: qkv's MoE kernel for a few tokens (csrc/moe.cpp),
+                    the gathered dispatch inside the compiled step otherwise
     fused_step.py   one decoded token through a whole pre-norm decoder in one C++ call, for the models and
                     settings it accepts (an allow-list); generate falls back, saying why, for the rest
     quant.py        quantize_weights: the linears' weights to int8 through torchao (weight-only), in place

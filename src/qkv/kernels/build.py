@@ -3,9 +3,11 @@ reason said where they are not.
 
     torch.ops.qkv.matvec(x, weight, bias)   F.linear for x (..., K) of at most MAX_ROWS rows, W (N, K), b (N,)
                                             or None -> (..., N), fp32 or bf16, in one pass over W (matvec.cpp)
+    torch.ops.qkv.moe_swiglu(x, experts,    a few tokens through their chosen SwiGLU experts, each expert's
+        weights, gate, up, down)            weights read once in place (moe.cpp, qkv.kernels.moe)
     MODULE.DecoderState                     the fused decode step (decoder_step.cpp, qkv.kernels.fused_step)
 
-Both are one extension, built at first use by ``torch.utils.cpp_extension`` for this CPU (``-march=native``)
+All are one extension, built at first use by ``torch.utils.cpp_extension`` for this CPU (``-march=native``)
 into ``cache_dir()/kernels``, saying so on stderr, and loaded from there silently afterwards. Its name hashes
 what the binary depends on (sources, flags, torch version, CPU), and a build that fails leaves a marker under
 that name (``<name>.failed``, beside where the library would be): later processes do not build again until
@@ -44,8 +46,8 @@ from torch import Tensor
 from ..fileio import atomic_json
 from ..runtime import cache_dir
 
-SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("matvec.cpp", "decoder_step.cpp"))  # one build: qkv's kernels
-HEADERS = (Path(__file__).parent / "csrc" / "dot.h",)  # included by both: part of the build's name
+SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("matvec.cpp", "moe.cpp", "decoder_step.cpp"))  # one build
+HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("dot.h", "activations.h", "share.h"))  # part of the name
 # -fno-trapping-math: without it GCC leaves the activations' and softmax's exp_vec loops scalar ("control flow in
 # loop": the clamps); it changes no result, only lets a comparison become a select. Part of the build's name too.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math")
@@ -294,6 +296,7 @@ def register() -> None:
     global REGISTERED
     if not REGISTERED:  # once a process, though tests load again
         torch.library.register_fake("qkv::matvec")(linear_shape)
+        torch.library.register_fake("qkv::moe_swiglu")(moe_shape)
         flop_counter.register_flop_formula(torch.ops.qkv.matvec)(linear_flops)
         REGISTERED = True
 
@@ -301,6 +304,11 @@ def register() -> None:
 def linear_shape(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """The output's shape and dtype alone, for compile's fake tensors (this op's and qkv.linear's oneDNN op)."""
     return x.new_empty(*x.shape[:-1], weight.size(0))
+
+
+def moe_shape(x: Tensor, experts: Tensor, weights: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """``qkv::moe_swiglu``'s output for compile's fake tensors: x's shape (N, C)."""
+    return torch.empty_like(x)
 
 
 def linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:

@@ -19,6 +19,10 @@ Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the t
 ``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
 over each head's D, before RoPE), Mistral and Qwen2 with sliding windows (a sliding layer's cache is its
 ``RingKVCache``: the C++ step writes slot p at ring row p mod W and attends over the W rows, the window itself).
+Mixtral and Qwen3-MoE (mixture-of-experts layers, dense ones among them: softmax top-k routing, renormalised or not,
+or the softmax over the k best logits; SwiGLU experts without biases; the router's product, each row's routing, then
+the chosen experts' rows, in the same parallel region). Shared experts, sigmoid or group-limited routing, correction
+biases and biased or clamped experts (Qwen2-MoE, DeepSeek, gpt-oss) are refused.
 RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
@@ -38,17 +42,19 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.block import TransformerBlock
 from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.layers import ACTIVATIONS, FeedForward
+from ..nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 from ..nn.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from ..nn.rope_scaling import LENGTH_DEPENDENT
 from . import build as matvec
 from .linear import KernelLinear, plain_tensor
+from .moe import DecodeMixtureOfExperts
 
 MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}  # decoder_step.cpp's Norm
 ACTS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # decoder_step.cpp's Act, by the activation's base function
 MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEncoding, nn.ModuleList,
            TransformerBlock, MultiHeadAttention, RotaryEmbedding, FeedForward, nn.Linear, KernelLinear,
-           nn.LayerNorm, nn.RMSNorm, nn.Dropout}
+           nn.LayerNorm, nn.RMSNorm, nn.Dropout, MixtureOfExperts, DecodeMixtureOfExperts, Router, SwiGLUExperts}
 ANY = None  # every value the config itself accepts
 
 
@@ -87,8 +93,12 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "normalization.final": ANY,
     "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
     "head.tie": ANY, "head.bias": {False},
-    "moe.num_experts": Where(lambda v: v is None, "a dense feed-forward in every layer, no mixture of experts"),
+    # a mixture of experts (Mixtral, Qwen3-MoE): softmax routing, top-k, renormalised or not, or softmax over the k
+    # best logits; SwiGLU experts without biases, no shared expert (every other moe field at its default only)
+    "moe.num_experts": ANY, "moe.top_k": ANY, "moe.d_expert": ANY, "moe.score": {"softmax"}, "moe.top_k_first": ANY,
+    "moe.norm_topk_prob": ANY, "moe.layers": ANY, "moe.aux_loss_coef": ANY, "moe.z_loss_coef": ANY,
 }
+ROUTING = {"norm_topk_prob": 1, "top_k_first": 2}  # decoder_step.cpp's Routing bits
 assert set(LAYER_TYPES) >= {"full_attention", "sliding_attention"}
 
 
@@ -150,6 +160,8 @@ def refused_module(model: GPT) -> str | None:
         if type(m) is MultiHeadAttention and (m.scale, m.softcap, m.q_norm is None, m.k_norm is None) != (
                 None, None, not qk_norm, not qk_norm):
             return f"{where}: attention with QK-norm, a scale or a soft cap (it computes softmax({scores}/√D) v)"
+        if (reason := refused_experts(m, c)) is not None:
+            return f"{where}: {reason}"
     if rope is not None and not fixed_rope_table(rope.scaling):  # set on the module, whatever the config says
         return f"its RotaryEmbedding's {rope.scaling.type} scaling follows the current length (its table is not fixed)"
     missing = sorted(set(expected) - {name for name, _ in model.named_modules()})
@@ -157,9 +169,24 @@ def refused_module(model: GPT) -> str | None:
 
 
 def same_kind(got: type, want: type) -> bool:
-    """The type a GPT holds there; a linear the speed layer swapped in (KernelLinear) counts as nn.Linear."""
-    linear = (nn.Linear, KernelLinear)
-    return got is want or (got in linear and want in linear)
+    """The type a GPT holds there; a module the speed layer swapped in (KernelLinear, DecodeMixtureOfExperts)
+    counts as the one it stands for."""
+    return got is want or any(got in kinds and want in kinds for kinds in SWAPPED)
+
+
+SWAPPED = ((nn.Linear, KernelLinear), (MixtureOfExperts, DecodeMixtureOfExperts))
+
+
+def refused_experts(m: nn.Module, c: ModelConfig) -> str | None:
+    """Why a router or experts module differs from what the step computes (its config's, which CONFIG checked)."""
+    if type(m) is Router and (m.num_experts, m.top_k, m.score, m.top_k_first, m.norm_topk_prob, m.scaling) != (
+            c.moe.num_experts, c.moe.top_k, "softmax", c.moe.top_k_first, c.moe.norm_topk_prob, 1.0):
+        return "a router whose settings differ from the config's"
+    if type(m) is Router and (m.bias is not None or m.correction_bias is not None or m.n_group is not None):
+        return "a router with a bias, a correction bias or groups (it computes top-k of softmax(h W_rᵀ))"
+    if type(m) is SwiGLUExperts and (m.activation != "swiglu" or m.gate_bias is not None or m.down_bias is not None):
+        return "experts with biases or another activation (it computes silu(W_gate h) ⊙ W_up h)"
+    return None
 
 
 def unsupported(model, batch: int) -> str | None:
@@ -223,14 +250,27 @@ def embedding_weights(embed, max_len: int) -> list[Tensor]:
 
 
 def layer_weights(model) -> list[Tensor]:
-    """Every block's 22 tensors in decoder_step.cpp's ``Layer`` order, then Norm_f's two and the LM head."""
+    """Every block's 26 tensors in decoder_step.cpp's ``Layer`` order (a dense feed-forward's or a mixture of
+    experts': router, gate, up, down), then Norm_f's two and the LM head."""
     out = []
     for b in model.blocks:
         a, f = b.attn, b.ff
         out += norm_weights(b.attn_norm) + linear_weights(a.q_proj, a.k_proj, a.v_proj, a.out_proj)
-        out += norm_weights(b.ff_norm) + linear_weights(f.up_proj, f.gate_proj, f.down_proj)
+        dense = not isinstance(f, MixtureOfExperts)
+        out += norm_weights(b.ff_norm) + linear_weights(*((f.up_proj, f.gate_proj, f.down_proj) if dense else
+                                                          (None, None, None)))
         out += norm_weights(a.q_norm) + norm_weights(a.k_norm)  # QK-norm's, over one head's D (or none)
+        out += [torch.empty(0)] * 4 if dense else [
+            t.detach() for t in (f.router.weight, f.experts.gate_proj, f.experts.up_proj, f.experts.down_proj)]
     return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
+
+
+def experts_shape(moe, ff_width: int) -> list[int]:
+    """decoder_step.cpp's Shape.E, K, I and routing: the mixture of experts' (E 0 where there is none)."""
+    if not moe.enabled:
+        return [0, 0, 0, 0]
+    routing = ROUTING["top_k_first"] if moe.top_k_first else ROUTING["norm_topk_prob"] * moe.norm_topk_prob
+    return [moe.num_experts, moe.top_k, moe.d_expert or ff_width, routing]
 
 
 class FusedStep:
@@ -248,6 +288,7 @@ class FusedStep:
         self.shape = [c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
                       NORMS[type(model.blocks[0].attn_norm)], ACTS[act.base], int(act.gated),
                       0 if rope is None else 2 if rope.interleaved else 1]  # decoder_step.cpp's Shape and Rope
+        self.experts = experts_shape(c.moe, c.ff_width)
         self.windows = [c.attention.sliding_window if t == "sliding_attention" else None for t in model.layer_types]
         self.caches = None
 
@@ -266,7 +307,8 @@ class FusedStep:
             capacity = self.check_caches(kv_caches)
             buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
             self.caches = kv_caches, matvec.MODULE.DecoderState(
-                self.weights, buffers, self.rope_table(capacity), self.shape + [capacity], self.eps, self.scale)
+                self.weights, buffers, self.rope_table(capacity), self.shape + [capacity] + self.experts, self.eps,
+                self.scale)
         return self.caches[1]
 
     def check_caches(self, kv_caches) -> int:

@@ -16,6 +16,8 @@
 //   [a sliding layer (Mistral): its cache a ring of W < M rows, slot p in row p mod W, so it holds the W slots
 //    slot − W < p ≤ slot, the window itself (RingKVCache's static form)]
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
+//   [a mixture-of-experts layer (Mixtral, Qwen3-MoE): x += Σ_j w_j W_down[e_j] (silu(W_gate[e_j] h) ⊙ W_up[e_j] h)
+//    over the k experts e_j of top-k(softmax(h W_rᵀ)), w_j their probabilities [renormalised], as qkv.nn.moe]
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -35,18 +38,24 @@
 #include <omp.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "activations.h"
 #include "dot.h"
+#include "share.h"
 
 namespace {
 
-enum Norm { LAYERNORM = 0, RMSNORM = 1 };
-enum Act { RELU = 0, GELU = 1, GELU_TANH = 2, SILU = 3 };
-enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
+using qkv::Act, qkv::exp_vec, qkv::RELU, qkv::GELU, qkv::GELU_TANH, qkv::SILU, qkv::activate, qkv::activate_rows;
+using qkv::Rows, qkv::Share, qkv::share, qkv::shared_rows;
 
-struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order (M last)
+enum Norm { LAYERNORM = 0, RMSNORM = 1 };
+enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
+enum Routing { NORM_TOPK = 1, TOP_K_FIRST = 2 };  // bits: renormalise the k weights; softmax over the k logits alone
+
+struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order
   int64_t B, C, H, G, D, F, V, norm, act, gated, rope, M;
+  int64_t E, K, I, routing;  // experts (0: none), experts a token, an expert's width, Routing's bits
 };
-constexpr int64_t SHAPE = 11;  // the ints of DecoderState's shape
+constexpr int64_t SHAPE = 15;  // the ints of DecoderState's shape
 
 struct Embedding {  // nullptr where the model has none
   const float *tok, *pos, *type, *norm_w, *norm_b;
@@ -58,10 +67,11 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
   const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
   const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
   const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
+  const float *router, *e_gate, *e_up, *e_down;  // a mixture of experts': (E, C), (E, I, C) twice, (E, C, I)
   float *k_cache, *v_cache;  // (B, G, held, D) each
   int64_t held;              // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
 };
-constexpr int64_t PER_LAYER = 22;  // tensors a layer hands in, in Layer's order
+constexpr int64_t PER_LAYER = 26;  // tensors a layer hands in, in Layer's order
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
 // 64-byte pieces, and one that straddles two lines costs two reads.
@@ -86,14 +96,16 @@ struct Size {  // a weight's number of elements; one not required may be absent 
 };
 
 // Each weight's size, in the order handed in, from the shape (vocab, positions: rows of the embedding's tables).
+// A layer's feed-forward is dense or a mixture of experts: check_layers checks that it has one of the two whole.
 std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, int64_t positions) {
-  const int64_t C = s.C, Q = s.H * s.D, KV = s.G * s.D, F = s.F;
+  const int64_t C = s.C, Q = s.H * s.D, KV = s.G * s.D, F = s.F, EI = s.E * s.I;
   std::vector<Size> n{{vocab * C, true}, {positions * C, false}, {C, false}, {C, false}, {C, false}};
   for (int64_t i = 0; i < layers; i++)
     n.insert(n.end(), {{C, true}, {C, false}, {Q * C, true}, {Q, false}, {KV * C, true}, {KV, false},
                        {KV * C, true}, {KV, false}, {C * Q, true}, {C, false}, {C, true}, {C, false},
-                       {F * C, true}, {F, false}, {F * C, false}, {F, false}, {C * F, true}, {C, false},
-                       {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}});
+                       {F * C, false}, {F, false}, {F * C, false}, {F, false}, {C * F, false}, {C, false},
+                       {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}, {s.E * C, false}, {EI * C, false},
+                       {EI * C, false}, {C * EI, false}});
   n.insert(n.end(), {{C, false}, {C, false}, {s.V * C, true}});
   return n;
 }
@@ -115,6 +127,14 @@ void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::T
                 "tensor of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
                 t.scalar_type(), " ", t.sizes());
   }
+  for (int64_t i = 0; i < layers; i++) {  // dense (up, down) or experts (router, gate, up, down), not both
+    const at::Tensor* t = weights.data() + EMBEDDING + i * PER_LAYER;
+    const bool dense = t[12].numel() && t[16].numel(), experts = t[22].numel() && t[23].numel() && t[24].numel() &&
+                                                                  t[25].numel() && s.E;
+    TORCH_CHECK(dense != experts && !(experts && std::any_of(t + 12, t + 18, [](auto& w) { return w.numel(); })),
+                "qkv::DecoderState: layer ", i, " must hand in a dense feed-forward (up, down) or a mixture of ",
+                "experts (router, gate, up, down), one of the two whole");
+  }
   for (size_t i = 0; i < caches.size(); i++) {
     const at::Tensor &t = caches[i], &pair = caches[i ^ 1];  // a layer's k and v hold as many rows
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == s.B &&
@@ -134,8 +154,10 @@ Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_
   TORCH_CHECK(shape.size() == SHAPE, "qkv::DecoderState: shape must hold ", SHAPE, " ints, got ", shape.size());
   TORCH_CHECK(!caches.empty() && caches[0].dim() == 4, "qkv::DecoderState: expected each layer's k and v caches "
               "(B, G, M, D), got ", caches.size(), " tensors");
-  const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-                shape[6], shape[7], shape[8], shape[9], shape[10]};
+  const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6], shape[7],
+                shape[8], shape[9], shape[10], shape[11], shape[12], shape[13], shape[14]};
+  TORCH_CHECK(s.E == 0 || (1 <= s.K && s.K <= s.E && s.I > 0), "qkv::DecoderState: experts (E, k, I) must have ",
+              "1 <= k <= E and I > 0, got (", s.E, ", ", s.K, ", ", s.I, ")");
   TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0 &&
                   s.M > 0,
               "qkv::DecoderState: shape (C, H, G, D, F, V, M) must be positive, G dividing H and D even, got (", s.C,
@@ -166,14 +188,6 @@ struct DecoderState {
   void decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const;
 };
 
-struct Rows {  // this thread's share [begin, end) of n rows
-  int64_t begin, end;
-};
-Rows share(int64_t n) {
-  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-  return {n * t / T, n * (t + 1) / T};
-}
-
 // h = Norm(x) over n numbers: LayerNorm (biased variance) or RMSNorm, then × w (+ b).
 void normalise_row(const float* x, const float* w, const float* b, float* h, int64_t n, int64_t norm, float eps) {
   float mean = 0.f, square = 0.f;
@@ -189,79 +203,6 @@ void normalise_row(const float* x, const float* w, const float* b, float* h, int
 // h[m] = Norm(x[m]) for the B rows, C wide.
 void normalise(const float* x, const float* w, const float* b, float* h, const Shape& s, float eps) {
   for (int64_t m = 0; m < s.B; m++) normalise_row(x + m * s.C, w, b, h + m * s.C, s.C, s.norm, eps);
-}
-
-// e^v in fp32, in a form the compiler vectorises (libm's expf is one number at a time): Cephes' expf,
-// v = n ln 2 + r with |r| ≤ ln 2 / 2, e^r by a degree-6 polynomial, 2^n by the exponent's bits; ~1 ulp.
-inline float exp_vec(float v) {
-  v = std::min(std::max(v, -87.3f), 88.3f);  // e^v stays a finite, normal float (2^n with n in [-126, 127])
-  const float n = static_cast<float>(static_cast<int32_t>(v * 1.44269504f + (v >= 0.f ? 0.5f : -0.5f)));
-  const float r = v - n * 0.693359375f + n * 2.12194440e-4f;  // ln 2 in two parts, exact products
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
-
-// erf(v) within 1.5e-7 (Abramowitz & Stegun 7.1.26), vectorisable as exp_vec is.
-inline float erf_vec(float v) {
-  const float x = std::fabs(v), t = 1.f / (1.f + 0.3275911f * x);
-  const float y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f +
-                  t * 1.061405429f)))) * exp_vec(-x * x);
-  return v < 0.f ? -y : y;
-}
-
-// The activations of qkv.layers: relu, gelu (erf), gelu_tanh (GPT-2's: 0.5 v (1 + tanh u) = v σ(2u)), silu.
-inline float activate(float v, int64_t act) {
-  switch (act) {
-    case RELU: return v > 0.f ? v : 0.f;
-    case GELU: return 0.5f * v * (1.f + erf_vec(v * 0.70710678f));
-    case GELU_TANH: return v / (1.f + exp_vec(-1.5957691216f * (v + 0.044715f * v * v * v)));
-    default: return v / (1.f + exp_vec(-v));  // SILU
-  }
-}
-
-// The rows [0, N) of one product, shared out. Each thread opens its share and takes rows from its front,
-// a few at a time; one that is done early takes rows from the back of the others' shares. Each thread's
-// reads stay one stream in order, and none waits long at the next barrier for a slower one (on a shared
-// host one core is often slower than the other for a whole token).
-struct alignas(64) Share {
-  std::atomic<uint64_t> rows{0};  // begin << 32 | end: empty until its thread opens it
-};
-
-// Up to a chunk of rows from the front of ``sh`` (or its back), a chunk being an eighth of what is left,
-// between ``least`` and ``most`` rows; false once it is empty.
-bool take(Share& sh, int64_t least, int64_t most, bool back, Rows& got) {
-  uint64_t v = sh.rows.load(std::memory_order_relaxed);
-  for (;;) {
-    const int64_t b = static_cast<int64_t>(v >> 32), e = static_cast<int64_t>(v & 0xffffffffu);
-    if (b >= e) return false;
-    const int64_t n = std::min(e - b, std::max(least, std::min(most, (e - b) / 8)));
-    got = back ? Rows{e - n, e} : Rows{b, b + n};
-    const uint64_t rest = back ? (static_cast<uint64_t>(b) << 32) | static_cast<uint64_t>(e - n)
-                               : (static_cast<uint64_t>(b + n) << 32) | static_cast<uint64_t>(e);
-    if (sh.rows.compare_exchange_weak(v, rest, std::memory_order_relaxed)) return true;
-  }
-}
-
-// fn(rows) for chunks of [0, N) shared out through ``split`` (a Share per thread, for this work alone): this
-// thread's share from its front, then the others' from their backs, chunks of ``least`` to ``most``.
-template <typename Fn>
-void shared_rows(int64_t N, Share* split, int64_t least, int64_t most, Fn fn) {
-  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-  const Rows mine = share(N);
-  split[t].rows.store((static_cast<uint64_t>(mine.begin) << 32) | static_cast<uint64_t>(mine.end),
-                      std::memory_order_relaxed);
-  Rows r;
-  for (int64_t i = 0; i < T; i++)
-    while (take(split[(t + i) % T], least, most, i > 0, r)) fn(r);
 }
 
 // out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
@@ -347,13 +288,15 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
 constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o, gate, up, down, then its heads
 constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
 
-struct Buffers {  // shared by the threads, except h and scratch (one each)
-  Floats x, q, k, v, a, up, gate;
+struct Buffers {  // shared by the threads, except h, scratch and the routing (one each)
+  Floats x, q, k, v, a, up, gate, logits, inner;  // logits (B, E) and inner (B·k, I): a mixture of experts'
+
   std::unique_ptr<Share[]> shares;  // (layers · SPLITS + 1, threads): each split, then the LM head's
   int64_t threads;
   Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), logits(s.B * s.E), inner(s.B * s.K * s.I),
+        shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
   Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
 
@@ -371,18 +314,6 @@ struct Add {
   void operator()(int64_t m, int64_t n, float a) const { y[m * N + n] += a; }
   void done(Rows, int64_t) const {}
 };
-
-// y[n] = act(y[n]), or act(gate[n]) · y[n], for n in [begin, end): one activation, vectorised.
-template <int64_t A>
-void activate_rows(float* __restrict y, const float* __restrict gate, int64_t begin, int64_t end) {
-  if (gate) {
-#pragma omp simd
-    for (int64_t n = begin; n < end; n++) y[n] = activate(gate[n], A) * y[n];
-  } else {
-#pragma omp simd
-    for (int64_t n = begin; n < end; n++) y[n] = activate(y[n], A);
-  }
-}
 
 // The feed-forward's inner value: y = act(a), or act(gate) ⊙ a where there is a gate. The products are stored
 // as they come and activated a chunk at a time, vectorised: one output at a time inside the product, the
@@ -406,9 +337,70 @@ struct Activate {
   }
 };
 
-// Layer i, inside the parallel region; h and scratch are this thread's.
-void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, const bool* slots, int64_t slot,
-           const float* cos, const float* sin, const Shape& s, float eps) {
+struct Routed {  // a row's k experts (ascending) and their weights: each thread's own copy, computed alike
+  std::vector<int64_t> experts;
+  std::vector<float> weights;
+  std::vector<int64_t> order;  // scratch: the E experts by logit
+  Floats gate, sums;            // scratch: a run of an expert's gate products (I), of a row's outputs (C)
+};
+
+// Row m's k experts and weights from its router logits (E), as qkv.nn.moe.Router: the k largest (topk's choice
+// of the softmax's, which orders them as the logits), their softmax probabilities [÷ their sum + 1e-20]; with
+// TOP_K_FIRST the softmax over the k logits alone. Sorted by expert: the order the reference adds them in.
+void route(const float* logits, const Shape& s, Routed& r, int64_t m) {
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::partial_sort(r.order.begin(), r.order.begin() + s.K, r.order.end(),
+                    [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::sort(r.order.begin(), r.order.begin() + s.K);
+  const float top = *std::max_element(logits, logits + s.E);
+  float total = 0.f, sum = 0.f;
+  for (int64_t e = 0; e < s.E; e++) total += std::exp(logits[e] - top);
+  if (s.routing & TOP_K_FIRST)
+    for (int64_t j = 0; j < s.K; j++) sum += std::exp(logits[r.order[j]] - top);
+  float* w = r.weights.data() + m * s.K;
+  for (int64_t j = 0; j < s.K; j++) {
+    r.experts[m * s.K + j] = r.order[j];
+    w[j] = std::exp(logits[r.order[j]] - top) / (s.routing & TOP_K_FIRST ? sum : total);
+  }
+  if (s.routing == NORM_TOPK) {  // the probabilities ÷ their sum
+    for (int64_t j = 0; j < s.K; j++) sum += w[j];
+    for (int64_t j = 0; j < s.K; j++) w[j] /= sum + 1e-20f;
+  }
+}
+
+// x += the mixture of experts of h (this thread's Norm₂(x)): the router's product, each row's routing (every
+// thread alike), the chosen experts' gate and up rows (inner = silu(g) ⊙ u), their down rows, summed per row.
+void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Routed& r, const Shape& s) {
+  product(L.router, nullptr, h, s.B, s.E, s.C, buf.split(i, 4), Store{buf.logits.data(), s.E});
+#pragma omp barrier
+  for (int64_t m = 0; m < s.B; m++) route(buf.logits.data() + m * s.E, s, r, m);
+  const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
+  shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of (assignment, I)
+    for (int64_t at = n.begin, a = at / s.I; at < n.end; at = ++a * s.I) {  // the run within assignment a
+      const int64_t first = at % s.I, last = std::min(s.I, first + n.end - at);
+      const float *x = h + (a / s.K) * s.C, *gate = L.e_gate + r.experts[a] * IC, *up = L.e_up + r.experts[a] * IC;
+      float* inner = buf.inner.data() + a * s.I;
+      qkv::dot_rows(gate, x, s.C, first, last, [&](int64_t row, float v) { r.gate[row] = v; });
+      qkv::dot_rows(up, x, s.C, first, last, [&](int64_t row, float v) { inner[row] = v; });
+      activate_rows<SILU>(inner, r.gate.data(), first, last);  // silu(g) ⊙ u
+    }
+  });
+#pragma omp barrier
+  shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {  // each expert's down rows, one after another
+    for (int64_t m = 0; m < s.B; m++) {
+      std::fill(r.sums.begin() + n.begin, r.sums.begin() + n.end, 0.f);
+      for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
+        qkv::dot_rows(L.e_down + r.experts[a] * s.C * s.I, buf.inner.data() + a * s.I, s.I, n.begin, n.end,
+                      [&](int64_t c, float v) { r.sums[c] += r.weights[a] * v; });
+      for (int64_t c = n.begin; c < n.end; c++) buf.x[m * s.C + c] += r.sums[c];
+    }
+  });
+#pragma omp barrier
+}
+
+// Layer i, inside the parallel region; h, scratch and r are this thread's.
+void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, Routed& r, const bool* slots,
+           int64_t slot, const float* cos, const float* sin, const Shape& s, float eps) {
   const int64_t kv = s.G * s.D, width = s.H * s.D;
   normalise(buf.x.data(), L.norm1_w, L.norm1_b, h, s, eps);  // every thread, whole: no barrier
   product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
@@ -423,6 +415,7 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, co
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
 #pragma omp barrier
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
+  if (L.router) return experts_layer(L, i, buf, h, r, s);
   if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
     product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
 #pragma omp barrier
@@ -439,8 +432,8 @@ Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, c
   return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
-          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), k.data_ptr<float>(), v.data_ptr<float>(),
-          k.size(2)};
+          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), weight(t[22]), weight(t[23]),
+          weight(t[24]), weight(t[25]), k.data_ptr<float>(), v.data_ptr<float>(), k.size(2)};
 }
 
 Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
@@ -507,9 +500,11 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
 #pragma omp parallel num_threads(threads)
   {
     Floats h(s.B * s.C), scratch(2 * s.D + s.M);
+    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E),
+             Floats(s.I), Floats(s.E ? s.C : 0)};
     for (int64_t i = 0; i < layers; i++)
-      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), on, slot, cos,
-            sin, s, eps);
+      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
+            cos, sin, s, eps);
     if (weights[last].numel())
       normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, eps);
     else
