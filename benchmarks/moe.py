@@ -143,6 +143,22 @@ HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+ba
                  "max abs(grouped − reference)"],
           "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(分组 − 参考)"]}
 
+NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
+        "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
+TRAIN_NOTE = {"en": "A whole training step (forward, backward, optimizer) with the training speed layer, as "
+                    "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
+                    "grouped dispatch); medians of alternating rounds. Optimizer: `default` is `qkv train`'s "
+                    "(Muon on the linear layers' hidden matrices, AdamW on the rest: the dense model's "
+                    "feed-forward goes to Muon, the MoE's stacked expert weights and router to AdamW), `adamw` "
+                    "`--optimizer adamw`, `adamw fused` that with `--fused-adamw`. One thread measures the "
+                    "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
+                    "operations.",
+              "zh": "完整训练步（前向、反向、优化器），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
+                    "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。优化器：`default` 为 `qkv train` 的"
+                    "默认（线性层的隐藏矩阵用 Muon，其余用 AdamW：稠密模型的前馈层归 Muon，MoE 堆叠的专家权重"
+                    "与路由器归 AdamW），`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
+                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
+
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,24 +179,9 @@ def main(argv=None) -> str:
              "command": "python -m benchmarks.moe " + " ".join(argv if argv is not None else sys.argv[1:]),
              "rows": rows, "train_rows": train_rows}
     if args.markdown:
-        note = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
-                "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
-        train_note = {"en": "A whole training step (forward, backward, optimizer) with the training speed layer, as "
-                            "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
-                            "grouped dispatch); medians of alternating rounds. Optimizer: `default` is `qkv train`'s "
-                            "(Muon on the linear layers' hidden matrices, AdamW on the rest: the dense model's "
-                            "feed-forward goes to Muon, the MoE's stacked expert weights and router to AdamW), `adamw` "
-                            "`--optimizer adamw`, `adamw fused` that with `--fused-adamw`. One thread measures the "
-                            "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
-                            "operations.",
-                      "zh": "完整训练步（前向、反向、优化器），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
-                            "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。优化器：`default` 为 `qkv train` 的"
-                            "默认（线性层的隐藏矩阵用 Muon，其余用 AdamW：稠密模型的前馈层归 Muon，MoE 堆叠的专家权重"
-                            "与路由器归 AdamW），`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
-                            "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
         write_generated(Path(args.markdown), "moe", saved,
-                        lambda lang: table(saved["rows"], HEADER[lang]) + "\n\n" + note[lang] + "\n\n"
-                        + table(saved["train_rows"], TRAIN_HEADER[lang]) + "\n\n" + train_note[lang])
+                        lambda lang: table(saved["rows"], HEADER[lang]) + "\n\n" + NOTE[lang] + "\n\n"
+                        + table(saved["train_rows"], TRAIN_HEADER[lang]) + "\n\n" + TRAIN_NOTE[lang])
     out = table(rows, HEADER["en"]) + "\n\n" + table(train_rows, TRAIN_HEADER["en"])
     print(out)
     print(json.dumps({"stamp": saved["stamp"]}))
