@@ -11,8 +11,9 @@ the outputs gathered back) and transformers'
 forward + backward. Calls alternate round-robin; each time is the median of its rounds, so ratios come from
 one run. The largest difference between the dispatches' outputs is printed beside.
 
-Then a training step of whole GPTs (forward + backward + AdamW step) as ``qkv train`` takes it (the training
-speed layer on, the layer's default dispatch: grouped): a dense SwiGLU GPT against an MoE GPT of equal active
+Then a training step of whole GPTs (forward + backward + optimizer step) as ``qkv train`` takes it (the training
+speed layer on, the layer's default dispatch: grouped, ``qkv train``'s optimizer: its default Muon + AdamW,
+``--optimizer adamw``, and that ``--fused-adamw``): a dense SwiGLU GPT against an MoE GPT of equal active
 parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at torch's threads
 and then at one thread; the ratio MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
 """
@@ -89,10 +90,28 @@ def training_step(model, ids: torch.Tensor, opt, bf16: bool) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+OPTIMIZERS = {"default": {}, "adamw": dict(optimizer="adamw"), "adamw fused": dict(optimizer="adamw",
+                                                                                  fused_adamw=True)}
+TRAIN_RUNS = [("fp32", "default"), ("bf16 autocast", "default"), ("bf16 autocast", "adamw"),
+              ("bf16 autocast", "adamw fused")]  # (precision, optimizer) of each pair of rows
+
+
+def train_optimizer(model, kind: str):
+    """The optimizer ``qkv train`` builds for ``model`` on a CPU: its default ("default": Muon on the linear
+    layers' hidden matrices, AdamW on the rest, the experts' stacked weights included), ``--optimizer adamw``,
+    or that with ``--fused-adamw``."""
+    from qkv.training.config import TrainConfig
+    from qkv.training.optim import build_optimizer
+
+    cfg = TrainConfig(max_steps=1, lr=1e-4, device="cpu", **OPTIMIZERS[kind])
+    return build_optimizer(model, cfg, torch.device("cpu"))
+
+
 def measure_training(shape: tuple, repeats: int) -> list[list]:
     """Seconds of one training step, dense against MoE of equal active parameters, in fp32 and under bf16
-    autocast, interleaved; at torch's threads, then at one thread (the work) (the count changes between runs
-    only: changing it between calls would rebuild the thread pool each time)."""
+    autocast, with ``qkv train``'s optimizers (``TRAIN_RUNS``), interleaved; at torch's threads, then at one
+    thread (the work) (the count changes between runs only: changing it between calls would rebuild the thread
+    pool each time)."""
     from qkv.models import GPT, ModelConfig
 
     C, L, F, E, k, B, T = shape
@@ -102,9 +121,10 @@ def measure_training(shape: tuple, repeats: int) -> list[list]:
     models = {"dense": GPT(ModelConfig(**base)).train(),
               "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
     ids = torch.randint(0, 256, (B, T))
-    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
-    steps = {(precision, name): (lambda m=m, o=opts[name], bf16=precision != "fp32": training_step(m, ids, o, bf16))
-             for precision in ("fp32", "bf16 autocast") for name, m in models.items()}
+    opts = {(kind, name): train_optimizer(m, kind) for kind in OPTIMIZERS for name, m in models.items()}
+    steps = {(precision, kind, name): (lambda m=m, o=opts[kind, name], bf16=precision != "fp32":
+                                       training_step(m, ids, o, bf16))
+             for precision, kind in TRAIN_RUNS for name, m in models.items()}
     label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k} batch={B}x{T}", torch.get_num_threads(), []
     for n in sorted({1, threads}, reverse=True):
         torch.set_num_threads(n)
@@ -112,16 +132,32 @@ def measure_training(shape: tuple, repeats: int) -> list[list]:
             t = time_interleaved(steps, repeats=repeats)
         finally:
             torch.set_num_threads(threads)
-        rows += [[label, precision, n, name, f"{t[precision, name] * 1e3:.1f}",
-                  f"{t[precision, name] / t[precision, 'dense']:.2f}"] for precision, name in steps]
+        rows += [[label, precision, kind, n, name, f"{t[precision, kind, name] * 1e3:.1f}",
+                  f"{t[precision, kind, name] / t[precision, kind, 'dense']:.2f}"] for precision, kind, name in steps]
     return rows
 
 
-TRAIN_HEADER = {"en": ["GPT", "precision", "threads", "feed-forward", "training step ms", "÷ dense"],
-                "zh": ["GPT", "精度", "线程", "前馈层", "训练步 ms", "÷ 稠密"]}
+TRAIN_HEADER = {"en": ["GPT", "precision", "optimizer", "threads", "feed-forward", "training step ms", "÷ dense"],
+                "zh": ["GPT", "精度", "优化器", "线程", "前馈层", "训练步 ms", "÷ 稠密"]}
 HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+backward ms", "reference ÷ this",
                  "max abs(grouped − reference)"],
           "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(分组 − 参考)"]}
+
+NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
+        "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
+TRAIN_NOTE = {"en": "A whole training step (forward, backward, optimizer) with the training speed layer, as "
+                    "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
+                    "grouped dispatch); medians of alternating rounds. Optimizer: `default` is `qkv train`'s "
+                    "(Muon on the linear layers' hidden matrices, AdamW on the rest: the dense model's "
+                    "feed-forward goes to Muon, the MoE's stacked expert weights and router to AdamW), `adamw` "
+                    "`--optimizer adamw`, `adamw fused` that with `--fused-adamw`. One thread measures the "
+                    "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
+                    "operations.",
+              "zh": "完整训练步（前向、反向、优化器），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
+                    "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。优化器：`default` 为 `qkv train` 的"
+                    "默认（线性层的隐藏矩阵用 Muon，其余用 AdamW：稠密模型的前馈层归 Muon，MoE 堆叠的专家权重"
+                    "与路由器归 AdamW），`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
+                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
 
 
 def main(argv=None) -> str:
@@ -143,18 +179,9 @@ def main(argv=None) -> str:
              "command": "python -m benchmarks.moe " + " ".join(argv if argv is not None else sys.argv[1:]),
              "rows": rows, "train_rows": train_rows}
     if args.markdown:
-        note = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
-                "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
-        train_note = {"en": "A whole training step (forward, backward, AdamW) with the training speed layer, as "
-                            "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
-                            "grouped dispatch); medians of alternating rounds. One thread measures the work; at more "
-                            "threads a shared machine's load weighs on the MoE step's more numerous operations.",
-                      "zh": "完整训练步（前向、反向、AdamW），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
-                            "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。单线程衡量的是计算量；多线程时，"
-                            "共享机器的负载对 MoE 步中更多的算子影响更大。"}
         write_generated(Path(args.markdown), "moe", saved,
-                        lambda lang: table(saved["rows"], HEADER[lang]) + "\n\n" + note[lang] + "\n\n"
-                        + table(saved["train_rows"], TRAIN_HEADER[lang]) + "\n\n" + train_note[lang])
+                        lambda lang: table(saved["rows"], HEADER[lang]) + "\n\n" + NOTE[lang] + "\n\n"
+                        + table(saved["train_rows"], TRAIN_HEADER[lang]) + "\n\n" + TRAIN_NOTE[lang])
     out = table(rows, HEADER["en"]) + "\n\n" + table(train_rows, TRAIN_HEADER["en"])
     print(out)
     print(json.dumps({"stamp": saved["stamp"]}))

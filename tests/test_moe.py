@@ -75,6 +75,30 @@ def test_grouped_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
         torch.testing.assert_close(g, g_ref, atol=1e-2 * float(g_ref.abs().max()), rtol=1e-2)
 
 
+class CastCount(torch.overrides.TorchFunctionMode):
+    """Records the name of each of ``weights`` (name -> tensor) that ``Tensor.to`` is called on."""
+
+    def __init__(self, weights: dict) -> None:
+        super().__init__()
+        self.names, self.casts = {id(w): n for n, w in weights.items()}, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.to and args and id(args[0]) in self.names:
+            self.casts.append(self.names[id(args[0])])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_training_casts_each_stacked_weight_once_under_autocast():
+    """Recording gradients under bf16 autocast, the grouped dispatch casts each stacked expert weight to bf16 once
+    per forward, not once per expert (the casts, and their gradients' casts back, cost per parameter)."""
+    m = moe(4, 2, I=8)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16), CastCount(dict(m.experts.named_parameters())) as count:
+        m(x).float().square().sum().backward()
+    assert sorted(count.casts) == ["down_proj", "gate_proj", "up_proj"]
+
+
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
 def test_grouped_mm_refusal_names_why():
     from qkv.nn.moe import grouped_mm_refusal

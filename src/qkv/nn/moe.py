@@ -262,7 +262,8 @@ def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     """The same sum with the N·k assignments sorted by expert: one gather, each expert on its contiguous rows
     (``SwiGLUExperts.segments``), the outputs gathered back to their tokens and summed over the k choices.
     Each expert's rows are padded to a multiple of ``segment_rows(x)`` (padding rows copy token 0; their outputs
-    are never read, so their gradients are zero). x (N, C) -> (N, C)."""
+    are never read, so their gradients are zero). Gathers are ``index_select`` (its backward, an ``index_add``,
+    is cheaper on a CPU than indexing's ``index_put``). x (N, C) -> (N, C)."""
     N, k = routing.experts.shape
     flat, align = routing.experts.reshape(-1), segment_rows(x)  # (N·k,)
     order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
@@ -274,7 +275,8 @@ def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     M = N * k if align == 1 else int(rows.sum())  # one host sync where padded
     token = torch.zeros(M, dtype=torch.long, device=flat.device).index_copy_(0, slot, torch.arange(
         N * k, device=flat.device) // k)  # (M,) each row's token
-    y = experts.segments(x[token], rows)[slot].view(N, k, -1)  # (M, C) -> (N, k, C) each token's k outputs
+    y = experts.segments(x.index_select(0, token), rows).index_select(0, slot)  # (M, C) -> (N·k, C)
+    y = y.view(N, k, -1)  # (N, k, C) each token's k outputs
     return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
 
 
