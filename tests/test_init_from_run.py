@@ -159,7 +159,7 @@ def without_weights(run, tmp_path):
 
 
 @pytest.mark.parametrize("make, flags, message", [
-    (lambda run, tmp: tmp / "missing", [], r"--init-from .*missing is not a qkv run: no such directory"),
+    (lambda run, tmp: tmp / "missing", [], r"the base run \(--init-from\) .*missing is not a qkv run: no such directory"),
     (without_weights, [], r"is not a qkv run: missing model.safetensors"),
     (unfinished, [], r"the run has not finished \(no summary.json"),
     (None, ["--init-from-hf", "HF"], r"--init-from \(a qkv run\) and --init-from-hf .* both name the base"),

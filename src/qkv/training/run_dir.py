@@ -444,9 +444,9 @@ def finished_run(path: str | os.PathLike) -> RunDir:
     try:
         run.check()
     except ValueError as e:
-        raise ValueError(f"--init-from {e}") from None
+        raise ValueError(f"the base run (--init-from) {e}") from None
     if not run.has(run.SUMMARY):
-        raise ValueError(f"--init-from {path}: the run has not finished (no {run.SUMMARY}; its weights are a "
+        raise ValueError(f"the base run (--init-from) {path}: the run has not finished (no {run.SUMMARY}; its weights are a "
                          f"checkpoint): finish it with qkv train --resume --out {path}")
     return run
 

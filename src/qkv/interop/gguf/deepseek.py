@@ -29,6 +29,7 @@ import torch
 
 from ..hf.rules import half_split_to_interleaved
 
+
 def latent_problems(hf: dict) -> list[str]:
     """What llama.cpp's deepseek2 would compute differently from this DeepSeek config."""
     problems = []
