@@ -78,8 +78,26 @@ def test_newton_schulz_orthogonalises():
     assert torch.nn.functional.cosine_similarity(o.flatten(), (u @ vh).flatten(), dim=0) > 0.95
 
 
+def test_a_stack_of_matrices_steps_as_each_matrix_alone():
+    """Experts (E, m, n): each matrix's update is the one Muon gives that matrix on its own (norm, orthogonal
+    factor and √max(m, n) scale per matrix), in fp32 and bf16."""
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        stack = [torch.nn.Parameter(torch.randn(3, 24, 8, generator=torch.Generator().manual_seed(0)))]
+        alone = [torch.nn.Parameter(m.detach().clone()) for m in stack[0]]
+        g = torch.Generator().manual_seed(1)
+        grads = torch.randn(2, 3, 24, 8, generator=g)
+        for params, grad_of in ((stack, lambda t: [grads[t]]), (alone, lambda t: list(grads[t]))):
+            opt = Muon(params, lr=0.02, weight_decay=0.1, ns_dtype=dtype)
+            for t in range(2):
+                for p, grad in zip(params, grad_of(t), strict=True):
+                    p.grad = grad.clone()
+                opt.step()
+        torch.testing.assert_close(stack[0].detach(), torch.stack([m.detach() for m in alone]), rtol=tol, atol=tol)
+        assert not torch.allclose(stack[0], torch.randn(3, 24, 8, generator=torch.Generator().manual_seed(0)))
+
+
 def test_bad_input():
-    with pytest.raises(ValueError, match=r"2-D weights only, got parameters of shape \[\(4,\)\]"):
+    with pytest.raises(ValueError, match=r"stacks of them \(E, m, n\) only, got parameters of shape \[\(4,\)\]"):
         Muon([torch.nn.Parameter(torch.zeros(4))])
     with pytest.raises(ValueError, match="lr must be >= 0, got -1"):
         Muon(weights(), lr=-1)

@@ -35,6 +35,17 @@ def test_muon_takes_the_hidden_matrices_only(tie):
     assert sorted(held) == sorted(names)  # every weight in exactly one part (the tied head once)
 
 
+def test_muon_takes_the_experts_weights_and_adamw_their_router_and_biases():
+    model = GPT(ModelConfig(**(TINY.to_dict() | {"moe": {"num_experts": 4, "top_k": 2, "d_expert": 8}})))
+    names = {id(p): n for n, p in model.named_parameters()}
+    taken = {names[id(p)] for p in muon_matrices(model)}
+    experts = {n for n in names.values() if ".experts." in n}
+    assert experts and experts <= taken and not any("router" in n for n in taken)
+    opt = build_optimizer(model, cfg(optimizer="muon"), CPU)
+    model(torch.randint(0, 40, (2, 8)), targets=torch.randint(0, 40, (2, 8))).loss.backward()
+    opt.step()  # the stacks step through Muon
+
+
 def test_muon_lr_scales_its_groups_and_the_pair_round_trips():
     model = GPT(TINY)
     opt = build_optimizer(model, cfg(optimizer="muon", lr=0.01, muon_lr=0.02), CPU)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..nn.moe import SwiGLUExperts
 from .muon import Muon, ns_dtype_for
 
 OPTIMIZERS = ("adamw", "muon")
@@ -69,12 +70,16 @@ def set_lr(opt, lr: float) -> None:
 
 def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The hidden matrices Muon trains: weights of linear layers with both sides wider than one, trained, and
-    neither the output head (``lm_head``) nor shared with an embedding (a tied head)."""
+    neither the output head (``lm_head``) nor shared with an embedding (a tied head); and a mixture's expert
+    weights, stacks (E, m, n) that Muon steps matrix by matrix (their biases and the router go to AdamW)."""
     embedded = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     heads = {id(m.weight) for name, m in model.named_modules() if name.split(".")[-1] == "lm_head"}
-    return [m.weight for m in model.modules()
-            if isinstance(m, nn.Linear) and m.weight.requires_grad and min(m.weight.shape) > 1
-            and id(m.weight) not in embedded | heads]
+    linear = [m.weight for m in model.modules()
+              if isinstance(m, nn.Linear) and m.weight.requires_grad and min(m.weight.shape) > 1
+              and id(m.weight) not in embedded | heads]
+    experts = [w for m in model.modules() if isinstance(m, SwiGLUExperts)
+               for w in (m.gate_proj, m.up_proj, m.down_proj) if w.requires_grad and min(w.shape[-2:]) > 1]
+    return linear + experts
 
 
 def adamw(params: list[nn.Parameter], cfg, device: torch.device) -> torch.optim.AdamW:
