@@ -148,16 +148,18 @@ NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this
 TRAIN_NOTE = {"en": "A whole training step (forward, backward, optimizer) with the training speed layer, as "
                     "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
                     "grouped dispatch); medians of alternating rounds. Optimizer: `default` is `qkv train`'s "
-                    "(Muon on the linear layers' hidden matrices, AdamW on the rest: the dense model's "
-                    "feed-forward goes to Muon, the MoE's stacked expert weights and router to AdamW), `adamw` "
+                    "(Muon on the hidden matrices — the dense feed-forward's and each expert's alike — AdamW on "
+                    "the router, embeddings, norms and biases), `adamw` "
                     "`--optimizer adamw`, `adamw fused` that with `--fused-adamw`. One thread measures the "
                     "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
-                    "operations.",
+                    "operations. The MoE's feed-forward holds E / k times the dense one's parameters: the optimizer's "
+                    "per-parameter work grows with them, a larger share of a step at this small batch.",
               "zh": "完整训练步（前向、反向、优化器），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
                     "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。优化器：`default` 为 `qkv train` 的"
-                    "默认（线性层的隐藏矩阵用 Muon，其余用 AdamW：稠密模型的前馈层归 Muon，MoE 堆叠的专家权重"
-                    "与路由器归 AdamW），`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
-                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
+                    "默认（隐藏矩阵用 Muon——稠密前馈层与每个专家的矩阵一样——路由器、嵌入、归一化与偏置用 AdamW），"
+                    "`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
+                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。MoE 前馈层的参数是稠密前馈层的 "
+                    "E / k 倍：优化器按参数计的开销随之增长，在这样小的批次下占一步的比重更大。"}
 
 
 def main(argv=None) -> str:
