@@ -18,7 +18,27 @@ from qkv.generation.timing import sync
 def machine_info() -> str:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     return (f"torch {torch.__version__}, {dev}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
-            f"python {platform.python_version()}")
+            f"python {platform.python_version()}, {isa_profile()}")
+
+
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "QKV_KERNELS_ISA")  # how a run emulates an older CPU
+
+
+def isa_profile() -> str:
+    """The instruction-set caps this process runs under, as set ("ATEN_CPU_CAPABILITY=avx2 ..."), or
+    "native ISA" where none is: what a stamp says of a run that emulates an AVX2-only CPU on a newer one."""
+    return " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)) or "native ISA"
+
+
+def inductor_cache_per_capability() -> None:
+    """Give inductor a cache of this ATEN_CPU_CAPABILITY's own, unless one was chosen: its cache keys leave the
+    capability out, so code generated for AVX-512's 16-float vectors, found again under avx2 and compiled for
+    8-float ones, writes past its buffers (a segfault). Call before anything is compiled."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability, chosen = os.environ.get("ATEN_CPU_CAPABILITY"), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if capability and chosen in (None, os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"capability-{capability}")
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2) -> dict[str, float]:

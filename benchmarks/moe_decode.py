@@ -29,7 +29,7 @@ import torch
 from qkv.generation.backends import choose
 from qkv.interop import from_hf
 
-from .common import machine_info, table, time_interleaved, write_generated
+from .common import inductor_cache_per_capability, isa_profile, machine_info, table, time_interleaved, write_generated
 
 COMMON = dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
               max_position_embeddings=1024, tie_word_embeddings=False)
@@ -110,6 +110,7 @@ def main(argv=None) -> str:
     from qkv.runtime import machine, source_commit
 
     torch.set_num_threads(args.threads)
+    inductor_cache_per_capability()
     print(machine_info())
     new, repeats = (16, 2) if args.quick else (32, 3)
     rows = []
@@ -117,7 +118,7 @@ def main(argv=None) -> str:
         rows.append(measure(kind, new, repeats))
         print(f"{kind} done", file=sys.stderr, flush=True)
     note = {lang: text.format(p=PROMPT, n=new, t=args.threads) for lang, text in NOTE.items()}
-    saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
+    saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}, {isa_profile()}",
              "command": "python -m benchmarks.moe_decode " + " ".join(argv if argv is not None else sys.argv[1:]),
              "rows": rows}
     if args.markdown:

@@ -22,6 +22,7 @@
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,7 +46,7 @@
 namespace {
 
 using qkv::Act, qkv::exp_vec, qkv::RELU, qkv::GELU, qkv::GELU_TANH, qkv::SILU, qkv::activate, qkv::activate_rows;
-using qkv::Rows, qkv::Share, qkv::share, qkv::shared_rows;
+using qkv::Barrier, qkv::Rows, qkv::Share, qkv::shared_rows;
 
 enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
@@ -289,13 +290,14 @@ constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o
 constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
 
 struct Buffers {  // shared by the threads, except h, scratch and the routing (one each)
-  Floats x, q, k, v, a, up, gate, logits, inner;  // logits (B, E) and inner (B·k, I): a mixture of experts'
+  Floats x, q, k, v, a, up, gate, inner;  // inner (B·k, I): a mixture of experts'
 
   std::unique_ptr<Share[]> shares;  // (layers · SPLITS + 1, threads): each split, then the LM head's
   int64_t threads;
+  Barrier barrier;
   Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), logits(s.B * s.E), inner(s.B * s.K * s.I),
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), inner(s.B * s.K * s.I),
         shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
   Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
@@ -341,7 +343,8 @@ struct Routed {  // a row's k experts (ascending) and their weights: each thread
   std::vector<int64_t> experts;
   std::vector<float> weights;
   std::vector<int64_t> order;  // scratch: the E experts by logit
-  Floats gate, sums;            // scratch: a run of an expert's gate products (I), of a row's outputs (C)
+  Floats logits, gate, sums;    // scratch: a row's router logits (E), a run of an expert's gate products (I), of a
+                                // row's outputs (C)
 };
 
 // Row m's k experts and weights from its router logits (E), as qkv.nn.moe.Router: the k largest (topk's choice
@@ -368,12 +371,14 @@ void route(const float* logits, const Shape& s, Routed& r, int64_t m) {
   }
 }
 
-// x += the mixture of experts of h (this thread's Norm₂(x)): the router's product, each row's routing (every
-// thread alike), the chosen experts' gate and up rows (inner = silu(g) ⊙ u), their down rows, summed per row.
+// x += the mixture of experts of h (this thread's Norm₂(x)): the router's product and each row's routing (every
+// thread alike, whole: its E rows cost less than a barrier), the chosen experts' gate and up rows (inner =
+// silu(g) ⊙ u), their down rows, summed per row.
 void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Routed& r, const Shape& s) {
-  product(L.router, nullptr, h, s.B, s.E, s.C, buf.split(i, 4), Store{buf.logits.data(), s.E});
-#pragma omp barrier
-  for (int64_t m = 0; m < s.B; m++) route(buf.logits.data() + m * s.E, s, r, m);
+  for (int64_t m = 0; m < s.B; m++) {
+    qkv::dot_rows(L.router, h + m * s.C, s.C, 0, s.E, [&](int64_t e, float v) { r.logits[e] = v; });
+    route(r.logits.data(), s, r, m);
+  }
   const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
   shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of (assignment, I)
     for (int64_t at = n.begin, a = at / s.I; at < n.end; at = ++a * s.I) {  // the run within assignment a
@@ -385,7 +390,7 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
       activate_rows<SILU>(inner, r.gate.data(), first, last);  // silu(g) ⊙ u
     }
   });
-#pragma omp barrier
+  buf.barrier.wait();
   shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {  // each expert's down rows, one after another
     for (int64_t m = 0; m < s.B; m++) {
       std::fill(r.sums.begin() + n.begin, r.sums.begin() + n.end, 0.f);
@@ -395,7 +400,7 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
       for (int64_t c = n.begin; c < n.end; c++) buf.x[m * s.C + c] += r.sums[c];
     }
   });
-#pragma omp barrier
+  buf.barrier.wait();
 }
 
 // Layer i, inside the parallel region; h, scratch and r are this thread's.
@@ -406,25 +411,25 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, Ro
   product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
   product(L.wk, L.bk, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
   product(L.wv, L.bv, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
-#pragma omp barrier
+  buf.barrier.wait();
   shared_rows(s.B * s.G, buf.split(i, HEADS), 1, 1, [&](Rows r) {  // a thread done early takes the other's heads
     attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
                  r.begin / s.G, r.begin % s.G, s, eps);
   });
-#pragma omp barrier
+  buf.barrier.wait();
   product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
-#pragma omp barrier
+  buf.barrier.wait();
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
   if (L.router) return experts_layer(L, i, buf, h, r, s);
   if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
     product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
-#pragma omp barrier
+    buf.barrier.wait();
   }
   product(L.w_up, L.b_up, h, s.B, s.F, s.C, buf.split(i, 5),
           Activate{buf.up.data(), L.w_gate ? buf.gate.data() : nullptr, s.F, s.act});
-#pragma omp barrier
+  buf.barrier.wait();
   product(L.w_down, L.b_down, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
-#pragma omp barrier
+  buf.barrier.wait();
 }
 
 Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, const at::Tensor& v) {
@@ -492,7 +497,9 @@ void embed(const Embedding& e, const int64_t* ids, const std::vector<int64_t>& p
 void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const {
   const Embedding e = unpack_embedding(weights, s);
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = EMBEDDING + layers * PER_LAYER;
-  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  static qkv::Pace pace;  // the process's: how many threads its next token runs on (the host's load outlives a call)
+  const int threads = pace.threads(at::in_parallel_region() ? 1 : at::get_num_threads());
+  const auto start = std::chrono::steady_clock::now();
   Buffers buf(s, layers, threads);
   embed(e, ids, positions_at(on, slot, e, s), buf.x.data(), s, scale, eps);
   const float* cos = s.rope ? rope.data_ptr<float>() + slot * (s.D / 2) : nullptr;
@@ -501,7 +508,7 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
   {
     Floats h(s.B * s.C), scratch(2 * s.D + s.M);
     Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E),
-             Floats(s.I), Floats(s.E ? s.C : 0)};
+             Floats(s.E), Floats(s.I), Floats(s.E ? s.C : 0)};
     for (int64_t i = 0; i < layers; i++)
       layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
             cos, sin, s, eps);
@@ -511,6 +518,7 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
       std::copy(buf.x.begin(), buf.x.end(), h.begin());
     product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0), Store{logits, s.V});
   }
+  pace.record(threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 // ids (B, 1) into cache slot input_pos (1,), slots (B, M) True on real tokens -> logits (B, V).
