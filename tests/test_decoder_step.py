@@ -261,7 +261,7 @@ def test_bad_input_is_named():
     args = (step.weights, caches, torch.empty(0), step.shape + [20] + step.experts, 1e-5, 1.0)  # M = 20 slots
     no_up = step.weights[:5 + 12] + [torch.empty(0)] + step.weights[5 + 13:]  # layer 0 without its up product
     bad_states = [
-        ((step.weights[:-1], *args[1:]), r"expected 60 weights for 2 layers \(a k and a v cache each\), got 59"),
+        ((step.weights[:-1], *args[1:]), r"expected 68 weights for 2 layers \(a k and a v cache each\), got 67"),
         ((no_up, *args[1:]), r"layer 0 must hand in a dense feed-forward \(up, down\) or a mixture of experts"),
         ((step.weights[:7] + [step.weights[7][:-1]] + step.weights[8:], *args[1:]),
          r"weight 7 must be a contiguous float32 CPU tensor of 1024 elements, got Float \[31, 32\]"),
@@ -271,10 +271,11 @@ def test_bad_input_is_named():
          r"each cache must be contiguous float32 \(1, 4, rows, 8\), 1 <= rows <= 20, a layer's k and v alike, "
          r"got Float \[1, 4, 20, 8\] beside \[1, 4, 5, 8\]"),
         ((args[0], [torch.zeros(1, 4, 21, 8)] * len(caches), *args[2:]), r"1 <= rows <= 20, .* got Float \[1, 4, 21"),
-        ((*args[:3], step.shape + [20], 1e-5, 1.0), r"shape must hold 15 ints, got 11"),
+        ((*args[:3], step.shape + [20], 1e-5, 1.0), r"shape must hold 16 ints, got 11"),
         ((*args[:3], [32, 4, 3, *step.shape[3:], 20] + step.experts, 1e-5, 1.0),
          r"G dividing H and D even, got \(32, 4, 3, 8, 128, 64, 20\)"),
-        ((*args[:3], step.shape + [20, 4, 5, 8, 1], 1e-5, 1.0), r"1 <= k <= E and I > 0, got \(4, 5, 8\)"),
+        ((*args[:3], step.shape + [20, 4, 5, 8, 1, 0], 1e-5, 1.0),
+         r"1 <= k <= E, I > 0 and S >= 0, got \(4, 5, 8, 0\)"),
     ]
     for bad, message in bad_states:
         with pytest.raises(RuntimeError, match=message):

@@ -27,8 +27,8 @@ FAMILIES = {
         "v3_low_rank_q_interleaved", **DEEPSEEK_V3_MOE),
     "gpt_oss": lambda: hf_model("gpt_oss"),  # biased, clamped experts; sinks; sliding layers
 }
-FUSED = {"mixtral", "qwen3_moe"}  # the families the fused step decodes; the others it refuses, naming why
-REFUSED_FOR = {"qwen2_moe": "moe.d_shared", "deepseek_v3": "attention.kind='mla'", "gpt_oss": "config field"}
+FUSED = {"mixtral", "qwen3_moe", "qwen2_moe"}  # the families the fused step decodes; the others it refuses, naming why
+REFUSED_FOR = {"deepseek_v3": "attention.kind='mla'", "gpt_oss": "config field"}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -123,3 +123,42 @@ def test_the_moe_kernel_takes_no_tokens():
     y = torch.ops.qkv.moe_swiglu(torch.randn(0, 16), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2),
                                  experts.gate_proj, experts.up_proj, experts.down_proj)
     assert y.shape == (0, 16)
+
+
+
+def shared_experts(model) -> list:
+    """The mixture-of-experts layers of ``model`` that have a shared expert."""
+    return [block.ff for block in model.blocks if getattr(block.ff, "shared", None) is not None]
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe(tmp_path_factory):
+    """The Qwen2-MoE model with its shared experts' down products × 40, so that they and their gates decide tokens
+    (at the checkpoint's scale they do not, and a step that left them out would pass)."""
+    path = tmp_path_factory.mktemp("qwen2_moe_shared")
+    FAMILIES["qwen2_moe"]().save_pretrained(path)
+    model = from_hf(path).eval()
+    with torch.no_grad():
+        for moe in shared_experts(model):
+            moe.shared.down_proj.weight.mul_(40)
+    return model
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_fused_step_adds_the_gated_shared_expert(qwen2_moe, batch):
+    ids, mask = prompts(batch)
+    decode = lambda: qwen2_moe.generate(ids, 10, temperature=0, mask=mask, backend="eager", eos_id=None)
+    assert pick(qwen2_moe, batch, "fused") == ("fused", None)
+    with torch.no_grad():
+        eager = decode()
+        fused = qwen2_moe.generate(ids, 10, temperature=0, mask=mask, backend="fused", eos_id=None)
+        gates = [moe.shared_gate.weight.clone() for moe in shared_experts(qwen2_moe)]
+        others = []
+        for w_s in (-1e4, 1e4):  # σ(x·w_s) = 0, the shared experts off; = 1, their gates left out
+            for moe in shared_experts(qwen2_moe):
+                moe.shared_gate.weight.fill_(w_s)
+            others.append(decode())
+        for moe, gate in zip(shared_experts(qwen2_moe), gates):
+            moe.shared_gate.weight.copy_(gate)
+    assert torch.equal(fused, eager)
+    assert not any(torch.equal(other, eager) for other in others), "the test would not see the shared experts"

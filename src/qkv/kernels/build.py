@@ -47,7 +47,8 @@ from ..fileio import atomic_json
 from ..runtime import cache_dir
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("matvec.cpp", "moe.cpp", "decoder_step.cpp"))  # one build
-HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("dot.h", "activations.h", "share.h"))  # part of the name
+HEADERS = tuple(Path(__file__).parent / "csrc" / f
+                for f in ("dot.h", "activations.h", "share.h", "routing.h"))  # part of the name
 # -fno-trapping-math: without it GCC leaves the activations' and softmax's exp_vec loops scalar ("control flow in
 # loop": the clamps); it changes no result, only lets a comparison become a select. Part of the build's name too.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math")

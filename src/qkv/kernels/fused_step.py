@@ -19,10 +19,11 @@ Families it takes: GPT-2, LLaMA 1-3.x (RoPE scaled linear, llama3 or yarn: the t
 ``RotaryEmbedding.angles``, attention factor included), Qwen2 (q/k/v biases), Qwen3 (QK-norm: the model's norm
 over each head's D, before RoPE), Mistral and Qwen2 with sliding windows (a sliding layer's cache is its
 ``RingKVCache``: the C++ step writes slot p at ring row p mod W and attends over the W rows, the window itself).
-Mixtral and Qwen3-MoE (mixture-of-experts layers, dense ones among them: softmax top-k routing, renormalised or not,
-or the softmax over the k best logits; SwiGLU experts without biases; the router's product, each row's routing, then
-the chosen experts' rows, in the same parallel region). Shared experts, sigmoid or group-limited routing, correction
-biases and biased or clamped experts (Qwen2-MoE, DeepSeek, gpt-oss) are refused.
+Mixtral, Qwen3-MoE and Qwen2-MoE (mixture-of-experts layers, dense ones among them: softmax top-k routing,
+renormalised or not, or the softmax over the k best logits; SwiGLU experts without biases; a shared SwiGLU expert,
+× σ(x·w_s) where it has a gate; the router's product, each row's routing, then the chosen experts' rows and the
+shared expert's, in the same parallel region). Sigmoid or group-limited routing, correction biases, a routed
+scaling factor and biased or clamped experts (DeepSeek, gpt-oss) are refused.
 RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
@@ -93,12 +94,14 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "normalization.final": ANY,
     "embedding.scale": ANY, "embedding.init_std": ANY, "embedding.type_vocab_size": ANY, "embedding.norm": ANY,
     "head.tie": ANY, "head.bias": {False},
-    # a mixture of experts (Mixtral, Qwen3-MoE): softmax routing, top-k, renormalised or not, or softmax over the k
-    # best logits; SwiGLU experts without biases, no shared expert (every other moe field at its default only)
+    # a mixture of experts (Mixtral, Qwen3-MoE, Qwen2-MoE): softmax routing, top-k, renormalised or not, or softmax
+    # over the k best logits; SwiGLU experts without biases; a shared SwiGLU expert, gated or not (every other moe
+    # field at its default only)
     "moe.num_experts": ANY, "moe.top_k": ANY, "moe.d_expert": ANY, "moe.score": {"softmax"}, "moe.top_k_first": ANY,
     "moe.norm_topk_prob": ANY, "moe.layers": ANY, "moe.aux_loss_coef": ANY, "moe.z_loss_coef": ANY,
+    "moe.d_shared": ANY, "moe.shared_gate": ANY,
 }
-ROUTING = {"norm_topk_prob": 1, "top_k_first": 2}  # decoder_step.cpp's Routing bits
+ROUTING = {"norm_topk_prob": 1, "top_k_first": 2}  # csrc/routing.h's Routing bits
 assert set(LAYER_TYPES) >= {"full_attention", "sliding_attention"}
 
 
@@ -186,6 +189,11 @@ def refused_experts(m: nn.Module, c: ModelConfig) -> str | None:
         return "a router with a bias, a correction bias or groups (it computes top-k of softmax(h W_rᵀ))"
     if type(m) is SwiGLUExperts and (m.activation != "swiglu" or m.gate_bias is not None or m.down_bias is not None):
         return "experts with biases or another activation (it computes silu(W_gate h) ⊙ W_up h)"
+    shared = getattr(m, "shared", None)
+    linears = () if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj, m.shared_gate)
+    if isinstance(m, MixtureOfExperts) and shared is not None and (
+            shared.activation != "swiglu" or any(linear.bias is not None for linear in linears if linear)):
+        return "a shared expert with biases or another activation (it computes [σ(h·w_s)] silu(S_gate h) ⊙ S_up h)"
     return None
 
 
@@ -250,8 +258,9 @@ def embedding_weights(embed, max_len: int) -> list[Tensor]:
 
 
 def layer_weights(model) -> list[Tensor]:
-    """Every block's 26 tensors in decoder_step.cpp's ``Layer`` order (a dense feed-forward's or a mixture of
-    experts': router, gate, up, down), then Norm_f's two and the LM head."""
+    """Every block's 30 tensors in decoder_step.cpp's ``Layer`` order (a dense feed-forward's or a mixture of
+    experts': router, gate, up, down, its shared expert's gate, up, down and w_s), then Norm_f's two and the LM
+    head."""
     out = []
     for b in model.blocks:
         a, f = b.attn, b.ff
@@ -262,15 +271,26 @@ def layer_weights(model) -> list[Tensor]:
         out += norm_weights(a.q_norm) + norm_weights(a.k_norm)  # QK-norm's, over one head's D (or none)
         out += [torch.empty(0)] * 4 if dense else [
             t.detach() for t in (f.router.weight, f.experts.gate_proj, f.experts.up_proj, f.experts.down_proj)]
+        out += shared_weights(None if dense else f)
     return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
 
 
+def shared_weights(moe: MixtureOfExperts | None) -> list[Tensor]:
+    """A mixture of experts' shared expert: its gate, up and down weights and w_s (C,), its gate's (none: empty)."""
+    shared, gate, empty = getattr(moe, "shared", None), getattr(moe, "shared_gate", None), torch.empty(0)
+    if shared is None:
+        return [empty] * 4
+    scale = empty if gate is None else gate.weight.detach().reshape(-1)  # (1, C) -> (C,)
+    return [t.weight.detach() for t in (shared.gate_proj, shared.up_proj, shared.down_proj)] + [scale]
+
+
 def experts_shape(moe, ff_width: int) -> list[int]:
-    """decoder_step.cpp's Shape.E, K, I and routing: the mixture of experts' (E 0 where there is none)."""
+    """decoder_step.cpp's Shape.E, K, I, routing and S: the mixture of experts' (E 0 where there is none) and its
+    shared expert's width (0: none)."""
     if not moe.enabled:
-        return [0, 0, 0, 0]
+        return [0, 0, 0, 0, 0]
     routing = ROUTING["top_k_first"] if moe.top_k_first else ROUTING["norm_topk_prob"] * moe.norm_topk_prob
-    return [moe.num_experts, moe.top_k, moe.d_expert or ff_width, routing]
+    return [moe.num_experts, moe.top_k, moe.d_expert or ff_width, routing, moe.d_shared or 0]
 
 
 class FusedStep:

@@ -17,7 +17,8 @@
 //    slot − W < p ≤ slot, the window itself (RingKVCache's static form)]
 //   x += a Woᵀ + bo;  h = Norm₂(x);  x += act(h Wupᵀ + b_up) [⊙ gate] Wdownᵀ + b_down
 //   [a mixture-of-experts layer (Mixtral, Qwen3-MoE): x += Σ_j w_j W_down[e_j] (silu(W_gate[e_j] h) ⊙ W_up[e_j] h)
-//    over the k experts e_j of top-k(softmax(h W_rᵀ)), w_j their probabilities [renormalised], as qkv.nn.moe]
+//    over the k experts e_j of top-k(softmax(h W_rᵀ)), w_j their probabilities [renormalised], as qkv.nn.moe;
+//    [+ σ(h·w_s) ·] S_down (silu(S_gate h) ⊙ S_up h), a shared expert always on (Qwen2-MoE)]
 // then Norm_f and the LM head. The reference is the model itself (qkv/decoder_step.py calls this from
 // ``generate``; tests/test_decoder_step.py compares logits, caches and tokens with the model's).
 #include <algorithm>
@@ -41,6 +42,7 @@
 
 #include "activations.h"
 #include "dot.h"
+#include "routing.h"
 #include "share.h"
 
 namespace {
@@ -50,13 +52,12 @@ using qkv::Barrier, qkv::Rows, qkv::Share, qkv::shared_rows;
 
 enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
-enum Routing { NORM_TOPK = 1, TOP_K_FIRST = 2 };  // bits: renormalise the k weights; softmax over the k logits alone
 
 struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[] shape in this order
   int64_t B, C, H, G, D, F, V, norm, act, gated, rope, M;
-  int64_t E, K, I, routing;  // experts (0: none), experts a token, an expert's width, Routing's bits
-};
-constexpr int64_t SHAPE = 15;  // the ints of DecoderState's shape
+  int64_t E, K, I, routing, S;  // experts (0: none), experts a token, an expert's width, qkv::Routing's bits, the
+};                              // shared expert's width (0: none)
+constexpr int64_t SHAPE = 16;  // the ints of DecoderState's shape
 
 struct Embedding {  // nullptr where the model has none
   const float *tok, *pos, *type, *norm_w, *norm_b;
@@ -69,10 +70,11 @@ struct Layer {  // nullptr where the model has no such weight (no biases, no gat
   const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
   const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
   const float *router, *e_gate, *e_up, *e_down;  // a mixture of experts': (E, C), (E, I, C) twice, (E, C, I)
+  const float *s_gate, *s_up, *s_down, *s_scale;  // its shared expert's: (S, C) twice, (C, S), and w_s (C)
   float *k_cache, *v_cache;  // (B, G, held, D) each
   int64_t held;              // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
 };
-constexpr int64_t PER_LAYER = 26;  // tensors a layer hands in, in Layer's order
+constexpr int64_t PER_LAYER = 30;  // tensors a layer hands in, in Layer's order
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
 // 64-byte pieces, and one that straddles two lines costs two reads.
@@ -106,7 +108,8 @@ std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, in
                        {KV * C, true}, {KV, false}, {C * Q, true}, {C, false}, {C, true}, {C, false},
                        {F * C, false}, {F, false}, {F * C, false}, {F, false}, {C * F, false}, {C, false},
                        {s.D, false}, {s.D, false}, {s.D, false}, {s.D, false}, {s.E * C, false}, {EI * C, false},
-                       {EI * C, false}, {C * EI, false}});
+                       {EI * C, false}, {C * EI, false}, {s.S * C, false}, {s.S * C, false}, {C * s.S, false},
+                       {C, false}});
   n.insert(n.end(), {{C, false}, {C, false}, {s.V * C, true}});
   return n;
 }
@@ -132,9 +135,11 @@ void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::T
     const at::Tensor* t = weights.data() + EMBEDDING + i * PER_LAYER;
     const bool dense = t[12].numel() && t[16].numel(), experts = t[22].numel() && t[23].numel() && t[24].numel() &&
                                                                   t[25].numel() && s.E;
-    TORCH_CHECK(dense != experts && !(experts && std::any_of(t + 12, t + 18, [](auto& w) { return w.numel(); })),
+    const int shared = (t[26].numel() > 0) + (t[27].numel() > 0) + (t[28].numel() > 0);
+    TORCH_CHECK(dense != experts && !(experts && std::any_of(t + 12, t + 18, [](auto& w) { return w.numel(); })) &&
+                    (shared == 0 || (shared == 3 && experts)) && (shared || !t[29].numel()),
                 "qkv::DecoderState: layer ", i, " must hand in a dense feed-forward (up, down) or a mixture of ",
-                "experts (router, gate, up, down), one of the two whole");
+                "experts (router, gate, up, down [, a shared expert's gate, up, down [, its scale]]), one whole");
   }
   for (size_t i = 0; i < caches.size(); i++) {
     const at::Tensor &t = caches[i], &pair = caches[i ^ 1];  // a layer's k and v hold as many rows
@@ -156,9 +161,9 @@ Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_
   TORCH_CHECK(!caches.empty() && caches[0].dim() == 4, "qkv::DecoderState: expected each layer's k and v caches "
               "(B, G, M, D), got ", caches.size(), " tensors");
   const Shape s{caches[0].size(0), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6], shape[7],
-                shape[8], shape[9], shape[10], shape[11], shape[12], shape[13], shape[14]};
-  TORCH_CHECK(s.E == 0 || (1 <= s.K && s.K <= s.E && s.I > 0), "qkv::DecoderState: experts (E, k, I) must have ",
-              "1 <= k <= E and I > 0, got (", s.E, ", ", s.K, ", ", s.I, ")");
+                shape[8], shape[9], shape[10], shape[11], shape[12], shape[13], shape[14], shape[15]};
+  TORCH_CHECK(s.E == 0 || (1 <= s.K && s.K <= s.E && s.I > 0 && s.S >= 0), "qkv::DecoderState: experts (E, k, I, "
+              "S) must have 1 <= k <= E, I > 0 and S >= 0, got (", s.E, ", ", s.K, ", ", s.I, ", ", s.S, ")");
   TORCH_CHECK(s.C > 0 && s.H > 0 && s.G > 0 && s.H % s.G == 0 && s.D > 0 && s.D % 2 == 0 && s.F > 0 && s.V > 0 &&
                   s.M > 0,
               "qkv::DecoderState: shape (C, H, G, D, F, V, M) must be positive, G dividing H and D even, got (", s.C,
@@ -290,14 +295,14 @@ constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o
 constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
 
 struct Buffers {  // shared by the threads, except h, scratch and the routing (one each)
-  Floats x, q, k, v, a, up, gate, inner;  // inner (B·k, I): a mixture of experts'
+  Floats x, q, k, v, a, up, gate, inner;  // inner (B·k·I + B·S): a mixture of experts', then its shared expert's
 
   std::unique_ptr<Share[]> shares;  // (layers · SPLITS + 1, threads): each split, then the LM head's
   int64_t threads;
   Barrier barrier;
   Buffers(const Shape& s, int64_t layers, int64_t T)
       : x(s.B * s.C), q(s.B * s.H * s.D), k(s.B * s.G * s.D), v(s.B * s.G * s.D), a(s.B * s.H * s.D),
-        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), inner(s.B * s.K * s.I),
+        up(s.B * s.F), gate(s.gated ? s.B * s.F : 0), inner(s.B * (s.K * s.I + s.S)),
         shares(new Share[(layers * SPLITS + 1) * T]), threads(T) {}
   Share* split(int64_t layer, int64_t work) { return shares.get() + (layer * SPLITS + work) * threads; }
 };
@@ -341,50 +346,35 @@ struct Activate {
 
 struct Routed {  // a row's k experts (ascending) and their weights: each thread's own copy, computed alike
   std::vector<int64_t> experts;
-  std::vector<float> weights;
+  std::vector<float> weights, shared;  // (B·k), and each row's shared expert's weight σ(h·w_s), or 1 (B)
   std::vector<int64_t> order;  // scratch: the E experts by logit
-  Floats logits, gate, sums;    // scratch: a row's router logits (E), a run of an expert's gate products (I), of a
-                                // row's outputs (C)
+  Floats logits, gate, sums;    // scratch: a row's router logits (E), a run of an expert's gate products (I or
+                                // S), of a row's outputs (C)
 };
-
-// Row m's k experts and weights from its router logits (E), as qkv.nn.moe.Router: the k largest (topk's choice
-// of the softmax's, which orders them as the logits), their softmax probabilities [÷ their sum + 1e-20]; with
-// TOP_K_FIRST the softmax over the k logits alone. Sorted by expert: the order the reference adds them in.
-void route(const float* logits, const Shape& s, Routed& r, int64_t m) {
-  std::iota(r.order.begin(), r.order.end(), 0);
-  std::partial_sort(r.order.begin(), r.order.begin() + s.K, r.order.end(),
-                    [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  std::sort(r.order.begin(), r.order.begin() + s.K);
-  const float top = *std::max_element(logits, logits + s.E);
-  float total = 0.f, sum = 0.f;
-  for (int64_t e = 0; e < s.E; e++) total += std::exp(logits[e] - top);
-  if (s.routing & TOP_K_FIRST)
-    for (int64_t j = 0; j < s.K; j++) sum += std::exp(logits[r.order[j]] - top);
-  float* w = r.weights.data() + m * s.K;
-  for (int64_t j = 0; j < s.K; j++) {
-    r.experts[m * s.K + j] = r.order[j];
-    w[j] = std::exp(logits[r.order[j]] - top) / (s.routing & TOP_K_FIRST ? sum : total);
-  }
-  if (s.routing == NORM_TOPK) {  // the probabilities ÷ their sum
-    for (int64_t j = 0; j < s.K; j++) sum += w[j];
-    for (int64_t j = 0; j < s.K; j++) w[j] /= sum + 1e-20f;
-  }
-}
 
 // x += the mixture of experts of h (this thread's Norm₂(x)): the router's product and each row's routing (every
 // thread alike, whole: its E rows cost less than a barrier), the chosen experts' gate and up rows (inner =
-// silu(g) ⊙ u), their down rows, summed per row.
+// silu(g) ⊙ u) and the shared expert's, then their down rows, summed per row as the reference adds them.
 void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Routed& r, const Shape& s) {
   for (int64_t m = 0; m < s.B; m++) {
     qkv::dot_rows(L.router, h + m * s.C, s.C, 0, s.E, [&](int64_t e, float v) { r.logits[e] = v; });
-    route(r.logits.data(), s, r, m);
+    qkv::route(r.logits.data(), s.E, s.K, s.routing, r.order.data(), r.experts.data() + m * s.K,
+               r.weights.data() + m * s.K);
+    r.shared[m] = L.s_scale ? 1.f / (1.f + std::exp(-qkv::dot(L.s_scale, h + m * s.C, s.C))) : 1.f;
   }
-  const int64_t IC = s.I * s.C, rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
-  shared_rows(s.B * s.K * s.I, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of (assignment, I)
-    for (int64_t at = n.begin, a = at / s.I; at < n.end; at = ++a * s.I) {  // the run within assignment a
-      const int64_t first = at % s.I, last = std::min(s.I, first + n.end - at);
-      const float *x = h + (a / s.K) * s.C, *gate = L.e_gate + r.experts[a] * IC, *up = L.e_up + r.experts[a] * IC;
-      float* inner = buf.inner.data() + a * s.I;
+  // inner's blocks: assignment b < B·k (I rows of its expert), then row b − B·k's shared expert (S rows)
+  const int64_t IC = s.I * s.C, BK = s.B * s.K, blocks = BK + (L.s_gate ? s.B : 0);
+  const auto start = [&](int64_t b) { return b < BK ? b * s.I : BK * s.I + (b - BK) * s.S; };
+  const int64_t rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
+  shared_rows(start(blocks), buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of inner
+    int64_t b = n.begin < BK * s.I ? n.begin / s.I : BK + (n.begin - BK * s.I) / s.S;
+    for (int64_t at = n.begin; at < n.end; at = start(++b)) {  // the run within block b
+      const bool routed = b < BK;
+      const int64_t first = at - start(b), last = std::min(routed ? s.I : s.S, first + n.end - at);
+      const float* x = h + (routed ? b / s.K : b - BK) * s.C;
+      const float* gate = routed ? L.e_gate + r.experts[b] * IC : L.s_gate;
+      const float* up = routed ? L.e_up + r.experts[b] * IC : L.s_up;
+      float* inner = buf.inner.data() + start(b);
       qkv::dot_rows(gate, x, s.C, first, last, [&](int64_t row, float v) { r.gate[row] = v; });
       qkv::dot_rows(up, x, s.C, first, last, [&](int64_t row, float v) { inner[row] = v; });
       activate_rows<SILU>(inner, r.gate.data(), first, last);  // silu(g) ⊙ u
@@ -397,6 +387,9 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
       for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
         qkv::dot_rows(L.e_down + r.experts[a] * s.C * s.I, buf.inner.data() + a * s.I, s.I, n.begin, n.end,
                       [&](int64_t c, float v) { r.sums[c] += r.weights[a] * v; });
+      if (L.s_down)  // routed + σ(h·w_s) · shared, as qkv.nn.moe adds them
+        qkv::dot_rows(L.s_down, buf.inner.data() + start(BK + m), s.S, n.begin, n.end,
+                      [&](int64_t c, float v) { r.sums[c] += r.shared[m] * v; });
       for (int64_t c = n.begin; c < n.end; c++) buf.x[m * s.C + c] += r.sums[c];
     }
   });
@@ -438,7 +431,8 @@ Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, c
           weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
           weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
           weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), weight(t[22]), weight(t[23]),
-          weight(t[24]), weight(t[25]), k.data_ptr<float>(), v.data_ptr<float>(), k.size(2)};
+          weight(t[24]), weight(t[25]), weight(t[26]), weight(t[27]), weight(t[28]), weight(t[29]),
+          k.data_ptr<float>(), v.data_ptr<float>(), k.size(2)};
 }
 
 Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
@@ -507,8 +501,8 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
 #pragma omp parallel num_threads(threads)
   {
     Floats h(s.B * s.C), scratch(2 * s.D + s.M);
-    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<int64_t>(s.E),
-             Floats(s.E), Floats(s.I), Floats(s.E ? s.C : 0)};
+    Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<float>(s.B),
+             std::vector<int64_t>(s.E), Floats(s.E), Floats(std::max(s.I, s.S)), Floats(s.E ? s.C : 0)};
     for (int64_t i = 0; i < layers; i++)
       layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
             cos, sin, s, eps);
