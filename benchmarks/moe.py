@@ -164,21 +164,26 @@ HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+ba
 
 NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
         "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
-TRAIN_NOTE = {"en": "A whole training step (forward, backward, optimizer) with the training speed layer, as "
-                    "`qkv train` runs it; MoE of the dense model's active parameters (experts of width d_ff / k, "
-                    "grouped dispatch); medians of alternating rounds. Optimizer: `default` is `qkv train`'s "
-                    "(Muon on the hidden matrices — the dense feed-forward's and each expert's alike — AdamW on "
-                    "the router, embeddings, norms and biases), `adamw` "
-                    "`--optimizer adamw`, `adamw fused` that with `--fused-adamw`. One thread measures the "
-                    "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
-                    "operations. The MoE's feed-forward holds E / k times the dense one's parameters: the optimizer's "
-                    "per-parameter work grows with them, a larger share of a step at this small batch.",
-              "zh": "完整训练步（前向、反向、优化器），开启训练加速层，与 `qkv train` 相同；MoE 与稠密模型激活参数"
-                    "相同（专家宽度 d_ff / k，分组分派）；交替轮次的中位数。优化器：`default` 为 `qkv train` 的"
-                    "默认（隐藏矩阵用 Muon——稠密前馈层与每个专家的矩阵一样——路由器、嵌入、归一化与偏置用 AdamW），"
-                    "`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。"
-                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。MoE 前馈层的参数是稠密前馈层的 "
-                    "E / k 倍：优化器按参数计的开销随之增长，在这样小的批次下占一步的比重更大。"}
+TRAIN_NOTE = {"en": "A whole training step with the training speed layer, as `qkv train` runs it: forward + backward, "
+                    "then the optimizer, each timed (medians of alternating rounds; the step's median is its own, so "
+                    "the parts need not add up to it). MoE of the dense model's active parameters (experts of width "
+                    "d_ff / k, the speed layer's grouped products); batch 16 is `qkv train`'s default. Optimizer: "
+                    "`default` is `qkv train`'s (Muon on the hidden matrices — the dense feed-forward's and each "
+                    "expert's alike — AdamW on the router, embeddings, norms and biases), `adamw` `--optimizer "
+                    "adamw`, `adamw fused` that with `--fused-adamw`. The MoE's feed-forward holds E / k times the "
+                    "dense one's parameters, and an optimizer's work grows with the parameters, not with the tokens: "
+                    "Muon's Newton–Schulz iterations cost each expert matrix what they cost a dense matrix of its "
+                    "shape, so with Muon the optimizer's share of the MoE step shrinks only as the batch grows. "
+                    "One thread measures the work; at more threads a shared machine's load weighs on the MoE "
+                    "step's more numerous operations.",
+              "zh": "完整训练步，开启训练加速层，与 `qkv train` 相同：前向 + 反向、优化器分别计时（交替轮次的中位数；"
+                    "整步的中位数单独取，故两部分之和不必等于它）。MoE 与稠密模型激活参数相同（专家宽度 d_ff / k，"
+                    "加速层的分组乘法）；批次 16 是 `qkv train` 的默认值。优化器：`default` 为 `qkv train` 的默认"
+                    "（隐藏矩阵用 Muon——稠密前馈层与每个专家的矩阵一样——路由器、嵌入、归一化与偏置用 AdamW），"
+                    "`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。MoE 前馈层的参数是稠密前馈层的 "
+                    "E / k 倍，而优化器的开销随参数增长、不随词元数增长：Muon 的 Newton–Schulz 迭代对每个专家矩阵的"
+                    "开销与同形状的稠密矩阵相同，所以用 Muon 时，优化器在 MoE 训练步中的占比只随批次增大而缩小。"
+                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
 
 
 def main(argv=None) -> str:
