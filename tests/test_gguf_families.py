@@ -115,8 +115,12 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     ("olmo2", dict(attention_bias=True), [r"attention biases on \(llama.cpp's olmo2 has none\)",
                                           r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48"]),
     ("phi3", {}, [r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
-    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"]), [
-        r"YaRN truncate=False \(llama.cpp's gpt-oss rounds the ramp's ends to whole dims: truncate=True\)",
+    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                     rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, beta_fast=16.0, beta_slow=1.0,
+                                          attention_factor=1.0, original_max_position_embeddings=32)), [
+        r"YaRN beta_fast=16.0, beta_slow=1.0 \(llama.cpp's gpt-oss reads no β: 32.0 and 1.0\)",
+        r"YaRN factor=4.0, attention_factor=1.0: cos/sin × 1, scores × 1 \(llama.cpp's gpt-oss makes them × 1.13863 "
+        r"and × 1: 1 \+ 0.1 ln s on cos/sin, nothing on the scores\)",
         r"layer_types=\['full_attention', 'sliding_attention', 'sliding_attention'\] \(llama.cpp's gpt-oss slides on "
         r"\['sliding_attention', 'full_attention', 'sliding_attention'\]\)",
         r"attention biases off \(llama.cpp's gpt-oss reads q/k/v biases\)",
