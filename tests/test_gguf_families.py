@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'
 from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
 from hf_models import hf_model, save_with_tokenizer  # noqa: E402
 
-from qkv.interop.gguf import check_exportable, to_gguf  # noqa: E402
+from qkv.interop.gguf import GGUFApproximation, check_exportable, to_gguf  # noqa: E402
 from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
 
 SHORT, LONG = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0], [2.0, 3.0, 5.0, 7.0, 11.0, 13.0]  # LongRoPE's, one per rotated pair
@@ -135,6 +135,34 @@ def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, 
     with pytest.raises(ValueError, match=r"^no GGUF counterpart for this \S+ model: ") as error:
         check_exportable(model)
     assert all(re.search(reason, str(error.value)) for reason in reasons), str(error.value)
+
+
+def test_gpt_oss_s_released_yarn_is_written_rounded_as_llama_cpp_runs_it(tmp_path):
+    """gpt-oss as released (YaRN truncate=False): llama.cpp rounds the ramp's ends (no key says otherwise), so the file
+    says YaRN and a GGUFApproximation warning gives the largest change of a rotary frequency; llama.cpp's graph over
+    the file with transformers' unrounded ramp gives HF's logits, so the rounding is all that differs."""
+    settings = FAMILIES["gpt_oss"][0]
+    settings = settings | dict(rope_parameters=settings["rope_parameters"] | dict(truncate=False))
+    hf = save_with_tokenizer("gpt_oss", tmp_path / "hf", **WIDTHS, **settings)
+    model, tok = load_pretrained(tmp_path / "hf")
+    # D = 16, base 100, L₀ 32, s = 4: the ramp runs over pairs 0 to 16·ln(32/2π) / (2 ln 100) = 2.83, rounded 3; pair 2
+    # moves most, its θ' / θ from 1 − (3/4)·(2/2.83) to 1 − (3/4)·(2/3)
+    high = 16 * math.log(32 / (2 * math.pi)) / (2 * math.log(100))
+    change = (1 - 0.75 * 2 / 3) / (1 - 0.75 * 2 / high) - 1
+    with pytest.warns(GGUFApproximation, match=rf"^gpt-oss: YaRN truncate=False is written with the ramp's ends rounded "
+                                               rf".* pair 2 of 8 changes by {100 * change:.3g}% \(the largest change\)"):
+        values, _, meta = read(to_gguf(model, tok.backend, tmp_path / "model.gguf", dtype="f32"))
+    assert meta["gpt-oss.rope.scaling.type"] == "yarn"
+    ids = tok.backend("the dog bites the man and the man bites the dog").input_ids
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    def gap(**rounding):  # the largest logit difference from HF's, relative to HF's largest logit
+        got = Graph(values, meta, gguf.MODEL_ARCH.GPT_OSS, **rounding).logits(ids)
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        return ((got - want).abs().max() / want.abs().max()).item()
+    exact, rounded = gap(rounded_ramp=False), gap()
+    assert exact < 1e-5  # the unrounded ramp: HF's logits, but for float rounding
+    assert 10 * exact < rounded < 1e-4, (exact, rounded)  # what llama.cpp runs: off HF's, by little at 12 positions
 
 
 def test_a_mixture_of_experts_trained_here_runs_as_llama_cpp_s_llama(tmp_path, capsys):
