@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'
 from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
 from hf_models import hf_model, save_with_tokenizer  # noqa: E402
 
-from qkv.interop.gguf import GGUFApproximation, check_exportable, to_gguf  # noqa: E402
+from qkv.interop.gguf import ARCHES, GGUFApproximation, check_exportable, gguf_warnings, to_gguf  # noqa: E402
 from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
 
 SHORT, LONG = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0], [2.0, 3.0, 5.0, 7.0, 11.0, 13.0]  # LongRoPE's, one per rotated pair
@@ -163,6 +163,29 @@ def test_gpt_oss_s_released_yarn_is_written_rounded_as_llama_cpp_runs_it(tmp_pat
     exact, rounded = gap(rounded_ramp=False), gap()
     assert exact < 1e-5  # the unrounded ramp: HF's logits, but for float rounding
     assert 10 * exact < rounded < 1e-4, (exact, rounded)  # what llama.cpp runs: off HF's, by little at 12 positions
+
+
+def test_the_warning_for_gpt_oss_20b_s_yarn_says_what_rounding_changes():
+    """openai/gpt-oss-20b's settings (head 64, base 150000, YaRN s = 32 from L₀ = 4096 to 131072, truncate=False): the
+    ramp's ends 8.09 and 17.40 become 8 and 18; pair 17 moves most (docs/checkpoints.md quotes these figures)."""
+    rope = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                original_max_position_embeddings=4096)
+    fields = dict(head_dim=64, rope_theta=150000.0,
+                  max_position_embeddings=131072, rope_scaling=rope)
+    def end(beta):  # transformers' find_correction_dim
+        return 64 * math.log(4096 / (beta * 2 * math.pi)) / (2 * math.log(150000))
+    low, high = end(32), end(1)
+    assert (round(low, 2), round(high, 2)) == (8.09, 17.4)
+    def frequency(i, low, high):  # θ'_i: the ramp's share of θ_i / s
+        ramp = min(max((i - low) / (high - low), 0), 1)
+        return 150000 ** (-2 * i / 64) * (1 - ramp + ramp / 32)
+    change = [frequency(i, 8, 18) - frequency(i, low, high) for i in range(32)]  # rounded − exact, rad a position
+    [warning] = gguf_warnings(ARCHES["gpt_oss"], fields)
+    assert f"pair 17 of 32 changes by {100 * change[17] / frequency(17, low, high):.3g}% (the largest change)" \
+        in warning, warning
+    assert warning.endswith(f"at position 4096 and {max(map(abs, change)) * 131072:.3g} rad at position 131072; "
+                            "llama.cpp's logits differ from transformers' accordingly, more with distance"), warning
+    assert gguf_warnings(ARCHES["gpt_oss"], fields | dict(rope_scaling=rope | dict(truncate=True))) == []
 
 
 def test_a_mixture_of_experts_trained_here_runs_as_llama_cpp_s_llama(tmp_path, capsys):
