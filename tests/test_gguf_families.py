@@ -170,8 +170,7 @@ def test_the_warning_for_gpt_oss_20b_s_yarn_says_what_rounding_changes():
     ramp's ends 8.09 and 17.40 become 8 and 18; pair 17 moves most (docs/checkpoints.md quotes these figures)."""
     rope = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
                 original_max_position_embeddings=4096)
-    fields = dict(head_dim=64, rope_theta=150000.0,
-                  max_position_embeddings=131072, rope_scaling=rope)
+    fields = dict(head_dim=64, rope_theta=150000.0, max_position_embeddings=131072, rope_scaling=rope)
     def end(beta):  # transformers' find_correction_dim
         return 64 * math.log(4096 / (beta * 2 * math.pi)) / (2 * math.log(150000))
     low, high = end(32), end(1)
