@@ -1,8 +1,8 @@
 """What llama.cpp reads from a GGUF file, written out for the GGUF tests: the file read back with gguf-py's GGUFReader,
 the tensor names an architecture loads (from ``gguf.MODEL_TENSORS``), each tensor against its Hugging Face weight
 (q/k un-permuted by the converter's formula, experts re-joined), and llama.cpp's graph for the architectures qkv
-writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3,smollm3,openai-moe-iswa,deepseek2}.cpp) in PyTorch over
-the file's tensors, with ggml's YaRN (ggml_rope_yarn_corr_dims: the ramp's ends rounded outwards; β_fast 32, β_slow 1)
+writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3,smollm3,openai-moe-iswa,deepseek2}.cpp) in PyTorch
+over the file's tensors, with ggml's YaRN (ggml_rope_yarn_corr_dims: the ramp's ends rounded outwards; β_fast 32, β_slow 1)
 and llama_context's cos/sin factor, deepseek2's kq_scale correction.
 
 Shapes: T tokens, C model width, H heads, G key/value heads, D head width, E experts, I expert width, K per token.

@@ -2,8 +2,9 @@
 Hugging Face models (tests/test_interop_deepseek.py's) in widths that split into q8_0's blocks, loaded by qkv and
 written with ``to_gguf`` in f32, f16 and q8_0. Read back: the tensor names deepseek2 loads (k_b and v_b for kv_b_proj,
 experts only after the leading dense layers), every value, the metadata (MLA as one key/value head, the routing keys,
-YaRN's with its yarn_log_multiplier), and llama.cpp's graph over the f32 file gives HF's logits (tests/gguf_reference.py,
-with YaRN's ramp, cos/sin factor and kq_scale correction). What deepseek2 computes otherwise is refused."""
+YaRN's with its yarn_log_multiplier), and llama.cpp's graph over the f32 file gives HF's logits
+(tests/gguf_reference.py, with YaRN's ramp, cos/sin factor and kq_scale correction). What deepseek2 computes otherwise
+is refused."""
 import re
 
 import pytest
@@ -122,9 +123,9 @@ def test_deepseek_as_llama_cpp_s_deepseek2_reads_it(checkpoint, tmp_path, dtype)
 
 @pytest.mark.parametrize("variant, change, reasons", [
     ("v3_plain_q_halves", dict(attention_bias=True), [r"attention biases on \(llama.cpp's deepseek2 has none\)"]),
-    ("v3_yarn", {}, [  # mscale 0.8 ≠ mscale_all_dim 1.2
-        r"YaRN factor=4.0, mscale=0.8, mscale_all_dim=1.2: cos/sin × 0.952457, scores × 1.36038 \(llama.cpp's deepseek2 "
-        r"makes them × 1 and × 1.36038: its mscale is mscale_all_dim"]),
+    ("v3_yarn", {}, [  # mscale 0.8 ≠ mscale_all_dim 1.2: (1 + 0.08 ln 4) / (1 + 0.12 ln 4), (1 + 0.12 ln 4)² in HF
+        r"YaRN factor=4.0, mscale=0.8, mscale_all_dim=1.2: cos/sin × 0.952457, scores × 1.36038 "
+        r"\(llama.cpp's deepseek2 makes them × 1 and × 1.36038: its mscale is mscale_all_dim"]),
     ("v3_yarn", dict(rope_parameters=V3_YARN | dict(mscale=None, beta_fast=16.0, truncate=False)), [
         r"YaRN truncate=False \(llama.cpp's deepseek2 rounds the ramp's ends to whole dims: truncate=True\)",
         r"YaRN beta_fast=16.0, beta_slow=1.0 \(llama.cpp's deepseek2 reads no β: 32.0 and 1.0\)",

@@ -149,8 +149,9 @@ def test_gpt_oss_s_released_yarn_is_written_rounded_as_llama_cpp_runs_it(tmp_pat
     # moves most, its θ' / θ from 1 − (3/4)·(2/2.83) to 1 − (3/4)·(2/3)
     high = 16 * math.log(32 / (2 * math.pi)) / (2 * math.log(100))
     change = (1 - 0.75 * 2 / 3) / (1 - 0.75 * 2 / high) - 1
-    with pytest.warns(GGUFApproximation, match=rf"^gpt-oss: YaRN truncate=False is written with the ramp's ends rounded "
-                                               rf".* pair 2 of 8 changes by {100 * change:.3g}% \(the largest change\)"):
+    warning = rf"^gpt-oss: YaRN truncate=False is written with the ramp's ends rounded .* pair 2 of 8 changes by " \
+              rf"{100 * change:.3g}% \(the largest change\)"
+    with pytest.warns(GGUFApproximation, match=warning):
         values, _, meta = read(to_gguf(model, tok.backend, tmp_path / "model.gguf", dtype="f32"))
     assert meta["gpt-oss.rope.scaling.type"] == "yarn"
     ids = tok.backend("the dog bites the man and the man bites the dog").input_ids
