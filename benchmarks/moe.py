@@ -1,26 +1,28 @@
-"""The mixture-of-experts feed-forward's two dispatches beside Hugging Face's Mixtral block, on a CPU.
+"""The mixture-of-experts feed-forward's dispatches beside Hugging Face's Mixtral block, and MoE training steps, on a CPU.
 
     python -m benchmarks.moe [--quick] [--markdown docs]
 
 One ``qkv.nn.moe.MixtureOfExperts`` layer (softmax router, top-k renormalised, SwiGLU experts), fp32, at a few
 (tokens N, width C, expert width I, experts E, k) shapes: ``reference_dispatch`` (a loop over experts, each
 finding its tokens with torch.where over the (N, k) choices), ``grouped_dispatch`` (the N·k assignments sorted
-by expert once, one gather, one contiguous slice per expert (under autograd one torch._grouped_mm per product),
-the outputs gathered back) and transformers'
-``MixtralSparseMoeBlock`` given the same weights (its default experts implementation). Forward at inference, and
-forward + backward. Calls alternate round-robin; each time is the median of its rounds, so ratios come from
-one run. The largest difference between the dispatches' outputs is printed beside.
+by expert once, one gather, one contiguous slice and product per expert, the outputs gathered back), the training
+speed layer's ``grouped_mm_dispatch`` (the same with each product one torch._grouped_mm over every expert's
+slice) and transformers' ``MixtralSparseMoeBlock`` given the same weights (its default experts implementation).
+Forward at inference, and forward + backward. Calls alternate round-robin; each time is the median of its rounds,
+so ratios come from one run. The largest difference from the reference's output is printed beside.
 
-Then a training step of whole GPTs (forward + backward + optimizer step) as ``qkv train`` takes it (the training
-speed layer on, the layer's default dispatch: grouped, ``qkv train``'s optimizer: its default Muon + AdamW,
-``--optimizer adamw``, and that ``--fused-adamw``): a dense SwiGLU GPT against an MoE GPT of equal active
-parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at torch's threads
-and then at one thread; the ratio MoE ÷ dense is the one the MoE training issue holds to ≤ 1.3.
+Then a training step of whole GPTs (forward + backward, then the optimizer step, each timed) as ``qkv train``
+takes it (the training speed layer on, the layer's default dispatch: grouped, ``qkv train``'s optimizer: its
+default Muon + AdamW, ``--optimizer adamw``, and that ``--fused-adamw``): a dense SwiGLU GPT against an MoE GPT
+of equal active parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at
+``qkv train``'s default batch (16 sequences) and at 64, at torch's threads and then at one thread; the ratio MoE
+÷ dense is the one the MoE training issue holds to ≤ 1.3.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 
 from qkv.kernels import accelerated
+from qkv.kernels.moe_training import grouped_mm_dispatch
 from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts, grouped_dispatch, reference_dispatch
 
 from .common import machine_info, table, time_interleaved, write_generated
@@ -63,31 +66,36 @@ def measure_shape(shape: tuple, repeats: int) -> list[list]:
     torch.manual_seed(0)
     m, x = layer(C, I, E, k), torch.randn(1, N, C)
     hf = hf_block(m)
-    paths = {"reference": lambda x: m.run(x, reference_dispatch), "grouped": lambda x: m.run(x, grouped_dispatch)}
+    paths = {"reference": lambda x: m.run(x, reference_dispatch), "grouped": lambda x: m.run(x, grouped_dispatch),
+             "grouped, torch._grouped_mm (training)": lambda x: m.run(x, grouped_mm_dispatch)}
     if hf is not None:
         paths["transformers Mixtral block"] = hf
     with torch.inference_mode():
         forward = time_interleaved({p: (lambda f=f: f(x)) for p, f in paths.items()}, repeats=repeats)
-        diff = (paths["grouped"](x) - paths["reference"](x)).abs().max().item()
+        diff = {p: f"{(paths[p](x) - paths['reference'](x)).abs().max().item():.1e}" for p in paths if "grouped" in p}
     xg = x.clone().requires_grad_()
     backward = time_interleaved({p: (lambda f=f: f(xg).square().sum().backward()) for p, f in paths.items()},
                                 repeats=repeats)
     return [[f"N={N} C={C} I={I} E={E} k={k}", p, f"{forward[p] * 1e3:.2f}",
              f"{forward['reference'] / forward[p]:.2f}", f"{backward[p] * 1e3:.2f}",
-             f"{backward['reference'] / backward[p]:.2f}", f"{diff:.1e}" if p == "grouped" else ""] for p in paths]
+             f"{backward['reference'] / backward[p]:.2f}", diff.get(p, "")] for p in paths]
 
 
-TRAIN_SHAPES = [(256, 4, 1024, 8, 2, 8, 128)]  # d_model, layers, d_ff, E, k, batch, length
+TRAIN_SHAPES = [(256, 4, 1024, 8, 2, 16, 128), (256, 4, 1024, 8, 2, 64, 128)]  # d_model, layers, d_ff, E, k, B, T
 TRAIN_QUICK = [(64, 2, 256, 4, 2, 4, 64)]
 
 
-def training_step(model, ids: torch.Tensor, opt, bf16: bool) -> None:
-    """One step as ``qkv train`` takes it: the training speed layer on, the forward under bf16 autocast or not."""
+def training_step(model, ids: torch.Tensor, opt, bf16: bool, split: list) -> None:
+    """One step as ``qkv train`` takes it (the training speed layer on, the forward under bf16 autocast or not);
+    appends (forward + backward seconds, optimizer seconds) to ``split``."""
+    t0 = time.perf_counter()
     with accelerated(model, training=True), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
         loss = model(ids, targets=ids).loss
     loss.backward()
+    t1 = time.perf_counter()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    split.append((t1 - t0, time.perf_counter() - t1))
 
 
 OPTIMIZERS = {"default": {}, "adamw": dict(optimizer="adamw"), "adamw fused": dict(optimizer="adamw",
@@ -107,41 +115,52 @@ def train_optimizer(model, kind: str):
     return build_optimizer(model, cfg, torch.device("cpu"))
 
 
-def measure_training(shape: tuple, repeats: int) -> list[list]:
-    """Seconds of one training step, dense against MoE of equal active parameters, in fp32 and under bf16
-    autocast, with ``qkv train``'s optimizers (``TRAIN_RUNS``), interleaved; at torch's threads, then at one
-    thread (the work) (the count changes between runs only: changing it between calls would rebuild the thread
-    pool each time)."""
+def training_models(shape: tuple) -> dict:
+    """A dense SwiGLU GPT and an MoE GPT of its active parameters (E experts of width d_ff / k, top-k)."""
     from qkv.models import GPT, ModelConfig
 
     C, L, F, E, k, B, T = shape
     base = dict(vocab_size=256, d_model=C, num_heads=4, num_layers=L, max_len=T, positional="rope", norm="rmsnorm",
                 activation="swiglu", bias=False, d_ff=F)
     torch.manual_seed(0)
-    models = {"dense": GPT(ModelConfig(**base)).train(),
-              "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
-    ids = torch.randint(0, 256, (B, T))
+    return {"dense": GPT(ModelConfig(**base)).train(),
+            "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
+
+
+def measure_training(shape: tuple, repeats: int) -> list[list]:
+    """Milliseconds of a training step and of its two parts (forward + backward, optimizer), dense against MoE,
+    in fp32 and under bf16 autocast with ``qkv train``'s optimizers (``TRAIN_RUNS``), interleaved; at torch's
+    threads, then at one thread (the count changes between runs only: changing it between calls would rebuild
+    the thread pool each time)."""
+    C, L, F, E, k, B, T = shape
+    models, ids = training_models(shape), torch.randint(0, 256, (B, T))
     opts = {(kind, name): train_optimizer(m, kind) for kind in OPTIMIZERS for name, m in models.items()}
-    steps = {(precision, kind, name): (lambda m=m, o=opts[kind, name], bf16=precision != "fp32":
-                                       training_step(m, ids, o, bf16))
-             for precision, kind in TRAIN_RUNS for name, m in models.items()}
-    label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k} batch={B}x{T}", torch.get_num_threads(), []
+    label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k}", torch.get_num_threads(), []
     for n in sorted({1, threads}, reverse=True):
+        splits = {(precision, kind, name): [] for precision, kind in TRAIN_RUNS for name in models}
+        steps = {key: (lambda m=models[key[2]], o=opts[key[1:]], bf16=key[0] != "fp32", split=splits[key]:
+                       training_step(m, ids, o, bf16, split)) for key in splits}
         torch.set_num_threads(n)
         try:
             t = time_interleaved(steps, repeats=repeats)
         finally:
             torch.set_num_threads(threads)
-        rows += [[label, precision, kind, n, name, f"{t[precision, kind, name] * 1e3:.1f}",
-                  f"{t[precision, kind, name] / t[precision, kind, 'dense']:.2f}"] for precision, kind, name in steps]
+        parts = {key: [statistics.median(s[i] for s in split) for i in (0, 1)] for key, split in splits.items()}
+        for precision, kind, name in steps:
+            dense, part = (precision, kind, "dense"), parts[precision, kind, name]
+            rows.append([label, f"{B}x{T}", precision, kind, n, name, f"{part[0] * 1e3:.1f}", f"{part[1] * 1e3:.1f}",
+                         f"{t[precision, kind, name] * 1e3:.1f}", f"{part[0] / parts[dense][0]:.2f}",
+                         f"{t[precision, kind, name] / t[dense]:.2f}"])
     return rows
 
 
-TRAIN_HEADER = {"en": ["GPT", "precision", "optimizer", "threads", "feed-forward", "training step ms", "÷ dense"],
-                "zh": ["GPT", "精度", "优化器", "线程", "前馈层", "训练步 ms", "÷ 稠密"]}
+TRAIN_HEADER = {"en": ["GPT", "batch", "precision", "optimizer", "threads", "feed-forward", "forward+backward ms",
+                       "optimizer ms", "step ms", "forward+backward ÷ dense", "step ÷ dense"],
+                "zh": ["GPT", "批次", "精度", "优化器", "线程", "前馈层", "前向+反向 ms", "优化器 ms", "训练步 ms",
+                       "前向+反向 ÷ 稠密", "训练步 ÷ 稠密"]}
 HEADER = {"en": ["shape", "path", "forward ms", "reference ÷ this", "forward+backward ms", "reference ÷ this",
-                 "max abs(grouped − reference)"],
-          "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(分组 − 参考)"]}
+                 "max abs(this − reference)"],
+          "zh": ["形状", "路径", "前向 ms", "参考 ÷ 本项", "前向+反向 ms", "参考 ÷ 本项", "最大 abs(本项 − 参考)"]}
 
 NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this > 1: faster than the loop.",
         "zh": "fp32，单层；交替轮次的中位数；参考 ÷ 本项 > 1：比逐专家循环快。"}
