@@ -109,6 +109,9 @@ def test_grouped_mm_refusal_names_why():
     assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
     assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
     assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
+    with torch.autocast("cpu", torch.bfloat16):  # autocast leaves float64 to F.linear: its products stay float64
+        assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or " \
+            "bf16 one"
 
 
 def test_training_swap_says_why_it_keeps_the_layers_dispatch():

@@ -26,10 +26,11 @@ SEGMENT_ROWS = 32  # bf16: each expert's rows padded to a multiple of this (see 
 
 
 def product_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the experts' products run in: autocast's where it is on for x's device (as ``F.linear``'s would),
-    else x's."""
+    """The dtype the experts' products run in: autocast's where it is on for x's device, else x's (as ``F.linear``'s
+    would: autocast leaves float64 as it is)."""
     device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    cast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+    return torch.get_autocast_dtype(device) if cast else x.dtype
 
 
 def segment_rows(x: Tensor) -> int:
