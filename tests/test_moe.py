@@ -136,6 +136,17 @@ def test_training_swap_says_why_it_keeps_the_layers_dispatch():
     assert type(restore(m)) is MixtureOfExperts
 
 
+def test_training_swap_inside_torch_compile_keeps_the_layers_dispatch():
+    """qkv train --compile: inside torch.compile the layer keeps its own grouped dispatch (torch's fake
+    _grouped_mm on a CPU takes bf16 only, so tracing fp32 products would fail), with the reference's answer."""
+    torch._dynamo.reset()
+    m = accelerate_training(moe(4, 2, I=8))
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    y = torch.compile(m, backend="eager")(x)
+    assert m.grouped_mm_fallback.startswith("inside torch.compile")
+    torch.testing.assert_close(y, m.reference_forward(x), atol=1e-6, rtol=1e-6)
+
+
 def router_of(E, k, **options):
     """A router whose logits are its input (W_r = I): x (N, E) reads as logits."""
     r = Router(E, E, k, **options)

@@ -11,8 +11,8 @@ E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in on
 weight and no host sync, under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
 rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a kernel per matrix shape, and the experts' loads
 change every step. It is built and tested for a CPU, fp32 or bf16 products, SwiGLU experts without biases and
-rows 16-byte aligned (``grouped_mm_refusal`` names why not); elsewhere, in eval, or without autograd the layer
-keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason. Tests: tests/test_moe.py (outputs and every
+rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
+inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason. Tests: tests/test_moe.py (outputs and every
 gradient equal the reference loop's).
 """
 from __future__ import annotations
@@ -93,4 +93,6 @@ class TrainingMixtureOfExperts(MixtureOfExperts):
             return f"the layer asks for the {self.dispatch} dispatch"
         if not torch.is_grad_enabled():
             return "autograd is not recording (the layer's own grouped dispatch serves inference)"
+        if torch.compiler.is_compiling():
+            return "inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)"
         return self.grouped_refusal() or grouped_mm_refusal(x, self.experts)
