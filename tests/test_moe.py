@@ -1,5 +1,6 @@
-"""qkv.nn.moe: the grouped and gathered dispatches equal the reference loop, routing as hand-computed and as Hugging Face's MoE
-blocks compute it given the same weights, the auxiliary losses, and bad input refused in one error."""
+"""qkv.nn.moe: the grouped and gathered dispatches (and the training speed layer's, qkv.kernels.moe_training) equal the
+reference loop, routing as hand-computed and as Hugging Face's MoE blocks compute it given the same weights, the
+auxiliary losses, and bad input refused in one error."""
 import math
 import warnings
 
