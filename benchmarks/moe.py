@@ -129,17 +129,17 @@ def training_models(shape: tuple) -> dict:
             "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
 
 
-def measure_training(shape: tuple, repeats: int) -> list[list]:
+def measure_training(shape: tuple, runs: list[tuple[str, str]], repeats: int) -> list[list]:
     """Milliseconds of a training step and of its two parts (forward + backward, optimizer), dense against MoE,
-    in fp32 and under bf16 autocast with ``qkv train``'s optimizers (``TRAIN_RUNS``), interleaved; at torch's
+    in the (precision, optimizer) ``runs`` (of ``TRAIN_RUNS``), interleaved; at torch's
     threads, then at one thread (the count changes between runs only: changing it between calls would rebuild
     the thread pool each time)."""
     C, L, F, E, k, B, T = shape
     models, ids = training_models(shape), torch.randint(0, 256, (B, T))
-    opts = {(kind, name): train_optimizer(m, kind) for kind in OPTIMIZERS for name, m in models.items()}
+    opts = {(kind, name): train_optimizer(m, kind) for kind in {k for _, k in runs} for name, m in models.items()}
     label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k}", torch.get_num_threads(), []
     for n in sorted({1, threads}, reverse=True):
-        splits = {(precision, kind, name): [] for precision, kind in TRAIN_RUNS for name in models}
+        splits = {(precision, kind, name): [] for precision, kind in runs for name in models}
         steps = {key: (lambda m=models[key[2]], o=opts[key[1:]], bf16=key[0] != "fp32", split=splits[key]:
                        training_step(m, ids, o, bf16, split)) for key in splits}
         torch.set_num_threads(n)
@@ -195,17 +195,21 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes, fewer rounds")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/moe.md, .zh.md, .json")
+    p.add_argument("--training-only", action="store_true", help="the training steps alone, not the single layer")
+    p.add_argument("--fp32", action="store_true", help="training steps in fp32 only (a CPU without native bf16, "
+                                                       "where bf16 autocast's products are emulated)")
     args = p.parse_args(argv)
     from qkv.runtime import machine, source_commit
 
     print(machine_info())
     rows = []
-    for shape in QUICK if args.quick else SHAPES:
+    for shape in [] if args.training_only else QUICK if args.quick else SHAPES:
         rows += measure_shape(shape, repeats=5 if args.quick else 15)
         print(f"{shape} done", file=sys.stderr, flush=True)
     train_rows = []
     for shape in TRAIN_QUICK if args.quick else TRAIN_SHAPES:
-        train_rows += measure_training(shape, repeats=5 if args.quick else 11 if shape[5] <= 16 else 7)
+        runs = [r for r in TRAIN_RUNS if r[0] == "fp32" or not args.fp32]
+        train_rows += measure_training(shape, runs, repeats=5 if args.quick else 11 if shape[5] <= 16 else 7)
     saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
              "command": "python -m benchmarks.moe " + " ".join(argv if argv is not None else sys.argv[1:]),
              "rows": rows, "train_rows": train_rows}
