@@ -147,7 +147,8 @@ def measure_training(shape: tuple, runs: list[tuple[str, str]], repeats: int) ->
             t = time_interleaved(steps, repeats=repeats)
         finally:
             torch.set_num_threads(threads)
-        parts = {key: [statistics.median(s[i] for s in split) for i in (0, 1)] for key, split in splits.items()}
+        parts = {key: [statistics.median(s[i] for s in split[-repeats:]) for i in (0, 1)]  # the timed rounds
+                 for key, split in splits.items()}
         for precision, kind, name in steps:
             dense, part = (precision, kind, "dense"), parts[precision, kind, name]
             rows.append([label, f"{B}x{T}", precision, kind, n, name, f"{part[0] * 1e3:.1f}", f"{part[1] * 1e3:.1f}",
