@@ -12,9 +12,10 @@ Forward at inference, and forward + backward. Calls alternate round-robin; each 
 so ratios come from one run. The largest difference from the reference's output is printed beside.
 
 Then a training step of whole GPTs (forward + backward, then the optimizer step, each timed) as ``qkv train``
-takes it (the training speed layer on, the layer's default dispatch: grouped, ``qkv train``'s optimizer: its
-default Muon + AdamW, ``--optimizer adamw``, and that ``--fused-adamw``): a dense SwiGLU GPT against an MoE GPT
-of equal active parameters (E experts of width d_ff / k, top-k), in fp32 and under bf16 autocast interleaved, at
+takes it (the training speed layer on, the layer's default dispatch: grouped; ``qkv train``'s optimizers: AdamW,
+its default for a model of its own shape as these are, ``--optimizer muon``, and AdamW ``--fused-adamw``): a
+dense SwiGLU GPT against an MoE GPT of equal active parameters (E experts of width d_ff / k, top-k), in fp32
+(the default for a model of its own shape) and under bf16 autocast (``--bf16``) interleaved, at
 ``qkv train``'s default batch (16 sequences) and at 64, at torch's threads and then at one thread; the ratio MoE
 ÷ dense is the one the MoE training issue holds to ≤ 1.3.
 """
@@ -98,16 +99,17 @@ def training_step(model, ids: torch.Tensor, opt, bf16: bool, split: list) -> Non
     split.append((t1 - t0, time.perf_counter() - t1))
 
 
-OPTIMIZERS = {"default": {}, "adamw": dict(optimizer="adamw"), "adamw fused": dict(optimizer="adamw",
-                                                                                  fused_adamw=True)}
-TRAIN_RUNS = [("fp32", "default"), ("bf16 autocast", "default"), ("bf16 autocast", "adamw"),
-              ("bf16 autocast", "adamw fused")]  # (precision, optimizer) of each pair of rows
+OPTIMIZERS = {"adamw": dict(optimizer="adamw"), "muon": dict(optimizer="muon"),
+              "adamw fused": dict(optimizer="adamw", fused_adamw=True)}
+TRAIN_RUNS = [("fp32", "adamw"), ("fp32", "muon"), ("bf16 autocast", "adamw"), ("bf16 autocast", "muon"),
+              ("bf16 autocast", "adamw fused")]  # (precision, optimizer) of each pair of rows; the first is
+# what `qkv train --model moe.num_experts=E ...` takes for a model of its own shape (AdamW, fp32)
 
 
 def train_optimizer(model, kind: str):
-    """The optimizer ``qkv train`` builds for ``model`` on a CPU: its default ("default": Muon on the linear
-    layers' hidden matrices, AdamW on the rest, the experts' stacked weights included), ``--optimizer adamw``,
-    or that with ``--fused-adamw``."""
+    """The optimizer ``qkv train`` builds for ``model`` on a CPU: ``--optimizer adamw`` (its default for a model
+    of its own shape), ``--optimizer muon`` (Muon on the hidden matrices, each expert's included, AdamW on the
+    rest: the presets' default from scratch), or AdamW with ``--fused-adamw``."""
     from qkv.training.config import TrainConfig
     from qkv.training.optim import build_optimizer
 
@@ -127,17 +129,17 @@ def training_models(shape: tuple) -> dict:
             "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}
 
 
-def measure_training(shape: tuple, repeats: int) -> list[list]:
+def measure_training(shape: tuple, runs: list[tuple[str, str]], repeats: int) -> list[list]:
     """Milliseconds of a training step and of its two parts (forward + backward, optimizer), dense against MoE,
-    in fp32 and under bf16 autocast with ``qkv train``'s optimizers (``TRAIN_RUNS``), interleaved; at torch's
+    in the (precision, optimizer) ``runs`` (of ``TRAIN_RUNS``), interleaved; at torch's
     threads, then at one thread (the count changes between runs only: changing it between calls would rebuild
     the thread pool each time)."""
     C, L, F, E, k, B, T = shape
     models, ids = training_models(shape), torch.randint(0, 256, (B, T))
-    opts = {(kind, name): train_optimizer(m, kind) for kind in OPTIMIZERS for name, m in models.items()}
+    opts = {(kind, name): train_optimizer(m, kind) for kind in {k for _, k in runs} for name, m in models.items()}
     label, threads, rows = f"d_model={C} layers={L} d_ff={F} E={E} k={k}", torch.get_num_threads(), []
     for n in sorted({1, threads}, reverse=True):
-        splits = {(precision, kind, name): [] for precision, kind in TRAIN_RUNS for name in models}
+        splits = {(precision, kind, name): [] for precision, kind in runs for name in models}
         steps = {key: (lambda m=models[key[2]], o=opts[key[1:]], bf16=key[0] != "fp32", split=splits[key]:
                        training_step(m, ids, o, bf16, split)) for key in splits}
         torch.set_num_threads(n)
@@ -145,7 +147,8 @@ def measure_training(shape: tuple, repeats: int) -> list[list]:
             t = time_interleaved(steps, repeats=repeats)
         finally:
             torch.set_num_threads(threads)
-        parts = {key: [statistics.median(s[i] for s in split) for i in (0, 1)] for key, split in splits.items()}
+        parts = {key: [statistics.median(s[i] for s in split[-repeats:]) for i in (0, 1)]  # the timed rounds
+                 for key, split in splits.items()}
         for precision, kind, name in steps:
             dense, part = (precision, kind, "dense"), parts[precision, kind, name]
             rows.append([label, f"{B}x{T}", precision, kind, n, name, f"{part[0] * 1e3:.1f}", f"{part[1] * 1e3:.1f}",
@@ -167,40 +170,47 @@ NOTE = {"en": "fp32, one layer; medians of alternating rounds; reference ÷ this
 TRAIN_NOTE = {"en": "A whole training step with the training speed layer, as `qkv train` runs it: forward + backward, "
                     "then the optimizer, each timed (medians of alternating rounds; the step's median is its own, so "
                     "the parts need not add up to it). MoE of the dense model's active parameters (experts of width "
-                    "d_ff / k, the speed layer's grouped products); batch 16 is `qkv train`'s default. Optimizer: "
-                    "`default` is `qkv train`'s (Muon on the hidden matrices — the dense feed-forward's and each "
-                    "expert's alike — AdamW on the router, embeddings, norms and biases), `adamw` `--optimizer "
-                    "adamw`, `adamw fused` that with `--fused-adamw`. The MoE's feed-forward holds E / k times the "
-                    "dense one's parameters, and an optimizer's work grows with the parameters, not with the tokens: "
-                    "Muon's Newton–Schulz iterations cost each expert matrix what they cost a dense matrix of its "
-                    "shape, so with Muon the optimizer's share of the MoE step shrinks only as the batch grows. "
-                    "One thread measures the work; at more threads a shared machine's load weighs on the MoE "
-                    "step's more numerous operations.",
+                    "d_ff / k, the speed layer's grouped products); batch 16 is `qkv train`'s default. `qkv train "
+                    "--model moe.num_experts=E ...` makes a model of its own shape, which trains by default with "
+                    "AdamW in fp32 (the first pair of rows); `muon` is `--optimizer muon` (Muon on the hidden "
+                    "matrices — the dense feed-forward's and each expert's alike — AdamW on the router, embeddings, "
+                    "norms and biases; the presets' default from scratch), `adamw fused` `--fused-adamw`, bf16 "
+                    "`--bf16`. The MoE's feed-forward holds E / k times the dense one's parameters, and an "
+                    "optimizer's work grows with the parameters, not with the tokens: Muon's Newton–Schulz "
+                    "iterations cost each expert matrix what they cost a dense matrix of its shape, so with Muon the "
+                    "optimizer's share of the MoE step shrinks only as the batch grows. One thread measures the "
+                    "work; at more threads a shared machine's load weighs on the MoE step's more numerous "
+                    "operations.",
               "zh": "完整训练步，开启训练加速层，与 `qkv train` 相同：前向 + 反向、优化器分别计时（交替轮次的中位数；"
                     "整步的中位数单独取，故两部分之和不必等于它）。MoE 与稠密模型激活参数相同（专家宽度 d_ff / k，"
-                    "加速层的分组乘法）；批次 16 是 `qkv train` 的默认值。优化器：`default` 为 `qkv train` 的默认"
-                    "（隐藏矩阵用 Muon——稠密前馈层与每个专家的矩阵一样——路由器、嵌入、归一化与偏置用 AdamW），"
-                    "`adamw` 即 `--optimizer adamw`，`adamw fused` 再加 `--fused-adamw`。MoE 前馈层的参数是稠密前馈层的 "
-                    "E / k 倍，而优化器的开销随参数增长、不随词元数增长：Muon 的 Newton–Schulz 迭代对每个专家矩阵的"
-                    "开销与同形状的稠密矩阵相同，所以用 Muon 时，优化器在 MoE 训练步中的占比只随批次增大而缩小。"
-                    "单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
+                    "加速层的分组乘法）；批次 16 是 `qkv train` 的默认值。`qkv train --model moe.num_experts=E ...` "
+                    "得到的是自定义形状的模型，默认用 AdamW、fp32 训练（第一对行）；`muon` 即 `--optimizer muon`"
+                    "（隐藏矩阵用 Muon——稠密前馈层与每个专家的矩阵一样——路由器、嵌入、归一化与偏置用 AdamW；"
+                    "这是各预设从零训练时的默认），`adamw fused` 即 `--fused-adamw`，bf16 即 `--bf16`。MoE 前馈层的参数是"
+                    "稠密前馈层的 E / k 倍，而优化器的开销随参数增长、不随词元数增长：Muon 的 Newton–Schulz 迭代对每个"
+                    "专家矩阵的开销与同形状的稠密矩阵相同，所以用 Muon 时，优化器在 MoE 训练步中的占比只随批次增大而"
+                    "缩小。单线程衡量的是计算量；多线程时，共享机器的负载对 MoE 步中更多的算子影响更大。"}
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes, fewer rounds")
     p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/moe.md, .zh.md, .json")
+    p.add_argument("--training-only", action="store_true", help="the training steps alone, not the single layer")
+    p.add_argument("--fp32", action="store_true", help="training steps in fp32 only (a CPU without native bf16, "
+                                                       "where bf16 autocast's products are emulated)")
     args = p.parse_args(argv)
     from qkv.runtime import machine, source_commit
 
     print(machine_info())
     rows = []
-    for shape in QUICK if args.quick else SHAPES:
+    for shape in [] if args.training_only else QUICK if args.quick else SHAPES:
         rows += measure_shape(shape, repeats=5 if args.quick else 15)
         print(f"{shape} done", file=sys.stderr, flush=True)
     train_rows = []
     for shape in TRAIN_QUICK if args.quick else TRAIN_SHAPES:
-        train_rows += measure_training(shape, repeats=5 if args.quick else 11)
+        runs = [r for r in TRAIN_RUNS if r[0] == "fp32" or not args.fp32]
+        train_rows += measure_training(shape, runs, repeats=5 if args.quick else 11 if shape[5] <= 16 else 7)
     saved = {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}",
              "command": "python -m benchmarks.moe " + " ".join(argv if argv is not None else sys.argv[1:]),
              "rows": rows, "train_rows": train_rows}
