@@ -12,8 +12,8 @@ weight and no host sync, under autocast in autocast's dtype as ``F.linear``'s pr
 rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a kernel per matrix shape, and the experts' loads
 change every step. It is built and tested for a CPU, fp32 or bf16 products, SwiGLU experts without biases and
 rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
-inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason. Tests: tests/test_moe.py (outputs and every
-gradient equal the reference loop's).
+inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason.
+Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """
 from __future__ import annotations
 
