@@ -8,7 +8,7 @@ speed-layer swap).
 
 The reference layer's grouped dispatch (qkv.nn.moe.grouped_dispatch) runs one product per expert and so records
 E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in one call, one gradient op per
-weight and no host sync, under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
+weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
 rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a kernel per matrix shape, and the experts' loads
 change every step. It is built and tested for a CPU, fp32 or bf16 products, SwiGLU experts without biases and
 rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
@@ -78,16 +78,19 @@ def grouped_mm_dispatch(x: Tensor, routing: Routing, experts: SwiGLUExperts) -> 
 
 class TrainingMixtureOfExperts(MixtureOfExperts):
     """A ``MixtureOfExperts`` whose grouped dispatch, where autograd records, runs its products through
-    ``grouped_mm_dispatch`` (swapped in by ``qkv.kernels.accelerate_training``; the class alone changes)."""
+    ``grouped_mm_dispatch`` (swapped in by ``qkv.kernels.accelerate_training``; the class alone changes).
+    ``grouped_mm_fallback``: why the last forward kept the layer's own dispatch (None: it did not, or none ran)."""
+
+    grouped_mm_fallback: str | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
-        self.grouped_mm_fallback = self.grouped_mm_refusal(x)
+        self.grouped_mm_fallback = self.why_not_grouped_mm(x)
         if self.grouped_mm_fallback is not None:
             return super().forward(x)
         return self.run(x, grouped_mm_dispatch)
 
-    def grouped_mm_refusal(self, x: Tensor) -> str | None:
+    def why_not_grouped_mm(self, x: Tensor) -> str | None:
         """Why this forward keeps the layer's own dispatch, or None."""
         if self.dispatch != "grouped":
             return f"the layer asks for the {self.dispatch} dispatch"
