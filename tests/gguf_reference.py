@@ -1,8 +1,9 @@
 """What llama.cpp reads from a GGUF file, written out for the GGUF tests: the file read back with gguf-py's GGUFReader,
 the tensor names an architecture loads (from ``gguf.MODEL_TENSORS``), each tensor against its Hugging Face weight
 (q/k un-permuted by the converter's formula, experts re-joined), and llama.cpp's graph for the architectures qkv
-writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3,smollm3,openai-moe-iswa}.cpp) in PyTorch over the
-file's tensors, with ggml's YaRN (ggml_rope_yarn_corr_dims: the ramp's ends rounded outwards).
+writes (src/models/{llama,qwen2,qwen3,qwen2moe,qwen3moe,olmo2,phi3,smollm3,openai-moe-iswa,deepseek2}.cpp) in PyTorch
+over the file's tensors, with ggml's YaRN (ggml_rope_yarn_corr_dims: the ramp's ends rounded outwards; β_fast 32, β_slow 1)
+and llama_context's cos/sin factor, deepseek2's kq_scale correction.
 
 Shapes: T tokens, C model width, H heads, G key/value heads, D head width, E experts, I expert width, K per token.
 """
@@ -20,6 +21,7 @@ OAI = gguf.MODEL_ARCH.GPT_OSS  # openai-moe-iswa.cpp: SOFTMAX_WEIGHT (softmax ov
 SWIGLU_OAI = (1.702, 7.0)  # build_moe_ffn's constexpr alpha and limit for LLM_FFN_SWIGLU_OAI_MOE
 SWA_STEP = {"gpt-oss": 2}  # set_swa_pattern(2): layer il slides where il % 2 < 1
 NOPE_STEP = {"smollm3": 4}  # src/models/smollm3.cpp: hparams.n_no_rope_layer_step = 4, no RoPE where (il + 1) % 4 == 0
+YARN_BETAS = (32.0, 1.0)  # llama_hparams' yarn_beta_fast/slow: gpt-oss's and deepseek2's loaders read no key
 
 
 def read(path):
@@ -139,10 +141,11 @@ def check_values(values, types, hf_state, arch, config, qtype):
         set(values) - mapped  # a tied head's copy; LongRoPE's factors (from the config)
 
 
-def frequencies(meta, dims: int):
+def frequencies(meta, dims: int, *, rounded: bool = True):
     """(inv_freq (dims/2,), cos/sin scale): base^(-2i/dims); with YaRN, ggml's rope_yarn: each pair's frequency
     mixed between extrapolated and interpolated (÷ factor) by a ramp whose ends are rounded outwards
-    (ggml_rope_yarn_corr_dims), cos and sin scaled by 1 + 0.1 ln(factor)."""
+    (ggml_rope_yarn_corr_dims; not ``rounded``: transformers' truncate=False ends, which llama.cpp never computes),
+    cos and sin scaled as ``yarn_scales`` says."""
     base = meta["rope.freq_base"]
     theta = base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
     if meta.get("rope.scaling.type") != "yarn":
@@ -150,10 +153,20 @@ def frequencies(meta, dims: int):
     factor, original = meta["rope.scaling.factor"], meta["rope.scaling.original_context_length"]
     def corr(beta):
         return dims * math.log(original / (beta * 2 * math.pi)) / (2 * math.log(base))
-    low = max(0, math.floor(corr(meta["rope.scaling.yarn_beta_fast"])))
-    high = min(dims - 1, math.ceil(corr(meta["rope.scaling.yarn_beta_slow"])))
+    low, high = corr(YARN_BETAS[0]), corr(YARN_BETAS[1])
+    low, high = max(0, math.floor(low) if rounded else low), min(dims - 1, math.ceil(high) if rounded else high)
     extrapolate = 1 - ((torch.arange(dims // 2) - low) / max(0.001, high - low)).clamp(0, 1)
-    return theta / factor * (1 - extrapolate) + theta * extrapolate, 1 + 0.1 * math.log(factor)
+    return theta / factor * (1 - extrapolate) + theta * extrapolate, yarn_scales(meta)[0]
+
+
+def yarn_scales(meta):
+    """(cos/sin factor, deepseek2's scores' multiplier) with YaRN: llama_context's yarn_attn_factor a = 1 + 0.1 ln s,
+    or 1 where yarn_log_multiplier is set (÷ 0.1 on load: mscale_all_dim), ÷ (1 + 0.1 ln s) which ggml's rope_yarn
+    multiplies back; deepseek2.cpp's kq_scale × (a · (1 + 0.1 · mscale_all_dim · ln s))²."""
+    factor = meta["rope.scaling.factor"]
+    log_mul = meta.get("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+    a = 1.0 if log_mul else (1 + 0.1 * math.log(factor) if factor > 1 else 1.0)
+    return a, (a * (1 + 0.1 * log_mul * math.log(factor))) ** 2
 
 
 def rope(x, inv_freq, *, adjacent: bool, scale: float = 1.0):
@@ -172,7 +185,9 @@ def rope(x, inv_freq, *, adjacent: bool, scale: float = 1.0):
 class Graph:
     """llama.cpp's graph for one architecture over a GGUF file's tensors ``t`` and metadata ``meta``."""
 
-    def __init__(self, t, meta, arch):
+    def __init__(self, t, meta, arch, *, rounded_ramp: bool = True):
+        """``rounded_ramp`` False: YaRN's ramp with transformers' truncate=False ends, which llama.cpp never
+        computes (to show that rounding them is all that differs)."""
         self.t, self.arch, name = t, arch, gguf.MODEL_ARCH_NAMES[arch]
         self.meta = {k.removeprefix(name + "."): v for k, v in meta.items()}
         self.H, self.G = self.meta["attention.head_count"], self.meta["attention.head_count_kv"]
@@ -180,7 +195,8 @@ class Graph:
         self.renormalise = RENORMALISES.get(name, self.meta.get("expert_weights_norm", False))  # deepseek2: a key
         self.nope_step = NOPE_STEP.get(name)
         self.swa_step, self.window = SWA_STEP.get(name), self.meta.get("attention.sliding_window")
-        self.inv_freq, self.scale = frequencies(self.meta, self.meta["rope.dimension_count"])
+        self.inv_freq, self.scale = frequencies(self.meta, self.meta["rope.dimension_count"], rounded=rounded_ramp)
+        self.kq = yarn_scales(self.meta)[1] if self.meta.get("rope.scaling.type") == "yarn" else 1.0  # deepseek2
         if "rope_factors_short.weight" in t:  # LongRoPE as llama.cpp runs it in a context ≤ the original one
             self.inv_freq = self.inv_freq / t["rope_factors_short.weight"].double()
             self.scale = self.meta["rope.scaling.attn_factor"]
@@ -237,8 +253,8 @@ class Graph:
     def latent_attention(self, b, h):
         """deepseek2's multi-head latent attention of (T, C) ``h``, decompressed: q (low-rank through attn_q_a_norm
         or plain) as N + R dims a head; attn_kv_a_mqa's latent (r, normed) and one shared RoPE key (R); per head
-        keys [latent · attn_k_b; RoPE key] and values latent · attn_v_bᵀ; RoPE on adjacent pairs; scale
-        1/√(N+R)."""
+        keys [latent · attn_k_b; RoPE key] and values latent · attn_v_bᵀ; RoPE on adjacent pairs (cos/sin × YaRN's
+        factor); scores × 1/√(N+R), × YaRN's kq_scale correction."""
         T, H, t = len(h), self.H, self.t
         R = self.meta["rope.dimension_count"]
         N = self.meta["attention.key_length_mla"] - R
@@ -249,10 +265,11 @@ class Graph:
         q_nope, q_pe = q.reshape(T, H, N + R).split([N, R], dim=-1)
         latent, k_pe = self.proj(h, b + "attn_kv_a_mqa").split([self.meta["attention.kv_lora_rank"], R], dim=-1)
         latent = self.norm(latent, b + "attn_kv_a_norm")  # (T, r)
-        q_pe, k_pe = (rope(z, self.inv_freq, adjacent=True) for z in (q_pe, k_pe[:, None]))
+        q_pe, k_pe = (rope(z, self.inv_freq, adjacent=True, scale=self.scale) for z in (q_pe, k_pe[:, None]))
         k = torch.cat([torch.einsum("sr,hrn->shn", latent, t[b + "attn_k_b.weight"]), k_pe.expand(T, H, R)], dim=-1)
         v = torch.einsum("sr,hvr->shv", latent, t[b + "attn_v_b.weight"])  # (T, H, V)
-        return self.proj(attend(torch.cat([q_nope, q_pe], dim=-1), k, v), b + "attn_output")
+        scale = self.kq / (N + R) ** 0.5
+        return self.proj(attend(torch.cat([q_nope, q_pe], dim=-1), k, v, scale=scale), b + "attn_output")
 
     def mlp(self, b, h, gate="ffn_gate", up="ffn_up", down="ffn_down"):
         """SwiGLU: separate gate and up, or phi3's fused ffn_up = [gate; up] (llama.cpp's LLM_FFN_SWIGLU)."""
@@ -310,11 +327,11 @@ class Graph:
         return out
 
 
-def attend(q, k, v, window=None, sinks=None):
-    """Causal softmax attention (T, H, ·) -> (T, H·V), scale 1/√(q's width); keys within ``window`` positions;
-    ``sinks`` (H,): one more logit per head in each softmax, weighing no value."""
+def attend(q, k, v, window=None, sinks=None, scale=None):
+    """Causal softmax attention (T, H, ·) -> (T, H·V), scores × ``scale`` (None: 1/√(q's width)); keys within
+    ``window`` positions; ``sinks`` (H,): one more logit per head in each softmax, weighing no value."""
     T, H, D = q.shape
-    scores = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
+    scores = torch.einsum("thd,shd->hts", q, k) * (D ** -0.5 if scale is None else scale)
     back = torch.arange(T)[:, None] - torch.arange(T)  # (T, S): how far key s lies behind query t
     scores = scores.masked_fill((back < 0) | (back >= (window or T + 1)), float("-inf"))
     if sinks is None:

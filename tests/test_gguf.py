@@ -230,3 +230,23 @@ def test_which_tokenizers_are_written():
     spm = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE({"a": 0, "<0x61>": 1}, [], byte_fallback=True)))
     with pytest.raises(ValueError, match=r"BPE with byte_fallback \(SentencePiece style\)"):
         vocabulary(spm)
+
+
+def test_an_approximation_llama_cpp_takes_is_one_warning_line(tmp_path, capsys, monkeypatch):
+    """`qkv export --format gguf` says each of llama.cpp's approximations (gpt-oss's rounded YaRN ramp) in one
+    ``qkv export: warning:`` line on stderr and still writes the file."""
+    import warnings
+
+    from qkv.interop.gguf import GGUFApproximation
+    from qkv.training import export as export_module
+
+    run, out = make_run(tmp_path / "run", BPETokenizer.train(TEXT, 300), **LLAMA), tmp_path / "model.gguf"
+
+    def approximated(*args, **kwargs):
+        warnings.warn("the ramp's ends rounded", GGUFApproximation)
+        return out
+    monkeypatch.setattr(export_module, "export_run_gguf", approximated)
+    assert main(["export", "--run", str(run), "--format", "gguf", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "qkv export: warning: the ramp's ends rounded" in captured.err.splitlines()
+    assert f"wrote {out}" in captured.out

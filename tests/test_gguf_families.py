@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'
 from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
 from hf_models import hf_model, save_with_tokenizer  # noqa: E402
 
-from qkv.interop.gguf import check_exportable, to_gguf  # noqa: E402
+from qkv.interop.gguf import ARCHES, GGUFApproximation, check_exportable, gguf_warnings, to_gguf  # noqa: E402
 from qkv.interop.hf import from_hf, load_pretrained  # noqa: E402
 
 SHORT, LONG = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0], [2.0, 3.0, 5.0, 7.0, 11.0, 13.0]  # LongRoPE's, one per rotated pair
@@ -115,8 +115,12 @@ def test_a_family_as_llama_cpp_reads_it(checkpoint, tmp_path, dtype):
     ("olmo2", dict(attention_bias=True), [r"attention biases on \(llama.cpp's olmo2 has none\)",
                                           r"head_dim=12 × 6 heads = 72 ≠ hidden_size=48"]),
     ("phi3", {}, [r"sliding_window=6 < context 128 \(llama.cpp's phi3 attends to every key\)"]),
-    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"]), [
-        r"YaRN truncate=False \(llama.cpp's gpt-oss rounds the ramp's ends to whole dims: truncate=True\)",
+    ("gpt_oss", dict(attention_bias=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                     rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, beta_fast=16.0, beta_slow=1.0,
+                                          attention_factor=1.0, original_max_position_embeddings=32)), [
+        r"YaRN beta_fast=16.0, beta_slow=1.0 \(llama.cpp's gpt-oss reads no β: 32.0 and 1.0\)",
+        r"YaRN factor=4.0, attention_factor=1.0: cos/sin × 1, scores × 1 \(llama.cpp's gpt-oss makes them × 1.13863 "
+        r"and × 1: 1 \+ 0.1 ln s on cos/sin, nothing on the scores\)",
         r"layer_types=\['full_attention', 'sliding_attention', 'sliding_attention'\] \(llama.cpp's gpt-oss slides on "
         r"\['sliding_attention', 'full_attention', 'sliding_attention'\]\)",
         r"attention biases off \(llama.cpp's gpt-oss reads q/k/v biases\)",
@@ -131,6 +135,57 @@ def test_what_llama_cpp_would_compute_otherwise_is_refused_in_one_error(family, 
     with pytest.raises(ValueError, match=r"^no GGUF counterpart for this \S+ model: ") as error:
         check_exportable(model)
     assert all(re.search(reason, str(error.value)) for reason in reasons), str(error.value)
+
+
+def test_gpt_oss_s_released_yarn_is_written_rounded_as_llama_cpp_runs_it(tmp_path):
+    """gpt-oss as released (YaRN truncate=False): llama.cpp rounds the ramp's ends (no key says otherwise), so the file
+    says YaRN and a GGUFApproximation warning gives the largest change of a rotary frequency; llama.cpp's graph over
+    the file with transformers' unrounded ramp gives HF's logits, so the rounding is all that differs."""
+    settings = FAMILIES["gpt_oss"][0]
+    settings = settings | dict(rope_parameters=settings["rope_parameters"] | dict(truncate=False))
+    hf = save_with_tokenizer("gpt_oss", tmp_path / "hf", **WIDTHS, **settings)
+    model, tok = load_pretrained(tmp_path / "hf")
+    # D = 16, base 100, L₀ 32, s = 4: the ramp runs over pairs 0 to 16·ln(32/2π) / (2 ln 100) = 2.83, rounded 3; pair 2
+    # moves most, its θ' / θ from 1 − (3/4)·(2/2.83) to 1 − (3/4)·(2/3)
+    high = 16 * math.log(32 / (2 * math.pi)) / (2 * math.log(100))
+    change = (1 - 0.75 * 2 / 3) / (1 - 0.75 * 2 / high) - 1
+    warning = rf"^gpt-oss: YaRN truncate=False is written with the ramp's ends rounded .* pair 2 of 8 changes by " \
+              rf"{100 * change:.3g}% \(the largest change\)"
+    with pytest.warns(GGUFApproximation, match=warning):
+        values, _, meta = read(to_gguf(model, tok.backend, tmp_path / "model.gguf", dtype="f32"))
+    assert meta["gpt-oss.rope.scaling.type"] == "yarn"
+    ids = tok.backend("the dog bites the man and the man bites the dog").input_ids
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    def gap(**rounding):  # the largest logit difference from HF's, relative to HF's largest logit
+        got = Graph(values, meta, gguf.MODEL_ARCH.GPT_OSS, **rounding).logits(ids)
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        return ((got - want).abs().max() / want.abs().max()).item()
+    exact, rounded = gap(rounded_ramp=False), gap()
+    assert exact < 1e-5  # the unrounded ramp: HF's logits, but for float rounding
+    assert 10 * exact < rounded < 1e-4, (exact, rounded)  # what llama.cpp runs: off HF's, by little at 12 positions
+
+
+def test_the_warning_for_gpt_oss_20b_s_yarn_says_what_rounding_changes():
+    """openai/gpt-oss-20b's settings (head 64, base 150000, YaRN s = 32 from L₀ = 4096 to 131072, truncate=False): the
+    ramp's ends 8.09 and 17.40 become 8 and 18; pair 17 moves most (docs/checkpoints.md quotes these figures)."""
+    rope = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                original_max_position_embeddings=4096)
+    fields = dict(head_dim=64, rope_theta=150000.0, max_position_embeddings=131072, rope_scaling=rope)
+    def end(beta):  # transformers' find_correction_dim
+        return 64 * math.log(4096 / (beta * 2 * math.pi)) / (2 * math.log(150000))
+    low, high = end(32), end(1)
+    assert (round(low, 2), round(high, 2)) == (8.09, 17.4)
+    def frequency(i, low, high):  # θ'_i: the ramp's share of θ_i / s
+        ramp = min(max((i - low) / (high - low), 0), 1)
+        return 150000 ** (-2 * i / 64) * (1 - ramp + ramp / 32)
+    change = [frequency(i, 8, 18) - frequency(i, low, high) for i in range(32)]  # rounded − exact, rad a position
+    [warning] = gguf_warnings(ARCHES["gpt_oss"], fields)
+    assert f"pair 17 of 32 changes by {100 * change[17] / frequency(17, low, high):.3g}% (the largest change)" \
+        in warning, warning
+    assert warning.endswith(f"at position 4096 and {max(map(abs, change)) * 131072:.3g} rad at position 131072; "
+                            "llama.cpp's logits differ from transformers' accordingly, more with distance"), warning
+    assert gguf_warnings(ARCHES["gpt_oss"], fields | dict(rope_scaling=rope | dict(truncate=True))) == []
 
 
 def test_a_mixture_of_experts_trained_here_runs_as_llama_cpp_s_llama(tmp_path, capsys):

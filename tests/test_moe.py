@@ -1,11 +1,13 @@
-"""qkv.nn.moe: the grouped and gathered dispatches equal the reference loop, routing as hand-computed and as Hugging Face's MoE
-blocks compute it given the same weights, the auxiliary losses, and bad input refused in one error."""
+"""qkv.nn.moe: the grouped and gathered dispatches (and the training speed layer's, qkv.kernels.moe_training) equal the
+reference loop, routing as hand-computed and as Hugging Face's MoE blocks compute it given the same weights, the
+auxiliary losses, and bad input refused in one error."""
 import math
 import warnings
 
 import pytest
 import torch
 
+from qkv.kernels import accelerate_training
 from qkv.models import GPT, ModelConfig
 from qkv.nn.moe import (MixtureOfExperts, Router, SwiGLUExperts, gathered_dispatch, load_balancing_loss,
                         reference_dispatch, router_z_loss)
@@ -28,25 +30,24 @@ def moe(E=4, k=2, C=8, I=6, *, shared=False, gate=False, bias=False, activation=
     (4, 2, dict(activation="swiglu_clamped", bias=True, top_k_first=True)),
     (8, 3, dict(score="sigmoid", n_group=4, topk_group=2, correction_bias=True, scaling=2.5, norm_topk_prob=True)),
 ])
-@pytest.mark.parametrize("dispatch", ["grouped", "grouped_loop", "gathered"])
+@pytest.mark.parametrize("dispatch", ["grouped", "grouped_mm", "gathered"])
 def test_fast_dispatch_equals_reference(E, k, options, dispatch, monkeypatch):
     """Outputs and the gradients of x and of every parameter, an expert left without a token (unless k = E);
-    grouped through torch._grouped_mm where it takes the experts (no biases) and through its loop."""
-    from qkv.nn import moe as moe_module
-
+    grouped through its loop over experts and, as the training speed layer swaps it in, through one
+    torch._grouped_mm per product where that takes the experts (no biases)."""
     m = moe(E, k, I=8, **options)  # I = 8: rows 16-byte aligned for _grouped_mm
-    m.dispatch = dispatch.removesuffix("_loop")
+    m.dispatch = dispatch.removesuffix("_mm")
     calls = []
-    if dispatch == "grouped_loop":
-        monkeypatch.setattr(moe_module, "grouped_mm_refusal", lambda *a: "the test's")
-    elif hasattr(torch, "_grouped_mm"):
-        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
+    if dispatch == "grouped_mm":
+        accelerate_training(m)
+        if hasattr(torch, "_grouped_mm"):
+            monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
     with torch.no_grad():  # expert 0 receives no token: the router never scores it high
         m.router.bias[0] = -100.0 if k < E else 0.0
     x = torch.randn(3, 5, 8, requires_grad=True)  # a batch of 3 × 5 (padding rows are rows like any other)
     y = m(x)
     assert m.fallback is None and y.shape == x.shape
-    assert bool(calls) == (dispatch == "grouped" and hasattr(torch, "_grouped_mm") and not options.get("bias"))
+    assert bool(calls) == (dispatch == "grouped_mm" and hasattr(torch, "_grouped_mm") and not options.get("bias"))
     assert int(m.expert_counts.sum()) == 15 * k and (k == E or int(m.expert_counts[0]) == 0)
     ref = m.reference_forward(x)
     torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
@@ -59,10 +60,10 @@ def test_fast_dispatch_equals_reference(E, k, options, dispatch, monkeypatch):
         torch.testing.assert_close(g, g_ref, atol=1e-6 * scale, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_grouped_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
-    """Under CPU autocast the grouped dispatch's products run in bf16 as F.linear's would: the reference's answer
-    to within summation order, gradients to within bf16 rounding."""
-    m, calls = moe(4, 2, I=8), []
+def test_grouped_mm_under_bf16_autocast_runs_its_products_in_bf16(monkeypatch):
+    """Under CPU autocast the training speed layer's grouped products run in bf16 as F.linear's would: the
+    reference's answer to within summation order, gradients to within bf16 rounding."""
+    m, calls = accelerate_training(moe(4, 2, I=8)), []
     if hasattr(torch, "_grouped_mm"):
         monkeypatch.setattr(torch, "_grouped_mm", lambda *a, g=torch._grouped_mm, **kw: calls.append(1) or g(*a, **kw))
     x = torch.randn(3, 5, 8, requires_grad=True)
@@ -90,9 +91,9 @@ class CastCount(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
 def test_grouped_training_casts_each_stacked_weight_once_under_autocast():
-    """Recording gradients under bf16 autocast, the grouped dispatch casts each stacked expert weight to bf16 once
-    per forward, not once per expert (the casts, and their gradients' casts back, cost per parameter)."""
-    m = moe(4, 2, I=8)
+    """Recording gradients under bf16 autocast, the training speed layer casts each stacked expert weight to bf16
+    once per forward, not once per expert (the casts, and their gradients' casts back, cost per parameter)."""
+    m = accelerate_training(moe(4, 2, I=8))
     x = torch.randn(3, 5, 8, requires_grad=True)
     with torch.autocast("cpu", torch.bfloat16), CastCount(dict(m.experts.named_parameters())) as count:
         m(x).float().square().sum().backward()
@@ -101,7 +102,7 @@ def test_grouped_training_casts_each_stacked_weight_once_under_autocast():
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
 def test_grouped_mm_refusal_names_why():
-    from qkv.nn.moe import grouped_mm_refusal
+    from qkv.kernels.moe_training import grouped_mm_refusal
 
     x, experts = torch.randn(2, 8), SwiGLUExperts(4, 8, 8)
     assert grouped_mm_refusal(x, experts) is None
@@ -109,6 +110,42 @@ def test_grouped_mm_refusal_names_why():
     assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
     assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
     assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
+    with torch.autocast("cpu", torch.bfloat16):  # autocast leaves float64 to F.linear: its products stay float64
+        assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or " \
+            "bf16 one"
+
+
+def test_training_swap_says_why_it_keeps_the_layers_dispatch():
+    """The swapped-in layer records why a forward kept the layer's own dispatch; ``restore`` undoes the swap."""
+    from qkv.kernels import restore
+    from qkv.kernels.moe_training import TrainingMixtureOfExperts
+
+    m = accelerate_training(moe(4, 2, I=8))
+    assert type(m) is TrainingMixtureOfExperts
+    x = torch.randn(2, 3, 8)
+    m(x)
+    assert m.grouped_mm_fallback == (None if hasattr(torch, "_grouped_mm") else "this torch has no _grouped_mm")
+    with torch.no_grad():
+        m(x)
+    assert m.grouped_mm_fallback.startswith("autograd is not recording")
+    m.dispatch = "reference"
+    m(x)
+    assert m.grouped_mm_fallback == "the layer asks for the reference dispatch"
+    biased = accelerate_training(moe(4, 2, I=8, bias=True))
+    biased(x)
+    assert biased.grouped_mm_fallback in ("biased experts", "this torch has no _grouped_mm")
+    assert type(restore(m)) is MixtureOfExperts
+
+
+def test_training_swap_inside_torch_compile_keeps_the_layers_dispatch():
+    """qkv train --compile: inside torch.compile the layer keeps its own grouped dispatch (torch's fake
+    _grouped_mm on a CPU takes bf16 only, so tracing fp32 products would fail), with the reference's answer."""
+    torch._dynamo.reset()
+    m = accelerate_training(moe(4, 2, I=8))
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    y = torch.compile(m, backend="eager")(x)
+    assert m.grouped_mm_fallback.startswith("inside torch.compile")
+    torch.testing.assert_close(y, m.reference_forward(x), atol=1e-6, rtol=1e-6)
 
 
 def router_of(E, k, **options):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
-from ..interop.gguf import TYPES as GGUF_TYPES
+from ..interop.gguf import TYPES as GGUF_TYPES, GGUFApproximation
 from .errors import CommandError
 from .sources import check_directory_kind
 
@@ -37,6 +39,15 @@ def add_export(sub) -> argparse.ArgumentParser:
     return p
 
 
+def say_warnings(caught: list) -> None:
+    """Each of llama.cpp's approximations as one ``qkv export: warning:`` line; any other warning as Python shows it."""
+    for w in caught:
+        if issubclass(w.category, GGUFApproximation):
+            print(f"qkv export: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def run_export(args: argparse.Namespace) -> int:
     """Export, then say what was written."""
     from ..training.export import export_run, export_run_gguf
@@ -48,7 +59,10 @@ def run_export(args: argparse.Namespace) -> int:
     check_directory_kind(args.run, "--run", hint="transformers loads it as it is (qkv export writes a run's "
                                                  "model as one)")
     if args.format == "gguf":
-        out = export_run_gguf(args.run, args.out, dtype=args.gguf_type or "f16", overwrite=args.overwrite)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GGUFApproximation)
+            out = export_run_gguf(args.run, args.out, dtype=args.gguf_type or "f16", overwrite=args.overwrite)
+        say_warnings(caught)
         print(f"wrote {out}: run it with llama-cli -m {out}, or in Ollama with a Modelfile saying FROM {out}")
         return 0
     out = export_run(args.run, args.hf or args.out, overwrite=args.overwrite)

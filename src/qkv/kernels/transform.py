@@ -7,7 +7,9 @@ which function computes some of its steps — a module's class, swapped in place
                              every MixtureOfExperts a DecodeMixtureOfExperts (qkv.kernels.moe: the gathered
                              dispatch inside torch.compile)
     accelerate_training(m)   in place: every plain MultiHeadAttention becomes a TrainingAttention
-                             (qkv.kernels.training: q, k, v in one product; the core in fp32 where faster)
+                             (qkv.kernels.training: q, k, v in one product; the core in fp32 where faster),
+                             every MixtureOfExperts a TrainingMixtureOfExperts (qkv.kernels.moe_training:
+                             each expert product one torch._grouped_mm over every expert's rows)
     restore(model)           the reverse of both: the reference classes again
     with accelerated(model): accelerate for the block's duration, then restore (what generate, beam search
                              and the benchmarks do); accelerated(model, training=True) for training's swap
@@ -27,10 +29,11 @@ from ..nn.attention import MultiHeadAttention
 from ..nn.moe import MixtureOfExperts
 from .linear import KernelLinear, plain_tensor
 from .moe import DecodeMixtureOfExperts
+from .moe_training import TrainingMixtureOfExperts
 from .training import TrainingAttention, hookless
 
 INFERENCE = {nn.Linear: KernelLinear, MixtureOfExperts: DecodeMixtureOfExperts}  # reference class -> its subclass
-TRAINING = {MultiHeadAttention: TrainingAttention}
+TRAINING = {MultiHeadAttention: TrainingAttention, MixtureOfExperts: TrainingMixtureOfExperts}
 
 
 def plain_modules(model: nn.Module, swaps: dict[type, type]) -> list[nn.Module]:
@@ -61,7 +64,8 @@ def accelerate(model: nn.Module) -> nn.Module:
 
 
 def accelerate_training(model: nn.Module) -> nn.Module:
-    """Compute ``model``'s plain attention modules through the training path, in place; returns ``model``."""
+    """Compute ``model``'s plain attention and mixture-of-experts modules through the training path, in place;
+    returns ``model``."""
     swap(plain_modules(model, TRAINING), TRAINING)
     return model
 

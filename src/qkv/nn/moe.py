@@ -23,8 +23,9 @@ u = clamp(W_up x, ±L), W_down ((u + 1) ⊙ g σ(α g)).
 
 Three ways to run the experts, one answer (tests/test_moe.py: 1e-6 in fp32): ``reference_dispatch`` loops over
 experts and finds each one's tokens (HF's MixtralExperts loop, readable); ``grouped_dispatch`` sorts the N·k
-assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice (in training one
-``torch._grouped_mm`` per product over every slice, ``SwiGLUExperts.segments``);
+assignments by expert once, gathers the tokens once and runs each expert on one contiguous slice
+(``SwiGLUExperts.segments``; in training the speed layer, qkv.kernels.moe_training, runs each product as one
+``torch._grouped_mm`` over every slice);
 ``gathered_dispatch`` gathers each assignment's expert weights (N·k, I, C) and runs them all in batched products:
 static shapes, no data-dependent slicing (torch.compile traces it whole) and only the k chosen experts' weights
 read per token, which suits decoding (N·k small beside E); the speed layer (qkv.kernels.moe) runs it inside
@@ -189,18 +190,9 @@ class SwiGLUExperts(nn.Module):
         return F.linear(self.activate(gate, up), down_w, down_b)  # (n, C)
 
     def segments(self, x: Tensor, counts: Tensor) -> Tensor:
-        """Each expert on its own contiguous rows of x (sorted by expert, counts[e] rows for expert e):
-        x (M, C), counts (E,) long -> (M, C). Where autograd records, one ``torch._grouped_mm`` per product if
-        ``grouped_mm_refusal`` allows (each weight's gradient in one call, no host sync; under autocast in its
-        dtype, as ``F.linear``); else one product per expert that has rows, the stacked weights unbound once (one
-        gradient op per weight, not one per expert)."""
-        if torch.is_grad_enabled() and grouped_mm_refusal(x, self) is None:
-            offs, dtype = counts.cumsum(0).to(torch.int32), product_dtype(x)  # (E,) each expert's end row
-
-            def product(v: Tensor, w: Tensor) -> Tensor:  # (M, K) @ (E, K, O) by segment -> (M, O)
-                return torch._grouped_mm(v.to(dtype), w.to(dtype).transpose(1, 2), offs=offs)
-            h = self.activate(product(x, self.gate_proj), product(x, self.up_proj))  # (M, I)
-            return product(h, self.down_proj)  # (M, C)
+        """Each expert on its own contiguous rows of x (sorted by expert, counts[e] rows for expert e): one
+        product per expert that has rows, the stacked weights unbound once (one gradient op per weight, not one
+        per expert). x (M, C), counts (E,) long -> (M, C)."""
         weights = [None if p is None else p.unbind(0) for p in self.weights()]  # 6 × (E × one expert's) or None
         ys = [self.expert(rows, *(None if w is None else w[e] for w in weights))
               for e, rows in enumerate(x.split(counts.tolist())) if rows.numel()]  # one host sync
@@ -223,30 +215,6 @@ class SwiGLUExperts(nn.Module):
         return product(self.down_proj, self.down_bias, self.activate(gate, up))  # (M, C)
 
 
-def product_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the experts' products run in: autocast's where it is on for x's device (as ``F.linear``'s would),
-    else x's."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-
-
-def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
-    """Why ``torch._grouped_mm`` cannot run these experts' products on x (it is built and tested here for a CPU,
-    fp32 or bf16 (autocast's included), no biases, rows 16-byte aligned), or None."""
-    if not hasattr(torch, "_grouped_mm"):
-        return "this torch has no _grouped_mm"
-    dtype = product_dtype(x)
-    if x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return f"a {x.device.type} {dtype} product, not a CPU fp32 or bf16 one"
-    if not torch.is_autocast_enabled("cpu") and x.dtype != experts.gate_proj.dtype:
-        return f"tokens in {x.dtype}, weights in {experts.gate_proj.dtype}"
-    if experts.gate_bias is not None:
-        return "biased experts"
-    I, C = experts.gate_proj.shape[1:]
-    size = dtype.itemsize
-    return None if (I * size) % 16 == 0 == (C * size) % 16 else "rows not 16-byte aligned"
-
-
 def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     """Σ_j weights_j · expert_{e_j}(x), one expert at a time: find its tokens, run it, add back. x (N, C) -> (N, C)."""
     out = torch.zeros_like(x)
@@ -258,16 +226,21 @@ def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tenso
     return out
 
 
-def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
-    """The same sum with the N·k assignments sorted by expert: one gather, each expert on its contiguous rows
-    (``SwiGLUExperts.segments``), the outputs gathered back to their tokens and summed over the k choices.
-    Each expert's rows are padded to a multiple of ``segment_rows(x)`` (padding rows copy token 0; their outputs
-    are never read, so their gradients are zero). Gathers are ``index_select`` (its backward, an ``index_add``,
-    is cheaper on a CPU than indexing's ``index_put``). x (N, C) -> (N, C)."""
-    N, k = routing.experts.shape
-    flat, align = routing.experts.reshape(-1), segment_rows(x)  # (N·k,)
+class Sorted(NamedTuple):
+    """The N·k (token, choice) assignments sorted by expert, each expert's rows padded to a multiple."""
+
+    token: Tensor  # (M,) each sorted row's token (padding rows: token 0)
+    slot: Tensor  # (N·k,) each assignment's row, token by token, choice by choice
+    rows: Tensor  # (E,) each expert's rows, padding included
+
+
+def sort_assignments(experts: Tensor, num_experts: int, align: int = 1) -> Sorted:
+    """Sort the assignments experts (N, k) by expert (stably), each expert's rows padded to a multiple of
+    ``align`` (padding rows copy token 0; a dispatch never reads their outputs, so their gradients are zero)."""
+    N, k = experts.shape
+    flat = experts.reshape(-1)  # (N·k,)
     order = flat.argsort(stable=True)  # (N·k,) assignments, expert by expert
-    counts = torch.bincount(flat, minlength=experts.num_experts)  # (E,)
+    counts = torch.bincount(flat, minlength=num_experts)  # (E,)
     rows = (counts + align - 1) // align * align  # (E,) each expert's rows, padded
     expert = flat[order]  # (N·k,) each sorted assignment's expert
     rank = torch.arange(N * k, device=flat.device) - (counts.cumsum(0) - counts)[expert]  # its place among them
@@ -275,19 +248,31 @@ def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
     M = N * k if align == 1 else int(rows.sum())  # one host sync where padded
     token = torch.zeros(M, dtype=torch.long, device=flat.device).index_copy_(0, slot, torch.arange(
         N * k, device=flat.device) // k)  # (M,) each row's token
-    y = experts.segments(x.index_select(0, token), rows).index_select(0, slot)  # (M, C) -> (N·k, C)
-    y = y.view(N, k, -1)  # (N, k, C) each token's k outputs
-    return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
+    return Sorted(token, slot, rows)
 
 
-SEGMENT_ROWS = 32  # bf16 training: each expert's rows padded to a multiple of this (see segment_rows)
+def weighted_sum(y: Tensor, weights: Tensor) -> Tensor:
+    """Σ_j weights[:, j] · y[:, j]: each token's k expert outputs y (N, k, C) summed with their weights (N, k),
+    in the two's promoted dtype (y cast first: a one-dtype multiply is faster than a mixed one, same values).
+    -> (N, C)."""
+    y = y.to(torch.promote_types(y.dtype, weights.dtype))
+    return (y * weights.unsqueeze(-1)).sum(dim=1)  # (N, C)
 
 
-def segment_rows(x: Tensor) -> int:
-    """The multiple each expert's rows are padded to: ``SEGMENT_ROWS`` where autograd records products in bf16
-    on a CPU (oneDNN builds a kernel per matrix shape, and the loads change every step), else 1."""
-    bf16 = product_dtype(x) == torch.bfloat16 and x.device.type == "cpu"
-    return SEGMENT_ROWS if bf16 and torch.is_grad_enabled() else 1
+def combine(y: Tensor, order: Sorted, weights: Tensor) -> Tensor:
+    """The sorted rows' outputs y (M, C) gathered back to their assignments and summed over each token's k
+    choices with their weights (N, k). -> (N, C)."""
+    return weighted_sum(y.index_select(0, order.slot).view(*weights.shape, -1), weights)  # (N, k, C) -> (N, C)
+
+
+def grouped_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
+    """The same sum with the N·k assignments sorted by expert (``sort_assignments``): one gather, each expert on
+    its contiguous rows (``SwiGLUExperts.segments``), the outputs gathered back to their tokens and summed over
+    the k choices (``combine``). Gathers are ``index_select`` (its backward, an ``index_add``, is cheaper on a
+    CPU than indexing's ``index_put``). x (N, C) -> (N, C)."""
+    order = sort_assignments(routing.experts, experts.num_experts)
+    y = experts.segments(x.index_select(0, order.token), order.rows)  # (N·k, C) sorted by expert
+    return combine(y, order, routing.weights.to(x.dtype))
 
 
 def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:
@@ -297,7 +282,7 @@ def gathered_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor
     N, k = routing.experts.shape
     rows = x.unsqueeze(1).expand(N, k, x.size(-1)).reshape(N * k, -1)  # (N, C) -> (N·k, C)
     y = experts.gathered(rows, routing.experts.reshape(-1)).view(N, k, -1)  # (N·k, C) -> (N, k, C)
-    return (y * routing.weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)  # (N, C)
+    return weighted_sum(y, routing.weights.to(x.dtype))  # (N, C)
 
 
 DISPATCH = {"grouped": grouped_dispatch, "reference": reference_dispatch, "gathered": gathered_dispatch}

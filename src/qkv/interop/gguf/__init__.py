@@ -24,31 +24,39 @@ this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same a
                ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``rope.dimension_count``,
                ``vocab_size``, ``general.file_type``; with experts ``expert_count``, ``expert_used_count``,
                ``expert_feed_forward_length``, ``expert_shared_feed_forward_length``; gpt-oss's
-               ``attention.sliding_window``; ``rope.scaling.*`` (linear, YaRN, Phi-3's LongRoPE)
+               ``attention.sliding_window``; ``rope.scaling.*`` (linear, YaRN with deepseek2's
+               ``yarn_log_multiplier``, Phi-3's LongRoPE: ``yarn`` for YaRN as llama.cpp runs it)
     tokenizer  (``vocabulary``) byte-level BPE as ``tokenizer.ggml.model = "gpt2"`` (tokens, token types,
                merges); a character vocabulary as the same, with merges that build each multi-byte
                character from its bytes; bos/eos ids and the chat template where the tokenizer has them
 
 What llama.cpp would compute differently (another activation, RoPE scaling it does not read, sliding
 windows shorter than the context, routing its architecture fixes otherwise) is refused in one ValueError
-naming each reason, before anything is written. The file is written under a temporary name and renamed: a
+naming each reason, before anything is written. What llama.cpp runs with an approximation it takes itself for
+that architecture (gpt-oss's released YaRN, truncate=False, with the ramp's ends rounded) is written with a
+``GGUFApproximation`` warning saying what changes. The file is written under a temporary name and renamed: a
 failure leaves nothing behind.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from ...fileio import atomic_path
 from ..hf import to_hf
 from .architectures import (ARCHES, NOT_WRITTEN, Arch, check_exportable, encode, gguf_problems, gguf_tensors,
-                            write_hparams)
+                            gguf_warnings, write_hparams)
 from .vocabulary import PRE_TOKENIZERS, byte_level, char_vocabulary, vocabulary, write_vocabulary
 
-__all__ = ["to_gguf", "check_exportable", "gguf_problems", "ARCHES", "NOT_WRITTEN", "Arch", "TYPES",
-           "PRE_TOKENIZERS", "byte_level", "char_vocabulary", "vocabulary"]
+__all__ = ["to_gguf", "check_exportable", "gguf_problems", "gguf_warnings", "GGUFApproximation", "ARCHES",
+           "NOT_WRITTEN", "Arch", "TYPES", "PRE_TOKENIZERS", "byte_level", "char_vocabulary", "vocabulary"]
 
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
+
+
+class GGUFApproximation(UserWarning):
+    """The file runs in llama.cpp with an approximation llama.cpp takes itself; the message says what changes."""
 
 
 def gguf_module():
@@ -77,7 +85,8 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", ov
     its chat template and bos/eos ids go along) to the GGUF file ``path``.
 
     ``dtype``: the matrices' type, one of ``TYPES``. ValueError, with nothing written, for a model or
-    tokenizer llama.cpp cannot run as it is, or an existing ``path`` without ``overwrite``.
+    tokenizer llama.cpp cannot run as it is, or an existing ``path`` without ``overwrite``; a
+    ``GGUFApproximation`` warning for what llama.cpp runs approximately (``gguf_warnings``).
     """
     gguf = gguf_module()
     path = Path(path)
@@ -86,6 +95,8 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", ov
                          else f"{path} is a directory; GGUF export writes one file (e.g. {path / 'model.gguf'})")
     file_type, qtype = file_types(gguf, dtype)
     fields, arch = check_exportable(model)
+    for message in gguf_warnings(arch, fields):
+        warnings.warn(message, GGUFApproximation, stacklevel=2)
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.member)])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name or path.stem)

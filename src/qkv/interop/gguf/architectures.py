@@ -14,9 +14,11 @@ differently (refused, with the reason), and the HF tensors and config fields lai
                                     started with: short up to the original context); RoPE on the
                                     first ``rope.dimension_count`` dims of each head
     smollm3             smollm3     llama's layout; no RoPE in every 4th layer (fixed in llama.cpp, no key)
-    deepseek_v2/v3      deepseek2   multi-head latent attention, leading dense layers, routing as keys (``deepseek``)
+    deepseek_v2/v3      deepseek2   multi-head latent attention, leading dense layers, routing as keys (``deepseek``);
+                                    YaRN with its scores' correction (``yarn``)
     gpt_oss             gpt-oss     a sink logit per head (attn_sinks); q/k/v/o biases; a window on even layers
-                                    (fixed); YaRN with its ramp's ends rounded (truncate); the router's bias,
+                                    (fixed); YaRN with its ramp's ends rounded (truncate=False written so, with a
+                                    warning: ``yarn``); the router's bias,
                                     softmax over the top-k logits; experts with biases and the clamped SwiGLU
                                     (α 1.702, limit 7 in llama.cpp's build_moe_ffn); post_attention_norm the
                                     feed-forward's pre-norm
@@ -41,6 +43,7 @@ from ..hf import hf_config
 from ..hf.families.gpt_oss import interleaved
 from ..hf.rules import half_split_to_interleaved
 from .deepseek import latent_problems, latent_tensors, write_latent_experts, write_latent_heads
+from .yarn import ramp_warning, write_yarn, yarn_problems, yarn_scaling
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Arch:
     nope_step: int | None = None  # every nope_step-th layer has no RoPE (a constant in llama.cpp, not a key)
     swa_step: int | None = None  # a window on layers il % swa_step < swa_step - 1 (llama.cpp's fixed pattern)
     yarn: bool = False  # YaRN written (rope.scaling.*), with llama.cpp's rounded ramp ends (HF truncate=True)
+    unrounded_yarn: bool = False  # HF truncate=False written rounded, with a warning (how llama.cpp runs gpt-oss)
     swiglu_oai: tuple[float, float] | None = None  # (α, limit): clamped SwiGLU experts, gpt-oss's layout
     latent_gating: str | None = None  # DeepSeek's MLA as deepseek2 reads it; its gguf.ExpertGatingFuncType
     longrope: bool = False  # LongRoPE's factors written as rope_factors_short / rope_factors_long
@@ -75,10 +79,10 @@ ARCHES = {
     "olmo2": Arch("OLMO2", head=True, q_width=True, biases=False),
     "phi3": Arch("PHI3", q_width=True, biases=False, longrope=True),
     "smollm3": Arch("SMOLLM3", permute=True, head=True, biases=False, nope_step=4),
-    "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True,
+    "gpt_oss": Arch("GPT_OSS", head=True, biases=True, renormalise=True, swa_step=2, yarn=True, unrounded_yarn=True,
                     swiglu_oai=(1.702, 7.0)),  # softmax over the top-k logits: the top-k of a softmax renormalised
-    "deepseek_v2": Arch("DEEPSEEK2", biases=False, latent_gating="SOFTMAX"),  # routing: keys (``deepseek``)
-    "deepseek_v3": Arch("DEEPSEEK2", biases=False, latent_gating="SIGMOID"),
+    "deepseek_v2": Arch("DEEPSEEK2", biases=False, yarn=True, latent_gating="SOFTMAX"),  # routing: ``deepseek``
+    "deepseek_v3": Arch("DEEPSEEK2", biases=False, yarn=True, latent_gating="SIGMOID"),
 }
 # Families to_hf writes that this exporter does not: why, for the error message
 NOT_WRITTEN = {
@@ -120,22 +124,35 @@ def rope_scaling(hf: dict) -> dict:
     return hf.get("rope_scaling") or hf.get("rope_parameters") or {}
 
 
-def rope_problems(arch: Arch, hf: dict) -> list[str]:
-    """RoPE scalings llama.cpp computes otherwise: LongRoPE, YaRN where not written or with unrounded ends."""
+def scaling_type(hf: dict) -> str:
+    """The config's RoPE scaling type ("type" before transformers 4.43), "default" for none."""
     scaling = rope_scaling(hf)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def gguf_warnings(arch: Arch, hf: dict) -> list[str]:
+    """What a file of ``arch`` runs in llama.cpp with an approximation llama.cpp takes itself for it: gpt-oss's
+    unrounded YaRN ramp (truncate=False) rounded (``yarn.ramp_warning``)."""
+    if not arch.unrounded_yarn or scaling_type(hf) != "yarn":
+        return []
+    s = yarn_scaling(hf)
+    if s.truncate:
+        return []
+    dims = int(head_dim(hf) * hf.get("partial_rotary_factor", 1.0))
+    warning = ramp_warning(arch.name, dims, float(hf["rope_theta"]), s, hf["max_position_embeddings"])
+    return [warning] if warning else []
+
+
+def rope_problems(arch: Arch, hf: dict) -> list[str]:
+    """RoPE scalings llama.cpp computes otherwise: LongRoPE, YaRN where not written or computed otherwise
+    (``yarn.yarn_problems``)."""
+    kind = scaling_type(hf)
     if kind == "longrope" and not arch.longrope:
         return [f"RoPE scaling 'longrope' (llama.cpp's {arch.name} has no short and long factors)"]
     if kind == "yarn" and arch.yarn:
-        out = []
-        if scaling.get("truncate", True) is False:
-            out.append(f"YaRN truncate=False (llama.cpp's {arch.name} rounds the ramp's ends to whole "
-                       "dims: truncate=True)")
-        extra = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if scaling.get(k) is not None]
-        if extra:
-            out.append(f"YaRN {', '.join(extra)} (llama.cpp scales by 1 + 0.1 ln(factor))")
-        return out
-    # deepseek2: neither linear nor YaRN (its graph corrects YaRN's scales its own way, not written here)
+        return yarn_problems(arch.name, yarn_scaling(hf), latent=bool(arch.latent_gating),
+                             unrounded=arch.unrounded_yarn)
+    # deepseek2: no linear (its graph would correct the scores as for YaRN: × (1 + 0.1 ln s)²)
     written = ("default",) + ("yarn",) * arch.yarn + ("longrope",) * arch.longrope + \
         ("linear",) * (not arch.latent_gating)
     if kind not in written:
@@ -294,7 +311,7 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     writer.add_rope_freq_base(float(fields["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(fields["rms_norm_eps"]))
     writer.add_vocab_size(fields["vocab_size"])
-    write_rope_scaling(gguf, writer, fields)
+    write_rope_scaling(gguf, writer, fields, arch)
     if arch.swa_step:
         writer.add_sliding_window(fields.get("sliding_window") or fields["max_position_embeddings"])
     write_experts(writer, fields)
@@ -305,22 +322,19 @@ def write_hparams(gguf, writer, fields: dict, arch: Arch, file_type) -> None:
     writer.add_file_type(file_type)
 
 
-def write_rope_scaling(gguf, writer, fields: dict) -> None:
-    """rope.scaling.*: linear's factor; YaRN's factor, original context and β bounds; LongRoPE's original
-    context and cos/sin scale, as the converter's Phi3MiniModel (``rope_problems`` has refused what else)."""
-    scaling = rope_scaling(fields)
-    kind = scaling.get("rope_type", scaling.get("type"))
+def write_rope_scaling(gguf, writer, fields: dict, arch: Arch) -> None:
+    """rope.scaling.*: linear's factor; YaRN's (``yarn.write_yarn``); LongRoPE's original context and cos/sin
+    scale, as the converter's Phi3MiniModel (``rope_problems`` has refused what else)."""
+    scaling, kind = rope_scaling(fields), scaling_type(fields)
     if kind == "longrope":
         writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
         writer.add_rope_scaling_attn_factors(longrope_scale(scaling, fields["max_position_embeddings"]))
-    if kind not in ("linear", "yarn"):
-        return
-    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
-    writer.add_rope_scaling_factor(float(scaling["factor"]))
-    if kind == "yarn":
-        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
-        writer.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast", 32.0)))
-        writer.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow", 1.0)))
+    elif kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    elif kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        write_yarn(writer, yarn_scaling(fields), latent=bool(arch.latent_gating))
 
 
 def longrope_scale(scaling: dict, context: int) -> float:
@@ -335,9 +349,9 @@ def longrope_scale(scaling: dict, context: int) -> float:
 
 def rope_factor_tensors(gguf, fields: dict):
     """(GGUF name, float32 array) of LongRoPE's per-pair divisors, short and long; none without LongRoPE."""
-    scaling = rope_scaling(fields)
-    if scaling.get("rope_type", scaling.get("type")) != "longrope":
+    if scaling_type(fields) != "longrope":
         return
+    scaling = rope_scaling(fields)
     for kind in ("short", "long"):
         name = gguf.TENSOR_NAMES[getattr(gguf.MODEL_TENSOR, f"ROPE_FACTORS_{kind.upper()}")] + ".weight"
         yield name, torch.tensor(scaling[f"{kind}_factor"], dtype=torch.float32).numpy()

@@ -17,8 +17,12 @@ DeepseekV2Model writes them.
                ``expert_group_used_count`` best of ``expert_group_count`` groups (a group scores its two best),
                weighed unbiased, renormalised where ``expert_weights_norm``, × ``expert_weights_scale``
 
+YaRN is written with ``rope.scaling.yarn_log_multiplier`` (0.1 · mscale_all_dim), from which llama.cpp corrects the
+cos/sin factor and the scores (``yarn``).
+
 Refused: V2's group_limited_greedy over groups (its groups score their best expert only), experts without a
-shared one (llama.cpp's graph adds one in every expert layer), RoPE scaling (``architectures.rope_problems``).
+shared one (llama.cpp's graph adds one in every expert layer), RoPE scaling but YaRN as llama.cpp corrects it
+(``architectures.rope_problems``).
 
 Shapes: C model width, H heads, N and R a head's non-rotated and rotated q/k widths, V its value width,
 r the latent (kv_lora_rank).
