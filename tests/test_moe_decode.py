@@ -3,6 +3,7 @@ few tokens), ``auto`` (the fused C++ step where it accepts the model), ``inducto
 and ``fused`` give the eager path's greedy tokens for Mixtral-, Qwen2-MoE-, Qwen3-MoE-, DeepSeek-V3-MoE- and
 gpt-oss-shaped tiny random models, at batch 1 and on a left-padded batch of 2; the compiled step is captured once
 (no graph break, no recompile per token); a path that refuses a model says why in one line."""
+import copy
 import importlib
 import warnings
 
@@ -162,3 +163,11 @@ def test_the_fused_step_adds_the_gated_shared_expert(qwen2_moe, batch):
             moe.shared_gate.weight.copy_(gate)
     assert torch.equal(fused, eager)
     assert not any(torch.equal(other, eager) for other in others), "the test would not see the shared experts"
+
+
+def test_a_shared_expert_with_biases_is_refused_by_name(qwen2_moe):
+    model = copy.deepcopy(qwen2_moe)
+    up = shared_experts(model)[0].shared.up_proj
+    up.bias = torch.nn.Parameter(torch.zeros(up.out_features))  # not from a config: the step must still see it
+    chosen, why = pick(model, 1, "fused")
+    assert chosen == "inductor" and "a shared expert with biases or another activation" in why
