@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ...models import ModelConfig
 from .rules import Rule, same
+from .settings import HF_ACTIVATIONS
 
 PER_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight")
 PLAIN_ROUTER = dict(score="softmax", top_k_first=False, router_bias=False, n_group=None, topk_group=None,
@@ -97,6 +98,15 @@ def moe_layers(hf: dict, problems: list[str]) -> list[str] | None:
     return None if set(layers) == {"moe"} else layers
 
 
+def silu_experts(hf: dict, problems: list[str], key: str = "hidden_act") -> None:
+    """HF's experts (and shared experts) gate with ``hidden_act``, qkv's with silu (SwiGLU): any other function
+    is a problem (one qkv does not know at all is ``read_activation``'s)."""
+    name = hf.get(key, "silu")
+    if HF_ACTIVATIONS.get(name, "silu") != "silu":
+        problems.append(f"{key}={name!r} with mixture-of-experts layers is not supported (qkv's experts gate with "
+                        "silu: 'silu')")
+
+
 def router_loss_config(hf: dict) -> dict:
     """HF's load-balancing coefficient as moe.aux_loss_coef: ``router_aux_loss_coef``, which HF's
     *ForCausalLM adds to the loss only where ``output_router_logits`` is true (as qkv then does in training)."""
@@ -114,6 +124,9 @@ def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dic
         return {}
     needed = PLAIN_ROUTER | fixed
     problems += [f"moe.{k}={getattr(m, k)!r} ({family} needs {v!r})" for k, v in needed.items() if getattr(m, k) != v]
+    if needed["activation"] == "swiglu" and c.activation != "swiglu":  # hidden_act gates experts and MLPs alike
+        problems.append(f"activation={c.activation!r} with a mixture of experts ({family}'s hidden_act is the experts' "
+                        "too, and qkv's experts are 'swiglu')")
     losses = dict(router_aux_loss_coef=m.aux_loss_coef, output_router_logits=True) if m.aux_loss_coef else {}
     return dict(num_experts_per_tok=m.top_k, norm_topk_prob=m.norm_topk_prob, decoder_sparse_step=1,
                 mlp_only_layers=[i for i in range(c.num_layers) if not c.moe_layer(i)]) | losses

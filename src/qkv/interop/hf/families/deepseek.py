@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ....models import GPT, ModelConfig
 from ....nn.moe import routing_problems
-from ..experts import export_moe, fuse_experts, moe_rules
+from ..experts import export_moe, fuse_experts, moe_rules, silu_experts
 from ..family import Family
 from ..rules import Rule, embedding_and_head, same, tied_head
 from ..settings import expect_no_mlp_bias, rope_base_and_scaling, rope_parameters, uniform_biases
@@ -89,6 +89,7 @@ def v3_experts(hf: dict, problems: list[str]) -> dict:
     first = hf.get("first_k_dense_replace", 3)
     if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 256, 3) is None:
         return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
+    silu_experts(hf, problems)
     width, shared = hf.get("moe_intermediate_size", 2048), hf.get("n_shared_experts", 1)
     if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
         problems.append(f"n_shared_experts={shared!r} (DeepSeek-V3 has at least one shared expert)")
@@ -115,6 +116,7 @@ def v2_experts(hf: dict, problems: list[str]) -> dict:
     if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 64, 0) is None:
         return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
     found = v2_problems(hf)
+    silu_experts(hf, found)
     problems += found
     groups = hf.get("topk_method", "greedy") == "group_limited_greedy"
     if found:

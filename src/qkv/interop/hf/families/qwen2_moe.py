@@ -9,7 +9,7 @@ fp32 over all experts, top-k, renormalised only where ``norm_topk_prob``. Biases
 from __future__ import annotations
 
 from ....models import GPT, ModelConfig
-from ..experts import export_moe, router_loss_config, fuse_experts, moe_layers, moe_rules
+from ..experts import export_moe, fuse_experts, moe_layers, moe_rules, router_loss_config, silu_experts
 from ..family import Family
 from ..rules import Rule, tied_head
 from ..settings import expect_no_mlp_bias, read_layer_types
@@ -28,9 +28,15 @@ def config(hf: dict, problems: list[str]) -> dict:
     layers = moe_layers(hf, problems)
     if not experts or (layers is not None and "moe" not in layers):
         return out  # no expert anywhere: a dense Qwen2
+    silu_experts(hf, problems)
+    shared = hf.get("shared_expert_intermediate_size", 5632)
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 1:
+        problems.append(f"shared_expert_intermediate_size={shared!r} is not supported (qkv's Qwen2-MoE has a "
+                        "shared expert: a positive width)")
+        return out
     return out | dict(moe=dict(
         num_experts=experts, top_k=hf.get("num_experts_per_tok", 4), d_expert=hf.get("moe_intermediate_size", 1408),
-        norm_topk_prob=hf.get("norm_topk_prob", False), d_shared=hf.get("shared_expert_intermediate_size", 5632),
+        norm_topk_prob=hf.get("norm_topk_prob", False), d_shared=shared,
         shared_gate=True, layers=layers) | router_loss_config(hf))
 
 
