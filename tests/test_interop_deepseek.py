@@ -251,6 +251,19 @@ def test_transformers_default_configs_v2_without_top_k_is_refused_v3_loads():
         256, 8, "sigmoid", 8, 4, 2048, 2.5) and m.correction_bias and m.layers == ("dense",) * 3 + ("moe",) * 58
 
 
+@pytest.mark.parametrize("variant, change", [("v3_low_rank_q_interleaved", {}),
+                                             ("v2_biases", dict(mlp_bias=False, num_experts_per_tok=2))])
+def test_experts_gated_by_gelu_are_refused_naming_hidden_act(variant, change, tmp_path):
+    """transformers' experts and shared experts gate with hidden_act, qkv's with silu: one error naming it (a model
+    whose every layer is dense loads: its MLPs take any activation qkv has)."""
+    hf = hf_model(variant, **change, hidden_act="gelu", first_k_dense_replace=1)
+    with pytest.raises(ValueError, match=r"^cannot load \S+ as deepseek_v[23]: hidden_act='gelu' with "
+                                         r"mixture-of-experts layers is not supported \(qkv's experts gate with silu"):
+        saved_and_loaded(hf, tmp_path)
+    dense = hf_model(variant, **change, hidden_act="gelu")
+    assert padded_logits_gap(from_hf(dense), dense) < 1e-4
+
+
 MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
            moe_intermediate_size=8, n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5)
 
