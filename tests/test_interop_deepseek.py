@@ -288,18 +288,20 @@ V2_MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, 
               moe_intermediate_size=8, n_shared_experts=2, routed_scaling_factor=1.5)
 
 
-@pytest.mark.parametrize("routing", [dict(topk_method="greedy"),
+@pytest.mark.parametrize("routing", [dict(topk_method="greedy", mlp_bias=True),
                                      dict(topk_method="group_limited_greedy", n_group=4, topk_group=2)])
 @torch.no_grad()
 def test_v2_mixture_of_experts_layers_as_hf(routing, tmp_path):
     """V2's routing (softmax, greedy or groups scored by their best expert, unnormalised, × 1.5) and shared
-    experts: logits on a left-padded batch, greedy tokens, an exact round trip, from save_pretrained files."""
-    hf = hf_model("v2_biases", **V2_MOE, **routing, mlp_bias=False)
+    experts (with mlp_bias's biases, as the dense MLPs): logits on a left-padded batch, greedy tokens, an exact
+    round trip, from save_pretrained files."""
+    hf = hf_model("v2_biases", **V2_MOE, **({"mlp_bias": False} | routing))
     for layer in hf.model.layers[1:]:
         layer.mlp.gate.weight.normal_(0, 2.0)  # a router that decides: no near-tie for rounding to flip
     model = saved_and_loaded(hf, tmp_path)
     m = model.config.moe
     assert m.layers == ("dense", "moe", "moe") and m.n_group == routing.get("n_group") and not m.norm_topk_prob
+    assert m.shared_bias == routing.get("mlp_bias", False)
     assert padded_logits_gap(model, hf) < 1e-4
     ids = left_padded()[0]
     assert torch.equal(*greedy_both(model, hf, ids[:1, :8], 12))

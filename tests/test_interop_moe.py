@@ -178,6 +178,10 @@ def test_what_a_family_lacks_is_refused_on_export(pair):
     sigmoid = type(model)(c.replace(moe=dataclasses.replace(c.moe, score="sigmoid")))
     with pytest.raises(ValueError, match=r"moe\.score='sigmoid' \(\S+ needs 'softmax'\)"):
         to_hf(sigmoid)
+    if c.moe.d_shared is not None:  # biases in the shared expert: DeepSeek-V2's mlp_bias, not Qwen2-MoE's
+        biased = type(model)(c.replace(moe=dataclasses.replace(c.moe, shared_bias=True)))
+        with pytest.raises(ValueError, match=r"moe\.shared_bias=True \(Qwen2-MoE needs False\)"):
+            to_hf(biased)
     if c.moe.activation == "swiglu":  # HF's experts gate with hidden_act, the dense MLPs' too
         gelu = type(model)(c.replace(feed_forward=dataclasses.replace(c.feed_forward, activation="geglu")))
         with pytest.raises(ValueError, match=r"activation='geglu' with a mixture of experts \(\S+'s hidden_act is "

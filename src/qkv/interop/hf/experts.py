@@ -26,7 +26,8 @@ from .settings import HF_ACTIVATIONS
 
 PER_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight")
 PLAIN_ROUTER = dict(score="softmax", top_k_first=False, router_bias=False, n_group=None, topk_group=None,
-                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu")
+                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu",
+                    shared_bias=False)
 
 
 def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list[str]) -> dict[str, Tensor]:
@@ -78,7 +79,9 @@ def moe_rules(c: ModelConfig, dense: list[Rule], shared: str | None = None) -> l
         if c.moe.correction_bias:  # DeepSeek-V3's e_score_correction_bias, a buffer in both
             out.append(same(f"{l}gate.e_score_correction_bias", f"{b}router.correction_bias"))
         if shared is not None and c.moe.d_shared is not None:
-            out += [same(f"{l}{shared}.{p}.weight", f"{b}shared.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
+            params = ("weight", "bias") if c.moe.shared_bias else ("weight",)  # DeepSeek-V2's mlp_bias
+            out += [same(f"{l}{shared}.{p}.{w}", f"{b}shared.{p}.{w}") for p in ("gate_proj", "up_proj", "down_proj")
+                    for w in params]
         if shared is not None and c.moe.shared_gate:
             out.append(same(f"{l}{shared}_gate.weight", f"{b}shared_gate.weight"))
     return out
