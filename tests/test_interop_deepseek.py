@@ -186,7 +186,9 @@ def test_v2_mixture_of_experts_problems_in_one_error(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, change, problem", [
-    ("deepseek_v2", dict(num_hidden_layers=1), "top_k must be a positive int, got None"),  # V2: experts from 0
+    ("deepseek_v2", dict(num_hidden_layers=1),  # V2: experts from layer 0, and HF's default top-k is None
+     "num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is DeepseekV2Config's "
+     "default)"),
     ("deepseek_v2", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
     ("deepseek_v3", dict(num_hidden_layers=5), None),  # V3: layers 3–4 experts, loaded
     ("deepseek_v3", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
@@ -243,7 +245,8 @@ def test_transformers_default_configs_v2_without_top_k_is_refused_v3_loads():
     family, problems = FAMILIES["deepseek_v2"], []
     c = qkv.ModelConfig.from_dict(family.config(transformers.DeepseekV2Config().to_dict(), problems))
     assert c.attention.kind == "mla" and c.attention.q_lora_rank == 1536
-    assert problems == ["top_k must be a positive int, got None"]  # HF's default num_experts_per_tok
+    assert problems == ["num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is "
+                        "DeepseekV2Config's default)"]
     c = qkv.ModelConfig.from_dict(FAMILIES["deepseek_v3"].config(transformers.DeepseekV3Config().to_dict(), problems))
     assert len(problems) == 1 and c.attention.q_lora_rank == 1536
     m = c.moe

@@ -26,8 +26,8 @@ from .settings import HF_ACTIVATIONS
 
 PER_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight")
 PLAIN_ROUTER = dict(score="softmax", top_k_first=False, router_bias=False, n_group=None, topk_group=None,
-                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu",
-                    shared_bias=False)
+                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False,
+                    activation="swiglu", shared_bias=False)
 
 
 def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list[str]) -> dict[str, Tensor]:

@@ -136,16 +136,20 @@ def v2_problems(hf: dict) -> list[str]:
     """Every problem with a DeepseekV2Config's experts: the routing (topk_method, top-k, groups), the shared
     experts."""
     method, shared = hf.get("topk_method", "greedy"), hf.get("n_shared_experts", 2)
+    top_k = hf.get("num_experts_per_tok")
     out = [] if method in TOPK_METHODS else [f"topk_method={method!r} (DeepSeek-V2 routes with one of {TOPK_METHODS})"]
     if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
         out.append(f"n_shared_experts={shared!r} (DeepSeek-V2 has at least one shared expert)")
+    if top_k is None:  # transformers' default, which its router cannot run
+        out.append("num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is "
+                   "DeepseekV2Config's default)")
     groups = method == "group_limited_greedy"
     n_group, topk_group = (hf.get("n_group"), hf.get("topk_group")) if groups else (None, None)
     if groups and (n_group is None or topk_group is None):
         return out + [f"topk_method='group_limited_greedy' needs n_group and topk_group, got {n_group!r}, "
                       f"{topk_group!r}"]
-    return out + routing_problems(hf.get("n_routed_experts", 64), hf.get("num_experts_per_tok"), n_group=n_group,
-                                  topk_group=topk_group, group_score="max")
+    return out + routing_problems(hf.get("n_routed_experts", 64), 1 if top_k is None else top_k,  # None: named above
+                                  n_group=n_group, topk_group=topk_group, group_score="max")
 
 
 def attention_weights(c: ModelConfig) -> list[tuple[str, bool]]:
@@ -227,7 +231,8 @@ def export_v2_experts(c: ModelConfig, problems: list[str]) -> dict:
     m = c.moe
     routing = export_moe(c, problems, "DeepSeek-V2", n_group=m.n_group, topk_group=m.topk_group,
                          group_score="max" if m.n_group else m.group_score, norm_topk_prob=False,
-                         routed_scaling_factor=m.routed_scaling_factor, shared_gate=False, shared_bias=c.feed_forward.bias)
+                         routed_scaling_factor=m.routed_scaling_factor, shared_gate=False,
+                         shared_bias=c.feed_forward.bias)  # mlp_bias: the dense MLPs' and the shared experts' alike
     first = next((i for i in range(c.num_layers) if c.moe_layer(i)), c.num_layers)
     if any(not c.moe_layer(i) for i in range(first, c.num_layers)):
         problems.append("dense layers after a mixture-of-experts one (DeepSeek-V2's dense layers come first)")
