@@ -1,5 +1,6 @@
-"""qkv.nn.moe: the grouped and gathered dispatches equal the reference loop, routing as hand-computed and as Hugging Face's MoE
-blocks compute it given the same weights, the auxiliary losses, and bad input refused in one error."""
+"""qkv.nn.moe: the grouped and gathered dispatches (and the training speed layer's, qkv.kernels.moe_training) equal the
+reference loop, routing as hand-computed and as Hugging Face's MoE blocks compute it given the same weights, the
+auxiliary losses, and bad input refused in one error."""
 import math
 import warnings
 
@@ -109,6 +110,9 @@ def test_grouped_mm_refusal_names_why():
     assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
     assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
     assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
+    with torch.autocast("cpu", torch.bfloat16):  # autocast leaves float64 to F.linear: its products stay float64
+        assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or " \
+            "bf16 one"
 
 
 def test_training_swap_says_why_it_keeps_the_layers_dispatch():
@@ -131,6 +135,17 @@ def test_training_swap_says_why_it_keeps_the_layers_dispatch():
     biased(x)
     assert biased.grouped_mm_fallback in ("biased experts", "this torch has no _grouped_mm")
     assert type(restore(m)) is MixtureOfExperts
+
+
+def test_training_swap_inside_torch_compile_keeps_the_layers_dispatch():
+    """qkv train --compile: inside torch.compile the layer keeps its own grouped dispatch (torch's fake
+    _grouped_mm on a CPU takes bf16 only, so tracing fp32 products would fail), with the reference's answer."""
+    torch._dynamo.reset()
+    m = accelerate_training(moe(4, 2, I=8))
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    y = torch.compile(m, backend="eager")(x)
+    assert m.grouped_mm_fallback.startswith("inside torch.compile")
+    torch.testing.assert_close(y, m.reference_forward(x), atol=1e-6, rtol=1e-6)
 
 
 def router_of(E, k, **options):

@@ -150,3 +150,21 @@ def test_study_moe_quick_writes_its_table(tmp_path, capsys):
     assert rows["moe-active"]["active_parameters"] - rows["dense"]["active_parameters"] < 1000  # the router only
     assert main(["study", "moe", "--from-results", str(out), "--lang", "zh"]) == 0
     assert "| 模型 |" in (out / "results.zh.md").read_text()
+
+
+def test_qkv_train_swaps_the_moe_layers_for_the_speed_layer_and_still_counts_their_load(monkeypatch):
+    """The expert-load hooks sit on the routers, not the layers: a hooked layer would keep its own forward, and
+    qkv train would never run the training speed layer's grouped products."""
+    from qkv.kernels import moe_training
+
+    seen, forward = [], moe_training.TrainingMixtureOfExperts.forward
+
+    def spy(self, x):
+        y = forward(self, x)
+        seen.append(self.grouped_mm_fallback)
+        return y
+    monkeypatch.setattr(moe_training.TrainingMixtureOfExperts, "forward", spy)
+    summary = train(cfg(MOE, max_steps=2), corpus=CORPUS).summary
+    took = 2 * 2 if hasattr(torch, "_grouped_mm") else 0  # two layers, two steps (evaluation: the layer's own)
+    assert seen and seen.count(None) == took, seen
+    assert [sum(layer) for layer in summary["expert_tokens"]] == [2 * 4 * 32 * 2] * 2  # steps · B · T · k

@@ -8,12 +8,12 @@ speed-layer swap).
 
 The reference layer's grouped dispatch (qkv.nn.moe.grouped_dispatch) runs one product per expert and so records
 E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in one call, one gradient op per
-weight and no host sync, under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
+weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
 rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a kernel per matrix shape, and the experts' loads
 change every step. It is built and tested for a CPU, fp32 or bf16 products, SwiGLU experts without biases and
-rows 16-byte aligned (``grouped_mm_refusal`` names why not); elsewhere, in eval, or without autograd the layer
-keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason. Tests: tests/test_moe.py (outputs and every
-gradient equal the reference loop's).
+rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
+inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason.
+Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ SEGMENT_ROWS = 32  # bf16: each expert's rows padded to a multiple of this (see 
 
 
 def product_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the experts' products run in: autocast's where it is on for x's device (as ``F.linear``'s would),
-    else x's."""
+    """The dtype the experts' products run in: autocast's where it is on for x's device, else x's (as ``F.linear``'s
+    would: autocast leaves float64 as it is)."""
     device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    cast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+    return torch.get_autocast_dtype(device) if cast else x.dtype
 
 
 def segment_rows(x: Tensor) -> int:
@@ -77,19 +78,24 @@ def grouped_mm_dispatch(x: Tensor, routing: Routing, experts: SwiGLUExperts) -> 
 
 class TrainingMixtureOfExperts(MixtureOfExperts):
     """A ``MixtureOfExperts`` whose grouped dispatch, where autograd records, runs its products through
-    ``grouped_mm_dispatch`` (swapped in by ``qkv.kernels.accelerate_training``; the class alone changes)."""
+    ``grouped_mm_dispatch`` (swapped in by ``qkv.kernels.accelerate_training``; the class alone changes).
+    ``grouped_mm_fallback``: why the last forward kept the layer's own dispatch (None: it did not, or none ran)."""
+
+    grouped_mm_fallback: str | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
-        self.grouped_mm_fallback = self.grouped_mm_refusal(x)
+        self.grouped_mm_fallback = self.why_not_grouped_mm(x)
         if self.grouped_mm_fallback is not None:
             return super().forward(x)
         return self.run(x, grouped_mm_dispatch)
 
-    def grouped_mm_refusal(self, x: Tensor) -> str | None:
+    def why_not_grouped_mm(self, x: Tensor) -> str | None:
         """Why this forward keeps the layer's own dispatch, or None."""
         if self.dispatch != "grouped":
             return f"the layer asks for the {self.dispatch} dispatch"
         if not torch.is_grad_enabled():
             return "autograd is not recording (the layer's own grouped dispatch serves inference)"
+        if torch.compiler.is_compiling():
+            return "inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)"
         return self.grouped_refusal() or grouped_mm_refusal(x, self.experts)

@@ -8,8 +8,9 @@ Shapes: L MoE layers, E experts per layer.
                                                           §2.1.2), b the router's ``correction_bias``
 
 The bias only chooses experts (``qkv.nn.moe.Router``); the gate weights come from the unbiased scores, so the
-update moves no weight of a chosen expert. The counts come from forward hooks on each ``MixtureOfExperts``
-(``expert_counts``), counted in training mode only; under DDP they are summed over the processes before the
+update moves no weight of a chosen expert. The counts come from forward hooks on each ``MixtureOfExperts``'s
+router (the experts it chose), counted in training mode only: the layer itself stays without hooks, so the training
+speed layer still swaps it (``qkv.kernels.moe_training``). Under DDP they are summed over the processes before the
 update, so every rank moves its bias alike.
 
 The recipe calls ``after_step`` after each ``optimizer.step()`` and ``metrics`` at each evaluation (the loads since
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..nn.moe import MixtureOfExperts
+from ..nn.moe import MixtureOfExperts, Router, Routing, expert_counts
 
 LOAD_KEYS = ("expert_tokens", "maxvio", "maxvio_mean")  # what ``ExpertLoad.metrics`` logs (and summary.json keeps)
 
@@ -51,12 +52,13 @@ class ExpertLoad:
         device = self.layers[0].router.weight.device if self.layers else None
         self.step_load = torch.zeros(len(self.layers), E, dtype=torch.long, device=device)  # (L, E)
         self.window_load = torch.zeros_like(self.step_load)  # (L, E) since the last ``metrics``
-        self.handles = [m.register_forward_hook(self.counter(i)) for i, m in enumerate(self.layers)]
+        self.handles = [m.router.register_forward_hook(self.counter(i)) for i, m in enumerate(self.layers)]
 
     def counter(self, i: int):
-        def hook(module: MixtureOfExperts, inputs, output) -> None:
-            if module.training and module.expert_counts is not None:
-                self.step_load[i] += module.expert_counts.to(self.step_load.device)
+        """Layer i's router hook: the tokens each expert got, added to this step's load (in training)."""
+        def hook(router: Router, inputs, routing: Routing) -> None:
+            if router.training:
+                self.step_load[i] += expert_counts(routing.experts, router.num_experts).to(self.step_load.device)
         return hook
 
     @torch.no_grad()
