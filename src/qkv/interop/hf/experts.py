@@ -101,13 +101,13 @@ def moe_layers(hf: dict, problems: list[str]) -> list[str] | None:
     return None if set(layers) == {"moe"} else layers
 
 
-def silu_experts(hf: dict, problems: list[str], key: str = "hidden_act") -> None:
+def silu_experts(hf: dict, problems: list[str]) -> None:
     """HF's experts (and shared experts) gate with ``hidden_act``, qkv's with silu (SwiGLU): any other function
     is a problem (one qkv does not know at all is ``read_activation``'s)."""
-    name = hf.get(key, "silu")
+    name = hf.get("hidden_act", "silu")
     if HF_ACTIVATIONS.get(name, "silu") != "silu":
-        problems.append(f"{key}={name!r} with mixture-of-experts layers is not supported (qkv's experts gate with "
-                        "silu: 'silu')")
+        problems.append(f"hidden_act={name!r} with mixture-of-experts layers is not supported (qkv's experts gate "
+                        "with silu: 'silu')")
 
 
 def router_loss_config(hf: dict) -> dict:
