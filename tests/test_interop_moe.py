@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 from test_cli_families import TEXT, fine_tune_and_export
-from hf_models import MOE, greedy_both, hf_model, left_padded, padded_logits_gap, save_with_tokenizer, saved_and_loaded
+from hf_models import (MOE, exported_again, greedy_both, hf_model, left_padded, padded_logits_gap, same_weights,
+                       save_with_tokenizer, saved_and_loaded)
 
 from qkv import cli
 from qkv.interop.gguf import check_exportable
@@ -145,10 +146,19 @@ def test_what_qkv_cannot_compute_is_refused_naming_the_setting(family, change, p
     assert "\n" not in str(e.value) and str(e.value).count(";") == 0
 
 
-def test_a_gelu_qwen2_moe_without_experts_loads_as_qwen2():
-    hf = hf_model("qwen2_moe", hidden_act="gelu", mlp_only_layers=[0, 1, 2, 3])
+@pytest.mark.parametrize("change", [dict(hidden_act="gelu", mlp_only_layers=[0, 1, 2, 3]),
+                                    dict(qkv_bias=False, decoder_sparse_step=2, mlp_only_layers=[1, 3])])
+def test_a_qwen2_moe_whose_every_layer_is_dense_loads_and_is_written_back(change, tmp_path):
+    """mlp_only_layers and decoder_sparse_step may leave no expert layer: dense MLPs (of any activation), and to_hf
+    writes a Qwen2-MoE again (no dense family holds q/k/v without biases beside sliding and full layers)."""
+    hf = hf_model("qwen2_moe", **change)
     model = from_hf(hf)
-    assert not model.config.moe.enabled and padded_logits_gap(model, hf) < 1e-4
+    assert not any(model.config.moe_layer(i) for i in range(4)) and padded_logits_gap(model, hf) < 1e-4
+    out, again = exported_again(model, tmp_path)
+    assert type(out) is type(hf) and same_weights(out, hf)
+    ids, mask = left_padded()
+    keep = mask.bool()
+    torch.testing.assert_close(again(ids, attention_mask=mask).logits[keep], hf(ids, attention_mask=mask).logits[keep])
 
 
 FUSED = {"mixtral", "qwen3_moe"}  # softmax top-k routing and SwiGLU experts without biases or a shared expert

@@ -127,7 +127,8 @@ def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dic
         return {}
     needed = PLAIN_ROUTER | fixed
     problems += [f"moe.{k}={getattr(m, k)!r} ({family} needs {v!r})" for k, v in needed.items() if getattr(m, k) != v]
-    if needed["activation"] == "swiglu" and c.activation != "swiglu":  # hidden_act gates experts and MLPs alike
+    sparse = any(c.moe_layer(i) for i in range(c.num_layers))
+    if needed["activation"] == "swiglu" and c.activation != "swiglu" and sparse:  # hidden_act: experts' and MLPs' alike
         problems.append(f"activation={c.activation!r} with a mixture of experts ({family}'s hidden_act is the experts' "
                         "too, and qkv's experts are 'swiglu')")
     losses = dict(router_aux_loss_coef=m.aux_loss_coef, output_router_logits=True) if m.aux_loss_coef else {}
