@@ -186,7 +186,9 @@ def test_v2_mixture_of_experts_problems_in_one_error(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, change, problem", [
-    ("deepseek_v2", dict(num_hidden_layers=1), "top_k must be a positive int, got None"),  # V2: experts from 0
+    ("deepseek_v2", dict(num_hidden_layers=1),  # V2: experts from layer 0, and HF's default top-k is None
+     "num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is DeepseekV2Config's "
+     "default)"),
     ("deepseek_v2", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
     ("deepseek_v3", dict(num_hidden_layers=5), None),  # V3: layers 3–4 experts, loaded
     ("deepseek_v3", dict(num_hidden_layers=5, first_k_dense_replace=5), None),
@@ -243,12 +245,26 @@ def test_transformers_default_configs_v2_without_top_k_is_refused_v3_loads():
     family, problems = FAMILIES["deepseek_v2"], []
     c = qkv.ModelConfig.from_dict(family.config(transformers.DeepseekV2Config().to_dict(), problems))
     assert c.attention.kind == "mla" and c.attention.q_lora_rank == 1536
-    assert problems == ["top_k must be a positive int, got None"]  # HF's default num_experts_per_tok
+    assert problems == ["num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is "
+                        "DeepseekV2Config's default)"]
     c = qkv.ModelConfig.from_dict(FAMILIES["deepseek_v3"].config(transformers.DeepseekV3Config().to_dict(), problems))
     assert len(problems) == 1 and c.attention.q_lora_rank == 1536
     m = c.moe
     assert (m.num_experts, m.top_k, m.score, m.n_group, m.topk_group, m.d_shared, m.routed_scaling_factor) == (
         256, 8, "sigmoid", 8, 4, 2048, 2.5) and m.correction_bias and m.layers == ("dense",) * 3 + ("moe",) * 58
+
+
+@pytest.mark.parametrize("variant, change", [("v3_low_rank_q_interleaved", {}),
+                                             ("v2_biases", dict(mlp_bias=False, num_experts_per_tok=2))])
+def test_experts_gated_by_gelu_are_refused_naming_hidden_act(variant, change, tmp_path):
+    """transformers' experts and shared experts gate with hidden_act, qkv's with silu: one error naming it (a model
+    whose every layer is dense loads: its MLPs take any activation qkv has)."""
+    hf = hf_model(variant, **change, hidden_act="gelu", first_k_dense_replace=1)
+    with pytest.raises(ValueError, match=r"^cannot load \S+ as deepseek_v[23]: hidden_act='gelu' with "
+                                         r"mixture-of-experts layers is not supported \(qkv's experts gate with silu"):
+        saved_and_loaded(hf, tmp_path)
+    dense = hf_model(variant, **change, hidden_act="gelu")
+    assert padded_logits_gap(from_hf(dense), dense) < 1e-4
 
 
 MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
@@ -275,18 +291,20 @@ V2_MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, 
               moe_intermediate_size=8, n_shared_experts=2, routed_scaling_factor=1.5)
 
 
-@pytest.mark.parametrize("routing", [dict(topk_method="greedy"),
+@pytest.mark.parametrize("routing", [dict(topk_method="greedy", mlp_bias=True),
                                      dict(topk_method="group_limited_greedy", n_group=4, topk_group=2)])
 @torch.no_grad()
 def test_v2_mixture_of_experts_layers_as_hf(routing, tmp_path):
     """V2's routing (softmax, greedy or groups scored by their best expert, unnormalised, × 1.5) and shared
-    experts: logits on a left-padded batch, greedy tokens, an exact round trip, from save_pretrained files."""
-    hf = hf_model("v2_biases", **V2_MOE, **routing, mlp_bias=False)
+    experts (with mlp_bias's biases, as the dense MLPs): logits on a left-padded batch, greedy tokens, an exact
+    round trip, from save_pretrained files."""
+    hf = hf_model("v2_biases", **V2_MOE, **({"mlp_bias": False} | routing))
     for layer in hf.model.layers[1:]:
         layer.mlp.gate.weight.normal_(0, 2.0)  # a router that decides: no near-tie for rounding to flip
     model = saved_and_loaded(hf, tmp_path)
     m = model.config.moe
     assert m.layers == ("dense", "moe", "moe") and m.n_group == routing.get("n_group") and not m.norm_topk_prob
+    assert m.shared_bias == routing.get("mlp_bias", False)
     assert padded_logits_gap(model, hf) < 1e-4
     ids = left_padded()[0]
     assert torch.equal(*greedy_both(model, hf, ids[:1, :8], 12))

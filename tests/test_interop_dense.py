@@ -112,6 +112,22 @@ def test_phi3s_old_longrope_names_read_as_longrope_and_whole_head_rope_is_writte
     assert gap[mask.bool()].abs().max() < 1e-4  # the padding's own rows attend to nothing: each library its way
 
 
+@torch.no_grad()
+def test_phi3_with_a_head_dim_apart_from_hidden_over_heads_round_trips(tmp_path):
+    """transformers' Phi-3 reads a head_dim where its config has one: D = 12 ≠ 48 / 6, RoPE on 6 of its 12 dims and
+    a window, loaded with HF's logits and written back as Phi-3 (no other family rotates part of each head)."""
+    hf = hf_model("phi3", head_dim=12, rope_parameters=dict(rope_type="default", rope_theta=500.0,
+                                                            partial_rotary_factor=0.5))
+    model = saved_and_loaded(hf, tmp_path / "in")
+    assert (model.config.head_dim, model.config.position.rotary_dim) == (12, 6)
+    out, again = exported_again(model, tmp_path / "out")
+    assert out.config.model_type == "phi3" and same_weights(out, hf)
+    ids, mask = left_padded(24, 7)
+    keep = mask.bool()
+    for theirs in (hf, again):
+        assert (model(ids, mask=keep).logits[keep] - theirs(ids, attention_mask=mask).logits[keep]).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("family, change, message", [
     ("smollm3", dict(no_rope_layers=[1, 2, 1, 0]), "no_rope_layers=[1, 2, 1, 0]"),
     ("smollm3", dict(no_rope_layers=[1, 0]), "a 0 or 1 for each of the 4 layers"),

@@ -5,11 +5,13 @@ greedy generate (auto: the fused step for Mixtral and Qwen3-MoE, windows include
 transformers; per-expert checkpoint problems listed in one error; the fused decode step refuses the other families
 in one line, and GGUF export all but Mixtral without a window; `qkv sample --hf` decodes one."""
 import dataclasses
+import re
 
 import pytest
 import torch
 from test_cli_families import TEXT, fine_tune_and_export
-from hf_models import MOE, greedy_both, hf_model, left_padded, padded_logits_gap, save_with_tokenizer, saved_and_loaded
+from hf_models import (MOE, exported_again, greedy_both, hf_model, left_padded, padded_logits_gap, same_weights,
+                       save_with_tokenizer, saved_and_loaded)
 
 from qkv import cli
 from qkv.interop.gguf import check_exportable
@@ -23,6 +25,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 VARIANTS = {name: (name, {}) for name in MOE} | {
     "mixtral (no window)": ("mixtral", dict(sliding_window=None)),
     "qwen3_moe (window)": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=6)),
+    "gpt_oss (no window)": ("gpt_oss", dict(layer_types=["full_attention"] * 3)),  # to_hf still names a window
 }
 GGUF_REFUSES = {"mixtral": r"sliding_window=6 < context", "qwen2_moe": r"dense layers \[2\]",
                 "qwen3_moe": r"dense layers \[0, 2\]", "gpt_oss": r"swiglu_limit=0.05 \(llama.cpp.s gpt-oss fixes"}
@@ -129,6 +132,35 @@ def test_moe_config_problems_in_one_error():
         __import__("qkv").ModelConfig.from_dict(fields)
 
 
+@pytest.mark.parametrize("family, change, problem", [
+    ("mixtral", dict(hidden_act="gelu"), "hidden_act='gelu' with mixture-of-experts layers is not supported"),
+    ("qwen3_moe", dict(hidden_act="gelu_pytorch_tanh"), "hidden_act='gelu_pytorch_tanh' with mixture-of-experts"),
+    ("qwen2_moe", dict(hidden_act="gelu"), "hidden_act='gelu' with mixture-of-experts layers is not supported"),
+    ("qwen2_moe", dict(shared_expert_intermediate_size=0), "shared_expert_intermediate_size=0 is not supported"),
+])
+def test_what_qkv_cannot_compute_is_refused_naming_the_setting(family, change, problem, tmp_path):
+    """transformers runs these (gelu experts; a shared expert of width 0, which adds nothing); qkv's experts gate
+    with silu and its Qwen2-MoE has a shared expert: one error naming the setting, never other logits."""
+    with pytest.raises(ValueError, match=rf"^cannot load \S+ as {family}: {re.escape(problem)}") as e:
+        saved_and_loaded(hf_model(family, **change), tmp_path)
+    assert "\n" not in str(e.value) and str(e.value).count(";") == 0
+
+
+@pytest.mark.parametrize("change", [dict(hidden_act="gelu", mlp_only_layers=[0, 1, 2, 3]),
+                                    dict(qkv_bias=False, decoder_sparse_step=2, mlp_only_layers=[1, 3])])
+def test_a_qwen2_moe_whose_every_layer_is_dense_loads_and_is_written_back(change, tmp_path):
+    """mlp_only_layers and decoder_sparse_step may leave no expert layer: dense MLPs (of any activation), and to_hf
+    writes a Qwen2-MoE again (no dense family holds q/k/v without biases beside sliding and full layers)."""
+    hf = hf_model("qwen2_moe", **change)
+    model = from_hf(hf)
+    assert not any(model.config.moe_layer(i) for i in range(4)) and padded_logits_gap(model, hf) < 1e-4
+    out, again = exported_again(model, tmp_path)
+    assert type(out) is type(hf) and same_weights(out, hf)
+    ids, mask = left_padded()
+    keep = mask.bool()
+    torch.testing.assert_close(again(ids, attention_mask=mask).logits[keep], hf(ids, attention_mask=mask).logits[keep])
+
+
 FUSED = {"mixtral", "qwen3_moe"}  # softmax top-k routing and SwiGLU experts without biases or a shared expert
 
 
@@ -156,6 +188,15 @@ def test_what_a_family_lacks_is_refused_on_export(pair):
     sigmoid = type(model)(c.replace(moe=dataclasses.replace(c.moe, score="sigmoid")))
     with pytest.raises(ValueError, match=r"moe\.score='sigmoid' \(\S+ needs 'softmax'\)"):
         to_hf(sigmoid)
+    if c.moe.d_shared is not None:  # biases in the shared expert: DeepSeek-V2's mlp_bias, not Qwen2-MoE's
+        biased = type(model)(c.replace(moe=dataclasses.replace(c.moe, shared_bias=True)))
+        with pytest.raises(ValueError, match=r"moe\.shared_bias=True \(Qwen2-MoE needs False\)"):
+            to_hf(biased)
+    if c.moe.activation == "swiglu":  # HF's experts gate with hidden_act, the dense MLPs' too
+        gelu = type(model)(c.replace(feed_forward=dataclasses.replace(c.feed_forward, activation="geglu")))
+        with pytest.raises(ValueError, match=r"activation='geglu' with a mixture of experts \(\S+'s hidden_act is "
+                                             r"the experts' too, and qkv's experts are 'swiglu'\)"):
+            to_hf(gelu)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

@@ -143,14 +143,16 @@ def feed_forward(config: ModelConfig) -> FeedForward:
 
 def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
     """The MoE feed-forward of config.moe: its router, E SwiGLU experts of width moe.d_expert (else
-    feed_forward.d_ff), a dense SwiGLU shared expert of moe.d_shared where set (× σ(shared_gate(x)) where asked)."""
+    feed_forward.d_ff), a dense SwiGLU shared expert of moe.d_shared where set (with biases where moe.shared_bias;
+    × σ(shared_gate(x)) where asked)."""
     m, C = config.moe, config.d_model
     router = Router(C, m.num_experts, m.top_k, score=m.score, top_k_first=m.top_k_first,
                     norm_topk_prob=m.norm_topk_prob, bias=m.router_bias, n_group=m.n_group, topk_group=m.topk_group,
                     correction_bias=m.has_correction_bias, scaling=m.routed_scaling_factor, group_score=m.group_score)
     experts = SwiGLUExperts(m.num_experts, C, m.d_expert or config.ff_width, bias=m.expert_bias,
                             activation=m.activation, limit=m.swiglu_limit, alpha=m.swiglu_alpha)
-    shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=False, dropout=config.dropout)
+    shared = None if m.d_shared is None else FeedForward(C, m.d_shared, "swiglu", bias=m.shared_bias,
+                                                         dropout=config.dropout)
     gate = nn.Linear(C, 1, bias=False) if m.shared_gate else None
     return MixtureOfExperts(router, experts, shared, gate)
 

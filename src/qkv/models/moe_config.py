@@ -34,6 +34,7 @@ class MoEConfig:
     swiglu_alpha: float = 1.702  # swiglu_clamped's α
     d_shared: int | None = None  # a dense SwiGLU expert always on, of this width (Qwen2-MoE, DeepSeek); None: none
     shared_gate: bool = False  # the shared expert × σ(x w_s) (Qwen2-MoE's shared_expert_gate)
+    shared_bias: bool = False  # biases in the shared expert's projections (DeepSeek-V2's mlp_bias)
     layers: tuple[str, ...] | None = None  # "moe" | "dense" per block; None: every block MoE
     aux_loss_coef: float = 0.0  # training: GPT's loss + this × the load-balancing loss (HF's router_aux_loss_coef)
     z_loss_coef: float = 0.0  # training: GPT's loss + this × the router z-loss (ST-MoE)
@@ -63,8 +64,9 @@ class MoEConfig:
                    for c in (self.aux_loss_coef, self.z_loss_coef, self.bias_update_speed)):
             out.append(f"aux_loss_coef, z_loss_coef and bias_update_speed must be numbers >= 0, got "
                        f"{self.aux_loss_coef!r}, {self.z_loss_coef!r}, {self.bias_update_speed!r}")
-        if self.shared_gate and self.d_shared is None:
-            out.append("shared_gate scales a shared expert: set d_shared too")
+        for name in ("shared_gate", "shared_bias"):
+            if getattr(self, name) and self.d_shared is None:
+                out.append(f"{name} belongs to a shared expert: set d_shared too")
         if self.layers is not None and (not isinstance(self.layers, tuple)
                                         or not set(self.layers) <= set(MOE_LAYERS)):
             out.append(f"layers must list {' or '.join(map(repr, MOE_LAYERS))} per block, got {self.layers!r}")

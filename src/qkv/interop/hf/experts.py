@@ -22,10 +22,12 @@ from torch import Tensor
 
 from ...models import ModelConfig
 from .rules import Rule, same
+from .settings import HF_ACTIVATIONS
 
 PER_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<w>gate_proj|up_proj|down_proj)\.weight")
 PLAIN_ROUTER = dict(score="softmax", top_k_first=False, router_bias=False, n_group=None, topk_group=None,
-                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False, activation="swiglu")
+                    group_score="top2", correction_bias=False, routed_scaling_factor=1.0, expert_bias=False,
+                    activation="swiglu", shared_bias=False)
 
 
 def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list[str]) -> dict[str, Tensor]:
@@ -77,7 +79,9 @@ def moe_rules(c: ModelConfig, dense: list[Rule], shared: str | None = None) -> l
         if c.moe.correction_bias:  # DeepSeek-V3's e_score_correction_bias, a buffer in both
             out.append(same(f"{l}gate.e_score_correction_bias", f"{b}router.correction_bias"))
         if shared is not None and c.moe.d_shared is not None:
-            out += [same(f"{l}{shared}.{p}.weight", f"{b}shared.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
+            params = ("weight", "bias") if c.moe.shared_bias else ("weight",)  # DeepSeek-V2's mlp_bias
+            out += [same(f"{l}{shared}.{p}.{w}", f"{b}shared.{p}.{w}") for p in ("gate_proj", "up_proj", "down_proj")
+                    for w in params]
         if shared is not None and c.moe.shared_gate:
             out.append(same(f"{l}{shared}_gate.weight", f"{b}shared_gate.weight"))
     return out
@@ -97,6 +101,15 @@ def moe_layers(hf: dict, problems: list[str]) -> list[str] | None:
     return None if set(layers) == {"moe"} else layers
 
 
+def silu_experts(hf: dict, problems: list[str]) -> None:
+    """HF's experts (and shared experts) gate with ``hidden_act``, qkv's with silu (SwiGLU): any other function
+    is a problem (one qkv does not know at all is ``read_activation``'s)."""
+    name = hf.get("hidden_act", "silu")
+    if HF_ACTIVATIONS.get(name, "silu") != "silu":
+        problems.append(f"hidden_act={name!r} with mixture-of-experts layers is not supported (qkv's experts gate "
+                        "with silu: 'silu')")
+
+
 def router_loss_config(hf: dict) -> dict:
     """HF's load-balancing coefficient as moe.aux_loss_coef: ``router_aux_loss_coef``, which HF's
     *ForCausalLM adds to the loss only where ``output_router_logits`` is true (as qkv then does in training)."""
@@ -114,6 +127,10 @@ def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dic
         return {}
     needed = PLAIN_ROUTER | fixed
     problems += [f"moe.{k}={getattr(m, k)!r} ({family} needs {v!r})" for k, v in needed.items() if getattr(m, k) != v]
+    sparse = any(c.moe_layer(i) for i in range(c.num_layers))
+    if needed["activation"] == "swiglu" and c.activation != "swiglu" and sparse:  # hidden_act: experts' and MLPs' alike
+        problems.append(f"activation={c.activation!r} with a mixture of experts ({family}'s hidden_act is the experts' "
+                        "too, and qkv's experts are 'swiglu')")
     losses = dict(router_aux_loss_coef=m.aux_loss_coef, output_router_logits=True) if m.aux_loss_coef else {}
     return dict(num_experts_per_tok=m.top_k, norm_topk_prob=m.norm_topk_prob, decoder_sparse_step=1,
                 mlp_only_layers=[i for i in range(c.num_layers) if not c.moe_layer(i)]) | losses

@@ -4,8 +4,9 @@ weight names: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa, kv_
 
 What differs between the two, as transformers 5 models them:
 
-    V2   RoPE on interleaved pairs always (complex rotation); an MLP bias setting (mlp_bias); MoE from layer
-         first_k_dense_replace (default 0: every layer), n_routed_experts 64
+    V2   RoPE on interleaved pairs always (complex rotation); an MLP bias setting (mlp_bias: the dense MLPs' and
+         the shared experts', moe.shared_bias); MoE from layer first_k_dense_replace (default 0: every layer),
+         n_routed_experts 64
     V3   rope_interleave (default True) chooses interleaved pairs or halves; no MLP bias; first_k_dense_replace
          default 3, n_routed_experts 256
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from ....models import GPT, ModelConfig
 from ....nn.moe import routing_problems
-from ..experts import export_moe, fuse_experts, moe_rules
+from ..experts import export_moe, fuse_experts, moe_rules, silu_experts
 from ..family import Family
 from ..rules import Rule, embedding_and_head, same, tied_head
 from ..settings import expect_no_mlp_bias, rope_base_and_scaling, rope_parameters, uniform_biases
@@ -89,6 +90,7 @@ def v3_experts(hf: dict, problems: list[str]) -> dict:
     first = hf.get("first_k_dense_replace", 3)
     if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 256, 3) is None:
         return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
+    silu_experts(hf, problems)
     width, shared = hf.get("moe_intermediate_size", 2048), hf.get("n_shared_experts", 1)
     if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
         problems.append(f"n_shared_experts={shared!r} (DeepSeek-V3 has at least one shared expert)")
@@ -115,6 +117,7 @@ def v2_experts(hf: dict, problems: list[str]) -> dict:
     if not isinstance(first, int) or isinstance(first, bool) or first < 0 or moe_problem(hf, 64, 0) is None:
         return {}  # a bad first_k_dense_replace (latent_config lists it), or every layer dense
     found = v2_problems(hf)
+    silu_experts(hf, found)
     problems += found
     groups = hf.get("topk_method", "greedy") == "group_limited_greedy"
     if found:
@@ -125,25 +128,28 @@ def v2_experts(hf: dict, problems: list[str]) -> dict:
         norm_topk_prob=False, n_group=hf.get("n_group") if groups else None,
         topk_group=hf.get("topk_group") if groups else None, group_score="max",
         routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), d_shared=width * shared,
+        shared_bias=bool(hf.get("mlp_bias", False)),  # the shared experts are an MLP: mlp_bias's (the routed: none)
         layers=None if first == 0 else ["dense"] * first + ["moe"] * (n - first)))
 
 
 def v2_problems(hf: dict) -> list[str]:
     """Every problem with a DeepseekV2Config's experts: the routing (topk_method, top-k, groups), the shared
-    experts, an MLP bias (qkv's shared experts have none)."""
+    experts."""
     method, shared = hf.get("topk_method", "greedy"), hf.get("n_shared_experts", 2)
+    top_k = hf.get("num_experts_per_tok")
     out = [] if method in TOPK_METHODS else [f"topk_method={method!r} (DeepSeek-V2 routes with one of {TOPK_METHODS})"]
     if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
         out.append(f"n_shared_experts={shared!r} (DeepSeek-V2 has at least one shared expert)")
-    if hf.get("mlp_bias"):
-        out.append("mlp_bias=True with mixture-of-experts layers (qkv's shared experts have no bias)")
+    if top_k is None:  # transformers' default, which its router cannot run
+        out.append("num_experts_per_tok=None (DeepSeek-V2's mixture-of-experts layers need a top-k; None is "
+                   "DeepseekV2Config's default)")
     groups = method == "group_limited_greedy"
     n_group, topk_group = (hf.get("n_group"), hf.get("topk_group")) if groups else (None, None)
     if groups and (n_group is None or topk_group is None):
         return out + [f"topk_method='group_limited_greedy' needs n_group and topk_group, got {n_group!r}, "
                       f"{topk_group!r}"]
-    return out + routing_problems(hf.get("n_routed_experts", 64), hf.get("num_experts_per_tok"), n_group=n_group,
-                                  topk_group=topk_group, group_score="max")
+    return out + routing_problems(hf.get("n_routed_experts", 64), 1 if top_k is None else top_k,  # None: named above
+                                  n_group=n_group, topk_group=topk_group, group_score="max")
 
 
 def attention_weights(c: ModelConfig) -> list[tuple[str, bool]]:
@@ -225,9 +231,8 @@ def export_v2_experts(c: ModelConfig, problems: list[str]) -> dict:
     m = c.moe
     routing = export_moe(c, problems, "DeepSeek-V2", n_group=m.n_group, topk_group=m.topk_group,
                          group_score="max" if m.n_group else m.group_score, norm_topk_prob=False,
-                         routed_scaling_factor=m.routed_scaling_factor, shared_gate=False)
-    if c.feed_forward.bias:
-        problems.append("feed_forward.bias=True with a mixture of experts (DeepSeek-V2's experts have no bias)")
+                         routed_scaling_factor=m.routed_scaling_factor, shared_gate=False,
+                         shared_bias=c.feed_forward.bias)  # mlp_bias: the dense MLPs' and the shared experts' alike
     first = next((i for i in range(c.num_layers) if c.moe_layer(i)), c.num_layers)
     if any(not c.moe_layer(i) for i in range(first, c.num_layers)):
         problems.append("dense layers after a mixture-of-experts one (DeepSeek-V2's dense layers come first)")

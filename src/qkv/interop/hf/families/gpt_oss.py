@@ -108,7 +108,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
                                                           for k, v in s.to_dict().items()}
     fields.pop("rope_scaling", None)
     return fields | dict(
-        attention_bias=a.q_bias, layer_types=export_layer_types(c), sliding_window=a.sliding_window,
+        attention_bias=a.q_bias, layer_types=export_layer_types(c),
+        sliding_window=a.sliding_window or c.max_len,  # GptOssModel needs one, sliding layers or not: no layer slides
         num_local_experts=m.num_experts, num_experts_per_tok=m.top_k, intermediate_size=m.d_expert or c.ff_width,
         swiglu_limit=m.swiglu_limit, swiglu_alpha=m.swiglu_alpha, rope_parameters=rope | dict(rope_theta=c.position.base))
 

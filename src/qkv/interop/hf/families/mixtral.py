@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ....models import GPT, ModelConfig
-from ..experts import export_moe, router_loss_config, fuse_experts, moe_rules
+from ..experts import export_moe, fuse_experts, moe_rules, router_loss_config, silu_experts
 from ..family import Family
 from ..rules import Rule, tied_head
 from . import llama, mistral
@@ -33,6 +33,7 @@ def config(hf: dict, problems: list[str]) -> dict:
     """MixtralConfig (4.x or 5.x spelling) -> ModelConfig arguments."""
     out = mistral.config(hf, problems)
     width = hf.get("intermediate_size", 14336)
+    silu_experts(hf, problems)
     return out | dict(moe=dict(num_experts=hf.get("num_local_experts", 8), top_k=hf.get("num_experts_per_tok", 2),
                                d_expert=width, norm_topk_prob=True) | router_loss_config(hf))
 

@@ -79,16 +79,14 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
     if any(c.attention.biases) or c.feed_forward.bias:
         problems.append(f"attention biases (q, k, v, out) = {c.attention.biases}, feed_forward.bias="
                         f"{c.feed_forward.bias} (Phi-3 has none)")
-    if c.head_dim * c.attention.num_heads != c.d_model:
-        problems.append(f"head_dim={c.head_dim} with {c.attention.num_heads} heads (Phi-3's is d_model / num_heads "
-                        f"= {c.d_model // c.attention.num_heads})")
     if c.layer_types and set(c.layer_types) != {"sliding_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (Phi-3 slides in every layer or none)")
     expect(c, problems, rope_interleaved=False)
     fields = llama.decoder_export(c, problems, "Phi-3", allowed=(
         "attention.sliding_window", "layer_types", "position.rotary_dim"))
-    for name in ("head_dim", "mlp_bias"):
-        fields.pop(name)
+    fields.pop("mlp_bias")
+    if c.head_dim * c.attention.num_heads == c.d_model:
+        fields.pop("head_dim")  # not a Phi3Config field; transformers' Phi-3 reads one where a config has it
     s = c.position.scaling
     longrope = s is not None and s.type == "longrope"  # its L₀ at the top level too, where Phi3Config keeps it
     top = dict(original_max_position_embeddings=s.original_max_position_embeddings) if longrope else {}

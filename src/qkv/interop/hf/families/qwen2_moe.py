@@ -9,7 +9,7 @@ fp32 over all experts, top-k, renormalised only where ``norm_topk_prob``. Biases
 from __future__ import annotations
 
 from ....models import GPT, ModelConfig
-from ..experts import export_moe, router_loss_config, fuse_experts, moe_layers, moe_rules
+from ..experts import export_moe, fuse_experts, moe_layers, moe_rules, router_loss_config, silu_experts
 from ..family import Family
 from ..rules import Rule, tied_head
 from ..settings import expect_no_mlp_bias, read_layer_types
@@ -17,20 +17,28 @@ from . import llama, qwen2
 
 
 def config(hf: dict, problems: list[str]) -> dict:
-    """Qwen2MoeConfig (4.x or 5.x spelling) -> ModelConfig arguments."""
+    """Qwen2MoeConfig (4.x or 5.x spelling) -> ModelConfig arguments; its experts as ``moe`` even where
+    decoder_sparse_step and mlp_only_layers leave every layer dense (so that to_hf writes a Qwen2-MoE again)."""
     out = llama.config({**hf, "attention_bias": False, "mlp_bias": False}, problems)
     n, first, slides = hf.get("num_hidden_layers", 24), hf.get("max_window_layers", 28), hf.get("use_sliding_window")
     default = ["sliding_attention" if slides and i % 2 == 0 and i < first else "full_attention" for i in range(n)]
     window, types = read_layer_types(hf, problems, default)
     biases = qwen2.QWEN_BIASES if hf.get("qkv_bias", True) else dict(q_bias=False, k_bias=False, v_bias=False)
     out = out | dict(layer_types=types, attention=out["attention"] | biases | dict(sliding_window=window))
-    experts = hf.get("num_experts", 60)
-    layers = moe_layers(hf, problems)
-    if not experts or (layers is not None and "moe" not in layers):
+    experts, layers = hf.get("num_experts", 60), moe_layers(hf, problems)
+    if not experts:
         return out  # no expert anywhere: a dense Qwen2
+    sparse = layers is None or "moe" in layers  # else every layer dense, its experts kept for to_hf to write back
+    if sparse:
+        silu_experts(hf, problems)
+    shared = hf.get("shared_expert_intermediate_size", 5632)
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 1:
+        problems += [f"shared_expert_intermediate_size={shared!r} is not supported (qkv's Qwen2-MoE has a shared "
+                     "expert: a positive width)"] if sparse else []
+        return out
     return out | dict(moe=dict(
         num_experts=experts, top_k=hf.get("num_experts_per_tok", 4), d_expert=hf.get("moe_intermediate_size", 1408),
-        norm_topk_prob=hf.get("norm_topk_prob", False), d_shared=hf.get("shared_expert_intermediate_size", 5632),
+        norm_topk_prob=hf.get("norm_topk_prob", False), d_shared=shared,
         shared_gate=True, layers=layers) | router_loss_config(hf))
 
 

@@ -8,7 +8,7 @@ A sliding window in every layer where ``use_sliding_window`` (transformers 5 rea
 from __future__ import annotations
 
 from ....models import GPT, ModelConfig
-from ..experts import export_moe, router_loss_config, fuse_experts, moe_layers, moe_rules
+from ..experts import export_moe, fuse_experts, moe_layers, moe_rules, router_loss_config, silu_experts
 from ..family import Family
 from ..rules import Rule, tied_head
 from ..settings import expect_no_mlp_bias, read_layer_types
@@ -26,6 +26,7 @@ def config(hf: dict, problems: list[str]) -> dict:
     layers = moe_layers(hf, problems)
     if not experts or (layers is not None and "moe" not in layers):
         return out  # no expert anywhere: a dense Qwen3
+    silu_experts(hf, problems)
     return out | dict(moe=dict(
         num_experts=experts, top_k=hf.get("num_experts_per_tok", 8), d_expert=hf.get("moe_intermediate_size", 768),
         norm_topk_prob=hf.get("norm_topk_prob", False), layers=layers) | router_loss_config(hf))
