@@ -247,6 +247,27 @@ def test_scaled_llamas_generate_hf_greedy_tokens(saved, name):
     assert torch.equal(model.generate(ids, 32, temperature=0), want)
 
 
+@pytest.mark.parametrize("name", ["dynamic", "longrope", "yarn"])
+def test_a_left_padded_batch_decodes_hf_logits_past_the_trained_context(saved, name):
+    """Prompts of 10 and 6 real tokens (row 1 left-padded by 4), then 16 of HF's greedy tokens fed one at a time
+    through the static cache, past L₀ = 16: every step's logits within 1e-4 of HF generate's, in both rows.
+    dynamic and longrope change θ mid-decode, so where a padded row rotates matters: at its real positions, as
+    HF's position_ids (at its cache slots the row's phase would drift by pad · Δθ)."""
+    from qkv.generation.decode import StaticCache
+
+    hf, model = LlamaForCausalLM.from_pretrained(saved[name]).eval(), from_hf(saved[name])
+    ids = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                      pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    cache = StaticCache(model, 2, 26, device="cpu")
+    with torch.no_grad():
+        got = [cache.prefill(ids, mask.bool())] + [cache.step(out.sequences[:, 10 + i], 10 + i) for i in range(15)]
+    gap = max((g - w).abs().max().item() for g, w in zip(got, out.logits, strict=True))
+    assert gap < 1e-4
+
+
 @pytest.mark.parametrize("name", SCALINGS)
 def test_scaled_llamas_round_trip_exactly(saved, name, tmp_path):
     model = from_hf(saved[name])

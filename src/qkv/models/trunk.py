@@ -220,12 +220,13 @@ class Trunk(nn.Module):
                             x.dtype)  # once for every block, not once per block
         cross_mask = None if cross_mask is None else prepare_mask(cross_mask, x.dtype)
         attentions, cross_attentions = [], []
+        rope_positions = positions if self.rope_follows_length() else None  # real positions, padding not counted
         for i, block in enumerate(self.blocks):
             mask, is_causal = masks[self.layer_types[i]]
             x, w_self, w_cross = block(
                 x, context_kv=None if cross_kv is None else cross_kv[i], mask=mask, is_causal=is_causal,
                 context_mask=cross_mask, kv_cache=None if kv_caches is None else kv_caches[i],
-                input_pos=input_pos, return_weights=return_attention,
+                input_pos=input_pos, return_weights=return_attention, rope_positions=rope_positions,
             )
             attentions.append(w_self)
             cross_attentions.append(w_cross)
@@ -235,6 +236,11 @@ class Trunk(nn.Module):
             return ModelOutput(last_hidden_state=x)
         return ModelOutput(last_hidden_state=x, attentions=tuple(attentions),
                            cross_attentions=tuple(cross_attentions) if cross_kv is not None else None)
+
+    def rope_follows_length(self) -> bool:
+        """Some block's self-attention rotates with a RoPE whose table follows the length (dynamic, longrope):
+        it then rotates at real positions (``RotaryEmbedding.places``)."""
+        return any(getattr(getattr(b.attn, "rope", None), "follows_length", False) for b in self.blocks)
 
     def num_parameters(self) -> int:
         """How many numbers the model holds; a tied matrix counts once."""

@@ -387,6 +387,7 @@ class MultiHeadAttention(nn.Module):
         kv_cache=None,
         input_pos: Tensor | None = None,
         return_weights: bool = False,
+        rope_positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, L, C) [, context (B, S, kv_dim)] -> out (B, L, C) [, weights (B, H, L, S)].
 
@@ -397,13 +398,16 @@ class MultiHeadAttention(nn.Module):
         keys so far; positions continue from ``kv_cache.pos``.
         With ``input_pos`` (L,), the cache *slots* x's tokens go to, the cache is static: keys
         are the whole cache (S = its capacity) and ``mask`` must hide the slots not yet written.
+        ``rope_positions`` (L,) or (B, L): x's real positions (left padding not counted), where RoPE rotates
+        when its table follows the length (``RotaryEmbedding.places``).
         """
         self._check(x, context, context_kv, kv_cache, input_pos)
         q, k, v = self.project_qkv(x, context, context_kv)  # (B, H, L, D), (B, G, S, D), (B, G, S, D)
         # x's positions on the key axis: static slots, or continuing the cache (RoPE is relative)
         positions = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
         if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            places = self.rope.places(positions, rope_positions)
+            q, k = self.rope(q, places), self.rope(k, places)
         if input_pos is not None:
             k, v = kv_cache.write(input_pos, k, v)  # (B, G, M, D): the whole static cache
         elif kv_cache is not None:

@@ -96,12 +96,14 @@ class TransformerBlock(nn.Module):
         kv_cache=None,
         input_pos: Tensor | None = None,
         return_weights: bool = False,
+        rope_positions: Tensor | None = None,
     ) -> BlockOutput:
         """x (B, T, C) [, context (B, S, C) or its ``context_kv``] -> BlockOutput.
 
         ``mask`` / ``context_mask``: bool, True = may attend, for self- and cross-attention.
         ``context_kv``: the context's keys and values, ``cross_attn.project_kv(context)``,
-        computed once per source for step-by-step decoding.
+        computed once per source for step-by-step decoding. ``rope_positions``: x's real positions, for a RoPE
+        whose table follows the length (passed to the self-attention only when given).
         """
         if (context is not None or context_kv is not None) != (self.cross_attn is not None):
             raise ValueError(
@@ -109,14 +111,23 @@ class TransformerBlock(nn.Module):
                 f"(cross_attention={self.cross_attn is not None}, context given={context is not None}, "
                 f"context_kv given={context_kv is not None})"
             )
-        x, w_self = self._sublayer(x, self.attn_norm, lambda h: self.attn(
-            h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos, return_weights=return_weights))
+        x, w_self = self._sublayer(x, self.attn_norm, lambda h: self.self_attend(
+            h, mask, is_causal, kv_cache, input_pos, return_weights, rope_positions))
         w_cross = None
         if self.cross_attn is not None:
             x, w_cross = self._sublayer(x, self.cross_norm, lambda h: self.cross_attn(
                 h, context, context_kv=context_kv, mask=context_mask, return_weights=return_weights))
         x, _ = self._sublayer(x, self.ff_norm, self.ff)
         return BlockOutput(x, w_self, w_cross)
+
+
+    def self_attend(self, h: Tensor, mask, is_causal: bool, kv_cache, input_pos: Tensor | None, return_weights: bool,
+                    rope_positions: Tensor | None):
+        """The self-attention sublayer's call: out, or (out, weights); ``rope_positions`` only where given (an
+        attention module of one's own need not take it)."""
+        extra = {} if rope_positions is None else {"rope_positions": rope_positions}
+        return self.attn(h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
+                         return_weights=return_weights, **extra)
 
 
 def check_pre_norm_self_attention(kind: str, norm_first: bool, cross_attn: nn.Module | None) -> None:
@@ -138,12 +149,12 @@ class ParallelTransformerBlock(TransformerBlock):
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
                 mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
-                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False) -> BlockOutput:
+                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False,
+                rope_positions: Tensor | None = None) -> BlockOutput:
         """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
         if context is not None or context_kv is not None or context_mask is not None:
             raise ValueError("a parallel block has no cross-attention: pass no context, context_kv or context_mask")
-        r = self.attn(self.attn_norm(x), mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
-                      return_weights=return_weights)
+        r = self.self_attend(self.attn_norm(x), mask, is_causal, kv_cache, input_pos, return_weights, rope_positions)
         attended, weights = r if isinstance(r, tuple) else (r, None)
         fed = self.ff(self.ff_norm(x))  # (B, T, C), from x itself, not from x + attended
         if self.training:
@@ -166,13 +177,13 @@ class SandwichTransformerBlock(TransformerBlock):
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
                 mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
-                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False) -> BlockOutput:
+                kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False,
+                rope_positions: Tensor | None = None) -> BlockOutput:
         """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
         if context is not None or context_kv is not None or context_mask is not None:
             raise ValueError("a sandwich-norm block has no cross-attention: pass no context, context_kv or "
                              "context_mask")
-        r = self.attn(self.attn_norm(x), mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
-                      return_weights=return_weights)
+        r = self.self_attend(self.attn_norm(x), mask, is_causal, kv_cache, input_pos, return_weights, rope_positions)
         attended, weights = r if isinstance(r, tuple) else (r, None)
         x = x + self._dropped(self.attn_post_norm(attended))  # (B, T, C)
         x = x + self._dropped(self.ff_post_norm(self.ff(self.ff_norm(x))))

@@ -297,7 +297,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def forward(self, x: Tensor, *, mask: Tensor | PreparedMask | None = None, is_causal: bool = False,
                 kv_cache: KVCache | LatentCache | None = None, input_pos: Tensor | None = None,
-                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                return_weights: bool = False, rope_positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, L, C) -> out (B, L, C) [, weights (B, H, L, S)]; called as ``MultiHeadAttention`` is.
 
         ``mask``: bool, True = may attend, broadcastable to (B, H, L, S), S counting cached keys; or a
@@ -306,6 +306,7 @@ class MultiHeadLatentAttention(nn.Module):
         """
         self.check_inputs(x, kv_cache, input_pos)
         positions = input_pos if input_pos is not None else 0 if kv_cache is None else kv_cache.pos
+        positions = self.rope.places(positions, rope_positions)  # the real ones where the table follows the length
         q_nope, q_rope = self.queries(x, positions)  # (B, H, L, d_N), (B, H, L, d_R)
         latent, k_rope = self.latent(x, positions)  # (B, 1, L, d_c), (B, 1, L, d_R)
         attend_path = self.attend_absorbed if isinstance(kv_cache, LatentCache) else self.attend_naive

@@ -135,9 +135,21 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
             self.max_seq_len_cached = self.scaling.original_max_position_embeddings
 
+    @property
+    def follows_length(self) -> bool:
+        """Its table follows the current length (dynamic, longrope), so where it rotates is not only relative."""
+        return self.scaling.type in LENGTH_DEPENDENT
+
+    def places(self, slots: Tensor | int, real: Tensor | None) -> Tensor | int:
+        """Where to rotate a call's tokens: their cache ``slots`` (RoPE is relative, so a padded row's shift
+        cancels), or, where the table follows the length, their ``real`` positions (T,) or (B, T) when given:
+        left padding must neither lengthen the input nor shift a padded row's phase when the table changes
+        mid-decode (transformers rotates at real positions)."""
+        return real if real is not None and self.follows_length else slots
+
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin of pos·θ_i, each (…, R/2), in float32, times the scaling's attention factor."""
-        if self.scaling.type in LENGTH_DEPENDENT:
+        if self.follows_length:
             self.follow_length(positions)
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (…, R/2)
         if self.attention_factor == 1.0:
