@@ -161,7 +161,8 @@ def test_a_qwen2_moe_whose_every_layer_is_dense_loads_and_is_written_back(change
     torch.testing.assert_close(again(ids, attention_mask=mask).logits[keep], hf(ids, attention_mask=mask).logits[keep])
 
 
-FUSED = {"mixtral", "qwen3_moe"}  # softmax top-k routing and SwiGLU experts without biases or a shared expert
+FUSED = {"mixtral", "qwen3_moe", "qwen2_moe"}  # softmax top-k routing, SwiGLU experts without biases, a (gated)
+# shared expert without biases
 
 
 def test_the_fused_step_decodes_or_refuses_and_gguf_exports_or_refuses_in_one_line(pair):
