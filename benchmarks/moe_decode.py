@@ -95,10 +95,9 @@ HEADER = {"en": ["model", "parameters", "auto ran", "qkv eager tok/s", "qkv auto
                  "HF tok/s", "HF 静态缓存 tok/s", "auto / HF", "auto / HF 静态", "inductor / HF",
                  "inductor / HF 静态"]}
 NOTE = {"en": "batch 1, prompt {p}, {n} new tokens, greedy, fp32, {t} threads; medians of round-robin rounds in one "
-              "process; every contender's tokens equal qkv eager's (asserted). The machine's 2 cores were shared "
-              "with other work while measuring.",
+              "process; every contender's tokens equal qkv eager's (asserted).",
         "zh": "batch 1，提示 {p} 个 token，生成 {n} 个，贪心，fp32，{t} 个线程；同一进程内轮流调用各轮的中位数；"
-              "各方生成的 token 与 qkv eager 相同（已断言）。测量时机器的 2 个核心与其他任务共用。"}
+              "各方生成的 token 与 qkv eager 相同（已断言）。"}
 
 
 def main(argv=None) -> str:
