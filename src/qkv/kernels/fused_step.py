@@ -87,7 +87,8 @@ CONFIG = {  # field (section.name) -> the values the step computes as the model 
     "position.kind": {"learned", "sinusoidal", "rope", "none"}, "position.base": ANY, "position.interleaved": ANY,
     "position.sinusoidal_layout": ANY,
     "position.scaling": Where(fixed_rope_table, "RoPE whose table is fixed: no scaling, or a type other than "
-                              + " and ".join(repr(t) for t in LENGTH_DEPENDENT) + ", whose θ follow the current length"),
+                              + " and ".join(repr(t) for t in LENGTH_DEPENDENT)
+                              + ", whose θ follow the current length"),
     "feed_forward.d_ff": ANY, "feed_forward.activation": {a for a, act in ACTIVATIONS.items() if act.base in ACTS},
     "feed_forward.bias": ANY,
     "normalization.kind": {"layernorm", "rmsnorm"}, "normalization.eps": ANY, "normalization.first": {True},

@@ -8,10 +8,10 @@ speed-layer swap).
 
 The reference layer's grouped dispatch (qkv.nn.moe.grouped_dispatch) runs one product per expert and so records
 E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in one call, one gradient op per
-weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as ``F.linear``'s products. In bf16 each expert's
-rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a kernel per matrix shape, and the experts' loads
-change every step. It is built and tested for a CPU, fp32 or bf16 products, SwiGLU experts without biases and
-rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
+weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as
+``F.linear``'s products. In bf16 each expert's rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a
+kernel per matrix shape, and the experts' loads change every step. It is built and tested for a CPU, fp32 or
+bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
 inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason.
 Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """

@@ -15,8 +15,8 @@ which function computes some of its steps — a module's class, swapped in place
                              and the benchmarks do); accelerated(model, training=True) for training's swap
 
 Only a module of exactly the reference class is swapped (a subclass such as a LoRA layer, a module with
-hooks, or a linear whose weight torchao quantised (``qkv.kernels.quant``) keeps its own forward), so a saved, copied, moved, adapted or trained model behaves as the reference
-one does.
+hooks, or a linear whose weight torchao quantised (``qkv.kernels.quant``) keeps its own forward), so a saved,
+copied, moved, adapted or trained model behaves as the reference one does.
 """
 from __future__ import annotations
 

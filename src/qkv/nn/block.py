@@ -120,7 +120,6 @@ class TransformerBlock(nn.Module):
         x, _ = self._sublayer(x, self.ff_norm, self.ff)
         return BlockOutput(x, w_self, w_cross)
 
-
     def self_attend(self, h: Tensor, mask, is_causal: bool, kv_cache, input_pos: Tensor | None, return_weights: bool,
                     rope_positions: Tensor | None):
         """The self-attention sublayer's call: out, or (out, weights); ``rope_positions`` only where given (an

@@ -50,7 +50,8 @@ def fuse_experts(tensors: dict[str, Tensor], config: ModelConfig, problems: list
         missing, wrong = missing + absent, wrong + uneven
         if absent or uneven:
             continue
-        stack = {w: torch.stack([out.pop(found[w, e]) for e in range(E)]) for w in ("gate_proj", "up_proj", "down_proj")}
+        stack = {w: torch.stack([out.pop(found[w, e]) for e in range(E)])
+                 for w in ("gate_proj", "up_proj", "down_proj")}
         out[f"{layer}.gate_up_proj"] = torch.cat([stack["gate_proj"], stack["up_proj"]], dim=1)  # (E, 2I, C)
         out[f"{layer}.down_proj"] = stack["down_proj"]  # (E, C, I)
     if missing:

@@ -111,7 +111,8 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
         attention_bias=a.q_bias, layer_types=export_layer_types(c),
         sliding_window=a.sliding_window or c.max_len,  # GptOssModel needs one, sliding layers or not: no layer slides
         num_local_experts=m.num_experts, num_experts_per_tok=m.top_k, intermediate_size=m.d_expert or c.ff_width,
-        swiglu_limit=m.swiglu_limit, swiglu_alpha=m.swiglu_alpha, rope_parameters=rope | dict(rope_theta=c.position.base))
+        swiglu_limit=m.swiglu_limit, swiglu_alpha=m.swiglu_alpha,
+        rope_parameters=rope | dict(rope_theta=c.position.base))
 
 
 FAMILY = Family(

@@ -23,7 +23,8 @@ OLD_EXPERT = re.compile(r"(.*\.experts\.\d+)\.(w[123])\.weight")
 
 
 def rename(key: str) -> str:
-    """A Mixtral checkpoint's key (block_sparse_moe, experts.{e}.w1) -> transformers 5's (mlp, experts.{e}.gate_proj)."""
+    """A Mixtral checkpoint's key (block_sparse_moe, experts.{e}.w1) -> transformers 5's
+    (mlp, experts.{e}.gate_proj)."""
     key = key.replace(".block_sparse_moe.", ".mlp.")
     m = OLD_EXPERT.fullmatch(key)
     return f"{m[1]}.{EXPERT_NAMES[m[2]]}.weight" if m else key
