@@ -32,8 +32,10 @@ def auto_means(name: str) -> Iterator[torch.device]:
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0, local_world: int = 1) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a torch.device; ValueError for CUDA on a machine without it, a GPU index the
-    machine lacks, or one fixed GPU for several processes of a torchrun job (each takes ``cuda:LOCAL_RANK``)."""
+    """auto | cpu | cuda | cuda:N -> a torch.device, made the current CUDA device (``torch.cuda.set_device``: the
+    streams, graphs and ``torch.cuda`` calls that name no device follow it); ValueError for CUDA on a machine
+    without it, a GPU index the machine lacks, or one fixed GPU for several processes of a torchrun job (each
+    takes its own, ``local_gpu``)."""
     if name == "auto":
         name = AUTO[-1] if AUTO else "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
@@ -42,15 +44,28 @@ def resolve_device(name: str = "auto", local_rank: int = 0, local_world: int = 1
         raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
     if not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
+    count = torch.cuda.device_count()
     if name == "cuda":
-        name = f"cuda:{local_rank}"
+        name = f"cuda:{local_gpu(local_rank, count)}"
     elif local_world > 1:
         raise ValueError(f"--device {name} under torchrun: its {local_world} processes would share one GPU; pass "
                          "--device cuda (each process takes cuda:LOCAL_RANK)")
-    index, count = int(name[5:]), torch.cuda.device_count()
-    if index >= count:
+    if int(name[5:]) >= count:
         raise ValueError(f"--device {name}: this machine has {count} GPU(s), cuda:0 … cuda:{count - 1}")
-    return torch.device(name)
+    device = torch.device(name)
+    torch.cuda.set_device(device)
+    return device
+
+
+def local_gpu(local_rank: int, count: int) -> int:
+    """The GPU index of torchrun's process ``local_rank`` that sees ``count`` GPUs: its own rank's; where each
+    process sees one GPU alone (CUDA_VISIBLE_DEVICES set per rank), that one, 0. ValueError otherwise."""
+    if local_rank < count:
+        return local_rank
+    if count == 1:
+        return 0
+    raise ValueError(f"LOCAL_RANK {local_rank} sees {count} GPU(s): give each process its own GPU (as many "
+                     "visible GPUs as processes per machine, or one visible GPU per process)")
 
 
 def device_type(name: str = "auto") -> str:
@@ -82,21 +97,30 @@ def cpu_bf16_capped(env: dict | None = None) -> str | None:
 
 
 def native_bf16(device: str = "auto") -> bool:
-    """``device`` (auto | cpu | cuda[:N]) computes bfloat16 products natively: a GPU with bf16, or a CPU with
-    AVX-512 BF16 or AMX tiles that this process may use (``cpu_bf16_capped``), where bf16 matrix products beat
-    fp32's (elsewhere bf16 is emulated, slower)."""
+    """``device`` (auto | cpu | cuda[:N]) computes bfloat16 products natively: a GPU of compute capability 8.0 or
+    more (``cuda_bf16``), or a CPU with AVX-512 BF16 or AMX tiles that this process may use (``cpu_bf16_capped``),
+    where bf16 matrix products beat fp32's (elsewhere bf16 is emulated, slower)."""
     if device != "cpu" and torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
+        return cuda_bf16(device)
     if cpu_bf16_capped() is not None:
         return False
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(probe() for probe in probes if probe is not None)  # torch.cpu's probes; absent in old torch: False
 
 
+def cuda_bf16(device: str = "cuda") -> bool:
+    """The GPU ``device`` (cuda | cuda:N | auto: the current one) has bf16 tensor cores: compute capability 8.0
+    (Ampere) or more. ``torch.cuda.is_bf16_supported()`` says True on a V100 or T4 too, where bf16 is emulated."""
+    index = int(device[5:]) if device.startswith("cuda:") else None
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
 def bf16_words(device: str = "auto") -> str:
     """Why ``native_bf16(device)`` says what it says, in a few words (a run's summary records them)."""
     if device != "cpu" and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()}: bf16 {'supported' if torch.cuda.is_bf16_supported() else 'not supported'}"
+        major, minor = torch.cuda.get_device_capability()
+        native = "native" if cuda_bf16(device) else "emulated (compute capability below 8.0)"
+        return f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}): bf16 {native}"
     capped = cpu_bf16_capped()
     if capped:
         return f"CPU capped by {capped}: bf16 emulated"

@@ -11,8 +11,10 @@ E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in on
 weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as
 ``F.linear``'s products. In bf16 each expert's rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a
 kernel per matrix shape, and the experts' loads change every step. It is built and tested for a CPU, fp32 or
-bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names why not); elsewhere, in eval, without autograd or
-inside torch.compile the layer keeps its own dispatch, and ``grouped_mm_fallback`` holds the reason.
+bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names
+why not); on a GPU of compute capability 9.0 or more it takes bf16 products (torch's CUTLASS kernel; rows unpadded,
+so no host sync). Elsewhere, in eval, without autograd or inside torch.compile the layer keeps its own dispatch,
+and ``grouped_mm_fallback`` holds the reason.
 Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """
 from __future__ import annotations
@@ -44,16 +46,31 @@ def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
     bf16 (autocast's included), no biases, rows 16-byte aligned), or None."""
     if not hasattr(torch, "_grouped_mm"):
         return "this torch has no _grouped_mm"
-    dtype = product_dtype(x)
-    if x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return f"a {x.device.type} {dtype} product, not a CPU fp32 or bf16 one"
-    if not torch.is_autocast_enabled("cpu") and x.dtype != experts.gate_proj.dtype:
+    dtype, device = product_dtype(x), x.device
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if (reason := device_refusal(device.type, dtype, capability)) is not None:
+        return reason
+    if not torch.is_autocast_enabled(device.type) and x.dtype != experts.gate_proj.dtype:
         return f"tokens in {x.dtype}, weights in {experts.gate_proj.dtype}"
     if experts.gate_bias is not None:
         return "biased experts"
     I, C = experts.gate_proj.shape[1:]
     size = dtype.itemsize
     return None if (I * size) % 16 == 0 == (C * size) % 16 else "rows not 16-byte aligned"
+
+
+def device_refusal(device: str, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
+    """Why ``torch._grouped_mm`` has no kernel for ``dtype`` products on ``device`` (cpu | cuda of compute
+    ``capability``), or None: a CPU's takes fp32 and bf16; CUDA's (CUTLASS, Hopper and later) bf16."""
+    if device == "cpu":
+        return None if dtype in (torch.float32, torch.bfloat16) else f"a cpu {dtype} product, not a CPU fp32 or bf16 one"
+    if device != "cuda":
+        return f"a {device} {dtype} product, not a CPU or CUDA one"
+    if dtype != torch.bfloat16:
+        return f"a cuda {dtype} product: _grouped_mm's CUDA kernel takes bf16"
+    if capability < (9, 0):
+        return f"compute capability {capability[0]}.{capability[1]}: _grouped_mm's CUDA kernel needs 9.0 or more"
+    return None
 
 
 def grouped_mm_experts(experts: SwiGLUExperts, x: Tensor, rows: Tensor) -> Tensor:

@@ -47,7 +47,10 @@ class Embeddings(nn.Module):
         self.vocab_size = config.vocab_size
         # Without it, N(0, 0.02) token vectors are drowned by sinusoids of amplitude 1.
         self.scale = math.sqrt(config.d_model) if e.scale else 1.0
-        self.scale_in_dtype = e.scale_in_dtype  # Gemma: x · tensor(√C, dtype=x.dtype), the factor rounded first
+        # Gemma: x · tensor(√C, dtype=x.dtype), the factor rounded first; kept as Python numbers (no tensor made on
+        # the device in the forward: a recorded CUDA graph cannot copy from the host)
+        self.scales = {dt: torch.tensor(self.scale, dtype=dt).item() for dt in (torch.float16, torch.bfloat16)} \
+            if e.scale_in_dtype else {}
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
@@ -57,7 +60,7 @@ class Embeddings(nn.Module):
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range [{low}, {high}]")
         x = self.tok(ids)  # (B, T, C)
         if self.scale != 1.0:
-            x = x * (torch.tensor(self.scale, dtype=x.dtype, device=x.device) if self.scale_in_dtype else self.scale)
+            x = x * self.scales.get(x.dtype, self.scale)
         if self.pos is not None:
             x = x + self.pos(positions)
         if self.token_type is not None:

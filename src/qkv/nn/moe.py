@@ -193,10 +193,7 @@ class SwiGLUExperts(nn.Module):
         """Each expert on its own contiguous rows of x (sorted by expert, counts[e] rows for expert e): one
         product per expert that has rows, the stacked weights unbound once (one gradient op per weight, not one
         per expert). x (M, C), counts (E,) long -> (M, C)."""
-        weights = [None if p is None else p.unbind(0) for p in self.weights()]  # 6 × (E × one expert's) or None
-        ys = [self.expert(rows, *(None if w is None else w[e] for w in weights))
-              for e, rows in enumerate(x.split(counts.tolist())) if rows.numel()]  # one host sync
-        return torch.cat(ys) if ys else x.new_zeros(x.shape)
+        return per_expert(self, x, counts)
 
     def activate(self, gate: Tensor, up: Tensor) -> Tensor:
         """h from the gate and up products (..., I): silu(gate) ⊙ up, or gpt-oss's clamped variant."""
@@ -213,6 +210,17 @@ class SwiGLUExperts(nn.Module):
             return out if bias is None else out + bias.index_select(0, idx)
         gate, up = product(self.gate_proj, self.gate_bias, x), product(self.up_proj, self.up_bias, x)  # (M, I)
         return product(self.down_proj, self.down_bias, self.activate(gate, up))  # (M, C)
+
+
+@torch.compiler.disable
+def per_expert(experts: SwiGLUExperts, x: Tensor, counts: Tensor) -> Tensor:
+    """``SwiGLUExperts.segments``'s loop, outside any compiled graph: the row counts are read on the host (one sync),
+    and a graph traced through the split would be recompiled for every new split (the experts' loads change every
+    step) until dynamo's limit, then run eagerly. Left out, the graphs around it keep static shapes."""
+    weights = [None if p is None else p.unbind(0) for p in experts.weights()]  # 6 × (E × one expert's) or None
+    ys = [experts.expert(rows, *(None if w is None else w[e] for w in weights))
+          for e, rows in enumerate(x.split(counts.tolist())) if rows.numel()]  # one host sync
+    return torch.cat(ys) if ys else x.new_zeros(x.shape)
 
 
 def reference_dispatch(x: Tensor, routing: Routing, experts: nn.Module) -> Tensor:

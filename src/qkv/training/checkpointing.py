@@ -3,7 +3,7 @@ restores the training state, saving (whole or sharded) and resuming."""
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
@@ -113,7 +113,7 @@ class RecipeCheckpoints:
             return
         try:
             self.run.save_model(whole, self.task.tokenizer, step=self.state.step)
-            self.run.save_state(asdict(state))  # last: it names the complete distributed checkpoint, if any
+            self.run.save_state(state.to_dict())  # last: it names the complete distributed checkpoint, if any
             self.sharded_saved = state.sharded
             self.run.discard_sharded(keep=self.sharded_saved)
         except DiskFullError as e:

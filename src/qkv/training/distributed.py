@@ -6,8 +6,23 @@ process group (gloo on CPU, nccl on CUDA) so that every rank takes the same deci
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
+
+from ..runtime import local_gpu
+
+# How long a collective waits for the slowest rank (NCCL's default is 10 minutes): the other ranks wait in the next
+# one while rank 0 alone writes a whole checkpoint, which for a large model on a slow disk takes longer.
+DIST_TIMEOUT = timedelta(minutes=60)
+
+
+def process_group_options(*, cuda: bool, local_rank: int, gpus: int) -> dict:
+    """``init_process_group``'s arguments: nccl bound to this process's GPU (``device_id``: the communicator made
+    at once, on the right GPU; ``local_gpu``), else gloo; both waiting ``DIST_TIMEOUT``."""
+    if not cuda:
+        return {"backend": "gloo", "timeout": DIST_TIMEOUT}
+    return {"backend": "nccl", "device_id": torch.device("cuda", local_gpu(local_rank, gpus)), "timeout": DIST_TIMEOUT}
 
 
 class Dist:
@@ -31,9 +46,10 @@ class Dist:
         local, owns = int(os.environ.get("LOCAL_RANK", "0")), False
         if not dist.is_initialized():
             cuda = device_name != "cpu" and torch.cuda.is_available()
+            options = process_group_options(cuda=cuda, local_rank=local, gpus=torch.cuda.device_count() if cuda else 0)
             if cuda:
-                torch.cuda.set_device(local)
-            dist.init_process_group("nccl" if cuda else "gloo")
+                torch.cuda.set_device(options["device_id"])
+            dist.init_process_group(**options)
             owns = True
         return cls(dist.get_rank(), dist.get_world_size(), local, owns_group=owns,
                    local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import nullcontext
-from typing import Any, Callable
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -24,13 +24,16 @@ SYNC_STEPS = 25  # on a GPU the losses are read back (the host waits for the dev
 
 
 def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
-               autocast=nullcontext, ddp: bool = False) -> Tensor:
+               autocast=nullcontext, sharding: str = "none") -> Tensor:
     """One optimizer step over ``grad_accum`` micro-batches: gradients of the mean loss are accumulated
-    (DDP syncs on the last one only), clipped to ``grad_clip`` and applied. Returns the mean loss (detached)."""
+    (under ddp or fsdp reduced on the last one only, ``gradient_sync``), clipped to ``grad_clip`` and applied.
+    Returns the mean loss (detached)."""
+    if sharding not in ("none", "ddp", "fsdp"):
+        raise ValueError(f"sharding must be none, ddp or fsdp, got {sharding!r}")
     micros = list(micros)
     step_loss = None
     for m, micro in enumerate(micros):
-        with model.no_sync() if ddp and m < len(micros) - 1 else nullcontext():
+        with gradient_sync(model, sharding, m == len(micros) - 1):
             with autocast():
                 loss = loss_fn(model, micro)
             (loss / len(micros)).backward()
@@ -41,6 +44,19 @@ def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], 
     opt.zero_grad(set_to_none=True)
     return step_loss
 
+
+@contextmanager
+def gradient_sync(model, sharding: str, last: bool) -> Iterator[None]:
+    """Inside, the backward reduces gradients over the ranks only on a step's ``last`` micro-batch: DDP's
+    ``no_sync`` before it; FSDP2's ``set_requires_gradient_sync(False)`` (its reduce-scatter skipped, the
+    unsharded gradients accumulated), switched back on for the last. One process: nothing to reduce."""
+    if sharding == "ddp" and not last:
+        with model.no_sync():
+            yield
+        return
+    if sharding == "fsdp":
+        model.set_requires_gradient_sync(last)
+    yield
 
 
 class RecipeLoop:
@@ -62,7 +78,7 @@ class RecipeLoop:
         set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
         micros = self.task.draw(self.batch_gen, cfg, self.dist)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
-                                         autocast=self.autocast, ddp=self.sharding == "ddp"))
+                                         autocast=self.autocast, sharding=self.sharding))
         for hook in self.step_hooks:  # after optimizer.step(): e.g. the experts' load and balancing bias
             hook.after_step()
         s.step += 1

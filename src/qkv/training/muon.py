@@ -30,8 +30,7 @@ def ns_dtype_for(device: torch.device | str) -> torch.dtype:
     """bf16 where ``device`` computes bf16 products natively, else fp32 (where bf16 would be emulated)."""
     from ..runtime import native_bf16
 
-    kind = torch.device(device).type if not isinstance(device, str) else device
-    return torch.bfloat16 if native_bf16(str(kind)) else torch.float32
+    return torch.bfloat16 if native_bf16(str(device)) else torch.float32
 
 
 def newton_schulz(g: Tensor, *, dtype: torch.dtype = torch.bfloat16, steps: int = NS_STEPS,

@@ -75,7 +75,10 @@ def checkpoint_blocks(model: nn.Module) -> int:
 
 
 def has_bf16(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    """``device`` is a GPU with native bf16 (``qkv.runtime.cuda_bf16``: emulated bf16 is slower than fp32)."""
+    from ..runtime import cuda_bf16
+
+    return device.type == "cuda" and cuda_bf16(str(device))
 
 
 def shard_model(model: nn.Module, device: torch.device, world: int, *, bf16: bool = False) -> nn.Module:

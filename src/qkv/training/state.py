@@ -47,6 +47,11 @@ class TrainState:
     sharded: str | None = None  # fsdp: the run's DCP checkpoint of weights and optimizer (RunDir.sharded_name)
     threads: int | None = None  # CPU threads the run trained with (a resume keeps them, see Recipe.run_threads)
 
+    def to_dict(self) -> dict:
+        """The fields by name, holding the live tensors themselves (``dataclasses.asdict`` would deep-copy every
+        weight and optimizer moment, on the device, before saving); the inverse of ``from_dict``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     @classmethod
     def from_dict(cls, d: dict, *, where: str) -> "TrainState":
         known = {f.name for f in fields(cls)}

@@ -1,0 +1,231 @@
+"""The CUDA paths' decisions, tested on a CPU: gradient sync under accumulation, what a checkpoint copies, the
+device a process binds, native bf16, the compile/DDP order, the MoE layer under torch.compile, the grouped-mm
+refusal, Gemma's embedding scale, the training memory estimate and SFT's decode backend (issue 57)."""
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from qkv.training.loop import train_step
+
+
+class SyncRecorder(nn.Linear):
+    """A model with FSDP2's ``set_requires_gradient_sync`` (and DDP's ``no_sync``), recording the state at each
+    backward."""
+
+    def __init__(self) -> None:
+        super().__init__(2, 1)
+        self.sync, self.seen = True, []
+
+    def set_requires_gradient_sync(self, flag: bool, *, recurse: bool = True) -> None:
+        self.sync = flag
+
+    def no_sync(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def off():
+            before, self.sync = self.sync, False
+            yield
+            self.sync = before
+        return off()
+
+
+def loss_of(model, micro):
+    model.seen.append(model.sync)
+    return model(micro).sum()
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_accumulation_reduces_gradients_on_the_last_micro_batch_only(sharding):
+    model = SyncRecorder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_step(model, opt, [torch.ones(1, 2)] * 3, loss_of, sharding=sharding)
+    assert model.seen == [False, False, True]
+    assert model.sync  # left on for whatever runs next (evaluation, the next step)
+
+
+def test_one_process_never_touches_gradient_sync():
+    model = SyncRecorder()
+    train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)] * 2, loss_of)
+    assert model.seen == [True, True]
+
+
+def test_train_step_refuses_an_unknown_sharding():
+    model = SyncRecorder()
+    with pytest.raises(ValueError, match="sharding"):
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)], loss_of, sharding="zero")
+
+
+def test_a_checkpoint_saves_the_live_tensors_without_copying_them():
+    """asdict would deep-copy every weight and optimizer moment on the device before torch.save."""
+    from types import SimpleNamespace
+
+    from qkv.training.checkpointing import RecipeCheckpoints
+    from qkv.training.state import TrainState
+
+    weight, moment = torch.ones(3), torch.zeros(3)
+    state = TrainState(step=5, model={"w": weight}, optimizer={"state": {0: {"exp_avg": moment}}},
+                       running=[1.0, 2])
+    saved = {}
+    run = SimpleNamespace(save_model=lambda *a, **k: None, save_state=saved.update, discard_sharded=lambda **k: None)
+    recipe = SimpleNamespace(run=run, cfg=SimpleNamespace(lora=0), dist=SimpleNamespace(is_main=True),
+                             sharding="none", state=state, task=SimpleNamespace(tokenizer=None), last_saved=None,
+                             gathered_model=lambda frozen: None, capture_state=lambda: state)
+    RecipeCheckpoints.save(recipe)
+    assert saved["model"]["w"] is weight and saved["optimizer"]["state"][0]["exp_avg"] is moment
+    assert saved["step"] == 5 and saved["running"] == [1.0, 2] and set(saved) == set(TrainState.__dataclass_fields__)
+
+
+def gpus(count: int, capability=(9, 0)):
+    """torch.cuda as a machine with ``count`` GPUs of ``capability`` shows it (set_device recorded)."""
+    return mock.patch.multiple(torch.cuda, is_available=mock.Mock(return_value=True),
+                               device_count=mock.Mock(return_value=count), set_device=mock.Mock(),
+                               get_device_capability=mock.Mock(return_value=capability),
+                               is_bf16_supported=mock.Mock(return_value=True))
+
+
+def test_a_process_on_cuda_n_makes_it_the_current_device():
+    """Streams, graphs and ``torch.cuda`` calls without a device follow the current one, not ``--device``."""
+    from qkv.runtime import resolve_device
+
+    with gpus(2):
+        assert resolve_device("cuda:1") == torch.device("cuda:1")
+        torch.cuda.set_device.assert_called_once_with(torch.device("cuda:1"))
+    with gpus(2):
+        assert resolve_device("cpu") == torch.device("cpu")
+        torch.cuda.set_device.assert_not_called()
+
+
+def test_each_rank_seeing_one_gpu_takes_it():
+    """torchrun with CUDA_VISIBLE_DEVICES set per rank: LOCAL_RANK 1 sees one GPU, its cuda:0."""
+    from qkv.runtime import local_gpu, resolve_device
+
+    assert local_gpu(1, 4) == 1 and local_gpu(3, 1) == 0 and local_gpu(0, 1) == 0
+    with pytest.raises(ValueError, match="LOCAL_RANK 3 .* 2 GPU"):
+        local_gpu(3, 2)
+    with gpus(1):
+        assert resolve_device("cuda", local_rank=1, local_world=2) == torch.device("cuda:0")
+
+
+def test_the_process_group_binds_its_gpu_and_waits_for_a_long_save():
+    from datetime import timedelta
+
+    from qkv.training.distributed import DIST_TIMEOUT, process_group_options
+
+    cuda = process_group_options(cuda=True, local_rank=1, gpus=2)
+    assert cuda == {"backend": "nccl", "device_id": torch.device("cuda:1"), "timeout": DIST_TIMEOUT}
+    assert process_group_options(cuda=True, local_rank=1, gpus=1)["device_id"] == torch.device("cuda:0")
+    assert process_group_options(cuda=False, local_rank=1, gpus=0) == {"backend": "gloo", "timeout": DIST_TIMEOUT}
+    assert DIST_TIMEOUT > timedelta(minutes=10)  # NCCL's default, which a large rank-0 checkpoint write outlasts
+
+
+@pytest.mark.parametrize("capability, native", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((9, 0), True)])
+def test_bf16_is_native_from_compute_capability_8(capability, native):
+    """V100 (7.0) and T4 (7.5) report bf16 "supported" (emulated, slow): neither is a native bf16 GPU."""
+    from qkv.runtime import native_bf16
+    from qkv.training.muon import ns_dtype_for
+    from qkv.training.sharding import has_bf16
+
+    with gpus(1, capability):
+        assert native_bf16("cuda") is native
+        assert has_bf16(torch.device("cuda:0")) is native
+        assert ns_dtype_for(torch.device("cuda:0")) == (torch.bfloat16 if native else torch.float32)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "none"])
+def test_the_compiler_sees_the_ddp_wrapper(sharding):
+    """torch.compile over DDP (dynamo's DDPOptimizer splits the graph at DDP's buckets), so that each bucket's
+    all-reduce overlaps the rest of the backward; DDP over a compiled model reduces only after the whole backward."""
+    from types import SimpleNamespace
+
+    from qkv.training.recipe import Recipe
+
+    class FakeDDP(nn.Module):
+        def __init__(self, module, device_ids=None):
+            super().__init__()
+            self.module = module
+
+    plain = nn.Linear(2, 2)
+    recipe = SimpleNamespace(model=plain, cfg=SimpleNamespace(compile=True), sharding=sharding,
+                             device=torch.device("cpu"))
+    with mock.patch("torch.nn.parallel.DistributedDataParallel", FakeDDP), \
+            mock.patch("torch.compile", side_effect=lambda m, **kw: ("compiled", m)), \
+            mock.patch("qkv.training.recipe.use_compile_cache"):
+        kind, inner = Recipe.wrapped(recipe)
+    assert kind == "compiled"
+    assert (isinstance(inner, FakeDDP) and inner.module is plain) if sharding == "ddp" else inner is plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gemma_embedding_scale_copies_nothing_to_the_device(dtype):
+    """Gemma multiplies by √C rounded to the activations' dtype; a tensor made on the device for it inside a
+    recorded CUDA graph step is a host-to-device copy, which fails the capture. The product is unchanged."""
+    from qkv.models import ModelConfig
+    from qkv.models.trunk import Embeddings
+
+    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "num_heads": 2, "num_layers": 1,
+                                    "max_len": 16, "embedding": {"scale": True, "scale_in_dtype": True}})
+    embeddings = Embeddings(config).to(dtype)
+    ids = torch.randint(0, 50, (2, 5))
+    made = []
+    real = torch.tensor
+
+    def spy(*args, **kwargs):
+        made.append(kwargs.get("device"))
+        return real(*args, **kwargs)
+    with mock.patch("torch.tensor", spy):
+        out = embeddings.to("meta")(ids.to("meta"), torch.arange(5, device="meta"))
+    assert out.is_meta and not [d for d in made if d is not None and torch.device(d).type != "cpu"]
+    for p in embeddings.to_empty(device="cpu").parameters():
+        p.data.normal_()
+    positions = torch.arange(5)
+    expected = embeddings.tok(ids) * torch.tensor(config.d_model ** 0.5, dtype=dtype)  # HF Gemma's normalizer
+    assert torch.equal(embeddings(ids, positions), expected + embeddings.pos(positions))
+
+
+def tiny_moe(E=4, k=2, C=8, I=8):
+    from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts
+
+    torch.manual_seed(0)
+    experts = SwiGLUExperts(E, C, I)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.5)
+    return MixtureOfExperts(Router(C, E, k, bias=True), experts)
+
+
+def test_the_grouped_dispatch_compiles_once_whatever_the_experts_loads():
+    """Each expert's row count is read on the host; traced, every new split of the rows would be a new graph until
+    dynamo's recompile limit, then eager. The per-expert loop runs outside the graph: its shapes stay static."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    layer, counter = tiny_moe(), CompileCounter()
+    compiled = torch.compile(layer, backend=counter, dynamic=False)
+    loads = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        x = torch.randn(2, 5, 8, requires_grad=True)
+        y = compiled(x)
+        loads.add(tuple(layer.expert_counts.tolist()))
+        torch.testing.assert_close(y, layer.reference_forward(x), atol=1e-6, rtol=1e-6)
+        y.sum().backward()
+        if seed == 0:
+            first = counter.frame_count
+    assert len(loads) > 2 and counter.frame_count == first
+
+
+@pytest.mark.parametrize("device, dtype, capability, refusal", [
+    ("cpu", torch.float32, None, None), ("cpu", torch.bfloat16, None, None),
+    ("cuda", torch.bfloat16, (9, 0), None), ("cuda", torch.bfloat16, (10, 0), None),
+    ("cuda", torch.float32, (9, 0), "a cuda torch.float32 product: _grouped_mm's CUDA kernel takes bf16"),
+    ("cuda", torch.bfloat16, (8, 0), "compute capability 8.0: _grouped_mm's CUDA kernel needs 9.0 or more"),
+    ("cpu", torch.float64, None, "a cpu torch.float64 product, not a CPU fp32 or bf16 one"),
+    ("mps", torch.float32, None, "a mps torch.float32 product, not a CPU or CUDA one"),
+])
+def test_grouped_mm_is_taken_on_a_gpu_that_has_its_kernel(device, dtype, capability, refusal):
+    from qkv.kernels.moe_training import device_refusal
+
+    assert device_refusal(device, dtype, capability) == refusal
