@@ -229,3 +229,72 @@ def test_grouped_mm_is_taken_on_a_gpu_that_has_its_kernel(device, dtype, capabil
     from qkv.kernels.moe_training import device_refusal
 
     assert device_refusal(device, dtype, capability) == refusal
+
+
+def tiny_gpt():
+    from qkv.models import GPT, ModelConfig
+
+    return GPT(ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, max_len=32))
+
+
+def estimate_for(task, sharding="none", world=1):
+    """``RecipeSetup.check_memory``'s estimate of a tiny GPT for ``task`` (any size fits: nothing is refused)."""
+    from types import SimpleNamespace
+
+    from qkv.training.setup import RecipeSetup
+
+    model = tiny_gpt()
+    recipe = SimpleNamespace(cfg=SimpleNamespace(batch_size=4 * world, grad_accum=1, activation_checkpointing=False,
+                                                 bf16=False), dist=SimpleNamespace(world=world), mconf=model.config,
+                             model=model, sharding=sharding, task=task, device=torch.device("cpu"))
+    RecipeSetup.check_memory(recipe, None)
+    return recipe.estimate, sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("sharding, world", [("none", 1), ("fsdp", 2)])
+def test_dpo_counts_its_reference_copy_and_both_answers_of_each_pair(sharding, world):
+    """DPO's policy scores a chosen and a rejected sequence per pair (twice the rows' activations) and keeps a frozen
+    copy of the starting weights (4 B per parameter; sharded like the model under fsdp)."""
+    from types import SimpleNamespace
+
+    plain, n = estimate_for(SimpleNamespace(T=16), sharding, world)
+    dpo, _ = estimate_for(SimpleNamespace(T=16, sequences_per_row=2, reference=tiny_gpt()), sharding, world)
+    assert dpo.states == plain.states + 4 * n // world
+    assert dpo.activations == 2 * plain.activations
+
+
+def fsdp_sharded(module: nn.Module) -> nn.Module:
+    """``module`` with the class ``fully_shard`` gives it (an ``FSDPModule``), without a process group."""
+    from torch.distributed.fsdp import FSDPModule
+
+    module.__class__ = type(f"FSDP{type(module).__name__}", (FSDPModule, type(module)), {})
+    return module
+
+
+def test_a_sharded_model_decodes_eagerly():
+    """FSDP's all-gathers run in every forward: a CUDA graph or a compiled step must not record them."""
+    from qkv.training.sharding import decode_backend
+
+    assert decode_backend(tiny_gpt()) == "auto"
+    assert decode_backend(fsdp_sharded(tiny_gpt())) == "eager"
+    inner = tiny_gpt()
+    fsdp_sharded(inner.lm_head)
+    assert decode_backend(inner) == "eager"
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_sft_final_answers_pick_the_backend_for_the_sharded_model(sharded):
+    from types import SimpleNamespace
+
+    from qkv.training.tasks.sft import SFTTask
+
+    model = fsdp_sharded(tiny_gpt()) if sharded else tiny_gpt()
+    conversation = SimpleNamespace(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    task = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "a"), val_set=[conversation], T=8,
+                           template=None, template_tokens={}, device=torch.device("cpu"))
+    decode = mock.Mock(return_value=torch.tensor([[1, 2, 3]]))
+    with mock.patch("qkv.training.tasks.sft.render", return_value=""), \
+            mock.patch("qkv.training.tasks.sft.plain_ids", return_value=[1, 2]), \
+            mock.patch("qkv.generation.generate", decode):
+        assert SFTTask.answers.__wrapped__(task, model, lambda: torch.no_grad())["val_exact_match"] == 100
+    assert decode.call_args.kwargs.get("backend", "auto") == ("eager" if sharded else "auto")

@@ -72,11 +72,16 @@ class MemoryEstimate:
 
 
 def estimate_memory(model: nn.Module, config, *, sharding: str, world: int, rows: int, T: int, blocks: int,
-                    checkpointed: bool, bf16: bool = False, device: torch.device = torch.device("cpu")) -> MemoryEstimate:
+                    checkpointed: bool, bf16: bool = False, device: torch.device = torch.device("cpu"),
+                    frozen: nn.Module | None = None) -> MemoryEstimate:
+    """The estimate per rank for micro-batches of ``rows`` sequences of ``T`` tokens; ``frozen``: a copy of the
+    weights that only runs forwards without gradients (DPO's reference), 4 B per parameter, sharded like the model."""
     activations = activation_bytes(config, blocks, rows, T, checkpointed=checkpointed, bf16=bf16,
                                    attention_weights=device.type == "cpu")
-    return MemoryEstimate(sharding, world, estimated_bytes(model, sharding, world), activations, f"{rows} x {T}",
-                          "bf16" if bf16 else "fp32")
+    states = estimated_bytes(model, sharding, world)
+    if frozen is not None:  # its parameters do not train: 4 B each
+        states += sum(4 * p.numel() for p in frozen.parameters()) // (world if sharding == "fsdp" else 1)
+    return MemoryEstimate(sharding, world, states, activations, f"{rows} x {T}", "bf16" if bf16 else "fp32")
 
 
 def memory_line(estimate: MemoryEstimate) -> str:

@@ -15,7 +15,8 @@ from .distributed import Dist
 from .expert_load import step_hooks
 from .optim import build_optimizer
 from .memory import MiB, PeakMemory, available_bytes, check_fits, estimate_memory
-from .sharding import checkpoint_blocks, full_weights, model_blocks, resolve_sharding, shard_model, whole_from
+from .sharding import (checkpoint_blocks, full_weights, model_blocks, resolve_sharding, shard_frozen, shard_model,
+                       whole_from)
 from .state import TrainState
 
 
@@ -64,11 +65,12 @@ class RecipeSetup:
     def check_memory(self, available: int | None) -> None:
         """The estimate per rank (``self.estimate``), refused when it exceeds what the device has free; rank 0's
         reading decides for all, so that every rank stops together."""
-        cfg, world = self.cfg, self.dist.world
+        cfg, world, task = self.cfg, self.dist.world, self.task
+        rows = cfg.batch_size // (world * cfg.grad_accum) * getattr(task, "sequences_per_row", 1)  # DPO: 2 a pair
         self.estimate = estimate_memory(
             self.model, self.mconf, sharding=self.sharding, world=world, checkpointed=cfg.activation_checkpointing,
-            rows=cfg.batch_size // (world * cfg.grad_accum), T=getattr(self.task, "T", self.mconf.max_len),
-            blocks=len(model_blocks(self.model)), bf16=cfg.bf16, device=self.device)
+            rows=rows, T=getattr(task, "T", self.mconf.max_len), blocks=len(model_blocks(self.model)), bf16=cfg.bf16,
+            device=self.device, frozen=getattr(task, "reference", None))
         if self.dist.world > 1 and available is not None:
             available = int(self.dist.from_main(float(available)))
         check_fits(self.estimate, available, self.device)
@@ -104,6 +106,8 @@ class RecipeSetup:
             checkpoint_blocks(self.model)
         if self.sharding == "fsdp":
             shard_model(self.model, self.device, self.dist.world, bf16=self.cfg.bf16)
+            if getattr(self.task, "reference", None) is not None:  # DPO's frozen copy: sharded too
+                shard_frozen(self.task.reference, self.device, self.dist.world, bf16=self.cfg.bf16)
 
     def eval_dist(self) -> Dist:
         """The ranks as evaluation sees them: under fsdp each rank alone, scoring every window itself, for a

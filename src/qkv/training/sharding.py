@@ -96,6 +96,24 @@ def shard_model(model: nn.Module, device: torch.device, world: int, *, bf16: boo
     return model
 
 
+def shard_frozen(model: nn.Module, device: torch.device, world: int, *, bf16: bool = False) -> nn.Module:
+    """A model that only runs forwards without gradients (DPO's reference), moved to ``device`` and sharded as
+    ``shard_model`` shards the trained one, so no rank holds a whole copy; its root's weights are dropped again after
+    each forward (FSDP2 keeps a root's gathered for the backward, which never comes). A collective to run."""
+    shard_model(model.to(device), device, world, bf16=bf16)
+    model.register_forward_hook(lambda module, args, out: module.reshard())
+    return model
+
+
+def decode_backend(model: nn.Module) -> str:
+    """The decode backend (``qkv.generation.generate``'s ``backend``) for ``model``: "eager" where FSDP shards any of
+    it (each forward all-gathers weights: collectives that a CUDA graph or a compiled step must not record), else
+    "auto"."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return "eager" if any(isinstance(m, FSDPModule) for m in model.modules()) else "auto"
+
+
 def full_weights(model: nn.Module, *, frozen: bool = True) -> dict[str, Tensor]:
     """The sharded model's whole state dict, gathered on rank 0 alone into CPU memory (the other ranks get an
     empty dict); ``frozen=False`` leaves the frozen parameters out (a LoRA run's base). A collective: every

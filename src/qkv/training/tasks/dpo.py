@@ -99,6 +99,7 @@ class DPOTask(SFTTask):
                             data="the system's gettext catalogs as preference pairs (another string's translation "
                                  "rejected)")
     reference: nn.Module | None = None
+    sequences_per_row = 2  # the policy scores each pair's chosen and rejected answers: two sequences (memory estimate)
     ref_logps: dict[str, Tensor] | None = None  # --precompute-ref: {"train", "val"}: (pairs, 2) chosen, rejected
 
     @staticmethod

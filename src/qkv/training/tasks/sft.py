@@ -256,6 +256,7 @@ class SFTTask(DecoderTask):
         against the held-out answer."""
         from ...generation import generate
         from ..metrics import chrf
+        from ..sharding import decode_backend
 
         end = self.tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(self.tokenizer, "special_id") else None
         chosen = self.val_set[:: max(1, len(self.val_set) // ANSWERED)][:ANSWERED]
@@ -265,7 +266,7 @@ class SFTTask(DecoderTask):
             prompt = render(self.template, c.messages[:last], add_generation_prompt=True, **self.template_tokens)
             ids = torch.tensor([plain_ids(self.tokenizer, prompt)[-self.T:]], device=self.device)
             with autocast():
-                out = generate(model, ids, min(64, self.T), temperature=0, eos_id=end)
+                out = generate(model, ids, min(64, self.T), temperature=0, eos_id=end, backend=decode_backend(model))
             hyps.append(self.tokenizer.decode(out[0, ids.size(1):].tolist()).split(CHATML_TOKENS[1])[0].strip())
             refs.append(c.messages[last]["content"].strip())
         exact = 100 * sum(h == r for h, r in zip(hyps, refs)) / max(1, len(refs))
