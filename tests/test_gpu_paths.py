@@ -298,3 +298,42 @@ def test_sft_final_answers_pick_the_backend_for_the_sharded_model(sharded):
             mock.patch("qkv.generation.generate", decode):
         assert SFTTask.answers.__wrapped__(task, model, lambda: torch.no_grad())["val_exact_match"] == 100
     assert decode.call_args.kwargs.get("backend", "auto") == ("eager" if sharded else "auto")
+
+
+def test_a_recorded_step_under_autocast_reads_linear_weights_cast_once():
+    """A CUDA graph recorded under autocast without its weight cache recasts every weight in every replay: the
+    linears' weights are cast once before recording instead (not a tied embedding's, nor a norm's: those are read
+    uncast), and the products are the same."""
+    from qkv.generation.cuda_graph import autocast_linears, swapped
+
+    model = tiny_gpt().eval()
+    assert autocast_linears(model, "cpu") == []  # outside autocast
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        pairs = autocast_linears(model, "cpu")
+        linears = {id(p) for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters()}
+        tied = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+        assert tied & linears and {id(p) for p, _ in pairs} == linears - tied
+        assert all(cast.dtype == torch.bfloat16 for _, cast in pairs)
+        expected = model(ids).logits
+        with swapped(pairs):
+            assert all(p.dtype == torch.bfloat16 for p, _ in pairs)
+            got = model(ids).logits
+    assert torch.equal(got, expected) and all(p.dtype == torch.float32 for p, _ in pairs)
+
+
+def test_a_recorded_step_under_autocast_keeps_the_caches_in_autocast_dtype():
+    from qkv.generation.cuda_graph import autocast_caches
+    from qkv.nn.kv_cache import KVCache
+
+    caches = [KVCache(1, 2, 4, 8), KVCache(1, 2, 4, 8)]
+    caches[0].k.normal_()
+    autocast_caches(caches, "cpu")
+    assert caches[0].k.dtype == torch.float32  # outside autocast
+    before = caches[0].k.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast_caches(caches, "cpu")
+    assert all(c.k.dtype == c.v.dtype == torch.bfloat16 for c in caches)
+    assert torch.equal(caches[0].k, before.to(torch.bfloat16))
+    caches[1].write(torch.tensor([1]), torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))  # writes cast on the way in
+    assert caches[1].k[0, 0, 1, 0] == 1

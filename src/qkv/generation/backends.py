@@ -131,7 +131,7 @@ def step_function(model, batch: int, compile: bool | str):
     if chosen == "fused":
         return fused_step.FusedStep(model)
     if chosen == "cudagraph":
-        return cuda_graph.GraphStep(last_logits(model))
+        return cuda_graph.GraphStep(last_logits(model), model)
     return compiled_step(model) if chosen == "inductor" else last_logits(model)
 
 

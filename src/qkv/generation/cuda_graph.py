@@ -89,14 +89,18 @@ class StaticStep:
 class GraphStep(StaticStep):
     """``StaticStep`` whose first call records the step as a CUDA graph; every call replays it.
 
-    If recording fails (an op that synchronises with the host, such as a data-dependent shape), the step
-    stays eager — the same tokens — with one ``BackendFallback`` warning saying why."""
+    Under autocast, ``model``'s linear weights and the caches are cast once, before recording
+    (``autocast_linears``, ``autocast_caches``), rather than in every replay. If recording fails (an op that
+    synchronises with the host, such as a data-dependent shape), the step stays eager — the same tokens — with
+    one ``BackendFallback`` warning saying why."""
 
-    def __init__(self, step) -> None:
+    def __init__(self, step, model=None) -> None:
         super().__init__(step)
+        self.model = model
         self.graph = None
         self.out: Tensor | None = None  # (B, V), the graph's output buffer
         self.failed = False
+        self.cast: list[tuple[Tensor, Tensor]] = []  # (weight, its copy in autocast's dtype) the graph reads
 
     def run(self) -> Tensor:
         if self.failed:
@@ -122,9 +126,54 @@ class GraphStep(StaticStep):
                 super().run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with autocast_uncached(), torch.cuda.graph(graph):
+        self.cast = autocast_linears(self.model, "cuda") if self.model is not None else []
+        autocast_caches(self.bound[1], "cuda")
+        with autocast_uncached(), swapped(self.cast), torch.cuda.graph(graph):
             self.out = super().run()
         self.graph = graph
+
+
+def autocast_linears(model, device_type: str) -> list[tuple[Tensor, Tensor]]:
+    """Under autocast on ``device_type``: the fp32 weights and biases of ``model``'s ``nn.Linear`` layers that no
+    other module holds (a tied embedding looks its rows up uncast), each with its copy in autocast's dtype — the
+    cast autocast makes in each of their products, made once. Outside autocast: none."""
+    if not torch.is_autocast_enabled(device_type):
+        return []
+    dtype, linear, other = torch.get_autocast_dtype(device_type), {}, set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if isinstance(module, torch.nn.Linear):
+                linear[id(p)] = p
+            else:
+                other.add(id(p))
+    return [(p, p.detach().to(dtype)) for key, p in linear.items() if key not in other and p.dtype == torch.float32]
+
+
+@contextlib.contextmanager
+def swapped(pairs: list[tuple[Tensor, Tensor]]):
+    """Inside, each parameter of ``pairs`` holds its cast copy (the products recorded read the copies)."""
+    originals = [p.data for p, _ in pairs]
+    for p, cast in pairs:
+        p.data = cast
+    try:
+        yield
+    finally:
+        for (p, _), data in zip(pairs, originals):
+            p.data = data
+
+
+def autocast_caches(kv_caches, device_type: str) -> None:
+    """Under autocast, each ``KVCache``'s and ``RingKVCache``'s fp32 keys and values kept in autocast's dtype, so
+    that a step reads them as autocast would cast them (its writes cast on the way in, ``KVCache.write``) instead of
+    casting every slot each step; other caches as they are."""
+    from ..nn.kv_cache import KVCache, RingKVCache
+
+    if not torch.is_autocast_enabled(device_type):
+        return
+    dtype = torch.get_autocast_dtype(device_type)
+    for cache in kv_caches:
+        if type(cache) in (KVCache, RingKVCache) and cache.k.dtype == torch.float32:
+            cache.k, cache.v = cache.k.to(dtype), cache.v.to(dtype)
 
 
 def autocast_uncached():
