@@ -4,9 +4,11 @@ Random weights (no download): a transformers ``LlamaForCausalLM`` of the shape b
 ``qkv.interop.from_hf``. Rows: Hugging Face ``generate`` with its dynamic cache and with
 ``cache_implementation="static"`` (which transformers compiles itself on a GPU: ``torch.compile``,
 mode "reduce-overhead"), qkv's eager, inductor and cudagraph backends, and qkv with int8 weight-only weights
-(torchao) on the default backend. Each: tokens/s of a second call (the first call's seconds, compiling or
-recording included, beside it), as a fraction of the memory roofline measured in the same run (the GB/s of a
-large device-to-device copy ÷ the bytes of weights each token reads) and as × HF static. Each qkv row's
+(torchao) on the default backend. Each: the steady tokens/s of later calls (the steps a call of n tokens takes
+beyond one of n/2: the prefill and the graph each ``generate`` records are paid once a call, and shown apart; the
+first call's seconds, compiling included, beside it), as a fraction of the memory roofline measured in the same
+run (the GB/s of a large device-to-device copy ÷ the bytes of weights each token reads, as stored: the int8 row's
+own) and as × HF static. Each qkv row's
 tokens are compared with qkv eager's. A row that breaks says what broke; the others still run. Rows not
 started within the section's budget say so.
 
@@ -62,52 +64,88 @@ def copy_gbps(device: str, nbytes: int, repeats: int = 10) -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every parameter but the input embedding table (one row of it)."""
+    """Bytes of weights one decode step reads: every parameter but the input embedding table (one row of it), as
+    stored (a quantised weight's int8 values and scales, not the float type it stands for)."""
     embed = model.embed.tok.weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    return sum(stored_bytes(p) for p in model.parameters() if p is not embed)
 
 
-def timed_twice(run, device: str) -> dict:
-    """{first_s, seconds, tokens, warned} of two calls of ``run() -> tokens (1, T + n)``: the first compiles or
-    records, the second is timed; ``warned``: the backend's fallback lines, if any."""
+def stored_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor's storage holds: a tensor subclass (torchao's Int8Tensor) counted by its inner tensors."""
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, torch.nn.Parameter):
+        names, _ = t.__tensor_flatten__()
+        return sum(stored_bytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
+
+
+def timed(run, device: str, tokens: int) -> dict:
+    """{first_s, seconds, call_s, tokens, warned} of ``run(n) -> tokens (1, T + n)``: a first call (compiling or
+    recording), then calls of ``tokens // 2`` and ``tokens`` new tokens. ``seconds``: ``tokens`` at the rate of
+    the second half of the steps (``steady_seconds``), so that what every call pays once — the prefill, the CUDA
+    graph each ``generate`` records anew — is not counted as decoding; ``call_s``: that once-a-call cost.
+    ``warned``: the backend's fallback lines, if any."""
     from qkv.generation import BackendFallback
 
+    half = max(1, tokens // 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BackendFallback)
-        t0 = time.perf_counter()
-        run()
-        sync(device)
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        tokens = run()
-        sync(device)
+        first, _ = clocked(run, device, tokens)
+        short, _ = clocked(run, device, half)
+        full, out = clocked(run, device, tokens)
     warned = sorted({str(w.message) for w in caught if issubclass(w.category, BackendFallback)})
-    return dict(first_s=first, seconds=time.perf_counter() - t0, tokens=tokens.cpu(), warned=warned)
+    seconds = steady_seconds(short, full, half, tokens)
+    return dict(first_s=first, seconds=seconds, call_s=max(0.0, full - seconds), tokens=out.cpu(), warned=warned)
 
 
-def runs(hf, model, ids, tokens: int) -> dict:
-    """Each row's name -> a function running its decode, in order of importance (the budget may cut the last)."""
-    from qkv.kernels.quant import quantize_weights
+def clocked(run, device: str, n: int) -> tuple[float, torch.Tensor]:
+    """(seconds, tokens) of ``run(n)``, the device waited for."""
+    t0 = time.perf_counter()
+    out = run(n)
+    sync(device)
+    return time.perf_counter() - t0, out
 
+
+def steady_seconds(short_s: float, long_s: float, short: int, long: int) -> float:
+    """Seconds of ``long`` steps at the rate of the steps that a call of ``long`` takes beyond one of ``short``:
+    the per-call cost cancels. Where noise makes the long call no slower, its whole time per step."""
+    if long <= short:
+        raise ValueError(f"the long call must take more steps than the short one, got {long} and {short}")
+    extra = long_s - short_s
+    return extra * long / (long - short) if extra > 0 else long_s
+
+
+def runs(hf, model, ids) -> dict:
+    """Each row's name -> a function decoding n tokens, in order of importance (the budget may cut the last)."""
     def qkv_run(backend):
-        return lambda: model.generate(ids, tokens, temperature=0, backend=backend)
+        return lambda n: model.generate(ids, n, temperature=0, backend=backend)
 
-    int8_model = []  # a quantised copy (the bf16 rows keep theirs), made on the row's first call
+    def int8(n):
+        return int8_model(model).generate(ids, n, temperature=0)
 
-    def int8():
-        if not int8_model:
-            int8_model.append(quantize_weights(copy.deepcopy(model), "int8"))
-        return int8_model[0].generate(ids, tokens, temperature=0)
-
-    hf_kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    def hf_kw(n):
+        return dict(max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return {"qkv eager": qkv_run("eager"), "qkv cudagraph": qkv_run("cudagraph"),
-            "HF generate, dynamic cache": lambda: hf.generate(ids, **hf_kw),
-            "HF generate, static cache (compiled)": lambda: hf.generate(ids, cache_implementation="static", **hf_kw),
+            "HF generate, dynamic cache": lambda n: hf.generate(ids, **hf_kw(n)),
+            "HF generate, static cache (compiled)": lambda n: hf.generate(ids, cache_implementation="static",
+                                                                          **hf_kw(n)),
             "qkv int8 weights (default backend)": int8, "qkv inductor": qkv_run("inductor")}
 
 
+QUANTISED: dict[int, object] = {}  # id(model) -> its int8 copy (the bf16 rows keep theirs), made on first use
+
+
+def int8_model(model):
+    """``model``'s int8 weight-only copy, made once (its row decodes with it; its roofline counts its bytes)."""
+    from qkv.kernels.quant import quantize_weights
+
+    if id(model) not in QUANTISED:
+        QUANTISED.clear()
+        QUANTISED[id(model)] = quantize_weights(copy.deepcopy(model), "int8")
+    return QUANTISED[id(model)]
+
+
 def measure(device: str = "cuda", tiny: bool = False, tokens: int = 256, budget_s: float = BUDGET_S) -> dict:
-    """The section's measurements: {"roofline": (tok/s, GB/s, bytes), name: timed_twice's dict or {"error": …}}."""
+    """The section's measurements: {"roofline": (tok/s, GB/s, bytes), name: timed's dict or {"error": …}}."""
     from qkv.interop import from_hf
 
     start = time.perf_counter()
@@ -117,12 +155,14 @@ def measure(device: str = "cuda", tiny: bool = False, tokens: int = 256, budget_
     gbps = copy_gbps(device, (2 << 20) if tiny else (1 << 30))
     nbytes = weight_bytes(model)
     found = {"roofline": (gbps * 1e9 / nbytes, gbps, nbytes)}
-    for name, run in runs(hf, model, ids, tokens).items():
+    for name, run in runs(hf, model, ids).items():
         if time.perf_counter() - start > budget_s:
             found[name] = {"error": f"not run: the section's {budget_s:.0f} s budget was spent"}
             continue
         try:
-            found[name] = timed_twice(run, device)
+            found[name] = timed(run, device, tokens)
+            if name.startswith("qkv int8"):  # its roofline: the bytes its own weights take
+                found[name]["bytes"] = weight_bytes(int8_model(model))
         except Exception as e:  # noqa: BLE001 — a row that breaks says so; the others still run
             traceback.print_exc()
             found[name] = {"error": f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"}
@@ -157,8 +197,10 @@ def decode_rows(device: str = "cuda", tiny: bool = False, tokens: int = 256, bud
             rows.append([f"decode: {name}", "FAILED" if got["error"].startswith("FAILED") else "not run", "",
                          got["error"]])
             continue
-        tps = tokens / got["seconds"]
-        notes = [f"first call {got['first_s']:.1f} s"]
+        tps, roof_here = tokens / got["seconds"], gbps * 1e9 / got.get("bytes", nbytes)
+        notes = [f"first call {got['first_s']:.1f} s, later calls {got['call_s']:.2f} s each before the steady steps"]
+        if "bytes" in got:
+            notes.append(f"roofline {roof_here:.0f} tok/s for its {got['bytes'] / 1e6:.1f} MB of weights a token")
         if static_tps:
             notes.append(f"{tps / static_tps:.2f} × HF static")
         if name.startswith("qkv"):
@@ -166,5 +208,5 @@ def decode_rows(device: str = "cuda", tiny: bool = False, tokens: int = 256, bud
         if name.startswith("qkv int8") and bf16_tps:
             notes.append(f"{tps / bf16_tps:.2f} × qkv cudagraph bf16")
         notes += got["warned"]
-        rows.append([f"decode: {name}", f"{tps:.0f} tok/s", f"{tps / roof:.3f} × roofline", "; ".join(notes)])
+        rows.append([f"decode: {name}", f"{tps:.0f} tok/s", f"{tps / roof_here:.3f} × roofline", "; ".join(notes)])
     return rows

@@ -86,7 +86,8 @@ def test_the_static_buffer_step_gives_eagers_tokens(on_a_gpu, monkeypatch):
     """The graph-free step (its own token and slot buffers, the cache's slots and layers) decodes as eager,
     through a window slide (max_len 64) and a left-padded batch."""
     model, made = tiny(), []
-    monkeypatch.setattr(cuda_graph, "GraphStep", lambda step, model=None: made.append(cuda_graph.StaticStep(step)) or made[-1])
+    monkeypatch.setattr(cuda_graph, "GraphStep",
+                        lambda step, model=None: made.append(cuda_graph.StaticStep(step)) or made[-1])
     ids = torch.randint(0, 64, (2, 58), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[1, :4] = False

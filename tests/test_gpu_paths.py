@@ -337,3 +337,32 @@ def test_a_recorded_step_under_autocast_keeps_the_caches_in_autocast_dtype():
     assert torch.equal(caches[0].k, before.to(torch.bfloat16))
     caches[1].write(torch.tensor([1]), torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))  # writes cast on the way in
     assert caches[1].k[0, 0, 1, 0] == 1
+
+
+def test_decode_rows_time_the_steady_steps_apart_from_each_calls_recording():
+    """Each ``generate`` records its own CUDA graph: a timed call includes a recording. The steps a call of n tokens
+    takes beyond one of n/2 are the steady ones; the once-a-call cost cancels."""
+    from benchmarks.gpu_decode import steady_seconds
+
+    per_call, per_token = 0.5, 0.01  # a recording and prefill, then each step
+    short, long = per_call + 64 * per_token, per_call + 128 * per_token
+    assert steady_seconds(short, long, 64, 128) == pytest.approx(128 * per_token)
+    assert steady_seconds(1.0, 0.9, 64, 128) == 0.9  # noise: the long call's whole time
+    with pytest.raises(ValueError, match="more steps"):
+        steady_seconds(1.0, 2.0, 8, 8)
+
+
+def test_the_int8_rows_roofline_counts_int8_bytes():
+    """A torchao Int8Tensor reports its float type's element size: counted by its inner tensors, an int8 linear
+    weight is about half its bf16 bytes."""
+    pytest.importorskip("torchao", reason="the quant extra: pip install -e '.[quant]'")
+    from benchmarks.gpu_decode import weight_bytes
+    from qkv.kernels.quant import quantize_weights
+
+    from qkv.models import GPT, ModelConfig
+
+    model = GPT(ModelConfig(vocab_size=64, d_model=128, num_heads=2, num_layers=2, max_len=32)).to(torch.bfloat16)
+    plain = weight_bytes(model)
+    quantised = weight_bytes(quantize_weights(model, "int8"))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head)
+    assert plain - quantised == pytest.approx(linear, rel=0.05)  # 2 B -> 1 B (+ one scale a row) each
