@@ -1,6 +1,6 @@
 """The GPU check: every command end to end on one CUDA GPU, and the main job's GPU figures in one table.
 
-    python -m benchmarks.gpu                              # every section (about 7 minutes on one H200 before decode)
+    python -m benchmarks.gpu                              # every section, one after another
     python -m benchmarks.gpu --only commands default      # some sections
     python -m benchmarks.gpu --nanogpt PATH/model.py      # the step against nanoGPT's model.py
     python -m benchmarks.gpu --pairs PAIRS.tsv            # translation pairs where the machine has no catalogs
@@ -10,12 +10,12 @@ Sections:
     commands  qkv train (lm, translate), a run resumed GPU → CPU → GPU, sample (two backends), translate,
               export, verify, study, bench — each a subprocess on ``--device cuda``: passed or the error's last line
     recipe    the gpt2 preset's defaults against nanoGPT's GPT-2 settings (AdamW 6e-4, β2 0.95, cosine to 6e-5)
-              on qkv's model, equal steps and batches: held-out bits per character (both runs side by side)
+              on qkv's model, equal steps and batches: held-out bits per character (one run after the other)
     default   ``qkv train`` with no preset for 3 minutes: the GPU's default preset against xz -9e; and its
               loop's steady tokens/s against its own compiled step timed alone
     step      GPT-2 small's shape (vocab 50 304, batch 16 × 1 024), bf16 autocast, compiled, fused AdamW: qkv
-              (speed layer; and with cuDNN attention) against nanoGPT's model.py on the same weights,
-              interleaved; MFU of a measured bf16 matmul peak, peak memory of each
+              (speed layer; and with cuDNN attention alone) against nanoGPT's model.py on the same weights,
+              interleaved; MFU against a measured bf16 matmul peak and against the spec sheet's, peak memory
     decode    a Llama-shaped 1.1 B model in bf16, batch-1 greedy: HF generate (dynamic, static compiled) and
               qkv's eager, cudagraph and inductor backends and int8 weights, against the memory roofline
               measured in the same run (``benchmarks/gpu_decode.py``; at most about 2 minutes)
@@ -143,21 +143,20 @@ def recipe_run(kind: str, steps: int, out: str) -> None:
                                      "recipe": s["recipe"]}))
 
 
-def start_recipes(work: Path, steps: int) -> dict:
-    """Both recipes side by side, started now (two processes on the one GPU: equal steps, so sharing it changes no
-    result); ``recipe_rows`` collects them."""
-    return {kind: subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "--recipe-run", kind, str(steps),
-                                    str(work / f"recipe-{kind}.json")], cwd=CHECKOUT)
-            for kind in ("qkv", "nanogpt")}
+def recipe_process(kind: str, steps: int, out: Path) -> int:
+    """One recipe run in its own process, waited for; its exit status."""
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--recipe-run", kind, str(steps), str(out)],
+                          cwd=CHECKOUT).returncode
 
 
-def recipe_rows(work: Path, procs: dict) -> list[list]:
+def recipe_rows(work: Path, steps: int) -> list[list]:
+    """Both recipes, one after the other (alone on the GPU, as every section is)."""
     rows = []
-    for kind, p in procs.items():
-        p.wait()
+    for kind in ("qkv", "nanogpt"):
         path = work / f"recipe-{kind}.json"
-        if p.returncode or not path.exists():
-            rows.append([f"gpt2 preset, {kind} recipe", "FAILED", "", f"exit status {p.returncode}"])
+        status = recipe_process(kind, steps, path)
+        if status or not path.exists():
+            rows.append([f"gpt2 preset, {kind} recipe", "FAILED", "", f"exit status {status}"])
             continue
         r = json.loads(path.read_text())
         words = r["recipe"]
@@ -251,15 +250,45 @@ def compiled_step(model, loss_fn, x):
     return step, torch.cuda.max_memory_allocated() - base
 
 
+SDPA_FLAGS = ("flash", "mem_efficient", "math", "cudnn")  # torch.backends.cuda's {name}_sdp switches
+
+
 @contextlib.contextmanager
-def sdpa_backends(flash: bool):
-    """Flash attention allowed or not while a model is traced (the compiled graph keeps the kernel chosen)."""
-    before = torch.backends.cuda.flash_sdp_enabled()
-    torch.backends.cuda.enable_flash_sdp(flash)
+def sdpa_only(kernel: str):
+    """Only SDPA's ``kernel`` (one of SDPA_FLAGS) allowed while a model is traced (the compiled graph keeps the
+    kernel chosen); where it cannot run, SDPA raises instead of taking another. The switches restored after."""
+    if kernel not in SDPA_FLAGS:
+        raise ValueError(f"kernel must be one of {SDPA_FLAGS}, got {kernel!r}")
+    cuda = torch.backends.cuda
+    before = {name: getattr(cuda, f"{name}_sdp_enabled")() for name in SDPA_FLAGS}
+    for name in SDPA_FLAGS:
+        getattr(cuda, f"enable_{name}_sdp")(name == kernel)
     try:
         yield
     finally:
-        torch.backends.cuda.enable_flash_sdp(before)
+        for name, on in before.items():
+            getattr(cuda, f"enable_{name}_sdp")(on)
+
+
+# Dense bf16 tensor-core TFLOP/s of the spec sheets (no sparsity), by a piece of torch.cuda.get_device_name()
+SPEC_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("H800", 989.4), ("B200", 2250.0),
+                    ("A100", 312.0), ("A800", 312.0), ("L40S", 362.05), ("L4", 121.0), ("A10G", 70.0),
+                    ("A10", 125.0), ("RTX 4090", 165.2))
+
+
+def spec_bf16_tflops(name: str) -> float | None:
+    """The spec sheet's dense bf16 TFLOP/s of the GPU called ``name`` (the first entry it contains), or None."""
+    return next((tflops for key, tflops in SPEC_BF16_TFLOPS if key in name), None)
+
+
+def mfu_words(rate: float, flops_per_token: float, measured_tflops: float, name: str) -> str:
+    """Model FLOPs utilisation of ``rate`` tokens/s both ways: against the bf16 matmul peak measured here, and
+    against the spec sheet's (where the GPU is in SPEC_BF16_TFLOPS)."""
+    flops = rate * flops_per_token / 1e12
+    words = f"MFU {100 * flops / measured_tflops:.1f} % of the measured {measured_tflops:.0f} TFLOP/s bf16 matmul"
+    spec = spec_bf16_tflops(name)
+    return words + (f", {100 * flops / spec:.1f} % of the spec sheet's {spec:g}" if spec else
+                    f", no spec sheet figure for {name}")
 
 
 def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]:
@@ -280,7 +309,7 @@ def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]
         contenders["nanoGPT model.py"] = compiled_step(theirs, nanogpt_loss, x)
     fast = accelerate_training(copy.deepcopy(ours))
     contenders["qkv + speed layer"] = compiled_step(fast, qkv_loss, x)
-    with sdpa_backends(flash=False):
+    with sdpa_only("cudnn"):
         cudnn = accelerate_training(copy.deepcopy(ours))
         contenders["qkv + speed layer, cuDNN attention"] = compiled_step(cudnn, qkv_loss, x)
     times = time_interleaved({k: step for k, (step, _) in contenders.items()}, repeats=15, warmup=3)
@@ -289,11 +318,10 @@ def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]
     rows = []
     for name, seconds in times.items():
         rate = tokens / seconds
-        mfu = rate * flops_per_token(config, T) / (peak * 1e12)
         vs = f"{base / seconds:.3f} × nanoGPT" if base else ""
         rows.append([f"GPT-2 small step: {name}", f"{rate:.0f} tok/s", vs,
-                     f"MFU {100 * mfu:.1f} % of {peak:.0f} TFLOP/s bf16; peak memory "
-                     f"{contenders[name][1] / 2**30:.1f} GiB"])
+                     f"{mfu_words(rate, flops_per_token(config, T), peak, torch.cuda.get_device_name())}; peak "
+                     f"memory {contenders[name][1] / 2**30:.1f} GiB"])
     return rows
 
 
@@ -308,10 +336,10 @@ def stamp() -> str:
 
 
 def run_sections(args: argparse.Namespace, work: Path) -> dict[str, list[list]]:
-    """Each section asked for, a failure reported in its row; the recipe runs start first, beside the commands."""
-    procs = start_recipes(work, args.recipe_steps) if "recipe" in args.only else None
+    """Each section asked for, one after another (none shares the GPU with another: its timings, and verify's,
+    are measured alone), a failure reported in its row."""
     calls = {"commands": lambda: command_rows(work, args.pairs),
-             "recipe": lambda: recipe_rows(work, procs),
+             "recipe": lambda: recipe_rows(work, args.recipe_steps),
              "default": lambda: default_rows(work, args.minutes),
              "step": lambda: step_rows(args.nanogpt),
              "decode": lambda: decode_rows(args.device, args.tiny, args.decode_tokens)}

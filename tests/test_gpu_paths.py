@@ -366,3 +366,61 @@ def test_the_int8_rows_roofline_counts_int8_bytes():
     quantised = weight_bytes(quantize_weights(model, "int8"))
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head)
     assert plain - quantised == pytest.approx(linear, rel=0.05)  # 2 B -> 1 B (+ one scale a row) each
+
+
+def test_the_gpu_check_runs_its_sections_one_after_another(monkeypatch, tmp_path):
+    """The recipe runs once started beside the commands section: verify and the timings measured under load."""
+    import argparse
+
+    from benchmarks import gpu
+
+    log, running = [], []
+
+    def section(name):
+        def run(*args, **kwargs):
+            assert not running, f"{name} started while {running} ran"
+            running.append(name)
+            log.append(name)
+            running.remove(name)
+            return [[name, "passed", "", ""]]
+        return run
+
+    def recipe(kind, steps, out):
+        section(f"recipe {kind}")()
+        return 1
+    monkeypatch.setattr(gpu, "command_rows", section("commands"))
+    monkeypatch.setattr(gpu, "recipe_process", recipe)
+    monkeypatch.setattr(gpu, "default_rows", section("default"))
+    monkeypatch.setattr(gpu, "step_rows", section("step"))
+    monkeypatch.setattr(gpu, "decode_rows", section("decode"))
+    args = argparse.Namespace(only=list(gpu.SECTIONS), pairs=None, recipe_steps=3, minutes=1.0, nanogpt=None,
+                              device="cuda", tiny=False, decode_tokens=4, json=None)
+    results = gpu.run_sections(args, tmp_path)
+    assert log == ["commands", "recipe qkv", "recipe nanogpt", "default", "step", "decode"]
+    assert results["recipe"][0][1] == "FAILED"  # its process's exit status, said in its row
+
+
+def test_the_cudnn_row_allows_cudnn_attention_alone():
+    """Disabling flash alone leaves SDPA free to take the memory-efficient kernel: that row timed no cuDNN."""
+    from benchmarks.gpu import SDPA_FLAGS, sdpa_only
+
+    def flags():
+        return {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in SDPA_FLAGS}
+    before = flags()
+    with sdpa_only("cudnn"):
+        assert flags() == {"flash": False, "mem_efficient": False, "math": False, "cudnn": True}
+    assert flags() == before
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        with sdpa_only("triton"):
+            pass
+
+
+def test_mfu_is_given_against_the_measured_peak_and_the_spec_sheet():
+    from benchmarks.gpu import mfu_words, spec_bf16_tflops
+
+    assert spec_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4 and spec_bf16_tflops("NVIDIA H100 PCIe") == 756.0
+    assert spec_bf16_tflops("NVIDIA H200") == 989.4 and spec_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert spec_bf16_tflops("Tesla V100-SXM2-16GB") is None
+    words = mfu_words(1e5, 6e9, 600.0, "NVIDIA H100 80GB HBM3")  # 600 TFLOP/s of model FLOPs
+    assert words == ("MFU 100.0 % of the measured 600 TFLOP/s bf16 matmul, 60.6 % of the spec sheet's 989.4")
+    assert mfu_words(1e5, 6e9, 600.0, "Tesla V100").endswith("no spec sheet figure for Tesla V100")
