@@ -424,3 +424,29 @@ def test_mfu_is_given_against_the_measured_peak_and_the_spec_sheet():
     words = mfu_words(1e5, 6e9, 600.0, "NVIDIA H100 80GB HBM3")  # 600 TFLOP/s of model FLOPs
     assert words == ("MFU 100.0 % of the measured 600 TFLOP/s bf16 matmul, 60.6 % of the spec sheet's 989.4")
     assert mfu_words(1e5, 6e9, 600.0, "Tesla V100").endswith("no spec sheet figure for Tesla V100")
+
+
+def test_training_on_a_gpu_leaves_the_callers_tf32_switches_as_they_were(monkeypatch):
+    """The recipe turns TF32 on for its fp32 products on a GPU; a caller in the same process (a test, a notebook,
+    the next run) gets its own switches back."""
+    from qkv.data import Corpus
+    from qkv.training.recipe import TrainConfig, train
+    from qkv.training.setup import RecipeSetup
+
+    setup = RecipeSetup.setup
+
+    def as_on_a_gpu(self):
+        saved = setup(self)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # what setup does on cuda
+        return saved
+    monkeypatch.setattr(RecipeSetup, "setup", as_on_a_gpu)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, False
+    try:
+        text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(60))
+        train(TrainConfig(preset="tiny", max_steps=1, eval_interval=1, batch_size=2, context=16, device="cpu",
+                          progress=False, final_eval=False, threads=1),
+              corpus=Corpus(train=text, val=text[:400], source="t"))
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

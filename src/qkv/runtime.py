@@ -230,6 +230,17 @@ def deterministic_kernels() -> Iterator[None]:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+@contextmanager
+def tf32_kept() -> Iterator[None]:
+    """Whatever is switched inside, the caller's TF32 switches (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``) restored after: a run that turns TF32 on leaves the process as it was."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def machine() -> str:
     """A one-line description of where a measurement ran."""
     cpu = platform.processor() or platform.machine()

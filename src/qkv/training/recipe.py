@@ -23,7 +23,7 @@ from torch import nn
 
 from .run_dir import RunDir
 from ..kernels import accelerated
-from ..runtime import bf16_words, deterministic_kernels, use_compile_cache
+from ..runtime import bf16_words, deterministic_kernels, tf32_kept, use_compile_cache
 from .distributed import Dist
 from .expert_load import LOAD_KEYS
 from .tasks import make_task
@@ -188,6 +188,7 @@ def train(cfg: TrainConfig, *, corpus: object | None = None, tokenizer: object |
     recipe = Recipe(cfg, dist, stop_at=stop_at, **inputs)
     try:
         with ExitStack() as stack:
+            stack.enter_context(tf32_kept())  # setup turns TF32 on for a GPU's fp32 products: for this run only
             if recipe.run is not None and dist.is_main:
                 stack.enter_context(_writer(recipe.run, cfg))
             return recipe.train()
