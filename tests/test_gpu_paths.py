@@ -450,3 +450,15 @@ def test_training_on_a_gpu_leaves_the_callers_tf32_switches_as_they_were(monkeyp
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_gemma_embeddings_build_on_the_meta_device():
+    """A checkpoint's skeleton is built on the meta device first: the rounded scales are made on the CPU."""
+    from qkv.models import ModelConfig
+    from qkv.models.trunk import Embeddings
+
+    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "num_heads": 2, "num_layers": 1,
+                                    "max_len": 16, "embedding": {"scale": True, "scale_in_dtype": True}})
+    with torch.device("meta"):
+        embeddings = Embeddings(config)
+    assert embeddings.scales[torch.bfloat16] == torch.tensor(40 ** 0.5, dtype=torch.bfloat16).item()

@@ -206,6 +206,7 @@ def test_the_learning_rate_follows_the_width_rule_and_the_device_picks_the_prese
     assert TrainConfig(max_steps=1, device="cpu").preset == "demo"
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(runtime.torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda *a: (9, 0))
     assert TrainConfig(max_steps=1).preset == "gpu" and TrainConfig(max_steps=1, device="cuda:0").preset == "gpu"
     assert TrainConfig(max_steps=1, device="cpu").preset == "demo"
     assert TrainConfig(task="translate", max_steps=1, device="cuda").preset == "translate"  # no GPU preset of its own

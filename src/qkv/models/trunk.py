@@ -49,8 +49,8 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(config.d_model) if e.scale else 1.0
         # Gemma: x · tensor(√C, dtype=x.dtype), the factor rounded first; kept as Python numbers (no tensor made on
         # the device in the forward: a recorded CUDA graph cannot copy from the host)
-        self.scales = {dt: torch.tensor(self.scale, dtype=dt).item() for dt in (torch.float16, torch.bfloat16)} \
-            if e.scale_in_dtype else {}
+        rounded = (torch.float16, torch.bfloat16) if e.scale_in_dtype else ()
+        self.scales = {dt: torch.tensor(self.scale, dtype=dt, device="cpu").item() for dt in rounded}
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, C)."""
