@@ -102,10 +102,12 @@ def test_each_rank_seeing_one_gpu_takes_it():
     """torchrun with CUDA_VISIBLE_DEVICES set per rank: LOCAL_RANK 1 sees one GPU, its cuda:0."""
     from qkv.runtime import local_gpu, resolve_device
 
-    assert local_gpu(1, 4) == 1 and local_gpu(3, 1) == 0 and local_gpu(0, 1) == 0
+    assert local_gpu(1, 4, "") == 1 and local_gpu(3, 1, "5") == 0 and local_gpu(0, 1, "") == 0
     with pytest.raises(ValueError, match="LOCAL_RANK 3 .* 2 GPU"):
-        local_gpu(3, 2)
-    with gpus(1):
+        local_gpu(3, 2, "0,1")
+    with pytest.raises(ValueError, match="LOCAL_RANK 1 sees 1 GPU"):  # two processes on one GPU, nothing split
+        local_gpu(1, 1, "")
+    with gpus(1), mock.patch.dict("os.environ", {"CUDA_VISIBLE_DEVICES": "1"}):
         assert resolve_device("cuda", local_rank=1, local_world=2) == torch.device("cuda:0")
 
 
@@ -116,7 +118,8 @@ def test_the_process_group_binds_its_gpu_and_waits_for_a_long_save():
 
     cuda = process_group_options(cuda=True, local_rank=1, gpus=2)
     assert cuda == {"backend": "nccl", "device_id": torch.device("cuda:1"), "timeout": DIST_TIMEOUT}
-    assert process_group_options(cuda=True, local_rank=1, gpus=1)["device_id"] == torch.device("cuda:0")
+    with mock.patch.dict("os.environ", {"CUDA_VISIBLE_DEVICES": "1"}):
+        assert process_group_options(cuda=True, local_rank=1, gpus=1)["device_id"] == torch.device("cuda:0")
     assert process_group_options(cuda=False, local_rank=1, gpus=0) == {"backend": "gloo", "timeout": DIST_TIMEOUT}
     assert DIST_TIMEOUT > timedelta(minutes=10)  # NCCL's default, which a large rank-0 checkpoint write outlasts
 

@@ -57,15 +57,17 @@ def resolve_device(name: str = "auto", local_rank: int = 0, local_world: int = 1
     return device
 
 
-def local_gpu(local_rank: int, count: int) -> int:
+def local_gpu(local_rank: int, count: int, visible: str | None = None) -> int:
     """The GPU index of torchrun's process ``local_rank`` that sees ``count`` GPUs: its own rank's; where each
-    process sees one GPU alone (CUDA_VISIBLE_DEVICES set per rank), that one, 0. ValueError otherwise."""
+    process is given one GPU alone (``visible``: CUDA_VISIBLE_DEVICES, read from the environment when None), that
+    one, 0. ValueError otherwise (processes sharing one GPU, which NCCL refuses)."""
     if local_rank < count:
         return local_rank
-    if count == 1:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible is None else visible
+    if count == 1 and visible.strip():
         return 0
     raise ValueError(f"LOCAL_RANK {local_rank} sees {count} GPU(s): give each process its own GPU (as many "
-                     "visible GPUs as processes per machine, or one visible GPU per process)")
+                     "visible GPUs as processes per machine, or CUDA_VISIBLE_DEVICES set to one GPU per process)")
 
 
 def device_type(name: str = "auto") -> str:
