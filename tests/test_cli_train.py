@@ -112,7 +112,7 @@ def test_sample_on_a_gpu_decodes_with_the_cuda_graph_and_a_cpu_falls_back_saying
         "device; decoded with the auto backend (the model's forward; on a CPU its linears through qkv's kernels)")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda:0"))
-    monkeypatch.setattr(cuda_graph, "GraphStep", cuda_graph.StaticStep)
+    monkeypatch.setattr(cuda_graph, "GraphStep", lambda step, model=None: cuda_graph.StaticStep(step))
     assert main(argv) == 0
     gpu = capsys.readouterr()
     assert gpu.out == cpu.out and gpu.err.strip().splitlines()[-1] == (
