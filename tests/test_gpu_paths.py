@@ -465,3 +465,30 @@ def test_gemma_embeddings_build_on_the_meta_device():
     with torch.device("meta"):
         embeddings = Embeddings(config)
     assert embeddings.scales[torch.bfloat16] == torch.tensor(40 ** 0.5, dtype=torch.bfloat16).item()
+
+
+def test_dpos_reference_is_sharded_and_stays_sharded_after_its_forwards(tmp_path):
+    """shard_frozen in a one-process gloo group: the reference's weights are shards (DTensors) before and after a
+    forward without gradients (FSDP2 would keep its root's gathered for a backward that never comes), its logits
+    the whole model's, and it decodes eagerly."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from qkv.training.sharding import decode_backend, shard_frozen
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = tiny_gpt().eval()
+        reference = shard_frozen(copy.deepcopy(model).requires_grad_(False), torch.device("cpu"), 1)
+        ids = torch.randint(0, 64, (2, 5))
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(reference(ids).logits, model(ids).logits)
+                assert all(isinstance(p, DTensor) for p in reference.parameters())
+        assert decode_backend(reference) == "eager"
+    finally:
+        dist.destroy_process_group()
