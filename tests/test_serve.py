@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,6 @@ import torch
 
 import qkv
 from qkv import cli
-from qkv.generation import generate
 
 fastapi = pytest.importorskip("fastapi", reason="the serve extra: pip install -e '.[serve]'")
 openai = pytest.importorskip("openai", reason="the dev extra: pip install -e '.[dev]'")
@@ -28,6 +26,7 @@ from qkv.cli.serve import build_served  # noqa: E402
 from qkv.data import CharTokenizer  # noqa: E402
 from qkv.serve.app import create_app  # noqa: E402
 from qkv.serve.scheduler import Request, Scheduler, Settings  # noqa: E402
+from test_scheduler import assert_batched_as_alone, tiny_gpt  # noqa: E402, I001
 from qkv.serve.server import running  # noqa: E402
 from qkv.serve.text import Answer  # noqa: E402
 from qkv.training.run_dir import save_model  # noqa: E402
@@ -35,18 +34,6 @@ from qkv.training.run_dir import save_model  # noqa: E402
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
 GREEDY = dict(temperature=0, max_tokens=24)
-
-
-def tiny_gpt(vocab_size: int, **change) -> qkv.GPT:
-    """A random GPT whose weights are scaled up: its greedy answers vary (a freshly initialised one repeats)."""
-    torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab_size, max_len=96, positional="rope",
-                                           num_kv_heads=2, **change)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(12)
-    return model
 
 
 def trained_gpt(tok, steps: int = 150) -> qkv.GPT:
@@ -103,26 +90,6 @@ def call(url: str, method: str = "GET", body=None) -> tuple[int, dict]:
 
 
 # --- the scheduler and the text, alone -------------------------------------------------------------------------
-
-def assert_batched_as_alone(model, vocab: int = 64) -> None:
-    """Prompts of different lengths and answers of different lengths, submitted at different steps through 3 rows:
-    each answer is generate's, token for token."""
-    prompts = [torch.randint(0, vocab, (n,)).tolist() for n in (3, 11, 5, 17, 1, 8, 2)]
-    lengths = [20, 7, 13, 4, 25, 9, 16]
-    want = [generate(model, torch.tensor([p]), n, temperature=0, backend="eager")[0, len(p):].tolist()
-            for p, n in zip(prompts, lengths)]
-    scheduler = Scheduler(model, max_batch=3, max_queue=8, backend="eager").start()
-    done, jobs = threading.Semaphore(0), []
-    for p, n in zip(prompts, lengths):
-        jobs.append(Request(p, Settings(max_tokens=n, temperature=0), str, lambda t, f: f and done.release()))
-        scheduler.submit(jobs[-1])
-        time.sleep(0.002)
-    for _ in jobs:
-        assert done.acquire(timeout=30)
-    scheduler.stop()
-    assert [j.tokens for j in jobs] == want
-    assert {j.finish_reason for j in jobs} == {"length"} and scheduler.active == 0
-
 
 def test_batched_greedy_equals_one_at_a_time_as_rows_join_and_leave():
     assert_batched_as_alone(tiny_gpt(64))
