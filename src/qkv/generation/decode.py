@@ -18,6 +18,7 @@ from .sampling import next_token
 from .streaming import Streamer
 
 STREAM_BURST = 8  # with a streamer, the fused step's greedy calls take at most this many tokens: text keeps coming
+EOS_CHECK_EVERY = 8  # on an accelerator, steps between the host's looks at whether every row has finished
 
 
 def check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
@@ -182,6 +183,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
     emit = streamer.put if streamer is not None else lambda ids: None
     burst = STREAM_BURST if streamer is not None else max_new_tokens  # greedy tokens of one fused call
     finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
+    watch = FinishWatch(stop, max_new_tokens, out.device, eos_check_interval(out.device, streamer is not None))
     greedy_steps = greedy and cache is not None and cache.greedy_steps and stop.plain
     logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
     new = 0  # tokens emitted
@@ -193,7 +195,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
         out[:, end] = tok
         emit(out[:, end:end + 1])  # (B, 1)
         end, new = end + 1, new + 1
-        if finished_all(new, max_new_tokens, stop, finished):
+        if new == max_new_tokens or watch.done(new, finished):
             break
         if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
             toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1, burst),
@@ -201,7 +203,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
             out[:, end:end + toks.size(1)] = toks
             emit(toks)
             end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
-            if finished_all(new, max_new_tokens, stop, finished):
+            if new == max_new_tokens or watch.done(new, finished):
                 break
         if end - start > limit:  # window full: slide and re-prefill
             start = end - limit // 2
@@ -210,11 +212,37 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
             logits = cache.step(tok, end - 1 - start)  # the new token's slot
         else:
             logits = window_logits(model, out[:, start:end], valid[:, start:end], None)
-    return end
+    return end - watch.overshoot(new)
 
 
-def finished_all(new: int, max_new_tokens: int, stop: Stop, finished: Tensor) -> bool:
-    return new == max_new_tokens or (stop.eos is not None and bool(finished.all()))
+def eos_check_interval(device: torch.device, streaming: bool) -> int:
+    """Steps between looks at whether every row has finished. Each look waits for the device (a host sync): on a
+    CPU there is nothing to wait for, and a streamer reads every token anyway, so every step; else every
+    ``EOS_CHECK_EVERY`` steps, the steps past the end cut off (``FinishWatch.overshoot``)."""
+    return 1 if device.type == "cpu" or streaming else EOS_CHECK_EVERY
+
+
+class FinishWatch:
+    """Whether every row has finished, recorded on the device each step and looked at every ``every`` steps."""
+
+    def __init__(self, stop: Stop, max_new_tokens: int, device, every: int) -> None:
+        self.every = every
+        self.all_done = None if stop.eos is None else torch.zeros(max_new_tokens, dtype=torch.bool, device=device)
+
+    def done(self, new: int, finished: Tensor) -> bool:
+        """After step ``new`` (1, 2, …), finished (B,): whether to stop now (only on the steps it looks)."""
+        if self.all_done is None:
+            return False
+        self.all_done[new - 1] = finished.all()  # (n,): step i ended with every row finished; no sync
+        return new % self.every == 0 and bool(self.all_done[new - 1])
+
+    def overshoot(self, new: int) -> int:
+        """The steps of the ``new`` taken after the first at which every row had finished: what a look every
+        step would not have taken (finished rows only padded them)."""
+        if self.all_done is None or self.every == 1:
+            return 0
+        first = self.all_done[:new].nonzero()
+        return new - int(first[0, 0]) - 1 if len(first) else 0
 
 
 class Stop:
