@@ -111,6 +111,6 @@ def run_serve(args: argparse.Namespace) -> int:
               "the model", file=sys.stderr)
     print(f"qkv serve: {served.name} at http://{args.host}:{args.port}/v1 (max batch {args.max_batch}, "
           f"queue {args.max_queue}{', API key required' if args.api_key else ''}); Ctrl-C stops", file=sys.stderr)
-    print(f"qkv serve: KV cache: {served.scheduler.memory_note}", file=sys.stderr)
+    print(f"qkv serve: {served.scheduler.plan}", file=sys.stderr)
     serve_forever(create_app(served, api_key=args.api_key), args.host, args.port)
     return 0

@@ -1,4 +1,4 @@
-"""The decode loop: prefill once, then one cached step per token, on the backend ``backends.choose`` picks.
+"""The decode loop: prefill once, then one cached step per token, as its plan (``qkv.generation.plan``) says.
 
 Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
 ``input_pos`` are static-cache slots (places in the buffers), not token positions.
@@ -14,6 +14,7 @@ from torch import Tensor
 from ..checks import check_positive_int
 from ..kernels import fused_step
 from . import backends
+from .plan import Plan, plan_decode
 from .sampling import next_token
 from .streaming import Streamer
 
@@ -52,7 +53,7 @@ class StaticCache:
         # weights have streamed through its caches, each small op of a step costs several times its usual time.
         self.step_pos, self.slot_columns = self.slot_ids.split(1), self.slots.unbind(1)
         self.forward = backends.last_logits(model)  # the prefill, and every step unless compiled
-        self.step_fn = backends.step_function(model, batch, backend)
+        self.step_fn = backends.step_of(model, backend)  # ``backend``: the plan's, chosen already
         self.compiled = backend == "inductor"  # its guards are checked once per call
         self.warm = False  # this call's first compiled step has run, its guards checked
 
@@ -105,7 +106,7 @@ def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
     mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer: Streamer | None = None,
-    pad_id: int | None = None, suppress: Sequence[int] = (),
+    pad_id: int | None = None, suppress: Sequence[int] = (), plan: Plan | None = None,
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 
@@ -126,6 +127,8 @@ def generate(
             then each step's new tokens (B, k) as they are chosen, and ``end()`` when done (not after an
             exception: Ctrl-C leaves it as it was); ``TextStreamer`` writes the text as it grows. The tokens
             are the same with and without one.
+        plan: what decodes (``qkv.generation.plan.plan_decode``), made by the caller once; default: made here
+            from ``backend``, ``compile`` and ``use_cache``.
     Returns:
         (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
 
@@ -135,15 +138,16 @@ def generate(
     """
     check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
     stop = Stop(eos_id, pad_id, suppress, ids.device)
-    backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile,
-                              use_cache=use_cache)
-    if backend in ("inductor", "fused", "cudagraph") and not use_cache:
-        raise ValueError(f"backend {backend!r} compiles the cached decode step: it needs use_cache=True")
+    plan = plan or plan_decode(model, ids.size(0), backend, compile, use_cache=use_cache,
+                               capacity=min(model.config.max_len, ids.size(1) + max_new_tokens))
+    if plan.cache == "paged" or (plan.cache == "static") != use_cache:
+        raise ValueError(f"generate decodes over a static cache (use_cache=True) or none, as its plan says; "
+                         f"got a {plan.cache} cache's plan with use_cache={use_cache}")
     was_training = model.training
     model.eval()
     try:
-        with backends.speed_layer(model, backend):
-            return sample(model, ids, max_new_tokens, backend, temperature=temperature, top_k=top_k, top_p=top_p,
+        with plan.speed_layer(model):
+            return sample(model, ids, max_new_tokens, plan.backend, temperature=temperature, top_k=top_k, top_p=top_p,
                           stop=stop, use_cache=use_cache, seed=seed, mask=mask, streamer=streamer)
     finally:
         model.train(was_training)

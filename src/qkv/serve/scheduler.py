@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from ..generation import next_token
-from ..generation.backends import speed_layer
 from ..generation.blocks import NoBlocks, block_keys
-from ..generation.paged import BLOCK_SIZE, PagedModel, paged_refuses, plan_blocks
+from ..generation.paged import BLOCK_SIZE, PagedModel, paged_refuses
+from ..generation.plan import plan_serving
 from .request import QueueFull, Request, Settings
 
 __all__ = ["QueueFull", "Request", "Scheduler", "Settings", "check_servable"]
@@ -56,17 +56,16 @@ class Scheduler:
                  max_prefill_tokens: int = 512) -> None:
         check_servable(model)
         max_model_len = max_model_len or model.config.max_len
-        if (max_batch < 1 or max_queue < 0 or backend not in ("auto", "eager") or max_prefill_tokens < 1
-                or not 2 <= max_model_len <= model.config.max_len):
-            raise ValueError(f"need max_batch >= 1, max_queue >= 0, backend auto or eager, max_prefill_tokens >= 1, "
-                             f"2 <= max_model_len <= the model's max_len {model.config.max_len}, got {max_batch}, "
-                             f"{max_queue}, {backend!r}, {max_prefill_tokens}, {max_model_len}")
-        self.model, self.backend = model.eval(), backend
+        if max_batch < 1 or max_queue < 0 or max_prefill_tokens < 1 or not 2 <= max_model_len <= model.config.max_len:
+            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_prefill_tokens >= 1, 2 <= max_model_len <= "
+                             f"the model's max_len {model.config.max_len}, got {max_batch}, {max_queue}, "
+                             f"{max_prefill_tokens}, {max_model_len}")
+        self.plan = plan_serving(model, backend=backend, max_batch=max_batch, max_model_len=max_model_len,
+                                 memory=kv_cache_memory, block_size=block_size)  # str(plan): what and why
+        self.model = model.eval()
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_model_len
         self.max_prefill_tokens = max_prefill_tokens
-        num_blocks, self.memory_note = plan_blocks(model, max_batch=max_batch, max_model_len=max_model_len,
-                                                   memory=kv_cache_memory, block_size=block_size)
-        self.paged = PagedModel(model, num_blocks, block_size=block_size)
+        self.paged = PagedModel(model, self.plan.num_blocks, block_size=block_size, dtype=self.plan.dtype)
         self.blocks, self.block_size = self.paged.blocks, block_size
         self.running: list[Request] = []  # decoding, oldest first
         self.prefilling: deque[Request] = deque()  # admitted, their prompts being prefilled
@@ -114,7 +113,7 @@ class Scheduler:
 
     def run(self) -> None:
         """The thread: admit, prefill a chunk, decode a token, until ``stop``."""
-        with torch.no_grad(), speed_layer(self.model, self.backend):
+        with torch.no_grad(), self.plan.speed_layer(self.model):
             while True:
                 with self.lock:
                     while not (self.closing or self.waiting or self.active):
