@@ -40,17 +40,18 @@ class PageTable:
 
 
 def scatter_blocks(pool: Tensor, table: Tensor, input_pos: Tensor, new: Tensor) -> None:
-    """new (B, C, T, W) into pool (N, C, K, W) at the rows' positions input_pos (B, T), through table (B, n)."""
-    K = pool.size(2)
+    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through table (B, n)."""
+    K = pool.size(1)
     blocks = table.gather(1, input_pos // K)  # (B, T): the block of each new token
-    pool[blocks.flatten(), :, (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
+    pool[blocks.flatten(), (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
 
 
 def gather_blocks(pool: Tensor, table: Tensor) -> Tensor:
-    """Each row's blocks of pool (N, C, K, W), in table (B, n) order -> (B, C, n · K, W)."""
+    """Each row's blocks of pool (N, K, C, W), in table (B, n) order -> (B, C, n · K, W), one copy (a strided
+    view of it: the positions of a block lie together, as vLLM's layout keeps them)."""
     B, n = table.shape
-    _, C, K, W = pool.shape
-    return pool[table].transpose(1, 2).reshape(B, C, n * K, W)  # (B, n, C, K, W) -> (B, C, n·K, W)
+    _, K, C, W = pool.shape
+    return pool[table].view(B, n * K, C, W).transpose(1, 2)  # (B, n, K, C, W) -> (B, C, n·K, W)
 
 
 def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
@@ -64,7 +65,7 @@ def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
 
 
 class PagedKVCache(nn.Module):
-    """Keys and values of one layer in blocks, (N, G, K, D) each; the block tables come from ``pages``.
+    """Keys and values of one layer in blocks, (N, K, G, D) each; the block tables come from ``pages``.
 
     The pools are ``torch.empty``: a block's memory is first touched when a token is written to it.
     """
@@ -74,7 +75,7 @@ class PagedKVCache(nn.Module):
         super().__init__()
         for name, value in (("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             check_positive_int(name, value)
-        shape = (num_blocks, num_kv_heads, pages.block_size, head_dim)
+        shape = (num_blocks, pages.block_size, num_kv_heads, head_dim)
         self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.pages = pages
@@ -95,7 +96,7 @@ class PagedKVCache(nn.Module):
 
 
 class PagedLatentCache(LatentCache):
-    """MLA's absorbed cache ([c_KV; k_R] per token, ``LatentCache``) in blocks, (N, 1, K, d_c + d_R)."""
+    """MLA's absorbed cache ([c_KV; k_R] per token, ``LatentCache``) in blocks, (N, K, 1, d_c + d_R)."""
 
     def __init__(self, num_blocks: int, kv_lora_rank: int, qk_rope_head_dim: int, *, pages: PageTable,
                  dtype=None, device=None) -> None:
@@ -103,7 +104,7 @@ class PagedLatentCache(LatentCache):
         for name, value in (("num_blocks", num_blocks), ("kv_lora_rank", kv_lora_rank),
                             ("qk_rope_head_dim", qk_rope_head_dim)):
             check_positive_int(name, value)
-        shape = (num_blocks, 1, pages.block_size, kv_lora_rank + qk_rope_head_dim)
+        shape = (num_blocks, pages.block_size, 1, kv_lora_rank + qk_rope_head_dim)
         self.register_buffer("kv", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.kv_lora_rank, self.qk_rope_head_dim, self.pages, self.pos = kv_lora_rank, qk_rope_head_dim, pages, 0
 
