@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     with running(create_app(served)) as url:
         figures["after_start_mib"] = resident_mib()
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
-        ask(client, [1, 2, 3], 4)  # warm-up
+        figures["first_answer_s"] = ask(client, [1, 2, 3], 4)[1]  # the first request after the start: 4 tokens
         alone = [ask(client, p, args.tokens) for p in prompts[:2]]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.requests) as pool:

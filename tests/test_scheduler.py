@@ -160,3 +160,17 @@ def test_a_131072_position_llama_shaped_model_starts_and_answers_in_little_memor
     assert s.blocks.num_blocks == 2 * 2**30 // (16 * 2 * 2 * 2 * 16 * 4)  # 2 GiB of blocks, most never touched
     assert len(job.tokens) == 8 and job.tokens == alone(model, [[5, 6, 7]], [8])[0]
     assert resident_bytes() - before < 200 * 2**20
+
+
+def test_the_commands_memory_sizes(capsys):
+    from qkv import cli
+    from qkv.cli.serve import memory_size
+
+    assert [memory_size(s) for s in ("2GiB", "512MB", "1.5g", "1000", "64kib")] == [
+        2 * 2**30, 512 * 10**6, int(1.5e9), 1000, 64 * 2**10]
+    args = cli.build_parser().parse_args(["serve", "--run", "r", "--kv-cache-memory", "2GiB", "--max-model-len", "64"])
+    assert (args.kv_cache_memory, args.max_model_len, args.max_prefill_tokens) == (2 * 2**30, 64, 512)
+    for bad in ("2 parsecs", "-1GB", "GB"):
+        assert cli.main(["serve", "--run", "r", f"--kv-cache-memory={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert "expected a size" in err and len(err.strip().splitlines()) == 1, err
