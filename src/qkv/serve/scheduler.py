@@ -1,8 +1,9 @@
 """The server's scheduler: one thread owns the model and a paged KV cache; at each step it decides who runs.
 
 Each step (vLLM's scheduler, nano-vllm's in few lines):
-1. waiting requests are admitted, oldest first, while a row is free and the blocks their prompt needs remain
-   (blocks already holding the prompt's prefix, a chat template's system prompt, are shared, not recomputed);
+1. waiting requests are admitted, oldest first, while a row is free and the blocks their prompt needs remain,
+   besides one for each decoding row (blocks already holding the prompt's prefix, a chat template's system
+   prompt, are shared, not recomputed);
 2. admitted prompts are prefilled in chunks of at most ``max_prefill_tokens`` tokens a step, so that a long
    prompt does not stall the rows decoding;
 3. every decoding row takes one token, in one batched forward; a row that needs a new block when none is left
@@ -159,7 +160,7 @@ class Scheduler:
             request.keys = block_keys(context[:len(context) - 1], self.block_size)  # the last token is recomputed
             shared = self.blocks.match(request.keys)
             need = -(-len(context) // self.block_size) - len(shared)
-            if need > self.blocks.available:
+            if need + len(self.running) > self.blocks.available:  # a block kept for each decoding row's next one
                 self.blocks.release(shared)
                 return
             request.blocks = shared + [self.blocks.allocate() for _ in range(need)]
