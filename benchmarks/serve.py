@@ -4,7 +4,7 @@
     python -m benchmarks.serve --markdown docs     # and writes docs/generated/serve.md (.zh.md, .json)
 
 Each model (random weights: the speed of a step does not depend on them) is served on loopback as `qkv serve` serves
-it (``qkv.serve``: the batcher under FastAPI and uvicorn, in this process) and asked by the official ``openai`` client:
+it (``qkv.serve``: the scheduler under FastAPI and uvicorn, in this process) and asked by the official ``openai`` client:
 ``--requests`` completions of ``--tokens`` tokens each, greedy, no end of sequence, sent by C threads at once. A
 concurrency's figure is the median of ``--repeats`` rounds, the rounds interleaved over the concurrencies.
 """
@@ -25,12 +25,12 @@ def served_model(preset: str):
 
     import qkv
     from qkv.serve.app import Served
-    from qkv.serve.batcher import Batcher
+    from qkv.serve.scheduler import Scheduler
 
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset(preset, **SHAPES[preset])).eval()
     text = lambda ids: "".join(f" {i}" for i in ids)  # noqa: E731
-    return Served(name=preset, batcher=Batcher(model, max_batch=32, max_queue=64), encode=lambda s: [1] * len(s),
+    return Served(name=preset, scheduler=Scheduler(model, max_batch=32, max_queue=64), encode=lambda s: [1] * len(s),
                   decode=text)
 
 

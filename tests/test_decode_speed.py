@@ -1,6 +1,7 @@
 """The decode fast paths give the reference path's numbers: grouped heads without copied K/V, masks
 prepared once per forward, and every generation path's greedy tokens."""
 import importlib
+import sys
 import warnings
 
 import pytest
@@ -199,3 +200,35 @@ def test_a_step_past_the_recompile_limit_runs_with_its_guards(monkeypatch):
             got = model.generate(ids, new, temperature=0, compile="inductor")
             assert torch.equal(got, model.generate(ids, new, temperature=0, use_cache=False))
     torch._dynamo.reset()
+
+
+def test_with_an_eos_the_host_looks_at_the_rows_every_few_steps_and_the_tokens_stay(monkeypatch):
+    """Issue 57: ``bool(finished.all())`` waited for the device on every token. On an accelerator the loop now looks
+    every ``EOS_CHECK_EVERY`` steps (on a CPU, and with a streamer, every step) and cuts off the steps taken after
+    every row finished: the same tokens, fewer host syncs (counted here as tensor-to-bool conversions)."""
+    from qkv.generation import decode
+
+    assert decode.eos_check_interval(torch.device("cuda"), streaming=False) == decode.EOS_CHECK_EVERY > 1
+    assert decode.eos_check_interval(torch.device("cpu"), streaming=False) == 1
+    assert decode.eos_check_interval(torch.device("cuda"), streaming=True) == 1
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=8, max_len=64)).eval()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    counted = []
+    real_bool = torch.Tensor.__bool__
+
+    def counting(t):  # the looks of the decode loop itself
+        counted[-1] += sys._getframe(1).f_code.co_filename == decode.__file__
+        return real_bool(t)
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", counting)
+    runs = []
+    for every in (1, 4):
+        monkeypatch.setattr(decode, "eos_check_interval", lambda device, streaming: every)
+        counted.append(0)
+        runs.append(decode.generate(model, ids, 40, temperature=1.0, seed=3, eos_id=0, backend="eager"))
+    monkeypatch.undo()
+    steps = runs[0].size(1) - 3
+    assert (runs[0][:, 3:] == 0).any(dim=1).all() and steps < 40  # both rows ended before 40 tokens
+    assert torch.equal(runs[1], runs[0])
+    assert counted == [steps, steps // 4]  # a look every step; every fourth step

@@ -75,20 +75,20 @@ def test_every_backend_decodes_the_eager_int8_tokens(backend, batch, monkeypatch
     assert torch.equal(got, want) and len(set(want[0, 6:].tolist())) > 3  # tokens that vary
 
 
-def test_the_servers_batcher_decodes_the_eager_int8_tokens():
+def test_the_servers_scheduler_decodes_the_eager_int8_tokens():
     """`qkv serve`'s batch, its rows at different lengths, on the int8 model: each answer is generate's eager one."""
     pytest.importorskip("fastapi", reason="the serve extra: pip install -e '.[serve]'")
     import threading
 
     from qkv.kernels import build
-    from qkv.serve.batcher import Batcher, Request, Settings
+    from qkv.serve.scheduler import Request, Scheduler, Settings
 
     build.available()  # qkv's C++ kernels loaded (or found missing) before the clock below starts
     model = quantize_weights(tiny(scale=20.0, positional="rope"))
     prompts = [torch.randint(0, 64, (n,)).tolist() for n in (3, 9, 5)]
     want = [model.generate(torch.tensor([p]), 10, temperature=0, backend="eager")[0, len(p):].tolist()
             for p in prompts]
-    batcher, done = Batcher(model, max_batch=2, max_queue=4, backend="auto").start(), threading.Semaphore(0)
+    batcher, done = Scheduler(model, max_batch=2, max_queue=4, backend="auto").start(), threading.Semaphore(0)
     jobs = [Request(p, Settings(max_tokens=10, temperature=0), str, lambda t, f: f and done.release())
             for p in prompts]
     for job in jobs:

@@ -1,4 +1,4 @@
-"""`qkv serve`: the continuous batcher alone, then the whole server on loopback with the official `openai` client.
+"""`qkv serve`: the scheduler alone, then the whole server on loopback with the official `openai` client.
 
 Models, no network: a tiny random GPT (RoPE, grouped heads) saved as a run directory with a character tokenizer,
 its weights scaled up so that greedy answers vary; and a tiny random Qwen2 with a ChatML tokenizer saved as a
@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,14 +19,14 @@ import torch
 
 import qkv
 from qkv import cli
-from qkv.generation import generate
 
 fastapi = pytest.importorskip("fastapi", reason="the serve extra: pip install -e '.[serve]'")
 openai = pytest.importorskip("openai", reason="the dev extra: pip install -e '.[dev]'")
 from qkv.cli.serve import build_served  # noqa: E402
 from qkv.data import CharTokenizer  # noqa: E402
 from qkv.serve.app import create_app  # noqa: E402
-from qkv.serve.batcher import Batcher, Request, Settings  # noqa: E402
+from qkv.serve.scheduler import Request, Scheduler, Settings  # noqa: E402
+from test_scheduler import assert_batched_as_alone, tiny_gpt  # noqa: E402, I001
 from qkv.serve.server import running  # noqa: E402
 from qkv.serve.text import Answer  # noqa: E402
 from qkv.training.run_dir import save_model  # noqa: E402
@@ -35,18 +34,6 @@ from qkv.training.run_dir import save_model  # noqa: E402
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
 GREEDY = dict(temperature=0, max_tokens=24)
-
-
-def tiny_gpt(vocab_size: int, **change) -> qkv.GPT:
-    """A random GPT whose weights are scaled up: its greedy answers vary (a freshly initialised one repeats)."""
-    torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab_size, max_len=96, positional="rope",
-                                           num_kv_heads=2, **change)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(12)
-    return model
 
 
 def trained_gpt(tok, steps: int = 150) -> qkv.GPT:
@@ -102,27 +89,7 @@ def call(url: str, method: str = "GET", body=None) -> tuple[int, dict]:
     return status, payload
 
 
-# --- the batcher and the text, alone ---------------------------------------------------------------------------
-
-def assert_batched_as_alone(model, vocab: int = 64) -> None:
-    """Prompts of different lengths and answers of different lengths, submitted at different steps through 3 rows:
-    each answer is generate's, token for token."""
-    prompts = [torch.randint(0, vocab, (n,)).tolist() for n in (3, 11, 5, 17, 1, 8, 2)]
-    lengths = [20, 7, 13, 4, 25, 9, 16]
-    want = [generate(model, torch.tensor([p]), n, temperature=0, backend="eager")[0, len(p):].tolist()
-            for p, n in zip(prompts, lengths)]
-    batcher = Batcher(model, max_batch=3, max_queue=8, backend="eager").start()
-    done, jobs = threading.Semaphore(0), []
-    for p, n in zip(prompts, lengths):
-        jobs.append(Request(p, Settings(max_tokens=n, temperature=0), str, lambda t, f: f and done.release()))
-        batcher.submit(jobs[-1])
-        time.sleep(0.002)
-    for _ in jobs:
-        assert done.acquire(timeout=30)
-    batcher.stop()
-    assert [j.tokens for j in jobs] == want
-    assert {j.finish_reason for j in jobs} == {"length"} and batcher.active == 0
-
+# --- the scheduler and the text, alone -------------------------------------------------------------------------
 
 def test_batched_greedy_equals_one_at_a_time_as_rows_join_and_leave():
     assert_batched_as_alone(tiny_gpt(64))
@@ -151,15 +118,15 @@ def test_mla_and_moe_models_are_served_as_alone(change):
     assert_batched_as_alone(model)
 
 
-def test_the_batcher_refuses_what_it_cannot_decode_row_by_row():
+def test_the_scheduler_refuses_what_it_cannot_page():
     with pytest.raises(ValueError, match="position.kind alibi is a bias .*not served"):
-        Batcher(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
+        Scheduler(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
     naive = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, position=dict(kind="rope"),
                                     attention=dict(MLA, latent_cache="naive")))
     with pytest.raises(ValueError, match=r"keeps DecompressedKVCache \(attention.kind mla\): not served"):
-        Batcher(naive)
+        Scheduler(naive)
     with pytest.raises(ValueError, match="a prompt must be 1 to 95 tokens .* got 96"):
-        Batcher(tiny_gpt(64)).submit(Request([1] * 96, Settings(max_tokens=1), str, print))
+        Scheduler(tiny_gpt(64)).submit(Request([1] * 96, Settings(max_tokens=1), str, print))
 
 
 def test_stop_strings_are_held_back_and_cut_off():
@@ -283,12 +250,12 @@ def test_a_client_that_goes_away_mid_stream_frees_its_row(server):
                                                             "stream": True}),
                  headers={"content-type": "application/json"})
     assert conn.getresponse().readline().startswith(b"data: ")
-    assert served.batcher.active == 1
+    assert served.scheduler.active == 1
     conn.close()  # mid-stream
     deadline = time.monotonic() + 10
-    while served.batcher.active and time.monotonic() < deadline:
+    while served.scheduler.active and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert served.batcher.active == 0
+    assert served.scheduler.active == 0
     assert call(url + "/health")[1]["active"] == 0
 
 
@@ -307,7 +274,7 @@ def test_past_the_queue_429_and_a_key_is_required_when_given(run_dir):
         assert e.value.body["code"] == "rate_limit_exceeded"
         stream.close()
         deadline = time.monotonic() + 10
-        while served.batcher.active and time.monotonic() < deadline:
+        while served.scheduler.active and time.monotonic() < deadline:
             time.sleep(0.02)
         assert c.completions.create(model="demo", prompt="def ", max_tokens=2).usage.completion_tokens == 2
 

@@ -90,6 +90,7 @@ def add_chat(sub) -> argparse.ArgumentParser:
 
 def run_chat(args: argparse.Namespace) -> int:
     """Read a turn, answer it, until /exit or the end of input."""
+    from ..generation.plan import plan_decode
     from ..models import GPT
 
     model, tokenizer = load_model_source(args, device=args.device)
@@ -98,8 +99,11 @@ def run_chat(args: argparse.Namespace) -> int:
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     conversation_ids(args, tokenizer, system + [{"role": "user", "content": ""}])  # no template: refused now
     apply_weights(args, model)
-    settings = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, eos_id=end_of_turn(model, tokenizer))
+    plan = plan_decode(model, 1)  # one choice for every turn
+    settings = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, eos_id=end_of_turn(model, tokenizer),
+                    plan=plan)
     history = list(system)
+    print(f"qkv chat: {plan}", file=sys.stderr)
     print(f"qkv chat: {COMMANDS_HELP}", file=sys.stderr)
     while True:
         try:

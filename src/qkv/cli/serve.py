@@ -1,7 +1,7 @@
 """`qkv serve`: an OpenAI-compatible HTTP server for a run directory or a Hugging Face directory.
 
 The model, tokenizer and chat template come as for `qkv sample` and `qkv chat` (``load_model_source``,
-``conversation_ids``, ``end_of_turn``); the server is ``qkv.serve``: a continuous batcher under FastAPI and uvicorn.
+``conversation_ids``, ``end_of_turn``); the server is ``qkv.serve``: a scheduler over a paged KV cache under FastAPI and uvicorn.
 """
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def add_serve(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=32, help="requests decoding together at most (default 32)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting at most beyond the batch; past it: HTTP 429 (default 64)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="tokens per request at most, prompt and answer (default: the model's max_len)")
+    p.add_argument("--kv-cache-memory", type=memory_size, default=None,
+                   help="memory for the paged KV cache, e.g. 2GiB or 512MB (default: half the free memory on a CPU, "
+                        "90%% on a GPU, capped at what --max-batch requests of --max-model-len tokens need)")
+    p.add_argument("--max-prefill-tokens", type=int, default=512,
+                   help="prompt tokens prefilled per step at most: a long prompt is prefilled in chunks while "
+                        "the other requests keep decoding (default 512)")
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
@@ -38,16 +46,35 @@ def add_serve(sub) -> argparse.ArgumentParser:
     return p
 
 
+UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+         "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def memory_size(text: str) -> int:
+    """'2GiB', '512MB', '1.5g' or a number of bytes -> bytes (argparse's type for --kv-cache-memory)."""
+    number = text.strip().lower().rstrip("bikmgt")
+    unit = text.strip().lower()[len(number):]
+    try:
+        size = float(number) * UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MB or 1000000, got {text!r}") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size > 0, got {text!r}")
+    return int(size)
+
+
 def build_served(args: argparse.Namespace):
     """The ``qkv.serve.app.Served`` for the command's arguments: the model loaded, its text functions, the
-    batcher (not started); CommandError for a model the batch cannot decode."""
+    scheduler (not started); CommandError for a model the scheduler cannot decode or a cache that cannot fit."""
     from ..serve.app import Served
-    from ..serve.batcher import Batcher
+    from ..serve.scheduler import Scheduler
 
     model, tokenizer = load_model_source(args, device=args.device)
     apply_weights(args, model)
     try:
-        batcher = Batcher(model, max_batch=args.max_batch, max_queue=args.max_queue, backend=args.backend)
+        scheduler = Scheduler(model, max_batch=args.max_batch, max_queue=args.max_queue, backend=args.backend,
+                              max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
+                              max_prefill_tokens=args.max_prefill_tokens)
     except ValueError as e:
         raise CommandError(f"{args.run or args.hf}: {e}") from None
 
@@ -59,7 +86,7 @@ def build_served(args: argparse.Namespace):
 
     eos = getattr(tokenizer, "eos_id", None)
     path = os.path.normpath(args.run or args.hf)
-    return Served(name=args.model_name or os.path.basename(path), batcher=batcher, encode=tokenizer.encode,
+    return Served(name=args.model_name or os.path.basename(path), scheduler=scheduler, encode=tokenizer.encode,
                   decode=tokenizer.decode, chat_ids=chat_ids,
                   chat_decode=getattr(tokenizer, "decode_text", tokenizer.decode),
                   eos_ids=() if eos is None else (eos,), chat_eos_ids=tuple(end_of_turn(model, tokenizer) or ()))
@@ -84,5 +111,6 @@ def run_serve(args: argparse.Namespace) -> int:
               "the model", file=sys.stderr)
     print(f"qkv serve: {served.name} at http://{args.host}:{args.port}/v1 (max batch {args.max_batch}, "
           f"queue {args.max_queue}{', API key required' if args.api_key else ''}); Ctrl-C stops", file=sys.stderr)
+    print(f"qkv serve: {served.scheduler.plan}", file=sys.stderr)
     serve_forever(create_app(served, api_key=args.api_key), args.host, args.port)
     return 0

@@ -308,7 +308,8 @@ def run_sample(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..generation.backends import BACKEND_NOTES, pick, resolve
+    from ..generation.backends import resolve
+    from ..generation.plan import plan_decode
     from ..runtime import cpu_threads, resolve_device
 
     if args.system is not None and not args.chat:
@@ -321,16 +322,15 @@ def run_sample(args: argparse.Namespace) -> int:
     chat = chat_ids(args, tokenizer)
     tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
     model = apply_weights(args, model.to(getattr(torch, args.dtype)))
-    backend, why = pick(model, 1, resolve(args.backend, "fused" if args.compile else False)[0])
+    plan = plan_decode(model, 1, resolve(args.backend, "fused" if args.compile else False)[0], warn=False)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, backend=backend)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, plan=plan)
     with autocast:
         if chat is None:
             stream_sample(model, tokenizer, args.prompt, tokens, **settings)
         else:
             stream_chat(model, tokenizer, chat, tokens, eos_id=end_of_turn(model, tokenizer), **settings)
-    print(f"qkv: {why + '; ' if why else ''}decoded with the {backend} backend ({BACKEND_NOTES[backend]})",
-          file=sys.stderr)
+    print(f"qkv: {plan.backend_line}", file=sys.stderr)
     return 0
 
 

@@ -6,6 +6,9 @@
     cuda_graph.py    the cudagraph backend: the one-token step over static buffers, recorded once as a CUDA graph
     fallback.py      BackendFallback: the warning of a backend that cannot decode a model, saying why
     streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text
+    plan.py          the decode plan: backend, cache dtype and cache (static or paged), chosen once with reasons
+    paged.py         a model over a paged KV cache: block pools sized by a memory budget, rows over block tables
+    blocks.py        the paged cache's block manager: reference counts, prefix caching by chained block hashes
     beam_search.py   greedy and beam search for qkv.Transformer (the paper's beam 4, length penalty 0.6)
     methods.py       the models' generate methods as functions of the model (GPT.generate, Transformer.generate)
     config.py        GenerationConfig: a checkpoint's decoding settings (generation_config.json), generate's defaults

@@ -127,7 +127,11 @@ def step_function(model, batch: int, compile: bool | str):
     """The one-token step for a backend (or a ``compile=`` value), (ids (B, 1), slots (B, M), kv_caches,
     input_pos (1,)) -> logits (B, V): the model's forward, qkv's fused step, or inductor's compiled step."""
     backend, strict = (compile, True) if compile in BACKENDS else resolve("auto", compile)
-    chosen, _ = pick(model, batch, backend, strict=strict)
+    return step_of(model, pick(model, batch, backend, strict=strict)[0])
+
+
+def step_of(model, chosen: str):
+    """The one-token step of the backend ``chosen`` (already picked: nothing is checked again)."""
     if chosen == "fused":
         return fused_step.FusedStep(model)
     if chosen == "cudagraph":

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..checks import check_positive_int
 from ..nn.kv_cache import reorder_kv
-from .backends import speed_layer
+from .plan import plan_beams
 from .config import GenerationConfig
 
 NEG = -1.0e9  # "impossible", finite so that sums and comparisons stay defined
@@ -228,17 +228,16 @@ def decode(model, src_ids: Tensor, *, src_mask: Tensor | None = None, max_new_to
 
     ``backend``: "auto" serves the linears through qkv's CPU kernels (``qkv.kernels.accelerated``), "eager" runs
     the model as written; the same tokens either way."""
-    if backend not in ("auto", "eager"):
-        raise ValueError(f"backend must be 'auto' or 'eager' for the encoder-decoder, got {backend!r}")
     check_positive_int("num_beams", num_beams)
     check_positive_int("max_new_tokens", max_new_tokens)
     if src_mask is not None and (src_mask.dtype != torch.bool or src_mask.shape != src_ids.shape):
         raise ValueError(f"src_mask must be bool with the shape of src_ids {tuple(src_ids.shape)}, "
                          f"got {src_mask.dtype} {tuple(src_mask.shape)}")
+    plan = plan_beams(model, src_ids.size(0) * num_beams, max_new_tokens + 1, backend, use_cache=use_cache)
     was = model.training
     model.eval()
     try:
-        with speed_layer(model, backend):
+        with plan.speed_layer(model):
             return search(model, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens, special=special,
                           num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
                           use_cache=use_cache)

@@ -1,4 +1,4 @@
-"""The decode loop: prefill once, then one cached step per token, on the backend ``backends.choose`` picks.
+"""The decode loop: prefill once, then one cached step per token, as its plan (``qkv.generation.plan``) says.
 
 Shapes: B batch, T prompt length, V vocabulary, M static-cache capacity.
 ``input_pos`` are static-cache slots (places in the buffers), not token positions.
@@ -14,10 +14,12 @@ from torch import Tensor
 from ..checks import check_positive_int
 from ..kernels import fused_step
 from . import backends
+from .plan import Plan, plan_decode
 from .sampling import next_token
 from .streaming import Streamer
 
 STREAM_BURST = 8  # with a streamer, the fused step's greedy calls take at most this many tokens: text keeps coming
+EOS_CHECK_EVERY = 8  # on an accelerator, steps between the host's looks at whether every row has finished
 
 
 def check_args(ids, max_new_tokens, temperature, top_k, top_p, mask) -> None:
@@ -51,7 +53,7 @@ class StaticCache:
         # weights have streamed through its caches, each small op of a step costs several times its usual time.
         self.step_pos, self.slot_columns = self.slot_ids.split(1), self.slots.unbind(1)
         self.forward = backends.last_logits(model)  # the prefill, and every step unless compiled
-        self.step_fn = backends.step_function(model, batch, backend)
+        self.step_fn = backends.step_of(model, backend)  # ``backend``: the plan's, chosen already
         self.compiled = backend == "inductor"  # its guards are checked once per call
         self.warm = False  # this call's first compiled step has run, its guards checked
 
@@ -104,7 +106,7 @@ def generate(
     model, ids: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, eos_id: int | None = None, use_cache: bool = True, seed: int | None = None,
     mask: Tensor | None = None, backend: str = "auto", compile: bool | str = False, streamer: Streamer | None = None,
-    pad_id: int | None = None, suppress: Sequence[int] = (),
+    pad_id: int | None = None, suppress: Sequence[int] = (), plan: Plan | None = None,
 ) -> Tensor:
     """Sample max_new_tokens after each prompt: prefill once, then one cached step per token.
 
@@ -125,6 +127,8 @@ def generate(
             then each step's new tokens (B, k) as they are chosen, and ``end()`` when done (not after an
             exception: Ctrl-C leaves it as it was); ``TextStreamer`` writes the text as it grows. The tokens
             are the same with and without one.
+        plan: what decodes (``qkv.generation.plan.plan_decode``), made by the caller once; default: made here
+            from ``backend``, ``compile`` and ``use_cache``.
     Returns:
         (B, T + n) ids, n ≤ max_new_tokens (fewer when every row finished).
 
@@ -134,15 +138,16 @@ def generate(
     """
     check_args(ids, max_new_tokens, temperature, top_k, top_p, mask)
     stop = Stop(eos_id, pad_id, suppress, ids.device)
-    backend = backends.choose(model, ids.size(0) if isinstance(ids, Tensor) else 0, backend, compile,
-                              use_cache=use_cache)
-    if backend in ("inductor", "fused", "cudagraph") and not use_cache:
-        raise ValueError(f"backend {backend!r} compiles the cached decode step: it needs use_cache=True")
+    plan = plan or plan_decode(model, ids.size(0), backend, compile, use_cache=use_cache,
+                               capacity=min(model.config.max_len, ids.size(1) + max_new_tokens))
+    if plan.cache == "paged" or (plan.cache == "static") != use_cache:
+        raise ValueError(f"generate decodes over a static cache (use_cache=True) or none, as its plan says; "
+                         f"got a {plan.cache} cache's plan with use_cache={use_cache}")
     was_training = model.training
     model.eval()
     try:
-        with backends.speed_layer(model, backend):
-            return sample(model, ids, max_new_tokens, backend, temperature=temperature, top_k=top_k, top_p=top_p,
+        with plan.speed_layer(model):
+            return sample(model, ids, max_new_tokens, plan.backend, temperature=temperature, top_k=top_k, top_p=top_p,
                           stop=stop, use_cache=use_cache, seed=seed, mask=mask, streamer=streamer)
     finally:
         model.train(was_training)
@@ -182,6 +187,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
     emit = streamer.put if streamer is not None else lambda ids: None
     burst = STREAM_BURST if streamer is not None else max_new_tokens  # greedy tokens of one fused call
     finished = torch.zeros(out.size(0), dtype=torch.bool, device=out.device)
+    watch = FinishWatch(stop, max_new_tokens, out.device, eos_check_interval(out.device, streamer is not None))
     greedy_steps = greedy and cache is not None and cache.greedy_steps and stop.plain
     logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
     new = 0  # tokens emitted
@@ -193,7 +199,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
         out[:, end] = tok
         emit(out[:, end:end + 1])  # (B, 1)
         end, new = end + 1, new + 1
-        if finished_all(new, max_new_tokens, stop, finished):
+        if new == max_new_tokens or watch.done(new, finished):
             break
         if greedy_steps and end - start <= limit:  # as many steps as the window has room for, in one call
             toks = cache.greedy(tok, end - 1 - start, min(max_new_tokens - new, limit + start - end + 1, burst),
@@ -201,7 +207,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
             out[:, end:end + toks.size(1)] = toks
             emit(toks)
             end, new, tok = end + toks.size(1), new + toks.size(1), toks[:, -1]
-            if finished_all(new, max_new_tokens, stop, finished):
+            if new == max_new_tokens or watch.done(new, finished):
                 break
         if end - start > limit:  # window full: slide and re-prefill
             start = end - limit // 2
@@ -210,11 +216,37 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
             logits = cache.step(tok, end - 1 - start)  # the new token's slot
         else:
             logits = window_logits(model, out[:, start:end], valid[:, start:end], None)
-    return end
+    return end - watch.overshoot(new)
 
 
-def finished_all(new: int, max_new_tokens: int, stop: Stop, finished: Tensor) -> bool:
-    return new == max_new_tokens or (stop.eos is not None and bool(finished.all()))
+def eos_check_interval(device: torch.device, streaming: bool) -> int:
+    """Steps between looks at whether every row has finished. Each look waits for the device (a host sync): on a
+    CPU there is nothing to wait for, and a streamer reads every token anyway, so every step; else every
+    ``EOS_CHECK_EVERY`` steps, the steps past the end cut off (``FinishWatch.overshoot``)."""
+    return 1 if device.type == "cpu" or streaming else EOS_CHECK_EVERY
+
+
+class FinishWatch:
+    """Whether every row has finished, recorded on the device each step and looked at every ``every`` steps."""
+
+    def __init__(self, stop: Stop, max_new_tokens: int, device, every: int) -> None:
+        self.every = every
+        self.all_done = None if stop.eos is None else torch.zeros(max_new_tokens, dtype=torch.bool, device=device)
+
+    def done(self, new: int, finished: Tensor) -> bool:
+        """After step ``new`` (1, 2, …), finished (B,): whether to stop now (only on the steps it looks)."""
+        if self.all_done is None:
+            return False
+        self.all_done[new - 1] = finished.all()  # (n,): step i ended with every row finished; no sync
+        return new % self.every == 0 and bool(self.all_done[new - 1])
+
+    def overshoot(self, new: int) -> int:
+        """The steps of the ``new`` taken after the first at which every row had finished: what a look every
+        step would not have taken (finished rows only padded them)."""
+        if self.all_done is None or self.every == 1:
+            return 0
+        first = self.all_done[:new].nonzero()
+        return new - int(first[0, 0]) - 1 if len(first) else 0
 
 
 class Stop:

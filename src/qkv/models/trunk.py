@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache, RingKVCache, static_positions
 from ..nn.latent_attention import LatentCache
+from ..nn.paged_kv_cache import PagedKVCache, PagedLatentCache
 from ..nn.masks import PreparedMask, causal_mask, causal_mask_at, padding_mask, prepare_mask, within_window
 from . import components
 from .config import ModelConfig
@@ -286,7 +287,7 @@ class CausalTrunk(Trunk):
             return positions_of_new_tokens(mask, start, T, ids.device), key_mask(mask, B, start + T)
         if kv_caches is None or mask is None or mask.shape != (B, kv_caches[0].max_len):
             raise ValueError("input_pos needs kv_caches and a mask (B, M) of the cache slots holding tokens")
-        per_row = (KVCache, RingKVCache, LatentCache)
+        per_row = (KVCache, RingKVCache, LatentCache, PagedKVCache, PagedLatentCache)
         if input_pos.dim() == 2 and (other := next((c for c in kv_caches if type(c) not in per_row), None)):
             raise ValueError(f"per-row input_pos (B, T) needs a KVCache, RingKVCache or LatentCache in every layer, "
                              f"got a "

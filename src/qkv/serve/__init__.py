@@ -1,6 +1,8 @@
 """`qkv serve`: an OpenAI-compatible HTTP server over the continuous-batching decoder.
 
-    batcher.py   the scheduler: one thread owns the model, requests join and leave the batch at each step
+    scheduler.py the scheduler: one thread owns the model and a paged KV cache; requests are admitted while
+                 blocks remain, prefilled in chunks, preempted when blocks run out, and share prompt prefixes
+    request.py   a request as the scheduler sees it, its settings, and QueueFull (HTTP 429)
     text.py      a request's tokens as text: whole characters, held back while a stop string could begin
     protocol.py  OpenAI's requests, responses and error JSON, as typed models
     app.py       the FastAPI application: the endpoints, server-sent events, errors, the API key

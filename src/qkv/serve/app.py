@@ -1,4 +1,4 @@
-"""The FastAPI application: OpenAI's endpoints over a Batcher, streaming by server-sent events.
+"""The FastAPI application: OpenAI's endpoints over a Scheduler, streaming by server-sent events.
 
     GET  /health                 {"status": "ok", "active": n, "waiting": w} (no key needed)
     GET  /v1/models              the one model served
@@ -24,15 +24,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from . import protocol
-from .batcher import Batcher, QueueFull, Request as Job, Settings
+from .request import QueueFull, Request as Job, Settings
+from .scheduler import Scheduler
 
 
 @dataclass
 class Served:
-    """What the server serves: its name, the batcher, and the text around the ids (the command builds it)."""
+    """What the server serves: its name, the scheduler, and the text around the ids (the command builds it)."""
 
     name: str
-    batcher: Batcher
+    scheduler: Scheduler
     encode: Callable[[str], list[int]]  # a completion's prompt
     decode: Callable[[list[int]], str]  # a completion's tokens
     chat_ids: Callable[[list[dict]], list[int]] | None = None  # a conversation, the assistant's turn opened
@@ -51,14 +52,14 @@ class APIError(Exception):
 
 
 def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
-    """The application; its lifespan starts and stops ``served.batcher``'s thread. ``api_key``: /v1/* then need
+    """The application; its lifespan starts and stops ``served.scheduler``'s thread. ``api_key``: /v1/* then need
     ``Authorization: Bearer KEY``."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if served.batcher.thread is None:
-            served.batcher.start()
+        if served.scheduler.thread is None:
+            served.scheduler.start()
         yield
-        served.batcher.stop()
+        served.scheduler.stop()
 
     app = FastAPI(title="qkv", lifespan=lifespan)
     add_error_handlers(app)
@@ -67,7 +68,7 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "active": served.batcher.active, "waiting": len(served.batcher.waiting)}
+        return {"status": "ok", "active": served.scheduler.active, "waiting": len(served.scheduler.waiting)}
 
     @v1.get("/models")
     async def models() -> dict:
@@ -136,7 +137,7 @@ def completion_ids(served: Served, body: protocol.CompletionRequest) -> list[int
     check_model(served, body.model)
     if isinstance(body.prompt, str):
         return served.encode(body.prompt)
-    vocab = served.batcher.model.config.vocab_size
+    vocab = served.scheduler.model.config.vocab_size
     if any(not 0 <= i < vocab for i in body.prompt):
         raise APIError(400, f"prompt: token ids must be in 0 … {vocab - 1}", param="prompt")
     return list(body.prompt)
@@ -144,7 +145,7 @@ def completion_ids(served: Served, body: protocol.CompletionRequest) -> list[int
 
 def settings(served: Served, body: protocol.Sampling, prompt: int, chat: bool) -> Settings:
     """The request's decoding settings; 400 when the prompt and the answer do not fit in the context."""
-    M = served.batcher.max_len
+    M = served.scheduler.max_len
     asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if prompt == 0:
         raise APIError(400, "the prompt encodes to no tokens", param="prompt")
@@ -158,7 +159,7 @@ def settings(served: Served, body: protocol.Sampling, prompt: int, chat: bool) -
 
 
 class Channel:
-    """Events from the batcher's thread into the event loop: every piece (a stream) or the end alone."""
+    """Events from the scheduler's thread into the event loop: every piece (a stream) or the end alone."""
 
     def __init__(self, every: bool) -> None:
         self.loop, self.queue, self.every = asyncio.get_running_loop(), asyncio.Queue(), every
@@ -177,7 +178,7 @@ async def answer(served: Served, body: protocol.Sampling, ids: list[int], *, cha
     decode = (served.chat_decode or served.decode) if chat else served.decode
     job = Job(ids, settings(served, body, len(ids), chat), decode, channel.put)
     try:
-        served.batcher.submit(job)
+        served.scheduler.submit(job)
     except QueueFull as e:
         raise APIError(429, f"The server is busy: {e}. Retry later.", type="rate_limit_error",
                        code="rate_limit_exceeded") from None
@@ -190,7 +191,7 @@ async def answer(served: Served, body: protocol.Sampling, ids: list[int], *, cha
         while (await channel.queue.get())[1] is None:
             pass
     finally:
-        served.batcher.cancel(job)  # a no-op once it finished; frees its row if this handler is cancelled
+        served.scheduler.cancel(job)  # a no-op once it finished; frees its row if this handler is cancelled
     if job.error is not None:
         raise APIError(500, f"decoding failed: {job.error}", type="server_error")
     choice = protocol.choice(chat, job.answer.text, job.finish_reason, delta=False)
@@ -220,4 +221,4 @@ async def events(served: Served, body: protocol.Sampling, job: Job, channel: Cha
             yield chunk([], protocol.usage(len(job.ids), len(job.tokens)))
         yield "data: [DONE]\n\n"
     finally:
-        served.batcher.cancel(job)  # the client went away mid-stream: its row is freed at the next step
+        served.scheduler.cancel(job)  # the client went away mid-stream: its row is freed at the next step

@@ -1,0 +1,126 @@
+"""A paged key/value cache (vLLM's PagedAttention layout, Kwon et al. 2023): each layer keeps one pool of
+fixed-size blocks, and each sequence a block table of the blocks its tokens sit in.
+
+Shapes: N blocks in a pool, K tokens per block (block size), G key/value heads, D head width, B rows,
+n blocks in this step's tables, S = n · K keys per row, T new tokens per row.
+A row's token at position p sits in block ``table[b, p // K]`` at offset p mod K. The engine sets the step's
+``PageTable`` (tables (B, n), one object shared by every layer) before each forward. ``write(input_pos, k, v)``
+scatters the new tokens into their blocks and returns each row's keys gathered in position order, (B, G, S, D):
+what a static cache's ``write`` returns with slots = positions, so attention runs unchanged under the caller's
+mask (B, S) of the positions written. Blocks are shared between rows (a common prompt prefix) by putting the
+same id in several tables; a row writes only its own blocks.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import check_positive_int
+from .latent_attention import LatentCache
+
+
+class PageTable:
+    """The block tables of one step, read by every paged layer: ``table`` (B, n) block ids; a row with fewer
+    blocks is padded with any valid id (its positions there are masked)."""
+
+    def __init__(self, block_size: int) -> None:
+        check_positive_int("block_size", block_size)
+        self.block_size = block_size
+        self.table: Tensor | None = None
+
+    def set(self, table: Tensor) -> None:
+        if table.dim() != 2 or table.is_floating_point():
+            raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
+        self.table = table
+
+    @property
+    def max_len(self) -> int:
+        """S = n · K: the positions each row's gathered keys span (what the model's mask (B, S) covers)."""
+        return 0 if self.table is None else self.table.size(1) * self.block_size
+
+
+def scatter_blocks(pool: Tensor, table: Tensor, input_pos: Tensor, new: Tensor) -> None:
+    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through table (B, n)."""
+    K = pool.size(1)
+    blocks = table.gather(1, input_pos // K)  # (B, T): the block of each new token
+    pool[blocks.flatten(), (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
+
+
+def gather_blocks(pool: Tensor, table: Tensor) -> Tensor:
+    """Each row's blocks of pool (N, K, C, W), in table (B, n) order -> (B, C, n · K, W), one copy (a strided
+    view of it: the positions of a block lie together, as vLLM's layout keeps them)."""
+    B, n = table.shape
+    _, K, C, W = pool.shape
+    return pool[table].view(B, n * K, C, W).transpose(1, 2)  # (B, n, K, C, W) -> (B, C, n·K, W)
+
+
+def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
+    if pages.table is None:
+        raise ValueError("a paged cache needs the step's block tables: set its PageTable before the forward")
+    if input_pos.dim() != 2 or input_pos.shape != (new.size(0), new.size(2)):
+        raise ValueError(f"a paged cache takes per-row positions input_pos (B={new.size(0)}, T={new.size(2)}), "
+                         f"got {tuple(input_pos.shape)}")
+    if pages.table.size(0) != new.size(0):
+        raise ValueError(f"block tables for B={new.size(0)} rows expected, got {pages.table.size(0)}")
+
+
+class PagedKVCache(nn.Module):
+    """Keys and values of one layer in blocks, (N, K, G, D) each; the block tables come from ``pages``.
+
+    The pools are ``torch.empty``: a block's memory is first touched when a token is written to it.
+    """
+
+    def __init__(self, num_blocks: int, num_kv_heads: int, head_dim: int, *, pages: PageTable, dtype=None,
+                 device=None) -> None:
+        super().__init__()
+        for name, value in (("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            check_positive_int(name, value)
+        shape = (num_blocks, pages.block_size, num_kv_heads, head_dim)
+        self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.pages = pages
+        self.pos = 0  # never grows: a paged cache is written at explicit positions only
+
+    @property
+    def max_len(self) -> int:
+        return self.pages.max_len
+
+    def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, G, T, D) at each row's positions input_pos (B, T); return every row's keys and values
+        over its table's blocks, (B, G, S, D) each, in position order."""
+        check_write(input_pos, k, self.pages)
+        table = self.pages.table
+        scatter_blocks(self.k, table, input_pos, k.to(self.k.dtype))
+        scatter_blocks(self.v, table, input_pos, v.to(self.v.dtype))
+        return gather_blocks(self.k, table), gather_blocks(self.v, table)
+
+
+class PagedLatentCache(LatentCache):
+    """MLA's absorbed cache ([c_KV; k_R] per token, ``LatentCache``) in blocks, (N, K, 1, d_c + d_R)."""
+
+    def __init__(self, num_blocks: int, kv_lora_rank: int, qk_rope_head_dim: int, *, pages: PageTable,
+                 dtype=None, device=None) -> None:
+        nn.Module.__init__(self)
+        for name, value in (("num_blocks", num_blocks), ("kv_lora_rank", kv_lora_rank),
+                            ("qk_rope_head_dim", qk_rope_head_dim)):
+            check_positive_int(name, value)
+        shape = (num_blocks, pages.block_size, 1, kv_lora_rank + qk_rope_head_dim)
+        self.register_buffer("kv", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.kv_lora_rank, self.qk_rope_head_dim, self.pages, self.pos = kv_lora_rank, qk_rope_head_dim, pages, 0
+
+    @property
+    def max_len(self) -> int:
+        return self.pages.max_len
+
+    def write(self, input_pos: Tensor, latent: Tensor, k_rope: Tensor) -> Tensor:
+        """Write latent (B, 1, T, d_c) and k_rope (B, 1, T, d_R) at input_pos (B, T); return (B, 1, S, d_c + d_R)."""
+        if latent.size(-1) != self.kv_lora_rank or k_rope.size(-1) != self.qk_rope_head_dim:
+            raise ValueError(f"expected latent (…, {self.kv_lora_rank}) and k_rope (…, {self.qk_rope_head_dim}), "
+                             f"got {tuple(latent.shape)} and {tuple(k_rope.shape)}")
+        new = torch.cat((latent, k_rope), dim=-1).to(self.kv.dtype)  # (B, 1, T, d_c + d_R)
+        check_write(input_pos, new, self.pages)
+        scatter_blocks(self.kv, self.pages.table, input_pos, new)
+        return gather_blocks(self.kv, self.pages.table)
+
+    def update(self, latent: Tensor, k_rope: Tensor) -> Tensor:
+        raise ValueError("a paged cache is written at explicit positions: pass input_pos")

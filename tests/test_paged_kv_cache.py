@@ -1,0 +1,86 @@
+"""The paged KV cache (qkv.nn.paged_kv_cache), its block manager (qkv.generation.blocks) and the model over it
+(qkv.generation.paged): the same keys and logits as the contiguous cache and the full forward."""
+import pytest
+import torch
+
+import qkv
+from qkv.generation.blocks import BlockManager, NoBlocks, block_keys
+from qkv.generation.paged import PagedModel
+from qkv.nn.kv_cache import KVCache
+from qkv.nn.paged_kv_cache import PagedKVCache, PageTable
+
+
+def test_write_then_gather_equals_the_contiguous_cache_through_scattered_blocks():
+    """Two rows of different lengths, their blocks out of order in the pool: the gathered keys at each row's
+    written positions equal a KVCache's slots."""
+    torch.manual_seed(0)
+    G, D, K = 2, 4, 3
+    pages = PageTable(K)
+    paged = PagedKVCache(10, G, D, pages=pages)
+    flat = KVCache(2, G, 9, D)
+    pages.set(torch.tensor([[7, 2, 5], [0, 9, 9]]))  # row 1 holds 2 blocks, padded with its own
+    lengths = (8, 5)
+    for start, T in ((0, 5), (5, 1), (6, 2)):
+        k, v = torch.randn(2, G, T, D), torch.randn(2, G, T, D)
+        pos = torch.tensor([[min(start + t, L - 1) for t in range(T)] for L in lengths])  # (2, T)
+        got_k, got_v = paged.write(pos, k, v)
+        want_k, want_v = flat.write(pos, k, v)
+        assert got_k.shape == (2, G, 9, D)
+        for b, L in enumerate(lengths):
+            written = min(start + T, L)
+            assert torch.equal(got_k[b, :, :written], want_k[b, :, :written])
+            assert torch.equal(got_v[b, :, :written], want_v[b, :, :written])
+    assert torch.equal(paged.k[2, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
+
+
+def test_the_paged_model_gives_the_full_forwards_logits_for_rows_at_different_lengths():
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, positional="rope", num_kv_heads=2,
+                                           attention=dict(num_heads=4, sliding_window=5))).eval()
+    a, b = torch.randint(0, 50, (1, 13)), torch.randint(0, 50, (1, 6))
+    paged = PagedModel(model, 12, block_size=4)
+    ta, tb = [paged.blocks.allocate() for _ in range(4)], [paged.blocks.allocate() for _ in range(2)]
+    with torch.no_grad():
+        paged.forward(a[:, :9], [0], [ta[:3]])  # a chunk of a's prompt
+        paged.forward(b[:, :5], [0], [tb])
+        got = paged.forward(torch.cat((a[:, 9:10], b[:, 5:6])), [9, 5], [ta[:3], tb])  # (2, V): one step each
+        want_a = model(a[:, :10]).logits[:, -1]
+        want_b = model(b).logits[:, -1]
+    torch.testing.assert_close(got, torch.cat((want_a, want_b)), rtol=1e-5, atol=1e-5)
+
+
+def test_paged_writes_refuse_what_they_cannot_place():
+    pages = PageTable(4)
+    cache = PagedKVCache(3, 2, 8, pages=pages)
+    k = torch.zeros(1, 2, 2, 8)
+    with pytest.raises(ValueError, match="set its PageTable"):
+        cache.write(torch.tensor([[0, 1]]), k, k)
+    pages.set(torch.tensor([[0]]))
+    with pytest.raises(ValueError, match=r"per-row positions input_pos \(B=1, T=2\), got \(2,\)"):
+        cache.write(torch.tensor([0, 1]), k, k)
+    with pytest.raises(ValueError, match="block table must be an integer tensor"):
+        pages.set(torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="num_blocks"):
+        PagedKVCache(0, 2, 8, pages=pages)
+
+
+def test_blocks_are_counted_cached_matched_and_evicted_least_recent_first():
+    m = BlockManager(4, 2)
+    ids = [1, 2, 3, 4, 5]
+    keys = block_keys(ids, 2)
+    assert len(keys) == 2 and keys == block_keys(ids, 2, keys[:1]) and keys[0] != block_keys([1, 2, 3, 5], 2)[1]
+    a = [m.allocate(), m.allocate(), m.allocate()]
+    m.register(a, keys)  # a's first two blocks hold [1, 2], [3, 4]
+    assert m.match(keys) == a[:2] and m.refs[a[0]] == 2  # held twice now
+    m.release(a[:2])
+    m.release(a)
+    assert m.available == 4 and set(m.cached) == set(a[:2])  # the keyed ones stay cached
+    assert m.match(block_keys([1, 2, 9, 9], 2)) == [a[0]]  # a prefix of one block
+    m.release([a[0]])
+    taken = [m.allocate() for _ in range(3)]  # 2 free ones, then the least recently freed cached one: a[1]
+    assert a[1] in taken and m.match(keys) == [a[0]]
+    with pytest.raises(NoBlocks):
+        m.allocate()
+    m.release(taken[:1])
+    with pytest.raises(ValueError, match="nobody holds it"):
+        m.release(taken[:1])
