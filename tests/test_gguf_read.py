@@ -73,8 +73,8 @@ def checkpoint(request, tmp_path_factory):
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.bos_token, tokenizer.chat_template = "<|endoftext|>", CHATML
     torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**{**SIZES, **extra}, vocab_size=len(tokenizer),
-                                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = getattr(transformers, config_name)(**{**SIZES, **extra}, vocab_size=len(tokenizer), **ids)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -125,7 +125,8 @@ def test_an_f32_file_reads_back_the_model_that_was_written(checkpoint, monkeypat
     """The writer inverted: the same HF tensors (q/k rows permuted back), config and logits as the original."""
     family, path, hf = checkpoint
     config, state = read_gguf(written(checkpoint, "F32", monkeypatch))
-    original = {k: v for k, v in hf.state_dict().items() if not (hf.config.tie_word_embeddings and k == "lm_head.weight")}
+    tied = hf.config.tie_word_embeddings
+    original = {k: v for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
     assert sorted(state) == sorted(original) and all(torch.equal(state[k], original[k]) for k in state)
     assert {k: config[k] for k in ("model_type", "hidden_size", "num_key_value_heads", "head_dim", "rope_theta",
                                    "tie_word_embeddings", "bos_token_id", "eos_token_id")} == \
@@ -188,6 +189,26 @@ def test_sample_and_chat_from_a_gguf_file(checkpoint, monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == want.strip()
     assert main(["sample", "--gguf", str(path), "--chat", "--prompt", "the man", "--temperature", "0",
                  "--max-new-tokens", "3", "--device", "cpu", "--dtype", "bfloat16"]) == 0
+
+
+def test_serve_and_chat_read_the_file(checkpoint, monkeypatch, capsys):
+    """`qkv serve --gguf` builds its server from the file (its name, chat template and end of turn, the weights in
+    --dtype); `qkv chat --gguf` answers a turn."""
+    pytest.importorskip("fastapi", reason="the serve extra: pip install -e '.[serve]'")
+    from qkv.cli import build_parser
+    from qkv.cli.serve import build_served
+
+    path = written(checkpoint, "Q4_1", monkeypatch)
+    _, tokenizer = load_gguf(path)
+    served = build_served(build_parser().parse_args(["serve", "--gguf", str(path), "--device", "cpu", "--backend",
+                                                     "eager", "--dtype", "bfloat16"]))
+    messages = [{"role": "user", "content": "the man"}]
+    assert served.name == path.name and served.chat_ids(messages) == tokenizer.chat_ids(messages)
+    assert served.chat_eos_ids == (tokenizer.eos_id,)
+    assert {p.dtype for p in served.batcher.model.parameters()} == {torch.bfloat16}
+    lines = iter(["the dog", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert main(["chat", "--gguf", str(path), "--temperature", "0", "--max-new-tokens", "3", "--device", "cpu"]) == 0
 
 
 def test_export_converts_without_training(checkpoint, tmp_path):

@@ -75,8 +75,8 @@ def add_chat(sub) -> argparse.ArgumentParser:
     """Declare `qkv chat`."""
     p = sub.add_parser("chat", help="talk with a chat model, turn after turn (streaming)",
                        description="A conversation with a chat model: a run trained with --task sft or dpo, or a "
-                                   "Hugging Face directory or a GGUF file with a chat template. Each reply streams as it is "
-                                   f"generated; the history is kept. {COMMANDS_HELP}.")
+                                   "Hugging Face directory or a GGUF file with a chat template. Each reply streams as "
+                                   f"it is generated; the history is kept. {COMMANDS_HELP}.")
     add_model_source(p, gguf=True)
     p.add_argument("--system", metavar="TEXT", default=None, help="a system message before the conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (default 256)")

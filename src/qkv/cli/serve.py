@@ -18,9 +18,9 @@ from .weights import add_weights_flag, apply_weights
 def add_serve(sub) -> argparse.ArgumentParser:
     """Declare `qkv serve`."""
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)",
-                       description="Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: /v1/chat/completions "
-                                   "(the checkpoint's chat template), /v1/completions, /v1/models, /health; streaming "
-                                   "by server-sent events. Requests decode together, joining and leaving the batch "
+                       description="Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: "
+                                   "/v1/chat/completions (the checkpoint's chat template), /v1/completions, "
+                                   "/v1/models, /health; streaming by server-sent events. Requests decode together, joining and leaving the batch "
                                    "at each step. Binds to 127.0.0.1 unless --host says otherwise.")
     add_model_source(p, gguf=True)
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")

@@ -264,8 +264,9 @@ def add_sample(sub) -> argparse.ArgumentParser:
     """Declare `qkv sample`."""
     p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
                        description="Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / "
-                                   "GPT-NeoX directory or a GGUF file (llama, qwen2, qwen3) with its tokenizer (KV-cached decoding); with --chat, answer "
-                                   "it as a chat model does, through the checkpoint's chat template.")
+                                   "GPT-NeoX directory or a GGUF file (llama, qwen2, qwen3) with its tokenizer "
+                                   "(KV-cached decoding); with --chat, answer it as a chat model does, through the "
+                                   "checkpoint's chat template.")
     add_model_source(p, gguf=True)
     p.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true",

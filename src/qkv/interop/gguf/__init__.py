@@ -52,7 +52,8 @@ from .library import gguf_module
 from .reader import READ, from_gguf, gguf_tokenizer, load_gguf, read_gguf
 from .vocabulary import PRE_TOKENIZERS, byte_level, char_vocabulary, vocabulary, write_vocabulary
 
-__all__ = ["to_gguf", "from_gguf", "load_gguf", "read_gguf", "gguf_tokenizer", "READ", "check_exportable", "gguf_problems", "gguf_warnings", "GGUFApproximation", "ARCHES",
+__all__ = ["to_gguf", "from_gguf", "load_gguf", "read_gguf", "gguf_tokenizer", "READ", "check_exportable",
+           "gguf_problems", "gguf_warnings", "GGUFApproximation", "ARCHES",
            "NOT_WRITTEN", "Arch", "TYPES", "PRE_TOKENIZERS", "byte_level", "char_vocabulary", "vocabulary"]
 
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
