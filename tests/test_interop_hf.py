@@ -348,8 +348,11 @@ def test_config_values_are_validated(saved, tmp_path):
 def test_from_hf_and_to_hf_reject_wrong_types():
     with pytest.raises(TypeError, match="expects a directory path or a transformers model, got int"):
         from_hf(42)
-    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got 'float32'"):
-        from_hf("anywhere", dtype="float32")
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16 or a floating "
+                                         "torch.dtype, got 'fp32'"):
+        from_hf("anywhere", dtype="fp32")
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got torch.int64"):
+        from_hf("anywhere", dtype=torch.int64)
     with pytest.raises(TypeError, match="converts a qkv.GPT"):
         to_hf(qkv.Encoder(qkv.PRESETS["tiny"]))
     with pytest.raises(ValueError, match=r"positional='learned' \(GPT-2\) or positional='rope' and norm='rmsnorm' "

@@ -117,6 +117,23 @@ def cuda_bf16(device: str = "cuda") -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the weights' type a loader or a command's --dtype takes
+
+
+def resolve_dtype(dtype: torch.dtype | str = "auto", device: str = "auto") -> torch.dtype:
+    """A floating ``torch.dtype`` for ``dtype``: one of ``DTYPES`` or a floating dtype; "auto" is bfloat16 where
+    ``device`` computes it natively (``native_bf16``), float32 elsewhere. TypeError/ValueError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or a floating torch.dtype, got {dtype!r}")
+    if dtype == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    return getattr(torch, dtype)
+
+
 def bf16_words(device: str = "auto") -> str:
     """Why ``native_bf16(device)`` says what it says, in a few words (a run's summary records them)."""
     if device != "cpu" and torch.cuda.is_available():

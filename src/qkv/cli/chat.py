@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import CommandError
-from .sources import add_model_source, load_model_source
+from .sources import add_dtype_flag, add_model_source, load_model_source, source_name
 from .weights import add_weights_flag, apply_weights
 
 COMMANDS_HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends the session, Ctrl-C ends the answer"
@@ -34,7 +34,7 @@ def conversation_ids(args: argparse.Namespace, tokenizer, messages: list[dict]) 
 
         return plain_ids(tokenizer, render(template, messages, add_generation_prompt=True))
     if getattr(tokenizer, "chat_template", None) is None:
-        raise CommandError(f"{args.run or args.hf}: the tokenizer has no chat template "
+        raise CommandError(f"{source_name(args)}: the tokenizer has no chat template "
                            "(tokenizer_config.json 'chat_template'), nor the run a chat_template.jinja")
     return tokenizer.chat_ids(messages)
 
@@ -75,15 +75,16 @@ def add_chat(sub) -> argparse.ArgumentParser:
     """Declare `qkv chat`."""
     p = sub.add_parser("chat", help="talk with a chat model, turn after turn (streaming)",
                        description="A conversation with a chat model: a run trained with --task sft or dpo, or a "
-                                   "Hugging Face directory with a chat template. Each reply streams as it is "
-                                   f"generated; the history is kept. {COMMANDS_HELP}.")
-    add_model_source(p)
+                                   "Hugging Face directory or a GGUF file with a chat template. Each reply streams as "
+                                   f"it is generated; the history is kept. {COMMANDS_HELP}.")
+    add_model_source(p, gguf=True)
     p.add_argument("--system", metavar="TEXT", default=None, help="a system message before the conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
+    add_dtype_flag(p)
     add_weights_flag(p)
     return p
 
@@ -95,7 +96,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model_source(args, device=args.device)
     if not isinstance(model, GPT):
-        raise CommandError(f"{args.run or args.hf}: chat needs a decoder, got {type(model).__name__}")
+        raise CommandError(f"{source_name(args)}: chat needs a decoder, got {type(model).__name__}")
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     conversation_ids(args, tokenizer, system + [{"role": "user", "content": ""}])  # no template: refused now
     apply_weights(args, model)

@@ -11,18 +11,18 @@ import sys
 
 from .chat import conversation_ids, end_of_turn
 from .errors import CommandError
-from .sources import add_model_source, load_model_source
+from .sources import add_dtype_flag, add_model_source, load_model_source, source_name
 from .weights import add_weights_flag, apply_weights
 
 
 def add_serve(sub) -> argparse.ArgumentParser:
     """Declare `qkv serve`."""
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)",
-                       description="Serve a run or a Hugging Face directory over OpenAI's API: /v1/chat/completions "
-                                   "(the checkpoint's chat template), /v1/completions, /v1/models, /health; streaming "
-                                   "by server-sent events. Requests decode together, joining and leaving the batch "
+                       description="Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: "
+                                   "/v1/chat/completions (the checkpoint's chat template), /v1/completions, "
+                                   "/v1/models, /health; streaming by server-sent events. Requests decode together, joining and leaving the batch "
                                    "at each step. Binds to 127.0.0.1 unless --host says otherwise.")
-    add_model_source(p)
+    add_model_source(p, gguf=True)
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get("QKV_API_KEY"),
@@ -42,6 +42,7 @@ def add_serve(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
+    add_dtype_flag(p)
     add_weights_flag(p)
     return p
 
@@ -76,7 +77,7 @@ def build_served(args: argparse.Namespace):
                               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
                               max_prefill_tokens=args.max_prefill_tokens)
     except ValueError as e:
-        raise CommandError(f"{args.run or args.hf}: {e}") from None
+        raise CommandError(f"{source_name(args)}: {e}") from None
 
     def chat_ids(messages: list[dict]) -> list[int]:
         try:
@@ -85,7 +86,7 @@ def build_served(args: argparse.Namespace):
             raise ValueError(f"this model cannot chat: {e}") from None
 
     eos = getattr(tokenizer, "eos_id", None)
-    path = os.path.normpath(args.run or args.hf)
+    path = os.path.normpath(source_name(args))
     return Served(name=args.model_name or os.path.basename(path), scheduler=scheduler, encode=tokenizer.encode,
                   decode=tokenizer.decode, chat_ids=chat_ids,
                   chat_decode=getattr(tokenizer, "decode_text", tokenizer.decode),

@@ -1,4 +1,5 @@
-"""Where a command's model comes from: --run DIR (a `qkv train` run) or --hf DIR (Hugging Face)."""
+"""Where a command's model comes from: --run DIR (a `qkv train` run), --hf DIR (Hugging Face) or --gguf FILE
+(llama.cpp's format), and --dtype, the type its weights are loaded in."""
 from __future__ import annotations
 
 import argparse
@@ -10,18 +11,47 @@ from .errors import CommandError
 KINDS = {"run": "a qkv run directory (qkv train writes one)", "hf": "a Hugging Face model directory"}
 
 
-def add_model_source(p: argparse.ArgumentParser) -> None:
-    """--run DIR | --hf DIR, exactly one: where a command's model and tokenizer come from."""
+GGUF_HELP = ("a GGUF file (llama.cpp's llama, qwen2 or qwen3; F32, F16, BF16 or quantised: Q8_0, Q4_0, Q4_1, Q4_K, "
+             "Q5_K, Q6_K …, dequantised), with the tokenizer and chat template in its metadata")
+
+
+def add_model_source(p: argparse.ArgumentParser, *, gguf: bool = False) -> None:
+    """--run DIR | --hf DIR (| --gguf FILE where ``gguf``), exactly one: where a command's model and tokenizer
+    come from."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a run directory written by `qkv train`")
     src.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory (save_pretrained), with its tokenizer")
+    if gguf:
+        src.add_argument("--gguf", metavar="FILE", help=GGUF_HELP)
+
+
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """Declare --dtype: the weights' type as they are loaded."""
+    from ..runtime import DTYPES
+
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the weights' type, as they are loaded: float32 (default), bfloat16 or float16 (half the "
+                        "bytes; docs/speed.md gives bfloat16's speed and its cost), or auto (bfloat16 where the "
+                        "device computes it natively: a GPU, a CPU with AVX-512 BF16 or AMX; float32 elsewhere)")
+
+
+def source_name(args: argparse.Namespace) -> str:
+    """The --run, --hf or --gguf path given, for messages."""
+    return args.run or args.hf or getattr(args, "gguf", None)
 
 
 def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
-    """(model in eval mode on ``device``, tokenizer) from --run or --hf; one clear error for anything wrong."""
-    from ..runtime import resolve_device
+    """(model in eval mode on ``device`` in --dtype's type, tokenizer) from --run, --hf or --gguf; one clear error
+    for anything wrong."""
+    from ..runtime import resolve_device, resolve_dtype
 
+    dtype = resolve_dtype(getattr(args, "dtype", "float32"), device)
     device = resolve_device(device)  # ValueError for a bad name or a missing GPU, before any loading
+    if getattr(args, "gguf", None):
+        from ..interop.gguf import load_gguf
+
+        model, tokenizer = load_gguf(args.gguf, dtype=dtype)
+        return model.to(device).eval(), tokenizer
     path = args.run or args.hf
     if not os.path.isdir(path):
         flag, kind = ("--run", "run directory (qkv train writes one)") if args.run else \
@@ -33,10 +63,10 @@ def load_model_source(args: argparse.Namespace, *, device: str = "cpu"):
         from ..training.run_dir import load_run
 
         run = load_run(path, device=device)
-        return run.model, run.tokenizer
+        return run.model.to(dtype), run.tokenizer
     from ..interop.hf import load_pretrained
 
-    model, tokenizer = load_pretrained(path)
+    model, tokenizer = load_pretrained(path, dtype=dtype)
     if tokenizer is None:
         raise CommandError(f"{path} has no tokenizer files (tokenizer.json, vocab.json, vocab.txt …): "
                            "this command needs one to read text")

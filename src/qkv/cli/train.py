@@ -11,7 +11,7 @@ from ..training.optim import OPTIMIZERS, SCHEDULES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
-from .sources import add_model_source, check_directory_kind, load_model_source
+from .sources import add_dtype_flag, add_model_source, check_directory_kind, load_model_source, source_name
 from .weights import add_weights_flag, apply_weights
 
 TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
@@ -263,10 +263,11 @@ def encodable(tokenizer, text: str) -> bool:
 def add_sample(sub) -> argparse.ArgumentParser:
     """Declare `qkv sample`."""
     p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
-                       description="Continue a prompt with a trained run's model, or a Hugging Face GPT-2 / LLaMA / "
-                                   "GPT-NeoX directory with its tokenizer (KV-cached decoding); with --chat, answer "
-                                   "it as a chat model does, through the checkpoint's chat template.")
-    add_model_source(p)
+                       description="Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / "
+                                   "GPT-NeoX directory or a GGUF file (llama, qwen2, qwen3) with its tokenizer "
+                                   "(KV-cached decoding); with --chat, answer it as a chat model does, through the "
+                                   "checkpoint's chat template.")
+    add_model_source(p, gguf=True)
     p.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true",
                    help="a chat model: the prompt is a user message, formatted with the checkpoint's own chat "
@@ -287,9 +288,7 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
                                                      "cuda or cuda:N")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the weights' type while decoding: bfloat16 halves the bytes each token reads "
-                        "(opt-in: docs/speed.md gives its speed and its cost in bits per character)")
+    add_dtype_flag(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what computes each token: auto (default: on a GPU the cudagraph step; on a CPU the "
                         "model's forward, its linear products through qkv's CPU kernels), eager (the modules as "
@@ -321,7 +320,7 @@ def run_sample(args: argparse.Namespace) -> int:
     check_decoder(args, model)
     chat = chat_ids(args, tokenizer)
     tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
-    model = apply_weights(args, model.to(getattr(torch, args.dtype)))
+    model = apply_weights(args, model)
     plan = plan_decode(model, 1, resolve(args.backend, "fused" if args.compile else False)[0], warn=False)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, plan=plan)
@@ -354,7 +353,7 @@ def check_decoder(args: argparse.Namespace, model) -> None:
     if isinstance(model, GPT):
         return
     hint = ": use `qkv translate` to translate with an encoder-decoder" if isinstance(model, Transformer) else ""
-    raise CommandError(f"{args.run or args.hf}: sampling needs a decoder (a qkv train --task lm run, GPT-2, "
+    raise CommandError(f"{source_name(args)}: sampling needs a decoder (a qkv train --task lm run, GPT-2, "
                        f"LLaMA or GPT-NeoX), got {type(model).__name__}{hint}")
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from .run_dir import RunDir
 from ..data import BPETokenizer, CharTokenizer
 from ..fileio import atomic_dir, check_free_dir
@@ -70,15 +72,16 @@ def load_decoder(run: str | os.PathLike):
     return loaded
 
 
-def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write run ``run``'s model and tokenizer to ``out`` as ``save_pretrained`` would.
+def export_run(run: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+               overwrite: bool = False) -> Path:
+    """Write run ``run``'s model (its weights in ``dtype``) and tokenizer to ``out`` as ``save_pretrained`` would.
 
     ``out`` must be missing or empty unless ``overwrite``. Raises ValueError, with nothing written,
     for a run that is not a decoder, or whose model or tokenizer has no Hugging Face counterpart.
     """
     out = check_free_dir(out, overwrite=overwrite)
     loaded = load_decoder(run)
-    hf_model, hf_tok = to_hf(loaded.model), run_tokenizer(run, loaded.tokenizer)
+    hf_model, hf_tok = to_hf(loaded.model.to(dtype)), run_tokenizer(run, loaded.tokenizer)
 
     def write(tmp: Path) -> None:
         hf_model.save_pretrained(tmp)  # safetensors
@@ -87,12 +90,13 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
     return atomic_dir(out, write, overwrite=overwrite)
 
 
-def export_run_gguf(run: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "f16",
-                    overwrite: bool = False) -> Path:
+def export_run_gguf(run: str | os.PathLike, out: str | os.PathLike, *, gguf_type: str = "f16",
+                    dtype: torch.dtype = torch.float32, overwrite: bool = False) -> Path:
     """Write run ``run`` as the GGUF file ``out`` (``qkv.interop.gguf.to_gguf``: the families of its
-    ``ARCHES``; matrices of ``dtype``). ValueError, with nothing written, for what llama.cpp cannot run."""
+    ``ARCHES``; matrices of ``gguf_type``, from the weights in ``dtype``). ValueError, with nothing written, for
+    what llama.cpp cannot run."""
     from ..interop.gguf import to_gguf
 
     loaded = load_decoder(run)
-    return to_gguf(loaded.model, run_tokenizer(run, loaded.tokenizer), out, dtype=dtype, overwrite=overwrite,
-                   name=Path(run).resolve().name)
+    return to_gguf(loaded.model.to(dtype), run_tokenizer(run, loaded.tokenizer), out, dtype=gguf_type,
+                   overwrite=overwrite, name=Path(run).resolve().name)

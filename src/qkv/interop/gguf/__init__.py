@@ -1,4 +1,5 @@
-"""GGUF files, which llama.cpp and Ollama run: a qkv decoder written through ``to_hf`` and gguf-py.
+"""GGUF files, which llama.cpp and Ollama run: a qkv decoder written through ``to_hf`` and gguf-py, and read
+back (``reader``: ``from_gguf``, ``load_gguf``; llama, qwen2 and qwen3 files, quantised or not).
 
 The model is first what ``to_hf`` makes of it (Hugging Face names, config and tokenizer); from there on
 this package does what llama.cpp's ``convert_hf_to_gguf.py`` does for the same architecture, with the
@@ -47,9 +48,12 @@ from ...fileio import atomic_path
 from ..hf import to_hf
 from .architectures import (ARCHES, NOT_WRITTEN, Arch, check_exportable, encode, gguf_problems, gguf_tensors,
                             gguf_warnings, write_hparams)
+from .library import gguf_module
+from .reader import READ, from_gguf, gguf_tokenizer, load_gguf, read_gguf
 from .vocabulary import PRE_TOKENIZERS, byte_level, char_vocabulary, vocabulary, write_vocabulary
 
-__all__ = ["to_gguf", "check_exportable", "gguf_problems", "gguf_warnings", "GGUFApproximation", "ARCHES",
+__all__ = ["to_gguf", "from_gguf", "load_gguf", "read_gguf", "gguf_tokenizer", "READ", "check_exportable",
+           "gguf_problems", "gguf_warnings", "GGUFApproximation", "ARCHES",
            "NOT_WRITTEN", "Arch", "TYPES", "PRE_TOKENIZERS", "byte_level", "char_vocabulary", "vocabulary"]
 
 TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
@@ -57,15 +61,6 @@ TYPES = ("f32", "f16", "bf16", "q8_0")  # --gguf-type: the matrices' type
 
 class GGUFApproximation(UserWarning):
     """The file runs in llama.cpp with an approximation llama.cpp takes itself; the message says what changes."""
-
-
-def gguf_module():
-    """The ``gguf`` package (the gguf extra), with the install line when it is missing."""
-    try:
-        import gguf
-    except ImportError:
-        raise ValueError("GGUF export needs the gguf package: pip install 'qkv[gguf]'") from None
-    return gguf
 
 
 def file_types(gguf, dtype: str):

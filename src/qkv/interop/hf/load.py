@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ...generation.config import GenerationConfig
 from ...models import GPT, Encoder, ModelConfig, Transformer
+from ...runtime import resolve_dtype
 from .families import FAMILIES
 from .family import Family
 from .files import generation_settings, read_config, read_safetensors
@@ -117,7 +118,7 @@ def hf_generation_settings(source: nn.Module) -> dict:
     return {**source.config.to_dict(), **diff}
 
 
-def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch.float32,
+def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype | str = torch.float32,
             dropout: float = 0.0) -> GPT | Encoder | Transformer:
     """A qkv model with the weights of a Hugging Face checkpoint of a family in ``FAMILIES`` (GPT-2, LLaMA,
     Qwen2/3, Mistral, Gemma 2/3, DeepSeek-V2/V3, Mixtral, Qwen2/3-MoE, SmolLM3, OLMo 2, Phi-3, GPT-NeoX, BERT, Marian).
@@ -125,7 +126,8 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
     Args:
         source: a directory written by ``save_pretrained`` (config.json + model.safetensors,
             possibly sharded; transformers 4.x or 5.x), or an in-memory ``transformers`` model.
-        dtype: the returned model's dtype.
+        dtype: the returned model's dtype: a floating ``torch.dtype`` or "auto" | "float32" | "bfloat16" |
+            "float16" (``qkv.runtime.resolve_dtype``: auto is bfloat16 where it is computed natively).
         dropout: qkv's one dropout rate (HF's several rates are training settings, not loaded).
     Returns:
         ``qkv.GPT`` (the decoders), ``qkv.Encoder`` (bert, without pooler or MLM head) or
@@ -136,8 +138,7 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
         ValueError listing every problem at once: no config.json, unsupported model_type or
         setting, missing or unexpected keys, shape mismatches.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    dtype = resolve_dtype(dtype)
     if isinstance(source, (str, os.PathLike)):
         d = Path(source)
         model = build(read_config(d), lambda: read_safetensors(d), str(d), dtype=dtype, dropout=dropout)
@@ -149,7 +150,7 @@ def from_hf(source: str | os.PathLike | nn.Module, *, dtype: torch.dtype = torch
     raise TypeError(f"from_hf expects a directory path or a transformers model, got {type(source).__name__}")
 
 
-def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
+def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32
                     ) -> tuple[GPT | Encoder | Transformer, Tokenizer | None]:
     """``from_hf(path)`` and the tokenizer saved beside it (None when the directory has none).
 
