@@ -160,6 +160,7 @@ class OrderStudyResult:
     config: OrderStudyConfig
     seconds: float
     out: Path | None = None
+    table: str = ""  # markdown_table of the rows, in the run's language
 
     def accuracy(self, scheme: str, task: str | None = None) -> float:
         task = task or self.config.tasks[0]
@@ -187,7 +188,8 @@ def _run(cfg: OrderStudyConfig, out: Path | None, *, progress: bool, lang: str) 
     bags = {task: bag_baseline(test, task_targets(test, task)) for task in cfg.tasks}
     chance = 1 / cfg.vocab_size
     result = OrderStudyResult(rows=rows, chance=chance, bag_baseline=bags, sentences=all_sentences(rows, chance, bags, lang),
-                              config=cfg, seconds=time.perf_counter() - t0)
+                              config=cfg, seconds=time.perf_counter() - t0,
+                              table=markdown_table(rows, chance, bags, lang))
     if out is not None:
         result.out = out
         _write(result, lang)
