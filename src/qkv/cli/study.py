@@ -1,4 +1,4 @@
-"""`qkv study STUDY`: experiments on positional encodings, run on this machine."""
+"""`qkv study STUDY`: experiments on positional encodings, run on this machine; each study a row of STUDIES."""
 from __future__ import annotations
 
 import argparse
@@ -136,9 +136,14 @@ def study_config(study: Study, args: argparse.Namespace, module: ModuleType):
     return config.quick(**fields) if args.quick else config(**fields)
 
 
+def study_module(args: argparse.Namespace) -> ModuleType:
+    """The module of the study named by ``args.study``: qkv.studies.pe, qkv.studies.order, …"""
+    return import_module(f"..studies.{args.study}", __package__)
+
+
 def train_study(args: argparse.Namespace):
     """Run the study named by ``args.study`` and print its table and findings."""
-    module = import_module(f"..studies.{args.study}", __package__)  # qkv.studies.pe, qkv.studies.order
+    module = study_module(args)
     cfg = study_config(STUDIES[args.study], args, module)
     result = module.run(cfg, out=args.out, progress=not args.quiet, lang=args.lang)
     print(result.table, "", *result.sentences, "", sep="\n")
@@ -147,8 +152,7 @@ def train_study(args: argparse.Namespace):
 
 def rerender(args: argparse.Namespace) -> Path:
     """--from-results DIR: the run's results file written again in --lang from its summary.json; print it."""
-    study = import_module(f"..studies.{args.study}", __package__)
-    path, table, sentences = study.rerender(args.from_results, args.lang)
+    path, table, sentences = study_module(args).rerender(args.from_results, args.lang)
     print(table, "", *sentences, "", sep="\n")
     return path
 
