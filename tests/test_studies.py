@@ -280,3 +280,56 @@ def test_cli_study_from_results_writes_the_chinese_page(tiny_study, tmp_path, ca
     assert "expected a study's output folder holding summary.json" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"lang must be one of \['en', 'zh'\], got 'fr'"):
         pages.say("scheme", "fr")
+
+
+def test_run_study_checks_language_and_folder_before_the_body_and_fixes_the_threads(tmp_path):
+    from dataclasses import dataclass
+
+    from qkv.studies.runner import run_study
+
+    @dataclass
+    class Config:
+        threads: int | None = None
+
+    calls = []
+
+    def body(cfg, out, *, lang, extra):
+        calls.append((cfg.threads, torch.get_num_threads(), out, lang, extra))
+        return "result"
+
+    before = torch.get_num_threads()
+    assert run_study(body, Config(threads=1), ("a.csv",), out=tmp_path / "o", overwrite=True, lang="zh",
+                     extra=5) == "result"
+    assert calls == [(1, 1, tmp_path / "o", "zh", 5)] and torch.get_num_threads() == before
+    run_study(body, Config(), ("a.csv",), out=None, overwrite=True, lang="en", extra=0)
+    assert calls[-1][0] == calls[-1][1] >= 1  # None: the count fixed is the one the body's config holds
+    (tmp_path / "o" / "a.csv").write_text("taken")
+    with pytest.raises(ValueError, match="already holds"):
+        run_study(body, Config(threads=1), ("a.csv",), out=tmp_path / "o", overwrite=False, lang="en", extra=0)
+    with pytest.raises(ValueError, match="fr"):
+        run_study(body, Config(threads=1), (), out=None, overwrite=True, lang="fr", extra=0)
+    assert len(calls) == 2 and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("name, flags, derived", [
+    ("pe", ["--schemes", "rope", "alibi", "--max-tokens", "1234"], {"schemes": ("rope", "alibi"), "max_tokens": 1234}),
+    ("order", ["--task", "shift"], {"tasks": ("shift",)}),
+    ("kv", ["--max-tokens", "1234"], {"max_tokens": 1234}),
+    ("context", ["--eval-lens", "1L", "2L", "--no-finetune"], {"eval_factors": (1, 2), "finetune": False}),
+    ("moe", [], {}),
+])
+def test_each_row_of_the_study_table_is_a_subcommand_whose_options_reach_its_config(name, flags, derived):
+    from importlib import import_module
+
+    from qkv.cli import build_parser
+    from qkv.cli.study import STUDIES, study_config
+
+    study, module = STUDIES[name], import_module(f"qkv.studies.{name}")
+    args = build_parser().parse_args(["study", name, "--quick", "--seed", "7", "--device", "cpu", *flags])
+    assert (args.out, args.lang, args.quiet) == (f"runs/study-{name}", "en", False)
+    cfg, quick = study_config(study, args, module), getattr(module, study.config).quick()
+    assert type(cfg) is type(quick) and (cfg.seed, cfg.device) == (7, "cpu")
+    for field in {*study.given, *derived}:
+        assert getattr(cfg, field) == derived.get(field, getattr(quick, field)), field
+    args.quick = False
+    assert type(study_config(study, args, module)) is type(quick)

@@ -35,9 +35,9 @@ from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_json, atomic_write
 from ..models import GPT, ModelConfig
 from ..nn.rope_scaling import RopeScaling
-from ..runtime import device_type, fixed_threads, prepare_output_dir
+from ..runtime import device_type, fixed_threads
 from . import pages
-from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
+from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from ..training.distributed import Dist
 from ..training.finetune import Base
 from ..training.recipe import Recipe
@@ -45,6 +45,7 @@ from .pe import (chunk_starts, markdown_table, plot_panels, position_losses, sen
                  study_model_config, study_train_config, summarise, train_model)
 from .context_verdicts import reading, verdicts
 from .progress import models_bar
+from .runner import run_study
 
 TRAINED = ("none", "sinusoidal", "rope", "alibi", "t5")  # one model each
 SCALED = {"rope+PI": "linear", "rope+NTK": "ntk", "rope+dynamic NTK": "dynamic", "rope+YaRN": "yarn"}
@@ -209,11 +210,8 @@ def run(config: ContextStudyConfig | None = None, *, out: str | os.PathLike | No
     Args as ``qkv.studies.pe.run``; ``out`` receives results.csv, results.md (or results.zh.md),
     positions.csv, context.png and summary.json.
     """
-    cfg, lang = config or ContextStudyConfig(), language(lang)
-    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
-    with fixed_threads(cfg.threads) as n:
-        return _run(replace(cfg, threads=n, workers=study_workers(cfg.workers, n, cfg.device)), out, corpus,
-                    progress, lang)
+    return run_study(_run, config or ContextStudyConfig(), OUTPUTS, out=out, overwrite=overwrite, lang=lang,
+                     corpus=corpus, progress=progress)
 
 
 def study_workers(asked: int | None, threads: int, device: str) -> int:
@@ -224,8 +222,9 @@ def study_workers(asked: int | None, threads: int, device: str) -> int:
     return min(asked or threads, threads)
 
 
-def _run(cfg: ContextStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> ContextStudyResult:
+def _run(cfg: ContextStudyConfig, out: Path | None, *, corpus, progress: bool, lang: str) -> ContextStudyResult:
     t0 = time.perf_counter()
+    cfg = replace(cfg, workers=study_workers(cfg.workers, cfg.threads, cfg.device))  # cfg.threads: those fixed
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
     jobs = [(L, seed, s) for L in cfg.train_lens for seed in range(cfg.seed, cfg.seed + cfg.seeds)
             for s in cfg.trained()]

@@ -30,15 +30,14 @@ from pathlib import Path
 import torch
 
 from ..checks import check_positive_int
-from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_write
 from ..generation.timing import decode_step_seconds, fill_random
 from ..models import GPT, ModelConfig
-from ..runtime import fixed_threads, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, eval_starts, evaluate, train
 from . import pages
 from .pages import RESULTS, csv_bytes, finished_summary, language, localized, write_results, write_summary
 from .progress import models_bar
+from .runner import char_text, run_study
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")  # the models trained
 PATHS = ("mha", "gqa", "mqa", "mla", "mla-naive")  # the caches timed: mla-naive is MLA's model, per-head K, V cached
@@ -186,17 +185,13 @@ def run(config: KVStudyConfig | None = None, *, out: str | os.PathLike | None = 
         overwrite: replace the study's files in ``out``; False refuses a directory that has them.
         lang: the language of the table, the sentences and the results file (``rerender`` writes the other).
     """
-    cfg, lang = config or KVStudyConfig(), language(lang)
-    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
-    with fixed_threads(cfg.threads) as n:  # None: the cores other processes leave free, for the whole study
-        return _run(replace(cfg, threads=n), out, corpus, progress, lang)
+    return run_study(_run, config or KVStudyConfig(), OUTPUTS, out=out, overwrite=overwrite, lang=lang, corpus=corpus,
+                     progress=progress)
 
 
-def _run(cfg: KVStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> KVStudyResult:
+def _run(cfg: KVStudyConfig, out: Path | None, *, corpus, progress: bool, lang: str) -> KVStudyResult:
     t0 = time.perf_counter()
-    corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    tokenizer = train_tokenizer("char", corpus.train + corpus.val)  # one character = one token
-    val_ids = tokenizer.encode_tensor(corpus.val)  # (N_val,)
+    corpus, tokenizer, val_ids = char_text(corpus, cfg.data)  # val_ids (N_val,)
     widths = matched_widths(cfg, tokenizer.vocab_size)
     bpcs, timed = {v: [] for v in VARIANTS}, {}
     jobs = [(seed, v) for seed in range(cfg.seed, cfg.seed + cfg.seeds) for v in VARIANTS]

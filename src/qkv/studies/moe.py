@@ -23,12 +23,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..checks import check_positive_int
-from ..data import load_corpus, train_tokenizer
 from ..models import ModelConfig
-from ..runtime import fixed_threads, prepare_output_dir
 from ..training.recipe import TrainConfig, train
 from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
 from .progress import models_bar
+from .runner import char_text, run_study
 
 MODELS = ("dense", "moe-active", "moe-active-noaux", "moe-aux-free", "moe-total")
 OUTPUTS = ("results.csv", *RESULTS.values(), "moe.png", "summary.json")
@@ -113,16 +112,13 @@ def active_parameters(model) -> int:
 def run(config: MoEStudyConfig | None = None, *, out: str | os.PathLike | None = None, corpus=None,
         progress: bool = True, overwrite: bool = True, lang: str = "en") -> MoEStudyResult:
     """Train each of MODELS on the same tokens; write results.csv, the results file, moe.png, summary.json."""
-    cfg, lang = config or MoEStudyConfig(), language(lang)
-    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
-    with fixed_threads(cfg.threads) as n:
-        return run_models(replace(cfg, threads=n), out, corpus, progress, lang)
+    return run_study(run_models, config or MoEStudyConfig(), OUTPUTS, out=out, overwrite=overwrite, lang=lang, corpus=corpus,
+                     progress=progress)
 
 
-def run_models(cfg: MoEStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> MoEStudyResult:
+def run_models(cfg: MoEStudyConfig, out: Path | None, *, corpus, progress: bool, lang: str) -> MoEStudyResult:
     t0 = time.perf_counter()
-    corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    tokenizer = train_tokenizer("char", corpus.train + corpus.val)
+    corpus, tokenizer, _ = char_text(corpus, cfg.data)
     steps = max(1, cfg.max_tokens // (cfg.batch_size * cfg.context))
     rows, curves = [], {}
     for name in models_bar(MODELS, desc="qkv study moe", enabled=progress, label=str):

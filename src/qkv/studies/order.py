@@ -28,11 +28,12 @@ from torch import Tensor, nn
 from ..checks import check_positive_int
 from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
-from ..runtime import fixed_threads, machine, prepare_output_dir, resolve_device
+from ..runtime import machine, resolve_device
 from ..training.recipe import TrainConfig, build_optimizer, lr_at
 from .pe import DEFAULT_SCHEMES, SCHEMES
-from .pages import RESULTS, finished_summary, language, localized, run_stamp, say, write_results
+from .pages import RESULTS, finished_summary, localized, run_stamp, say, write_results
 from .progress import models_bar
+from .runner import run_study
 
 TASKS = ("reverse", "shift")
 OUTPUTS = ("results.csv", *RESULTS.values(), "summary.json")
@@ -159,6 +160,7 @@ class OrderStudyResult:
     config: OrderStudyConfig
     seconds: float
     out: Path | None = None
+    table: str = ""  # markdown_table of the rows, in the run's language
 
     def accuracy(self, scheme: str, task: str | None = None) -> float:
         task = task or self.config.tasks[0]
@@ -170,13 +172,11 @@ def run(config: OrderStudyConfig | None = None, *, out: str | os.PathLike | None
     """Train one encoder per task and scheme; write results.csv, the results file of ``lang``
     (results.md, results.zh.md), summary.json to ``out`` (checked before any training;
     ``overwrite=False`` refuses a directory that has them). The sentences are in ``lang``."""
-    cfg, lang = config or OrderStudyConfig(), language(lang)
-    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
-    with fixed_threads(cfg.threads):
-        return _run(cfg, out, progress, lang)
+    return run_study(_run, config or OrderStudyConfig(), OUTPUTS, out=out, overwrite=overwrite, lang=lang,
+                     progress=progress)
 
 
-def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool, lang: str) -> OrderStudyResult:
+def _run(cfg: OrderStudyConfig, out: Path | None, *, progress: bool, lang: str) -> OrderStudyResult:
     t0 = time.perf_counter()
     test = torch.randint(cfg.vocab_size, (cfg.test_size, cfg.seq_len),
                          generator=torch.Generator().manual_seed(cfg.seed + 1))  # (N, T), unseen in training
@@ -188,7 +188,8 @@ def _run(cfg: OrderStudyConfig, out: Path | None, progress: bool, lang: str) -> 
     bags = {task: bag_baseline(test, task_targets(test, task)) for task in cfg.tasks}
     chance = 1 / cfg.vocab_size
     result = OrderStudyResult(rows=rows, chance=chance, bag_baseline=bags, sentences=all_sentences(rows, chance, bags, lang),
-                              config=cfg, seconds=time.perf_counter() - t0)
+                              config=cfg, seconds=time.perf_counter() - t0,
+                              table=markdown_table(rows, chance, bags, lang))
     if out is not None:
         result.out = out
         _write(result, lang)

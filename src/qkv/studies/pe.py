@@ -29,13 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_positive_int
-from ..data import load_corpus, train_tokenizer
 from ..fileio import atomic_write
 from ..models import POSITIONAL, ModelConfig
-from ..runtime import fixed_threads, prepare_output_dir
 from ..training.recipe import LN2, TrainConfig, train
-from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
+from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
+from .runner import char_text, run_study
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")  # every position.kind
 DEFAULT_SCHEMES = SCHEMES[:5]  # what the published results (docs/studies.md) cover; t5 with --schemes
@@ -159,17 +158,13 @@ def run(config: PEStudyConfig | None = None, *, out: str | os.PathLike | None = 
         lang: the language of the table, the sentences and the results file (en: results.md, zh:
             results.zh.md; ``rerender`` writes the other one later from summary.json).
     """
-    cfg, lang = config or PEStudyConfig(), language(lang)
-    out = prepare_output_dir(out, OUTPUTS, overwrite=overwrite, what="a study's results")
-    with fixed_threads(cfg.threads) as n:  # None: the cores other processes leave free, for the whole study
-        return _run(replace(cfg, threads=n), out, corpus, progress, lang)
+    return run_study(_run, config or PEStudyConfig(), OUTPUTS, out=out, overwrite=overwrite, lang=lang, corpus=corpus,
+                     progress=progress)
 
 
-def _run(cfg: PEStudyConfig, out: Path | None, corpus, progress: bool, lang: str) -> PEStudyResult:
+def _run(cfg: PEStudyConfig, out: Path | None, *, corpus, progress: bool, lang: str) -> PEStudyResult:
     t0 = time.perf_counter()
-    corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    tokenizer = train_tokenizer("char", corpus.train + corpus.val)  # one character = one token
-    val_ids = tokenizer.encode_tensor(corpus.val)  # (N_val,)
+    corpus, tokenizer, val_ids = char_text(corpus, cfg.data)  # val_ids (N_val,)
     L, lengths = cfg.train_len, [cfg.train_len * f for f in FACTORS]
     starts = chunk_starts(len(val_ids), lengths[-1], cfg.eval_chunks)
     jobs = [(seed, s) for seed in range(cfg.seed, cfg.seed + cfg.seeds) for s in cfg.schemes]
