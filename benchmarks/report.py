@@ -92,16 +92,16 @@ SECTIONS = {  # name -> (English title, what it measures; Chinese title, the sam
                 "each backend accepts: eager and auto, every model; inductor, every model too (a sliding layer's "
                 "ring cache places its keys by the step's `input_pos` tensor, so the compiled step reads no Python "
                 "number that changes per token); fused, the pre-norm families it declares — GPT-2, LLaMA, Qwen2/3, "
-                "Mistral and Qwen2 with sliding windows — and for any other model it falls back to inductor, with "
-                "one line naming the setting it was not built for (Gemma's query scale, soft caps, (1 + w) and "
-                "sandwich norms, a local RoPE base; latent attention).",
+                "Mistral and Qwen2 with sliding windows — and for any other model it falls back to auto (never to "
+                "a compile), with one line naming the setting it was not built for (Gemma's query scale, soft "
+                "caps, (1 + w) and sandwich norms, a local RoPE base; latent attention).",
                 "(h) 各后端上的滑动窗口模型",
                 "Mistral 形状的模型（每层都在 64 个键的窗口内滑动，每层缓存是 64 行的环）在 batch 1 下解码到窗口"
                 "之外，各后端的 token 都断言与 eager 相同。各后端接受什么：eager 与 auto 接受所有模型；inductor "
                 "同样接受所有模型（滑动层的环形缓存只按单步的 `input_pos` 张量放置键，编译后的单步不读取任何逐 "
                 "token 变化的 Python 数）；fused 接受它声明过的 pre-norm 家族——GPT-2、LLaMA、Qwen2/3、带滑动窗口"
-                "的 Mistral 与 Qwen2——其他模型则回退到 inductor，并用一行说明它没有为哪项设置而构建（Gemma 的查询"
-                "缩放、soft cap、(1 + w) 与三明治归一化、局部 RoPE base；潜在注意力）。"),
+                "的 Mistral 与 Qwen2——其他模型则回退到 auto（绝不回退到编译），并用一行说明它没有为哪项设置而"
+                "构建（Gemma 的查询缩放、soft cap、(1 + w) 与三明治归一化、局部 RoPE base；潜在注意力）。"),
 }
 TEXT = {
     "en": dict(title="# Speed: side by side with PyTorch and Hugging Face",

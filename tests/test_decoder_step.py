@@ -269,7 +269,8 @@ def test_bad_input_is_named():
         ((step.weights[:2] + [torch.ones(32).double()] + step.weights[3:], *args[1:]),
          r"weight 2 must be .* of 32 elements \(or none\), got Double \[32\]"),
         ((args[0], caches[:1] + [c[:, :, :5] for c in caches[1:]], *args[2:]),
-         r"each cache must be contiguous float32 \(1, 4, rows, 8\), 1 <= rows <= 20, a layer's k and v alike, "
+         r"each cache must be contiguous float32 or bfloat16, all alike \(1, 4, rows, 8\), 1 <= rows <= 20, "
+         r"a layer's k and v alike, "
          r"got Float \[1, 4, 20, 8\] beside \[1, 4, 5, 8\]"),
         ((args[0], [torch.zeros(1, 4, 21, 8)] * len(caches), *args[2:]), r"1 <= rows <= 20, .* got Float \[1, 4, 21"),
         ((*args[:3], step.shape + [20], 1e-5, 1.0), r"shape must hold 16 ints, got 11"),

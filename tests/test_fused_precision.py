@@ -18,6 +18,7 @@ from qkv.kernels.quant import int8_rows, quantize_weights
 
 built = pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where they cannot be built
 LLAMA = dict(positional="rope", num_kv_heads=2, activation="swiglu", norm="rmsnorm", bias=False)
+ODD = dict(d_model=72, num_heads=2)  # K = 64 + 8, D = 36: the loads' tails, left to the reference loops
 
 
 def tiny(dtype=torch.float32, int8=False, seed=0, **overrides) -> qkv.GPT:
@@ -53,6 +54,15 @@ def test_bf16_logits_are_the_bf16_forwards_within_its_rounding(qk_norm):
     """bf16 weights and caches: the step sums in fp32 where the forward rounds each op to bf16, so the logits
     agree to bf16's rounding, not bit for bit; the caches hold bf16 keys and values either way."""
     model = tiny(torch.bfloat16, attention=qkv.models.AttentionConfig(num_heads=4, num_kv_heads=2, qk_norm=qk_norm))
+    check_bf16(model)
+
+
+@built
+def test_bf16_with_odd_widths():
+    check_bf16(tiny(torch.bfloat16, **ODD))
+
+
+def check_bf16(model):
     got, want = stepped_logits(model)
     assert got.dtype == torch.float32 and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
@@ -60,11 +70,12 @@ def test_bf16_logits_are_the_bf16_forwards_within_its_rounding(qk_norm):
 
 
 @built
+@pytest.mark.parametrize("shape", [{}, ODD], ids=["d_model 64", "d_model 72"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_logits_equal_torchaos_product(dtype):
+def test_int8_logits_equal_torchaos_product(dtype, shape):
     """int8 weights as quantize_weights makes them (torchao's Int8Tensor): the step reads Q and the scales, and
     gives the quantised model's forward (torchao's product) to the float type's rounding."""
-    model = tiny(dtype, int8=True)
+    model = tiny(dtype, int8=True, **shape)
     assert int8_rows(model.blocks[0].attn.q_proj.weight) is not None and fused_step.unsupported(model, 1) is None
     got, want = stepped_logits(model)
     tol = 1e-4 if dtype == torch.float32 else 0.05
@@ -156,9 +167,10 @@ AVX2_CHECK = textwrap.dedent("""
     from qkv.kernels import build
     import test_fused_precision as t
     assert build.available() and build.isa() == "avx2", build.why_not()
-    for model in (t.tiny(torch.bfloat16), t.tiny(int8=True)):
-        got, want = t.stepped_logits(model)
-        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    for shape in ({}, t.ODD):
+        for model in (t.tiny(torch.bfloat16, **shape), t.tiny(int8=True, **shape)):
+            got, want = t.stepped_logits(model)
+            torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
     print("ok")
 """)
 
