@@ -70,8 +70,10 @@ def check_bf16(model):
 
 
 @built
-@pytest.mark.parametrize("shape", [{}, ODD], ids=["d_model 64", "d_model 72"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, shape", [
+    (torch.float32, {}), (torch.bfloat16, {}), (torch.float32, ODD), (torch.bfloat16, ODD),
+    (torch.float32, dict(moe=dict(num_experts=4, top_k=2))),  # int8 attention beside fp32 experts
+])
 def test_int8_logits_equal_torchaos_product(dtype, shape):
     """int8 weights as quantize_weights makes them (torchao's Int8Tensor): the step reads Q and the scales, and
     gives the quantised model's forward (torchao's product) to the float type's rounding."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +64,7 @@ MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, Sinusoidal
            nn.LayerNorm, nn.RMSNorm, nn.Dropout, MixtureOfExperts, DecodeMixtureOfExperts, Router, SwiGLUExperts}
 ANY = None  # every value the config itself accepts
 FLOATS = (torch.float32, torch.bfloat16)  # the weights' float types it reads (int8: ``int8_rows``)
+PROJECTION = re.compile(r"blocks\.\d+\.(attn\.(q|k|v|out)_proj|ff\.(up|gate|down)_proj)\.weight")  # what may be int8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,10 +231,8 @@ def unsupported(model, batch: int) -> str | None:
 def refused_parameter(model: GPT) -> str | None:
     """The first parameter that is neither a plain tensor nor, in a block's dense linear, an int8 weight it reads
     (``int8_rows``), described; None when all pass."""
-    linears = {f"{name}.weight" for name, m in model.named_modules() if name.startswith("blocks.")
-               and isinstance(m, nn.Linear) and ".experts" not in name and ".shared" not in name}
     for name, p in model.named_parameters():
-        if not plain_tensor(p) and (name not in linears or int8_rows(p) is None):
+        if not plain_tensor(p) and (not PROJECTION.fullmatch(name) or int8_rows(p) is None):
             return (f"{name} is a quantised {type(p).__name__} it does not read (it reads float32, bfloat16, and "
                     "int8 with a scale a row in a block's attention and dense feed-forward)")
     return None
