@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .common import bandwidths, inductor_cache_per_capability, isa_profile, machine_info, table, time_interleaved
+from .common import (bandwidths, inductor_cache_per_capability, isa_profile, machine_info, table, time_interleaved,
+                     write_generated)
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU cache is.",
@@ -167,16 +169,23 @@ def compile_row(model, tokenizer, threads: int) -> list:
     return [threads, f"{seconds[0]:.1f}", f"{seconds[1]:.2f}", graphs]
 
 
+def answer(tokens: torch.Tensor, eos: int) -> list[int]:
+    """A row of new tokens up to its first eos (included)."""
+    out = tokens.tolist()
+    return out[:out.index(eos) + 1] if eos in out else out
+
+
 def agreement_row(models, hf, tokenizer, questions: list[str], new: int = 64) -> list:
-    """qkv fp32's answers equal transformers' (how many), and the share of bf16 and int8 answers equal to them."""
-    same = {name: 0 for name in models}
+    """qkv fp32's answers (up to ``new`` tokens, or the end of turn) equal transformers' (how many), and the share
+    of bf16 and int8 answers equal to them."""
+    same, eos = {name: 0 for name in models}, tokenizer.eos_token_id
     with torch.inference_mode():
         for q in questions:
             ids = chat_ids(tokenizer, q)
-            want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                               do_sample=False, pad_token_id=0)[:, ids.size(1):]
+            want = answer(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                      pad_token_id=eos)[0, ids.size(1):], eos)
             for name, m in models.items():
-                same[name] += torch.equal(m.generate(ids, new, temperature=0, eos_id=None)[:, ids.size(1):], want)
+                same[name] += answer(m.generate(ids, new, temperature=0, eos_id=eos)[0, ids.size(1):], eos) == want
     n = len(questions)
     return [n, new, *[f"{same[name]}/{n}" for name in models]]
 
@@ -352,15 +361,23 @@ def main(argv=None) -> str:
     p.add_argument("--no-inductor", action="store_true", help="leave out the compile-once section (a real compile)")
     p.add_argument("--no-serve", action="store_true", help="leave out qkv serve against llama.cpp's server")
     p.add_argument("--serve-flags", default="", help="more flags for qkv serve (e.g. '--weights int8')")
-    p.add_argument("--markdown", metavar="DOCS", default=None, help="write DOCS/generated/real_model.md, .zh.md, .json")
+    p.add_argument("--markdown", metavar="DOCS", default=None,
+                   help="write DOCS/generated/real_model.md, .zh.md, .json (real_model-avx2.* under the AVX2 profile)")
     args = p.parse_args(argv)
-    from .common import publish
+    from qkv.runtime import machine, source_commit
 
     inductor_cache_per_capability()
     print(machine_info(), file=sys.stderr)
     saved = measure(args)
     saved["note"] = {lang: f"{text} CPU profile: {isa_profile()}." for lang, text in saved["note"].items()}
-    return publish("real_model", saved, lambda lang: markdown(saved, lang), argv, args.markdown)
+    saved |= {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}, {isa_profile()}",
+              "command": "python -m benchmarks.real_model " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if args.markdown:  # one page a CPU profile
+        page = "real_model" + ("-avx2" if os.environ.get("QKV_KERNELS_ISA") == "avx2" else "")
+        write_generated(Path(args.markdown), page, saved, lambda lang: markdown(saved, lang))
+    text = markdown(saved, "en")
+    print(text)
+    return text
 
 
 if __name__ == "__main__":
