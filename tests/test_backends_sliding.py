@@ -106,6 +106,6 @@ def test_the_compiled_step_takes_sliding_layers_and_the_fused_step_names_the_gem
     assert compiled_step_refuses(sliding_model()) is None
     assert pick(sliding_model(), 1, "inductor") == ("inductor", None)
     chosen, why = pick(sliding_model(), 1, "fused")
-    assert chosen == "inductor" and "compiled step" not in why
+    assert chosen == "auto" and "compiled step" not in why
     assert why == "the fused step cannot decode this model at batch 1: config field attention.query_scalar=12.0, " \
                   "which the fused step does not declare"

@@ -37,7 +37,7 @@ def test_refuses_cuda_only_where_the_machine_has_none(monkeypatch):
 
 def test_a_cpu_model_falls_back_to_auto_saying_why():
     model = tiny()
-    assert pick(model, 1, "auto") == ("auto", None)
+    assert pick(model, 1, "auto") == ("fused" if backends.auto_fuses(model, 1) else "auto", None)  # a CPU's auto
     chosen, why = pick(model, 1, "cudagraph")
     assert chosen == "auto" and why == ("the CUDA-graph step cannot decode this model: the model is on the CPU; "
                                         "CUDA graphs need a CUDA device")

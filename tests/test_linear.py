@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
+from qkv.generation import backends
 from qkv.kernels import linear as lin
 from qkv.kernels import build as matvec
 from qkv.kernels.linear import KernelLinear as Linear, onednn_linear, reduction_matvec
@@ -148,6 +149,7 @@ def test_greedy_tokens_equal_the_reference_path(monkeypatch):
     """Every product through F.linear (the reference) and through the fast paths: the same tokens."""
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()
     ids = torch.randint(0, 61, (2, 5))
+    monkeypatch.setattr(backends, "auto_fuses", lambda model, batch: False)  # auto's forward, not the fused step
     with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast:
         got = model.generate(ids, 12, temperature=0)
     assert fast.call_count > 0

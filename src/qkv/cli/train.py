@@ -291,9 +291,10 @@ def add_sample(sub) -> argparse.ArgumentParser:
     add_dtype_flag(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what computes each token: auto (default: on a GPU the cudagraph step; on a CPU the "
-                        "model's forward, its linear products through qkv's CPU kernels), eager (the modules as "
+                        "fused step for the models it accepts, else the model's forward, its linear products "
+                        "through qkv's CPU kernels), eager (the modules as "
                         "written), inductor (the one-token step compiled by torch.compile), fused (qkv's C++ step, "
-                        "built once per machine; a model it was not built for falls back to inductor, saying why) "
+                        "built once per machine; a model it was not built for falls back to auto, saying why) "
                         "or cudagraph (the one-token step recorded once as a CUDA graph and replayed; on a CPU it "
                         "falls back to auto, saying why). The backend that ran is printed on stderr")
     p.add_argument("--compile", action="store_true", help="the older name of --backend fused")

@@ -1,17 +1,18 @@
 """Which code computes ``generate``'s steps: the backends, how one is chosen, and the one-token step of each.
 
     eager     the model's own forward, as written: the reference
-    auto      the same forward with the speed layer on top (``qkv.kernels.accelerate``: on a CPU the linear
-              products go through oneDNN or qkv's matrix-vector kernel); the same tokens as eager. For a model
-              with mixture-of-experts layers on a CPU, the fused step where it accepts the model (``auto_fuses``)
-    inductor  the one-token step compiled by ``torch.compile`` (static shapes: it compiles once per model)
-    fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, for the models it accepts;
-              any other model falls back to inductor, with one line saying why
+    auto      on a CPU, the fused step for every model it accepts at batch ≤ its MAX_ROWS (``auto_fuses``);
+              else the model's forward with the speed layer on top (``qkv.kernels.accelerate``: on a CPU the
+              linear products go through oneDNN or qkv's matrix-vector kernel); eager's tokens (in fp32)
+    inductor  the one-token step compiled by ``torch.compile`` (static shapes: once per model and cache size,
+              which ``generate`` rounds up to a power of two)
+    fused     qkv's C++ step (``qkv.kernels.fused_step``): one call a token, float32, bfloat16 or int8 weights,
+              for the models it accepts; any other model falls back to auto (never to a compile), saying why
     cudagraph the one-token step recorded once as a CUDA graph and replayed (``qkv.generation.cuda_graph``);
               what "auto" runs for a model on a CUDA GPU; a CPU model falls back to auto, saying why
     (inductor falls back to auto for a model ``compiled_step_refuses``: none today)
-    (int8 weights, ``qkv.kernels.quant``: auto and inductor compute torchao's own product for those linears,
-    the fused step refuses them and falls back to inductor; every backend gives eager's tokens)
+    (int8 weights, ``qkv.kernels.quant``: the fused step reads their Q and scales, the forward and inductor
+    compute torchao's own product for those linears)
 
 ``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
 raises instead of falling back.
@@ -25,7 +26,6 @@ import torch
 from torch import Tensor
 
 from ..kernels import accelerated, build, fused_step
-from ..nn.moe import MixtureOfExperts
 from . import cuda_graph
 from .fallback import BackendFallback
 
@@ -62,8 +62,8 @@ def compiled_step_refuses(model) -> str | None:
 
 
 def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
-    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None):
-    fused falls back to inductor, inductor to auto, cudagraph to auto; auto is cudagraph where that can run."""
+    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None): fused,
+    inductor and cudagraph fall back to auto; auto is cudagraph where that can run, fused where ``auto_fuses``."""
     if backend in ("auto", "cudagraph"):
         reason = graph_refuses(model)
         if backend == "auto" or reason is None:
@@ -77,20 +77,18 @@ def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str,
             return "fused", None
         if strict:
             raise ValueError(f"compile='fused' cannot decode this model at batch {batch}: {reason}")
-        chosen, why = pick(model, batch, "inductor")
-        return chosen, f"the fused step cannot decode this model at batch {batch}: {reason}" + (
-            f"; and {why}" if why else "")
+        chosen, _ = pick(model, batch, "auto")  # not inductor: its compile may take minutes, unasked
+        return chosen, f"the fused step cannot decode this model at batch {batch}: {reason}"
     if backend == "inductor" and (reason := compiled_step_refuses(model)) is not None:
         return "auto", f"the compiled step cannot decode this model: {reason}"
     return backend, None
 
 
 def auto_fuses(model, batch: int) -> bool:
-    """Whether "auto" runs the fused step: for a model with mixture-of-experts layers on a CPU that the step accepts.
-    The forward passes the threads over each chosen expert's products in turn, dozens of passes a token, and on a
-    shared host each may wait for a descheduled thread; the fused step is one pass a token."""
-    experts = any(isinstance(m, MixtureOfExperts) for m in model.modules())
-    return experts and model_device(model).type == "cpu" and fused_step.unsupported(model, batch) is None
+    """Whether "auto" runs the fused step: on a CPU, for every model the step accepts at ``batch`` rows. The
+    forward calls a kernel per weight matrix, dozens a token, each starting and stopping the threads; the fused
+    step streams every weight in one parallel region, one call a token (docs/speed.md has the measurements)."""
+    return model_device(model).type == "cpu" and fused_step.unsupported(model, batch) is None
 
 
 def graph_refuses(model) -> str | None:
@@ -160,6 +158,18 @@ class CompiledStep:
 
     def __reduce__(self):
         return CompiledStep, ()
+
+
+SMALLEST_COMPILED_CACHE = 256  # the compiled step's least cache size
+
+
+def cache_capacity(needed: int, limit: int, backend: str) -> int:
+    """The static cache's slots M for ``needed`` tokens (prompt and new) under the model's ``limit``: as many as
+    needed, but for inductor, whose code fits one M, the next power of two from ``SMALLEST_COMPILED_CACHE`` (at
+    most ``limit``): a new prompt length reuses the compiled step. The slots past the tokens are masked out."""
+    if backend != "inductor":
+        return min(limit, needed)
+    return min(limit, max(SMALLEST_COMPILED_CACHE, 1 << (max(needed, 1) - 1).bit_length()))
 
 
 def compiled_step(model):

@@ -120,7 +120,7 @@ def generate(
         seed: seeds a private generator, so sampling is reproducible.
         backend: what computes the steps (``qkv.generation.backends``): "auto" (the model's forward, its linears
             served by qkv's CPU kernels), "eager" (the forward as written), "inductor" (``torch.compile``'s
-            step), "fused" (qkv's C++ step; other models fall back to inductor with a warning saying why) or
+            step), "fused" (qkv's C++ step; other models fall back to auto with a warning saying why) or
             "cudagraph" (the step replayed as a CUDA graph: what "auto" runs for a model on a CUDA GPU).
         compile: the older name of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
         streamer: Hugging Face's protocol (``qkv.generation.streaming``): ``put(ids)`` with the prompt (B, T),
@@ -165,7 +165,8 @@ def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature
         valid[:, :T] = mask
     start, end = max(0, T - limit), T  # the model sees out[:, start:end]
     cache = None if not use_cache else StaticCache(
-        model, B, min(limit, end - start + max_new_tokens), device=ids.device, backend=backend)
+        model, B, backends.cache_capacity(end - start + max_new_tokens, limit, backend), device=ids.device,
+        backend=backend)
     pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     if stop.suppress is not None:
         pick = functools.partial(suppressed, pick, stop.suppress)

@@ -1,7 +1,7 @@
 """qkv's fused decode step: one token for each of a few rows through a whole pre-norm decoder in one call,
 ``DecoderState.step`` (``csrc/decoder_step.cpp``), what ``generate(backend="fused")`` runs on a CPU.
 
-    ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, fp32
+    ids (B, 1), slots (B, M), kv_caches, input_pos (1,)  ->  logits (B, V)      B ≤ MAX_ROWS, logits fp32
     greedy: up to n such steps in one call, each taking its logits' argmax  ->  tokens (B, k)
 
 At batch 1 a token reads every weight once, so its time is the weights' bytes over the memory's rate. A
@@ -25,13 +25,18 @@ renormalised or not, or the softmax over the k best logits; SwiGLU experts witho
 shared expert's, in the same parallel region). Sigmoid or group-limited routing, correction biases, a routed
 scaling factor and biased or clamped experts (DeepSeek, gpt-oss) are refused.
 RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
-Weights quantised by torchao (``qkv.kernels.quant``: tensor subclasses) are refused: it reads plain float32 memory.
+Weights: float32, bfloat16 (the model's own memory, each weight widened to fp32 in registers) or int8 as
+``qkv.kernels.quant`` makes them (torchao's ``Int8Tensor``: the step reads its Q and its scale a row, ``int8_rows``);
+norms, biases and position tables go in as fp32 copies, the caches are the model's (fp32 or bf16), the sums fp32.
+A bf16 model's answer is the fp32 sums' over its weights, not its eager forward's bf16 roundings: logits close,
+tokens mostly the same. Mixture-of-experts layers decode in float32 only; other weight types are refused.
 ``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +54,7 @@ from ..nn.rope_scaling import LENGTH_DEPENDENT
 from . import build as matvec
 from .linear import KernelLinear, plain_tensor
 from .moe import DecodeMixtureOfExperts
+from .quant import int8_rows
 
 MAX_ROWS = matvec.MAX_ROWS  # the rows its products read each weight row for, as the matrix-vector kernel's
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}  # decoder_step.cpp's Norm
@@ -57,6 +63,8 @@ MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, Sinusoidal
            TransformerBlock, MultiHeadAttention, RotaryEmbedding, FeedForward, nn.Linear, KernelLinear,
            nn.LayerNorm, nn.RMSNorm, nn.Dropout, MixtureOfExperts, DecodeMixtureOfExperts, Router, SwiGLUExperts}
 ANY = None  # every value the config itself accepts
+FLOATS = (torch.float32, torch.bfloat16)  # the weights' float types it reads (int8: ``int8_rows``)
+PROJECTION = re.compile(r"blocks\.\d+\.(attn\.(q|k|v|out)_proj|ff\.(up|gate|down)_proj)\.weight")  # what may be int8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,42 +213,53 @@ def unsupported(model, batch: int) -> str | None:
     reason = refused_field(model.config) or refused_module(model) or refused_parameter(model)
     if reason is not None:
         return reason
-    weight = model.lm_head.weight
+    weight = model.embed.tok.weight
     if batch > MAX_ROWS:
         return f"batch {batch} > {MAX_ROWS} rows (oneDNN's blocked products are faster there)"
-    if weight.dtype != torch.float32 or not weight.is_cpu:
-        return f"{weight.dtype} weights on {weight.device}: it runs float32 on a CPU"
-    tables = [model.embed.tok.weight] + ([model.embed.pos.weight] if model.config.positional == "learned" else [])
-    if not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tables + layer_weights(model)
-               if t.numel()):
-        return "a weight that is not a contiguous float32 CPU tensor"
+    if weight.dtype not in FLOATS or not weight.is_cpu:
+        return f"{weight.dtype} weights on {weight.device}: it runs float32, bfloat16 or int8 weights on a CPU"
+    plain = [t for t in model.parameters() if plain_tensor(t)]
+    if model.config.moe.enabled and any(t.dtype != torch.float32 for t in plain):
+        return "mixture-of-experts layers with weights other than float32: it decodes those in float32 only"
+    if not all(t.dtype in FLOATS and t.is_cpu and t.is_contiguous() for t in plain):
+        return "a weight that is not a contiguous float32 or bfloat16 CPU tensor"
     if not matvec.available():
         return f"qkv's C++ kernels are not available here ({matvec.why_not() or 'the warning said why'})"
     return None
 
 
 def refused_parameter(model: GPT) -> str | None:
-    """The first parameter that is not a plain tensor (torchao's quantised ``Int8Tensor``: its C++ reads plain
-    float32 memory), described; None when all are plain."""
+    """The first parameter that is neither a plain tensor nor, in a block's dense linear, an int8 weight it reads
+    (``int8_rows``), described; None when all pass."""
     for name, p in model.named_parameters():
-        if not plain_tensor(p):
-            return f"{name} is a quantised {type(p).__name__}, not a plain tensor: it reads plain float32 weights"
+        if not plain_tensor(p) and (not PROJECTION.fullmatch(name) or int8_rows(p) is None):
+            return (f"{name} is a quantised {type(p).__name__} it does not read (it reads float32, bfloat16, and "
+                    "int8 with a scale a row in a block's attention and dense feed-forward)")
     return None
 
 
+def fp32(t: Tensor | None) -> Tensor:
+    """A norm's, a bias's or a table's values as decoder_step.cpp reads them: float32 (a copy where they are
+    not), an empty tensor for none."""
+    return torch.empty(0) if t is None else t.detach().float().contiguous()
+
+
 def norm_weights(norm: nn.Module | None) -> list[Tensor]:
-    empty = torch.empty(0)
-    if norm is None:
-        return [empty, empty]
-    return [norm.weight.detach(), empty if getattr(norm, "bias", None) is None else norm.bias.detach()]
+    return [fp32(None if norm is None else norm.weight), fp32(getattr(norm, "bias", None))]
 
 
-def linear_weights(*linears: nn.Linear | None) -> list[Tensor]:
+def matrix(weight: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """A weight matrix as decoder_step.cpp reads it: a float one as it is (fp32 or bf16: the model's memory), an
+    int8 one as its (Q, scales)."""
+    rows = int8_rows(weight)
+    return weight.detach().contiguous() if rows is None else rows
+
+
+def linear_weights(*linears: nn.Linear | None) -> list[Tensor | tuple[Tensor, Tensor]]:
     """(weight, bias) of each, an empty tensor for what is absent (decoder_step.cpp reads it as none)."""
     out = []
     for m in linears:
-        for t in (None if m is None else m.weight, None if m is None else m.bias):
-            out.append(torch.empty(0) if t is None else t.detach())
+        out += [torch.empty(0), torch.empty(0)] if m is None else [matrix(m.weight), fp32(m.bias)]
     return out
 
 
@@ -251,11 +270,11 @@ def embedding_weights(embed, max_len: int) -> list[Tensor]:
     if embed.pos is None:
         table = empty
     elif isinstance(embed.pos, LearnedPositionalEmbedding):
-        table = embed.pos.weight.detach()
+        table = fp32(embed.pos.weight)
     else:  # sinusoidal: its own forward at every position, as the model computes it
-        table = embed.pos(torch.arange(max_len)).contiguous()
-    token_type = empty if embed.token_type is None else embed.token_type.weight.detach()[0]
-    return [embed.tok.weight.detach(), table, token_type] + norm_weights(embed.norm)
+        table = fp32(embed.pos(torch.arange(max_len)))
+    token_type = empty if embed.token_type is None else fp32(embed.token_type.weight[0])
+    return [embed.tok.weight.detach().contiguous(), table, token_type] + norm_weights(embed.norm)
 
 
 def layer_weights(model) -> list[Tensor]:
@@ -273,7 +292,7 @@ def layer_weights(model) -> list[Tensor]:
         out += [torch.empty(0)] * 4 if dense else [
             t.detach() for t in (f.router.weight, f.experts.gate_proj, f.experts.up_proj, f.experts.down_proj)]
         out += shared_weights(None if dense else f)
-    return out + norm_weights(model.final_norm) + [model.lm_head.weight.detach()]
+    return out + norm_weights(model.final_norm) + [matrix(model.lm_head.weight)]
 
 
 def shared_weights(moe: MixtureOfExperts | None) -> list[Tensor]:
@@ -303,7 +322,9 @@ class FusedStep:
         if reason is not None:
             raise ValueError(f"the fused decode step cannot run this model: {reason}")
         c, act = model.config, ACTIVATIONS[model.config.feed_forward.activation]
-        self.weights = embedding_weights(model.embed, c.max_len) + layer_weights(model)
+        tensors = embedding_weights(model.embed, c.max_len) + layer_weights(model)
+        self.weights = [t[0] if isinstance(t, tuple) else t for t in tensors]
+        self.scales = [t[1] if isinstance(t, tuple) else torch.empty(0) for t in tensors]  # int8's, a row each
         self.eps, self.scale = c.norm_eps, model.embed.scale
         self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
         self.shape = [c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
@@ -318,7 +339,7 @@ class FusedStep:
         and attention factor: a scaling's, which ``unsupported`` has checked does not follow the length)."""
         if self.rotary is None:
             return torch.empty(0)
-        return torch.stack(self.rotary.angles(torch.arange(capacity))).contiguous()
+        return torch.stack(self.rotary.angles(torch.arange(capacity))).float().contiguous()
 
     def state(self, kv_caches):
         """The C++ ``DecoderState`` for these caches: the weights, each layer's k and v buffers (B, G, M, D), or
@@ -329,7 +350,7 @@ class FusedStep:
             buffers = [t for cache in kv_caches for t in (cache.k, cache.v)]
             self.caches = kv_caches, matvec.MODULE.DecoderState(
                 self.weights, buffers, self.rope_table(capacity), self.shape + [capacity] + self.experts, self.eps,
-                self.scale)
+                self.scale, self.scales)
         return self.caches[1]
 
     def check_caches(self, kv_caches) -> int:

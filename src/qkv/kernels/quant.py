@@ -14,9 +14,9 @@ lookup reads one row a token) and the output head, whose rounding would fall on 
 often tied to the embedding (quantising it would untie the two: a second, int8 copy of the table). A linear
 whose weight another module shares is kept for the same reason.
 
-The speed layer's fast paths read plain memory: ``accelerate`` leaves a quantised linear as it is, the fused
-C++ step refuses such a model (``generate`` falls back to inductor, saying why), and inductor compiles torchao's
-product. Shapes: N output width, K input width.
+The speed layer's matrix-vector paths read plain memory: ``accelerate`` leaves a quantised linear as it is and
+inductor compiles torchao's product; the fused C++ step reads each quantised weight's Q and s themselves
+(``int8_rows``) and streams a quarter of float32's bytes. Shapes: N output width, K input width.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import contextlib
 import logging
 import warnings
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from .linear import plain_tensor
 
@@ -72,6 +73,22 @@ def targets(model: nn.Module) -> dict[str, nn.Linear]:
     head, shared = getattr(model, "lm_head", None), shared_weights(model)
     return {name: m for name, m in model.named_modules()
             if isinstance(m, nn.Linear) and m is not head and id(m.weight) not in shared}
+
+
+def int8_rows(weight) -> tuple[Tensor, Tensor] | None:
+    """(Q int8 (N, K) contiguous, s float32 (N,)) of a weight ``quantize_weights`` made (torchao's ``Int8Tensor``:
+    one symmetric scale per output row, no zero point, no activation quantisation), W ≈ s ⊙ Q; None for any
+    other tensor."""
+    if type(weight).__name__ != "Int8Tensor" or weight.dim() != 2:
+        return None
+    q, scale, zero = (getattr(weight, name, None) for name in ("qdata", "scale", "zero_point"))
+    per_row = list(getattr(weight, "block_size", ())) == [1, weight.size(1)]
+    plain = getattr(weight, "act_quant_kwargs", None) is None and getattr(weight, "act_pre_scale", None) is None
+    if not (per_row and plain and isinstance(q, Tensor) and q.dtype == torch.int8 and q.shape == weight.shape
+            and isinstance(scale, Tensor) and scale.numel() == q.size(0)
+            and (zero is None or not bool(zero.any()))):
+        return None
+    return q.contiguous(), scale.detach().reshape(-1).float().contiguous()
 
 
 def quantized(model: nn.Module) -> dict[str, str]:

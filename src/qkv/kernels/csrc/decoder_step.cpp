@@ -6,6 +6,10 @@
 // products stream back to back (docs/design-notes.md has the measurements).
 //
 //   ids (B, 1), the new tokens  ->  logits (B, V)      B ≤ a few rows, fp32, CPU
+//   weight matrices (the projections, the LM head) float32, bfloat16 or int8 with a scale per output row
+//   (W = s ⊙ Q); the token table float32 or bfloat16; the caches float32 or bfloat16; everything else float32.
+//   The sums and the activations are float32: each weight widened in registers, each cached k and v rounded
+//   to the cache's type as it is written.
 //   greedy: up to n such steps, each feeding back its logits' argmax  ->  tokens (B, k)
 //
 // As Embeddings computes it: x = tok[id] · scale + pos[p] + type, then the embedding's norm, where p
@@ -37,6 +41,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <omp.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -48,7 +53,16 @@
 namespace {
 
 using qkv::Act, qkv::exp_vec, qkv::RELU, qkv::GELU, qkv::GELU_TANH, qkv::SILU, qkv::activate, qkv::activate_rows;
-using qkv::Barrier, qkv::Rows, qkv::Share, qkv::shared_rows;
+using qkv::Barrier, qkv::Bf16, qkv::Rows, qkv::Share, qkv::shared_rows;
+
+enum Kind { F32 = 0, BF16 = 1, I8 = 2 };  // a weight matrix's or the caches' element type
+
+struct Matrix {  // a weight matrix (rows, K) of any Kind; scale: int8's, one per row (else nullptr)
+  const void* w;
+  const float* scale;
+  Kind kind;
+  explicit operator bool() const { return w != nullptr; }
+};
 
 enum Norm { LAYERNORM = 0, RMSNORM = 1 };
 enum Rope { NO_ROPE = 0, HALF = 1, INTERLEAVED = 2 };
@@ -60,21 +74,35 @@ struct Shape {  // B from the caches (B, G, M or W, D), then DecoderState's int[
 constexpr int64_t SHAPE = 16;  // the ints of DecoderState's shape
 
 struct Embedding {  // nullptr where the model has none
-  const float *tok, *pos, *type, *norm_w, *norm_b;
+  Matrix tok;  // float32 or bf16
+  const float *pos, *type, *norm_w, *norm_b;
   int64_t vocab, positions;  // rows of tok and of pos
 };
 constexpr int64_t EMBEDDING = 5;  // tensors the embedding hands in, in Embedding's order
 
+struct Projection {  // a weight matrix and its bias
+  Matrix w;
+  const float* b;
+};
+
 struct Layer {  // nullptr where the model has no such weight (no biases, no gate, no QK-norm)
-  const float *norm1_w, *norm1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
-  const float *norm2_w, *norm2_b, *w_up, *b_up, *w_gate, *b_gate, *w_down, *b_down;
+  const float *norm1_w, *norm1_b;
+  Projection q, k, v, o;
+  const float *norm2_w, *norm2_b;
+  Projection up, gate, down;
   const float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;  // QK-norm's, each over one head's D
   const float *router, *e_gate, *e_up, *e_down;  // a mixture of experts': (E, C), (E, I, C) twice, (E, C, I)
   const float *s_gate, *s_up, *s_down, *s_scale;  // its shared expert's: (S, C) twice, (C, S), and w_s (C)
-  float *k_cache, *v_cache;  // (B, G, held, D) each
-  int64_t held;              // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
+  void *k_cache, *v_cache;  // (B, G, held, D) each, float32 or bf16 (DecoderState's cache kind)
+  int64_t held;             // the cache's rows: M, or a sliding layer's ring of W < M (slot p in row p mod W)
+  Kind cache;
 };
 constexpr int64_t PER_LAYER = 30;  // tensors a layer hands in, in Layer's order
+constexpr int64_t MATRICES[] = {2, 4, 6, 8, 12, 14, 16};  // a layer's weight matrices (any Kind), by index in it
+
+Kind kind_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? BF16 : t.scalar_type() == at::kChar ? I8 : F32;
+}
 
 // A vector of floats that starts on a 64-byte cache line, as torch's tensors do: a product's x is read in
 // 64-byte pieces, and one that straddles two lines costs two reads.
@@ -92,6 +120,9 @@ struct LineAligned {
 using Floats = std::vector<float, LineAligned<float>>;
 
 const float* weight(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+Matrix matrix(const at::Tensor& t, const at::Tensor& scale) {
+  return {t.numel() ? t.data_ptr() : nullptr, scale.numel() ? scale.data_ptr<float>() : nullptr, kind_of(t)};
+}
 
 struct Size {  // a weight's number of elements; one not required may be absent (empty)
   int64_t n;
@@ -114,22 +145,42 @@ std::vector<Size> weight_sizes(const Shape& s, int64_t layers, int64_t vocab, in
   return n;
 }
 
+// Whether weight i is a weight matrix (a projection or the LM head), which may be float32, bf16 or int8.
+bool is_matrix(int64_t i, int64_t layers) {
+  const int64_t last = EMBEDDING + layers * PER_LAYER;
+  if (i == last + 2) return true;
+  if (i < EMBEDDING || i >= last) return false;
+  return std::count(std::begin(MATRICES), std::end(MATRICES), (i - EMBEDDING) % PER_LAYER) > 0;
+}
+
+// Whether weight t (index i) has a type it may have: float32; bf16 for a weight matrix or the token table; int8
+// for a weight matrix (rows, K) with ``scale`` float32 (rows,); a scale nowhere else.
+bool typed(const at::Tensor& t, const at::Tensor& scale, int64_t i, int64_t layers) {
+  const auto type = t.scalar_type();
+  if (type == at::kChar)
+    return is_matrix(i, layers) && t.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_cpu() &&
+           scale.is_contiguous() && scale.numel() == t.size(0);
+  return !scale.numel() && (type == at::kFloat || (type == at::kBFloat16 && (i == 0 || is_matrix(i, layers))));
+}
+
 // Checks what a DecoderState is made of, naming what it expected: nothing is read out of bounds later.
-void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& caches, const at::Tensor& rope,
-                 const Shape& s) {
+void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& scales,
+                 const std::vector<at::Tensor>& caches, const at::Tensor& rope, const Shape& s) {
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2, count = EMBEDDING + layers * PER_LAYER + 3;
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == count && caches.size() % 2 == 0, "qkv::DecoderState: expected ",
-              count, " weights for ", layers, " layers (a k and a v cache each), got ", weights.size(), " and ",
-              caches.size(), " caches");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == count && caches.size() % 2 == 0 &&
+                  scales.size() == weights.size(),
+              "qkv::DecoderState: expected ", count, " weights and as many scales for ", layers, " layers (a k and a ",
+              "v cache each), got ", weights.size(), ", ", scales.size(), " and ", caches.size(), " caches");
   const auto sizes = weight_sizes(s, layers, weights[0].numel() / s.C, weights[1].numel() / s.C);
   for (size_t i = 0; i < weights.size(); i++) {
     const at::Tensor& t = weights[i];
-    const bool ok = t.numel() ? t.numel() == sizes[i].n && t.scalar_type() == at::kFloat && t.is_cpu() &&
+    const bool ok = t.numel() ? t.numel() == sizes[i].n && typed(t, scales[i], i, layers) && t.is_cpu() &&
                                     t.is_contiguous()
-                              : !sizes[i].required;
-    TORCH_CHECK(ok && (i || t.dim() == 2), "qkv::DecoderState: weight ", i, " must be a contiguous float32 CPU "
-                "tensor of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
-                t.scalar_type(), " ", t.sizes());
+                              : !sizes[i].required && !scales[i].numel();
+    TORCH_CHECK(ok && (i || t.dim() == 2), "qkv::DecoderState: weight ", i, " must be a contiguous float32 CPU ",
+                "tensor (a weight matrix also bfloat16, or int8 with a float32 scale a row; the token table also ",
+                "bfloat16) of ", sizes[i].n, " elements", sizes[i].required ? "" : " (or none)", ", got ",
+                t.scalar_type(), " ", t.sizes(), scales[i].numel() ? " with a scale" : "");
   }
   for (int64_t i = 0; i < layers; i++) {  // dense (up, down) or experts (router, gate, up, down), not both
     const at::Tensor* t = weights.data() + EMBEDDING + i * PER_LAYER;
@@ -143,10 +194,13 @@ void check_state(const std::vector<at::Tensor>& weights, const std::vector<at::T
   }
   for (size_t i = 0; i < caches.size(); i++) {
     const at::Tensor &t = caches[i], &pair = caches[i ^ 1];  // a layer's k and v hold as many rows
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == s.B &&
+    const auto type = caches[0].scalar_type();
+    TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && t.scalar_type() == type && t.is_contiguous() &&
+                    t.dim() == 4 && t.size(0) == s.B &&
                     t.size(1) == s.G && 1 <= t.size(2) && t.size(2) <= s.M && t.size(3) == s.D &&
                     t.sizes() == pair.sizes(),
-                "qkv::DecoderState: each cache must be contiguous float32 (", s.B, ", ", s.G, ", rows, ", s.D,
+                "qkv::DecoderState: each cache must be contiguous float32 or bfloat16, all alike (", s.B, ", ", s.G,
+                ", rows, ", s.D,
                 "), 1 <= rows <= ", s.M, ", a layer's k and v alike, got ", t.scalar_type(), " ", t.sizes(),
                 " beside ", pair.sizes());
   }
@@ -171,20 +225,27 @@ Shape make_shape(const std::vector<at::Tensor>& caches, const std::vector<int64_
   return s;
 }
 
+// scales as handed in, or (none handed in) an empty one for each weight.
+std::vector<at::Tensor> scales_for(std::vector<at::Tensor> scales, size_t weights) {
+  return scales.empty() ? std::vector<at::Tensor>(weights, at::empty({0}, at::kFloat)) : scales;
+}
+
 // What one generate call decodes with, handed over once rather than at every step: the weights (the
-// embedding's EMBEDDING, PER_LAYER a layer, then Norm_f's two and the LM head), each layer's k and v
-// caches, RoPE's cos and sin at every slot, the shape and two numbers. Checked here, once; ``step``
-// (below) decodes one token a row.
+// embedding's EMBEDDING, PER_LAYER a layer, then Norm_f's two and the LM head) and an int8 matrix's scales
+// (an empty tensor for every other weight), each layer's k and v caches, RoPE's cos and sin at every slot, the
+// shape and two numbers. Checked here, once; ``step`` (below) decodes one token a row.
 struct DecoderState {
-  std::vector<at::Tensor> weights, caches;
+  std::vector<at::Tensor> weights, scales, caches;
   at::Tensor rope;
   Shape s;
   float eps, scale;
+  Kind cache;  // the caches' element type
   DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c, at::Tensor cos_sin, std::vector<int64_t> shape,
-               double norm_eps, double embed_scale)
-      : weights(std::move(w)), caches(std::move(c)), rope(std::move(cos_sin)), s(make_shape(caches, shape)),
-        eps(static_cast<float>(norm_eps)), scale(static_cast<float>(embed_scale)) {
-    check_state(weights, caches, rope, s);
+               double norm_eps, double embed_scale, std::vector<at::Tensor> q)
+      : weights(std::move(w)), scales(scales_for(std::move(q), weights.size())), caches(std::move(c)),
+        rope(std::move(cos_sin)), s(make_shape(caches, shape)), eps(static_cast<float>(norm_eps)),
+        scale(static_cast<float>(embed_scale)), cache(kind_of(caches[0])) {
+    check_state(weights, scales, caches, rope, s);
   }
   at::Tensor step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const;
   at::Tensor greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
@@ -211,18 +272,31 @@ void normalise(const float* x, const float* w, const float* b, float* h, const S
   for (int64_t m = 0; m < s.B; m++) normalise_row(x + m * s.C, w, b, h + m * s.C, s.C, s.norm, eps);
 }
 
-// out(m, n, Σ_k W[n, k] x[m, k] + b[n]) for rows n of W (N, K), each read once, shared out through
-// ``split`` in chunks of 8-128 KB (then out.done(chunk, B)): stores, adds or activates.
+// out(m, n, [q[n] ·] Σ_k W[n, k] x[m, k] + b[n]) for the rows r of W (N, K) of element type T, q int8's scales.
+template <typename T, typename Out>
+void product_rows(const T* W, const float* q, const float* b, const float* x, int64_t B, int64_t K, Rows r,
+                  const Out& out) {
+  const auto put = [&](int64_t m, int64_t n, float a) { out(m, n, (q ? a * q[n] : a) + (b ? b[n] : 0.f)); };
+  if (B == 1)
+    qkv::dot_rows(W, x, K, r.begin, r.end, [&](int64_t n, float a) { put(0, n, a); });
+  else  // each row of W from memory once, for the later rows of x from L1
+    for (int64_t n = r.begin; n < r.end; n++)
+      for (int64_t m = 0; m < B; m++) put(m, n, qkv::dot(W + n * K, x + m * K, K));
+}
+
+// out(m, n, W x[m] + b) for every row n of W (N, K), each read once, shared out through ``split`` in chunks
+// of 8-128 KB (then out.done(chunk, B)): stores, adds or activates.
 template <typename Out>
-void product(const float* W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
+void product(const Matrix& W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
+  constexpr int64_t BYTES[] = {4, 2, 1};  // by Kind
+  const int64_t row_bytes = K * BYTES[W.kind];
   const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
   shared_rows(N, split, least, most, [&](Rows r) {
-    if (B == 1)
-      qkv::dot_rows(W, x, K, r.begin, r.end, [&](int64_t n, float a) { out(0, n, a + (b ? b[n] : 0.f)); });
-    else  // each row of W from memory once, for the later rows of x from L1
-      for (int64_t n = r.begin; n < r.end; n++)
-        for (int64_t m = 0; m < B; m++) out(m, n, qkv::dot(W + n * K, x + m * K, K) + (b ? b[n] : 0.f));
+    switch (W.kind) {
+      case BF16: product_rows(static_cast<const Bf16*>(W.w), W.scale, b, x, B, K, r, out); break;
+      case I8: product_rows(static_cast<const int8_t*>(W.w), W.scale, b, x, B, K, r, out); break;
+      default: product_rows(static_cast<const float*>(W.w), W.scale, b, x, B, K, r, out);
+    }
     out.done(r, B);
   });
 }
@@ -254,7 +328,8 @@ const float* prepare_head(const float* x, const float* w, const float* b, const 
 // Σ p_j v_j -> out (D,). ``held``: the cache's rows, M, or a ring's W, whose row j holds the latest slot
 // p ≤ slot with p ≡ j (mod W): with r = slot mod W, p = slot − r + j for j ≤ r, slot − r − W + j after it
 // (in a cache of M rows, r = slot and p = j).
-void attend_head(const float* __restrict q, const float* __restrict keys, const float* __restrict values,
+template <typename C>
+void attend_head(const float* __restrict q, const C* __restrict keys, const C* __restrict values,
                  const bool* on, int64_t slot, int64_t held, float* __restrict scores, float* __restrict out,
                  const Shape& s) {
   const float scale = 1.f / std::sqrt(static_cast<float>(s.D));
@@ -262,7 +337,7 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
   const bool* row_on = on + base;  // row_on[j] (j ≤ newest), row_on[j − held] (j > newest): its slot's flag
   float top = -std::numeric_limits<float>::infinity(), total = 0.f;
   for (int64_t j = 0; j < n; j++) {
-    scores[j] = qkv::dot(q, keys + j * s.D, s.D) * scale;
+    scores[j] = qkv::dot(keys + j * s.D, q, s.D) * scale;
     top = row_on[j > newest ? j - held : j] ? std::max(top, scores[j]) : top;
   }
 #pragma omp simd reduction(+ : total)
@@ -274,17 +349,24 @@ void attend_head(const float* __restrict q, const float* __restrict keys, const 
   for (int64_t d = 0; d < s.D; d++) out[d] /= total;
 }
 
-// Row m, key/value head g: [norm and rotate and] write its key and value at ``slot``, then attend for its H/G
-// query heads (each [normed and rotated] first). scratch: 2D + M floats.
+// out[i] = x[i] for n numbers, rounded to out's type (bf16: to nearest even, as torch rounds).
+void store(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+void store(const float* x, Bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i].bits = c10::BFloat16(x[i]).x;
+}
+
+// Row m, key/value head g: [norm and rotate and] write its key and value at ``slot`` into the caches (of
+// element type C), then attend for its H/G query heads (each [normed and rotated] first). scratch: 3D + M floats.
+template <typename C>
 void attend_group(const Layer& L, const float* q, const float* k, const float* v, const bool* slots, int64_t slot,
                   const float* cos, const float* sin, float* a, float* scratch, int64_t m, int64_t g,
                   const Shape& s, float eps) {
   const int64_t offset = ((m * s.G + g) * L.held) * s.D, row = slot % L.held;  // a ring's row, or the slot
-  float *keys = L.k_cache + offset, *values = L.v_cache + offset, *key = keys + row * s.D;
-  float *q_ready = scratch, *normed = scratch + s.D, *scores = scratch + 2 * s.D;
-  const float* k_new = prepare_head(k + (m * s.G + g) * s.D, L.k_norm_w, L.k_norm_b, cos, sin, normed, key, s, eps);
-  if (k_new != key) std::copy(k_new, k_new + s.D, key);
-  std::copy(v + (m * s.G + g) * s.D, v + (m * s.G + g + 1) * s.D, values + row * s.D);
+  C *keys = static_cast<C*>(L.k_cache) + offset, *values = static_cast<C*>(L.v_cache) + offset;
+  float *q_ready = scratch, *normed = scratch + s.D, *k_ready = scratch + 2 * s.D, *scores = scratch + 3 * s.D;
+  store(prepare_head(k + (m * s.G + g) * s.D, L.k_norm_w, L.k_norm_b, cos, sin, normed, k_ready, s, eps),
+        keys + row * s.D, s.D);
+  store(v + (m * s.G + g) * s.D, values + row * s.D, s.D);
   for (int64_t h = g * (s.H / s.G); h < (g + 1) * (s.H / s.G); h++) {
     const float* q_h = prepare_head(q + (m * s.H + h) * s.D, L.q_norm_w, L.q_norm_b, cos, sin, normed, q_ready, s, eps);
     attend_head(q_h, keys, values, slots + m * s.M, slot, L.held, scores, a + (m * s.H + h) * s.D, s);
@@ -401,42 +483,50 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, Ro
            int64_t slot, const float* cos, const float* sin, const Shape& s, float eps) {
   const int64_t kv = s.G * s.D, width = s.H * s.D;
   normalise(buf.x.data(), L.norm1_w, L.norm1_b, h, s, eps);  // every thread, whole: no barrier
-  product(L.wq, L.bq, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
-  product(L.wk, L.bk, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
-  product(L.wv, L.bv, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
+  product(L.q.w, L.q.b, h, s.B, width, s.C, buf.split(i, 0), Store{buf.q.data(), width});
+  product(L.k.w, L.k.b, h, s.B, kv, s.C, buf.split(i, 1), Store{buf.k.data(), kv});
+  product(L.v.w, L.v.b, h, s.B, kv, s.C, buf.split(i, 2), Store{buf.v.data(), kv});
   buf.barrier.wait();
   shared_rows(s.B * s.G, buf.split(i, HEADS), 1, 1, [&](Rows r) {  // a thread done early takes the other's heads
-    attend_group(L, buf.q.data(), buf.k.data(), buf.v.data(), slots, slot, cos, sin, buf.a.data(), scratch,
-                 r.begin / s.G, r.begin % s.G, s, eps);
+    (L.cache == BF16 ? attend_group<Bf16> : attend_group<float>)(L, buf.q.data(), buf.k.data(), buf.v.data(), slots,
+                                                                  slot, cos, sin, buf.a.data(), scratch, r.begin / s.G,
+                                                                  r.begin % s.G, s, eps);
   });
   buf.barrier.wait();
-  product(L.wo, L.bo, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
+  product(L.o.w, L.o.b, buf.a.data(), s.B, s.C, width, buf.split(i, 3), Add{buf.x.data(), s.C});  // x += attention
   buf.barrier.wait();
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
   if (L.router) return experts_layer(L, i, buf, h, r, s);
-  if (L.w_gate) {  // the gate whole before the up rows that it gates, whichever thread takes them
-    product(L.w_gate, L.b_gate, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
+  if (L.gate.w) {  // the gate whole before the up rows that it gates, whichever thread takes them
+    product(L.gate.w, L.gate.b, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
     buf.barrier.wait();
   }
-  product(L.w_up, L.b_up, h, s.B, s.F, s.C, buf.split(i, 5),
-          Activate{buf.up.data(), L.w_gate ? buf.gate.data() : nullptr, s.F, s.act});
+  product(L.up.w, L.up.b, h, s.B, s.F, s.C, buf.split(i, 5),
+          Activate{buf.up.data(), L.gate.w ? buf.gate.data() : nullptr, s.F, s.act});
   buf.barrier.wait();
-  product(L.w_down, L.b_down, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
+  product(L.down.w, L.down.b, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
   buf.barrier.wait();
 }
 
-Layer unpack(const std::vector<at::Tensor>& w, int64_t i, const at::Tensor& k, const at::Tensor& v) {
-  const at::Tensor* t = w.data() + EMBEDDING + i * PER_LAYER;
-  return {weight(t[0]),  weight(t[1]),  weight(t[2]),  weight(t[3]),  weight(t[4]),  weight(t[5]),
-          weight(t[6]),  weight(t[7]),  weight(t[8]),  weight(t[9]),  weight(t[10]), weight(t[11]),
-          weight(t[12]), weight(t[13]), weight(t[14]), weight(t[15]), weight(t[16]), weight(t[17]),
-          weight(t[18]), weight(t[19]), weight(t[20]), weight(t[21]), weight(t[22]), weight(t[23]),
-          weight(t[24]), weight(t[25]), weight(t[26]), weight(t[27]), weight(t[28]), weight(t[29]),
-          k.data_ptr<float>(), v.data_ptr<float>(), k.size(2)};
+Layer unpack(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>& scales, int64_t i, const at::Tensor& k,
+             const at::Tensor& v) {
+  const at::Tensor *t = w.data() + EMBEDDING + i * PER_LAYER, *q = scales.data() + EMBEDDING + i * PER_LAYER;
+  const auto projection = [&](int64_t j) { return Projection{matrix(t[j], q[j]), weight(t[j + 1])}; };
+  return {weight(t[0]),  weight(t[1]),  projection(2),  projection(4),  projection(6),  projection(8),
+          weight(t[10]), weight(t[11]), projection(12), projection(14), projection(16), weight(t[18]),
+          weight(t[19]), weight(t[20]), weight(t[21]), weight(t[22]), weight(t[23]), weight(t[24]),
+          weight(t[25]), weight(t[26]), weight(t[27]), weight(t[28]), weight(t[29]), k.data_ptr(),
+          v.data_ptr(),  k.size(2),     kind_of(k)};
 }
 
-Embedding unpack_embedding(const std::vector<at::Tensor>& w, const Shape& s) {
-  return {weight(w[0]), weight(w[1]), weight(w[2]), weight(w[3]), weight(w[4]), w[0].numel() / s.C, w[1].numel() / s.C};
+Embedding unpack_embedding(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>& scales, const Shape& s) {
+  return {matrix(w[0], scales[0]), weight(w[1]), weight(w[2]), weight(w[3]), weight(w[4]), w[0].numel() / s.C,
+          w[1].numel() / s.C};
+}
+
+// The token table's element i (float32 or bf16).
+float element(const Matrix& t, int64_t i) {
+  return t.kind == BF16 ? qkv::widen(static_cast<const Bf16*>(t.w)[i]) : static_cast<const float*>(t.w)[i];
 }
 
 // Checks a call's tokens and slots against the state: ids (B, 1) int64 in the vocabulary, slots (B, M)
@@ -473,10 +563,11 @@ std::vector<int64_t> positions_at(const bool* on, int64_t slot, const Embedding&
 void embed(const Embedding& e, const int64_t* ids, const std::vector<int64_t>& positions, float* x, const Shape& s,
            float scale, float eps) {
   for (int64_t m = 0; m < s.B; m++) {
-    const float *tok = e.tok + ids[m] * s.C, *pos = e.pos ? e.pos + positions[m] * s.C : nullptr;
+    const float* pos = e.pos ? e.pos + positions[m] * s.C : nullptr;
     float* xm = x + m * s.C;
     for (int64_t c = 0; c < s.C; c++) {
-      float v = scale == 1.f ? tok[c] : tok[c] * scale;
+      const float tok = element(e.tok, ids[m] * s.C + c);
+      float v = scale == 1.f ? tok : tok * scale;
       if (pos) v += pos[c];
       xm[c] = e.type ? v + e.type[c] : v;
     }
@@ -489,7 +580,7 @@ void embed(const Embedding& e, const int64_t* ids, const std::vector<int64_t>& p
 
 // One token a row, ids (B,), into cache ``slot`` under slots (B, M) -> logits (B, V).
 void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, float* logits) const {
-  const Embedding e = unpack_embedding(weights, s);
+  const Embedding e = unpack_embedding(weights, scales, s);
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2, last = EMBEDDING + layers * PER_LAYER;
   static qkv::Pace pace;  // the process's: how many threads its next token runs on (the host's load outlives a call)
   const int threads = pace.threads(at::in_parallel_region() ? 1 : at::get_num_threads());
@@ -500,17 +591,18 @@ void DecoderState::decode(const int64_t* ids, const bool* on, int64_t slot, floa
   const float* sin = s.rope ? cos + s.M * (s.D / 2) : nullptr;
 #pragma omp parallel num_threads(threads)
   {
-    Floats h(s.B * s.C), scratch(2 * s.D + s.M);
+    Floats h(s.B * s.C), scratch(3 * s.D + s.M);
     Routed r{std::vector<int64_t>(s.B * s.K), std::vector<float>(s.B * s.K), std::vector<float>(s.B),
              std::vector<int64_t>(s.E), Floats(s.E), Floats(std::max(s.I, s.S)), Floats(s.E ? s.C : 0)};
     for (int64_t i = 0; i < layers; i++)
-      layer(unpack(weights, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
+      layer(unpack(weights, scales, i, caches[2 * i], caches[2 * i + 1]), i, buf, h.data(), scratch.data(), r, on, slot,
             cos, sin, s, eps);
     if (weights[last].numel())
       normalise(buf.x.data(), weight(weights[last]), weight(weights[last + 1]), h.data(), s, eps);
     else
       std::copy(buf.x.begin(), buf.x.end(), h.begin());
-    product(weight(weights[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0), Store{logits, s.V});
+    product(matrix(weights[last + 2], scales[last + 2]), nullptr, h.data(), s.B, s.V, s.C, buf.split(layers, 0),
+            Store{logits, s.V});
   }
   pace.record(threads, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
@@ -520,8 +612,8 @@ at::Tensor DecoderState::step(const at::Tensor& ids, const at::Tensor& slots, co
   TORCH_CHECK(input_pos.scalar_type() == at::kLong && input_pos.numel() == 1, "qkv::decoder_step: input_pos must "
               "hold one int64 slot, got ", input_pos.scalar_type(), " ", input_pos.sizes());
   const int64_t slot = input_pos.data_ptr<int64_t>()[0];
-  check_call(ids, slots, slot, 1, unpack_embedding(weights, s), s);
-  at::Tensor logits = at::empty({s.B, s.V}, weights[0].options());
+  check_call(ids, slots, slot, 1, unpack_embedding(weights, scales, s), s);
+  at::Tensor logits = at::empty({s.B, s.V}, at::TensorOptions().dtype(at::kFloat));
   decode(ids.data_ptr<int64_t>(), slots.data_ptr<bool>(), slot, logits.data_ptr<float>());
   return logits;
 }
@@ -539,7 +631,7 @@ int64_t argmax(const float* row, int64_t V) {
 // (``finished`` (B,) bool, updated), and the call stops once every row has. -> (B, k) int64, k ≤ n.
 at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
                                 const at::Tensor& finished) const {
-  const Embedding e = unpack_embedding(weights, s);
+  const Embedding e = unpack_embedding(weights, scales, s);
   check_call(ids, slots, slot, n, e, s);
   TORCH_CHECK(finished.scalar_type() == at::kBool && finished.is_contiguous() && finished.numel() == s.B,
               "qkv::decoder_step: finished must be contiguous bool (", s.B, ",), got ", finished.scalar_type(), " ",
@@ -575,9 +667,9 @@ at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecoderState>(m, "DecoderState")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, std::vector<int64_t>, double,
-                          double>(),
+                          double, std::vector<at::Tensor>>(),
            pybind11::arg("weights"), pybind11::arg("caches"), pybind11::arg("rope"), pybind11::arg("shape"),
-           pybind11::arg("eps"), pybind11::arg("scale"))
+           pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("scales") = std::vector<at::Tensor>())
       .def("step", &DecoderState::step, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("input_pos"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("greedy", &DecoderState::greedy, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("slot"),

@@ -9,9 +9,15 @@
 // The four sums are written once over a vector of LANES floats: AVX-512's 16 or AVX2's 8 (with FMA), chosen
 // by the flags the file is built with (qkv.kernels.build builds an AVX2 variant with -mno-avx512f for CPUs
 // without AVX-512); with neither, the reference loops alone.
+//
+// w is float32, bfloat16 (Bf16: its 16 bits are a float32's top half, so widening it is a 16-bit shift, exact)
+// or int8 (a weight-only quantised row: its sum is multiplied by the row's scale by the caller); x and the sums
+// are float32. Fewer bytes a weight, fewer to stream: a bf16 row takes half a float32 row's time, an int8 one a
+// quarter, where the memory decides.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -20,11 +26,25 @@
 
 namespace qkv {
 
+struct Bf16 {  // a bfloat16's bits, as torch stores them (c10::BFloat16's layout)
+  uint16_t bits;
+};
+
+inline float widen(float v) { return v; }
+inline float widen(int8_t v) { return static_cast<float>(v); }
+inline float widen(Bf16 v) {  // its 16 bits, then 16 zeros
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // The reference: one sum, vectorised by the compiler (which may reorder it: fp32's rounding).
-inline float dot_reference(const float* __restrict w, const float* __restrict x, int64_t K) {
+template <typename T>
+inline float dot_reference(const T* __restrict w, const float* __restrict x, int64_t K) {
   float a = 0.f;
 #pragma omp simd reduction(+ : a)
-  for (int64_t k = 0; k < K; k++) a += w[k] * x[k];
+  for (int64_t k = 0; k < K; k++) a += widen(w[k]) * x[k];
   return a;
 }
 
@@ -38,6 +58,12 @@ inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec vload(const Bf16* p) {  // 16 bf16 -> 16 fp32: each 16 bits shifted into a 32-bit lane's top half
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline Vec vload(const int8_t* p) {  // 16 int8 -> 16 fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
 #elif defined(QKV_VECTOR)
 using Vec = __m256;
 constexpr int64_t LANES = 8;
@@ -47,6 +73,12 @@ inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vload(const Bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline Vec vload(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
 inline float vsum(Vec v) {  // the two halves added, then the four lanes pairwise, as AVX-512's reduction does
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -57,9 +89,10 @@ inline float vsum(Vec v) {  // the two halves added, then the four lanes pairwis
 #if defined(QKV_VECTOR)
 constexpr int64_t PIECE = 4 * LANES;  // floats the four sums take in one step: 64 on AVX-512, 32 on AVX2
 
-// How far ahead of its loads sums asks the cache for w's lines, in floats. AVX2's loop, half as wide, streams a
-// row well below a plain read unless it does (the hardware's prefetcher alone falls behind); AVX-512's keeps up
-// without (measured side by side, interleaved, on an AVX-512 CPU built both ways): 4 KB ahead, or none.
+// How far ahead of its loads sums asks the cache for w's lines, in float32s (×4 bytes, whatever w's type).
+// AVX2's loop, half as wide, streams a row well below a plain read unless it does (the hardware's prefetcher
+// alone falls behind); AVX-512's keeps up without (measured side by side, interleaved, on an AVX-512 CPU built
+// both ways): 4 KB ahead, or none.
 #if defined(__AVX512F__)
 constexpr int64_t AHEAD = 0;
 #else
@@ -72,12 +105,14 @@ struct Sums {
   Vec a0, a1, a2, a3;
   Vec folded() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
 };
-inline Sums sums(const float* __restrict w, const float* __restrict x, int64_t whole) {
+template <typename T>
+inline Sums sums(const T* __restrict w, const float* __restrict x, int64_t whole) {
   Sums s{vzero(), vzero(), vzero(), vzero()};
+  constexpr int64_t bytes = PIECE * static_cast<int64_t>(sizeof(T));  // a piece of w
   for (int64_t k = 0; k < whole; k += PIECE) {
-    if constexpr (AHEAD > 0)  // each 64-byte line of the piece AHEAD floats on (past w's end: no fault, no effect)
-      for (int64_t line = 0; line < PIECE; line += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w + k) + (AHEAD + line) * 4),
+    if constexpr (AHEAD > 0)  // each 64-byte line of the piece AHEAD·4 bytes on (past w's end: no fault, no effect)
+      for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w + k) + AHEAD * 4 + line),
                      _MM_HINT_T0);
     s.a0 = vfmadd(vload(w + k), vload(x + k), s.a0);
     s.a1 = vfmadd(vload(w + k + LANES), vload(x + k + LANES), s.a1);
@@ -90,7 +125,8 @@ inline Sums sums(const float* __restrict w, const float* __restrict x, int64_t w
 
 // sums' four sums, then the vectors left into the first, then the rest (K mod LANES) by the reference
 // loop. Without a vector ISA, the reference loop alone.
-inline float dot(const float* __restrict w, const float* __restrict x, int64_t K) {
+template <typename T>
+inline float dot(const T* __restrict w, const float* __restrict x, int64_t K) {
 #if defined(QKV_VECTOR)
   int64_t k = K - K % PIECE;
   Sums s = sums(w, x, k);
@@ -115,7 +151,8 @@ inline __m512 add_lanes(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_ps(a, b, LO), _mm512_shuffle_ps(a, b, HI));
 }
 
-inline void dot16(const float* __restrict W, const float* __restrict x, int64_t K, float* __restrict y) {
+template <typename T>
+inline void dot16(const T* __restrict W, const float* __restrict x, int64_t K, float* __restrict y) {
   __m512 v[16];
   for (int r = 0; r < 16; r++) v[r] = sums(W + r * K, x, K).folded();
   for (int r = 0; r < 8; r++) v[r] = add_quarters<0x44, 0xEE>(v[2 * r], v[2 * r + 1]);  // rows 2r, 2r+1: halves
@@ -131,8 +168,8 @@ inline void dot16(const float* __restrict W, const float* __restrict x, int64_t 
 // put(n, Σ_k W[n, k] x[k]) for the rows n in [begin, end) of W (·, K) and one x: 16 rows at a time through
 // dot16 where it runs (AVX-512; measured faster in the decode step than one row at a time), the rest one at a
 // time through dot.
-template <typename Put>
-void dot_rows(const float* W, const float* x, int64_t K, int64_t begin, int64_t end, Put put) {
+template <typename T, typename Put>
+void dot_rows(const T* W, const float* x, int64_t K, int64_t begin, int64_t end, Put put) {
   int64_t n = begin;
 #if defined(__AVX512F__)
   if (K % 64 == 0)
@@ -145,20 +182,22 @@ void dot_rows(const float* W, const float* x, int64_t K, int64_t begin, int64_t 
 }
 
 // out[d] = Σ_j p[j] V[j, d] for V (n, D), row-major: the transpose of dot's product, the attention's
-// weighted sum of its values. Terms with p[j] = 0 (the slots a row has no token in) are skipped.
-inline void weighted_sum_reference(const float* __restrict p, const float* __restrict V, int64_t n, int64_t D,
+// weighted sum of its values (V float32 or bf16). Terms with p[j] = 0 (the slots a row has no token in) are skipped.
+template <typename T>
+inline void weighted_sum_reference(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D,
                                    float* __restrict out) {
   for (int64_t d = 0; d < D; d++) out[d] = 0.f;
   for (int64_t j = 0; j < n; j++) {
     if (p[j] == 0.f) continue;
 #pragma omp simd
-    for (int64_t d = 0; d < D; d++) out[d] += p[j] * V[j * D + d];
+    for (int64_t d = 0; d < D; d++) out[d] += p[j] * widen(V[j * D + d]);
   }
 }
 
 // The same with the sums in registers, LANES lanes at a time (D a multiple of LANES): two sets of them, for
 // the even and the odd j, so that each multiply-add waits for the one two rows back.
-inline void weighted_sum(const float* __restrict p, const float* __restrict V, int64_t n, int64_t D,
+template <typename T>
+inline void weighted_sum(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D,
                          float* __restrict out) {
 #if defined(QKV_VECTOR)
   if (D % LANES == 0) {
