@@ -59,7 +59,11 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                   "are scaled to AdamW's size)"),
     "--schedule": ("schedule", str, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last fifth "
                    "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
-                   "(warmup, then cosine decay over the budget; the default for every other run)"),
+                   "(warmup, then cosine decay over the rest of the budget; the default for every other run)"),
+    "--warmup-steps": ("warmup_steps", int, "steps of linear warmup from 0 to --lr before the decay (default: "
+                       "the task's, 50 for lm, 40 translate, 20 sft, 10 dpo, and at most a tenth of --max-steps)"),
+    "--warmup-ratio": ("warmup_ratio", float, "warmup over this share of --max-steps, rounded up (as transformers' "
+                       "warmup_ratio); instead of --warmup-steps"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
     "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune this finished qkv run directory (one with "
                     "summary.json): its final weights, model shape, tokenizer and (an sft or dpo run's) chat "
