@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..generation.backends import BACKENDS
 from ..training.optim import OPTIMIZERS, SCHEDULES
+from ..training.tasks.dpo import LOSSES as DPO_LOSSES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
@@ -26,7 +27,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--pairs": ("data", str, "translate: the same as --data"),
     "--target-lang": ("target_lang", str, "translate: the catalogs' target language (default zh_CN; any locale "
                       "under /usr/share/locale)"),
-    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's)"),
+    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's); dpo: "
+                          "the robust loss's ε, the share of pairs thought mislabelled (default 0)"),
     "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
     "--val-data": ("val_data", str, "sft, dpo: held-out conversations or pairs (JSONL; default: 5 %% of --data, chosen by a hash "
                    "of each conversation)"),
@@ -38,7 +40,9 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
                    "(never an answer); without it such a conversation is an error"),
     "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
-    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), ipo or hinge"),
+    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each "
+                   "answer's tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero or "
+                   "apo_down: TRL's losses of those names"),
     "--precompute-ref": ("precompute_ref", bool, "dpo: the reference's log-probabilities computed once before "
                          "training, then its copy dropped (without --lora)"),
     "--max-steps": ("max_steps", int, "optimizer steps (0: evaluate the starting model and write the summary)"),
@@ -90,7 +94,7 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                                    "the backward: less memory, about a third more compute"),
 }
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate", "sft", "dpo"), "--optimizer": OPTIMIZERS,
-           "--schedule": SCHEDULES, "--dpo-loss": ("sigmoid", "ipo", "hinge")}
+           "--schedule": SCHEDULES, "--dpo-loss": DPO_LOSSES}
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)

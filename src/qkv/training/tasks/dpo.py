@@ -1,14 +1,23 @@
-"""Preference tuning: Direct Preference Optimization (Rafailov et al. 2023) and its IPO and hinge variants.
+"""Preference tuning: Direct Preference Optimization (Rafailov et al. 2023) and the variants TRL trains.
 
 For a prompt x with a chosen answer y_w and a rejected one y_l, with log π(y | x) the sum of the answer's
-token log-probabilities under the model being trained and log π_ref under the reference (the starting weights):
+token log-probabilities under the model being trained and log π_ref under the reference (the starting weights),
+ρ_w = log π(y_w|x) − log π_ref(y_w|x), ρ_l likewise, h = ρ_w − ρ_l, |y| an answer's tokens, ε = label_smoothing:
 
-    h = [log π(y_w|x) − log π_ref(y_w|x)] − [log π(y_l|x) − log π_ref(y_l|x)]
-    sigmoid   loss = −log σ(β h)                         (DPO, eq. 7)
-    ipo       loss = (h − 1 / (2β))²                     (Azar et al. 2023, "A General Theoretical Paradigm…", eq. 17)
-    hinge     loss = max(0, 1 − β h)                     (SLiC, Zhao et al. 2023)
-    rewards   r_w = β [log π(y_w|x) − log π_ref(y_w|x)], r_l likewise; accuracy = mean(r_w > r_l), margin = mean(r_w − r_l)
+    sigmoid       −log σ(β h)                                           (DPO, eq. 7)
+    hinge         max(0, 1 − β h)                                       (SLiC, Zhao et al. 2023)
+    ipo           (ρ_w / |y_w| − ρ_l / |y_l| − 1 / (2β))²               (Azar et al. 2023, eq. 17; each log-ratio
+                                                                         averaged over its answer's tokens, as TRL)
+    sigmoid_norm  −log σ(β (ρ_w / |y_w| − ρ_l / |y_l|))                 (TRL's length-normalised DPO)
+    robust        (−(1 − ε) log σ(β h) + ε log σ(−β h)) / (1 − 2ε)      (rDPO, Chowdhury et al. 2024)
+    bco_pair      −log σ(β ρ_w) − log σ(−β ρ_l)                         (BCO, Jung et al. 2024, paired)
+    sppo_hard     (ρ_w − 1 / (2β))² + (ρ_l + 1 / (2β))²                 (SPPO, Wu et al. 2024, hard labels)
+    nca_pair      −log σ(β ρ_w) − ½ log σ(−β ρ_w) − ½ log σ(−β ρ_l)     (NCA, Chen et al. 2024)
+    apo_zero      1 − σ(β ρ_w) + σ(β ρ_l)                               (APO, D'Oosterlinck et al. 2024, eq. 7)
+    apo_down      σ(β ρ_w) + 1 − σ(β h)                                 (APO, eq. 8)
+    rewards       r_w = β ρ_w, r_l = β ρ_l; accuracy = mean(r_w > r_l), margin = mean(r_w − r_l)
 
+Each is TRL's ``DPOTrainer`` loss of the same name (tests/test_dpo.py compares them on the same log-probabilities).
 The reference is the starting weights: with ``--lora`` the same model with its adapters switched off (no copy);
 without, a frozen copy — or, with ``--precompute-ref``, its log-probabilities computed once and the copy dropped.
 Everything else — data, chat template, tokenizer, context — is the SFT task's (``qkv.training.tasks.sft``).
@@ -29,7 +38,8 @@ from ...data.conversations import Preference, catalog_preferences, load_preferen
 from .base import SCRATCH, TaskDefaults, TaskOptions
 from .sft import SFTTask
 
-LOSSES = ("sigmoid", "ipo", "hinge")
+LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
+          "apo_down")
 REWARD_FIELDS = ("val_loss", "val_reward_accuracy", "val_reward_margin", "val_rewards_chosen", "val_rewards_rejected")
 
 
@@ -43,28 +53,50 @@ class DPOOptions(TaskOptions):
     beta: float = 0.1
     dpo_loss: str = "sigmoid"
     precompute_ref: bool = False
+    label_smoothing: float = 0.0  # ε of the robust loss: the share of pairs thought mislabelled
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.beta > 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.dpo_loss not in LOSSES:
             raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.dpo_loss!r}")
 
 
-def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
-                    kind: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
-    """(losses (B,), chosen rewards (B,), rejected rewards (B,)) from summed answer log-probabilities (B,) each."""
-    h = (chosen - ref_chosen) - (rejected - ref_rejected)
-    if kind == "sigmoid":
-        losses = -F.logsigmoid(beta * h)
-    elif kind == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif kind == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:
+def pair_losses(rho_w: Tensor, rho_l: Tensor, *, beta: float, kind: str, lengths: tuple[Tensor, Tensor],
+                label_smoothing: float) -> Tensor:
+    """Loss ``kind`` (B,) of the log-ratios ρ_w, ρ_l (B,) each; ``lengths``: the answers' tokens (B,) each."""
+    h, ls = rho_w - rho_l, F.logsigmoid
+    if kind in ("ipo", "sigmoid_norm"):
+        avg = rho_w / lengths[0].clamp(min=1) - rho_l / lengths[1].clamp(min=1)
+        return (avg - 1 / (2 * beta)) ** 2 if kind == "ipo" else -ls(beta * avg)
+    if kind == "robust":
+        eps = label_smoothing
+        return (-(1 - eps) * ls(beta * h) + eps * ls(-beta * h)) / (1 - 2 * eps)
+    w, l = beta * rho_w, beta * rho_l
+    table = {"sigmoid": lambda: -ls(beta * h), "hinge": lambda: torch.relu(1 - beta * h),
+             "bco_pair": lambda: -ls(w) - ls(-l),
+             "sppo_hard": lambda: (rho_w - 0.5 / beta) ** 2 + (rho_l + 0.5 / beta) ** 2,
+             "nca_pair": lambda: -ls(w) - 0.5 * ls(-w) - 0.5 * ls(-l),
+             "apo_zero": lambda: 1 - torch.sigmoid(w) + torch.sigmoid(l),
+             "apo_down": lambda: torch.sigmoid(w) + 1 - torch.sigmoid(beta * h)}
+    if kind not in table:
         raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {kind!r}")
-    return losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
+    return table[kind]()
+
+
+def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
+                    kind: str = "sigmoid", lengths: tuple[Tensor, Tensor] | None = None,
+                    label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """(losses (B,), chosen rewards (B,), rejected rewards (B,)) from summed answer log-probabilities (B,) each;
+    ``lengths`` (the answers' tokens, (B,) each) is needed by the length-averaged losses (ipo, sigmoid_norm)."""
+    if lengths is None and kind in ("ipo", "sigmoid_norm"):
+        raise ValueError(f"the {kind} loss averages each log-ratio over its answer: give lengths")
+    rho_w, rho_l = chosen - ref_chosen, rejected - ref_rejected
+    losses = pair_losses(rho_w, rho_l, beta=beta, kind=kind, lengths=lengths, label_smoothing=label_smoothing)
+    return losses, beta * rho_w.detach(), beta * rho_l.detach()
 
 
 def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -189,9 +221,17 @@ class DPOTask(SFTTask):
             self.precompute()
         chosen, rejected = self.pair_logps(model, micro, reference=False)
         ref_chosen, ref_rejected = self.pair_logps(model, micro, reference=True)
-        losses, _, _ = preference_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.options.beta,
-                                       kind=self.options.dpo_loss)
+        losses, _, _ = self.pair_loss(micro, chosen, rejected, ref_chosen, ref_rejected)
         return losses.mean()
+
+    def pair_loss(self, micro, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``preference_loss`` of the options on the pairs of ``micro``: (chosen, rejected, their references)."""
+        indices, split = micro
+        rows = self.train_rows if split == "train" else self.val_rows
+        lengths = tuple(torch.tensor([int(rows[i][k][1:].sum()) for i in indices], device=self.device)
+                        for k in (1, 3))  # each answer's scored targets
+        return preference_loss(*logps, beta=self.options.beta, kind=self.options.dpo_loss, lengths=lengths,
+                               label_smoothing=self.options.label_smoothing)
 
     @torch.no_grad()
     def precompute(self) -> None:
@@ -220,8 +260,7 @@ class DPOTask(SFTTask):
             with autocast():
                 chosen, rejected = self.pair_logps(model, micro, reference=False)
                 ref = self.pair_logps(model, micro, reference=True)
-            losses, r_w, r_l = preference_loss(chosen, rejected, *ref, beta=self.options.beta,
-                                               kind=self.options.dpo_loss)
+            losses, r_w, r_l = self.pair_loss(micro, chosen, rejected, *ref)
             sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
                                  torch.tensor(float(len(micro[0])), device=self.device)]).double()
         model.train(was)
