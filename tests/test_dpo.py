@@ -111,10 +111,10 @@ def test_training_raises_reward_accuracy(tmp_path, precompute):
 def test_only_the_answer_is_scored(tmp_path):
     from qkv.data.chat_template import CHATML
     from qkv.data.conversations import Preference
-    from qkv.training.tasks.dpo import DPOTask
+    from qkv.training.tasks.dpo import DPOOptions, DPOTask
 
     task = DPOTask()
-    task.template, task.template_tokens = CHATML, {}
+    task.template, task.template_tokens, task.options = CHATML, {}, DPOOptions()
     task.tokenizer = CharTokenizer.train(CHATML + "abcdefghijklmnopqrstuvwxyz?+0123456789 ")
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
     ids, scored, *_ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),

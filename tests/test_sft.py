@@ -297,6 +297,33 @@ def test_the_answer_mask_is_transformers_generation_mask(tmp_path):
     assert [bool(m) for m in out["assistant_masks"]] == trained and sum(trained) > 0
 
 
+@pytest.mark.parametrize("answer", ["\n\n4", "  4", " 4\n", "\n 4 \n\n"])
+def test_the_ids_are_transformers_for_any_answer_and_the_mask_end_is_one_rule(answer):
+    """The whole conversation tokenised once: ids equal apply_chat_template(tokenize=True) even where a token
+    spans the prompt and the answer ("\n\n"); the mask is transformers' generation mask, and a template without
+    markers masks the same tokens (the newline after the end marker the prompt's unless asked for)."""
+    transformers = pytest.importorskip("transformers", reason="the hf extra brings transformers")
+    from qkv.data import BPETokenizer
+    from qkv.data.chat_template import CHATML_TOKENS
+
+    chat = CHAT[:2] + [{"role": "assistant", "content": answer}] + CHAT[3:]
+    bpe = BPETokenizer.train([render(CHATML, chat)] * 20 + ["\n\n\n  x \n\n"] * 50, 300,
+                             special_tokens=CHATML_TOKENS)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe.tokenizer)
+    plain = GENERATION_TAGS.sub("", CHATML)
+    for template in (CHATML, plain):
+        hf.chat_template = template
+        assert encode_conversation(bpe, template, chat)[0] == list(hf.apply_chat_template(chat, tokenize=True,
+                                                                                          return_dict=False))
+    hf.chat_template = CHATML
+    out = hf.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert encode_conversation(bpe, CHATML, chat)[1] == encode_conversation(bpe, plain, chat)[1] \
+        == [bool(m) for m in out["assistant_masks"]]
+    ids, with_newline = encode_conversation(bpe, plain, chat, end_newline=True)
+    newline = [i for i, (a, b) in enumerate(zip(encode_conversation(bpe, plain, chat)[1], with_newline)) if a != b]
+    assert len(newline) == 2 and all(bpe.decode([ids[i]]) == "\n" for i in newline)  # after each <|im_end|>
+
+
 def test_two_processes_take_the_one_process_steps(tmp_path):
     """The loss is the mean over the step's answer tokens across processes too: the same run under torchrun with
     2 ranks (DDP, gloo) logs the one-process losses and ends with its weights."""

@@ -39,6 +39,9 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                   "within itself with positions restarting (no padding: more tokens a step)"),
     "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
                    "(never an answer); without it such a conversation is an error"),
+    "--mask-end-of-turn-newline": ("mask_end_of_turn_newline", bool, "sft, dpo: the loss counts the newlines a chat "
+                                   "template writes after an answer's end-of-turn marker too (default: not, for "
+                                   "every template)"),
     "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
     "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each "
                    "answer's tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero or "

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...data.chat_template import plain_ids, segments
+from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
 from .base import SCRATCH, TaskDefaults, TaskOptions
 from .sft import SFTTask
@@ -54,6 +54,7 @@ class DPOOptions(TaskOptions):
     dpo_loss: str = "sigmoid"
     precompute_ref: bool = False
     label_smoothing: float = 0.0  # ε of the robust loss: the share of pairs thought mislabelled
+    mask_end_of_turn_newline: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -152,13 +153,11 @@ class DPOTask(SFTTask):
         return (*self.scored(p.prompt, p.chosen), *self.scored(p.prompt, p.rejected), p.where)
 
     def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
-        ids, scored = [], []
-        asked = sum(m["role"] == "assistant" for m in prompt)  # answers inside the prompt are context
-        for text, is_answer in segments(self.template, list(prompt + answer), **self.template_tokens):
-            piece = plain_ids(self.tokenizer, text)
-            ids += piece
-            scored += [is_answer and asked <= 0] * len(piece)
-            asked -= int(is_answer)
+        """(ids, scored) of the prompt and one answer: the answer's tokens scored, the prompt's answers context."""
+        asked = sum(m["role"] == "assistant" for m in prompt)
+        ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
+                                          end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
+                                          **self.template_tokens)
         return torch.tensor(ids), torch.tensor(scored)
 
     def build_model(self, mconf) -> nn.Module:

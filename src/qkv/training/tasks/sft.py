@@ -45,6 +45,7 @@ class SFTOptions(TaskOptions):
     chat_template: str = ""
     truncate: bool = False
     packing: bool = False
+    mask_end_of_turn_newline: bool = False  # the loss counts the newlines a template writes after an answer's end
 
 
 def checkpoint_template(path: str) -> tuple[str | None, dict]:
@@ -145,7 +146,8 @@ class SFTTask(DecoderTask):
     def encode(self, c: Conversation) -> tuple[Tensor, Tensor, str]:
         """(ids (L,), trained (L,) bool, where): the rendered conversation and which tokens the loss counts."""
         ids, trained = encode_conversation(self.tokenizer, self.template, c.messages,
-                                           train_on_prompt=self.options.train_on_prompt, **self.template_tokens)
+                                           train_on_prompt=self.options.train_on_prompt,
+                                           end_newline=self.options.mask_end_of_turn_newline, **self.template_tokens)
         return torch.tensor(ids), torch.tensor(trained), c.where
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
