@@ -2,7 +2,6 @@
 margin), a short run raising reward accuracy, the answer-only scoring, and bad input."""
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 from qkv.cli import main
 from qkv.data import CharTokenizer
 from qkv.training.recipe import TrainConfig, train
+from benchmarks.trl import trl_dpo_loss
 from qkv.training.tasks.dpo import LOSSES, preference_loss
 
 
@@ -33,41 +33,14 @@ def write_jsonl(path, records) -> str:
     return str(path)
 
 
-def trl_loss(trl, kind: str, logps: list[torch.Tensor], beta: float, lengths: tuple[torch.Tensor, torch.Tensor],
-             label_smoothing: float = 0.0) -> tuple[float, dict]:
-    """TRL's DPO loss and reward metrics on fixed summed log-probabilities: its ``_compute_loss`` on a stand-in model
-    whose completions are ``lengths`` tokens long, each answer's log-probability spread evenly over its tokens."""
-    from collections import defaultdict
-
-    chosen, rejected, ref_chosen, ref_rejected = logps
-    n, L = len(chosen), int(max(map(max, lengths)))
-    counts = torch.cat(lengths)
-    positions = torch.arange(L).expand(2 * n, L)
-    log_probs = torch.where(positions < counts[:, None], (torch.cat([chosen, rejected]) / counts)[:, None], 0.0)
-    completion = torch.zeros(2 * n, L + 1, dtype=torch.long)
-    completion[:, 1:] = (positions < counts[:, None]).long()  # the prompt's one token, then the answer's
-    zeros = torch.zeros(2 * n, L)
-    outputs = SimpleNamespace(log_probs=log_probs, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
-    accelerator = SimpleNamespace(device="cpu", gather_for_metrics=lambda t: t, gather=lambda t: t)
-    trainer = SimpleNamespace(model=SimpleNamespace(training=False), accelerator=accelerator, aux_loss_enabled=False,
-                              ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl",
-                              loss_types=[kind], loss_weights=[1.0], beta=beta, use_weighting=False,
-                              label_smoothing=label_smoothing, _metrics=defaultdict(lambda: defaultdict(list)),
-                              _total_train_tokens=0, _tp_size=1)
-    inputs = {"input_ids": torch.zeros(2 * n, L + 1, dtype=torch.long), "attention_mask": torch.ones(2 * n, L + 1),
-              "completion_mask": completion, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
-    loss = trl.DPOTrainer._compute_loss(trainer, lambda **kw: outputs, inputs, return_outputs=False)
-    return float(loss), {k: v[-1] for k, v in trainer._metrics["eval"].items()}
-
-
 @pytest.mark.parametrize("kind, smoothing", [(k, 0.0) for k in LOSSES] + [("robust", 0.2)])
 def test_the_losses_and_rewards_are_trls_on_fixed_log_probabilities(kind, smoothing):
-    trl = pytest.importorskip("trl", reason="TRL (the dev extra) is the loss functions' reference")
+    pytest.importorskip("trl", reason="TRL (the dev extra) is the loss functions' reference")
     g = torch.Generator().manual_seed(0)
     logps = [torch.randn(8, generator=g, dtype=torch.float64) * 3 - 20 for _ in range(4)]
     lengths = tuple(torch.randint(1, 12, (8,), generator=g) for _ in range(2))  # answers of different lengths
     losses, r_w, r_l = preference_loss(*logps, beta=0.1, kind=kind, lengths=lengths, label_smoothing=smoothing)
-    theirs, metrics = trl_loss(trl, kind, logps, 0.1, lengths, smoothing)
+    theirs, metrics = trl_dpo_loss(kind, logps, 0.1, lengths, smoothing)
     assert losses.mean().item() == pytest.approx(theirs, rel=1e-9, abs=1e-12)
     assert r_w.mean().item() == pytest.approx(metrics["rewards/chosen"], rel=1e-9)
     assert r_l.mean().item() == pytest.approx(metrics["rewards/rejected"], rel=1e-9)

@@ -42,6 +42,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--mask-end-of-turn-newline": ("mask_end_of_turn_newline", bool, "sft, dpo: the loss counts the newlines a chat "
                                    "template writes after an answer's end-of-turn marker too (default: not, for "
                                    "every template)"),
+    "--eval-generate": ("eval_generate", int, "sft: at the end, greedy answers to N held-out conversations, scored "
+                        "by exact match and chrF against theirs (default 0: the held-out loss alone)"),
     "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
     "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each "
                    "answer's tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero or "
@@ -157,6 +159,11 @@ def add_train(sub) -> argparse.ArgumentParser:
     return p
 
 
+def token_count(n: int) -> str:
+    """``n`` tokens in words: "1,632 tokens" below a million, "2.35 M tokens" from there."""
+    return f"{n:,} tokens" if n < 1_000_000 else f"{n / 1e6:.2f} M tokens"
+
+
 def fresh_run_dir(preset: str) -> str:
     """runs/PRESET, or runs/PRESET-2, -3 … : the first that is missing or empty."""
     base, n = Path("runs") / preset, 2
@@ -236,7 +243,7 @@ def run_train(args: argparse.Namespace) -> int:
     k = s["trainable_parameters"]
     trained = f" ({k:,} trained: {100 * k / s['parameters']:.2f} %)" if k < s["parameters"] else ""
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters{trained}, {s['tokenizer']} tokenizer, "
-          f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
+          f"{s['steps']} steps, {token_count(s['tokens'])}, {s['tokens_per_s']:.0f} tokens/s)")
     print("\n".join(make_task(cfg.task).result_lines(s)))
     if args.sample_tokens > 0 and isinstance(result.model, GPT) and cfg.task == "lm":  # a chat run: qkv sample --chat
         print_sample(result, cfg, args.sample_tokens)

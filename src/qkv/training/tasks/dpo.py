@@ -146,7 +146,8 @@ class DPOTask(SFTTask):
         return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
 
     def fit_messages(self) -> list:
-        return [p.prompt + answer for p in self.train_set for answer in (p.chosen, p.rejected)]
+        return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
+                for p in self.train_set for answer in (p.chosen, p.rejected)]
 
     def encode(self, p: Preference) -> tuple:
         """(chosen ids, chosen scored, rejected ids, rejected scored, where): each answer after the prompt."""
@@ -154,6 +155,9 @@ class DPOTask(SFTTask):
 
     def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
         """(ids, scored) of the prompt and one answer: the answer's tokens scored, the prompt's answers context."""
+        if isinstance(prompt, str):  # a raw pair: text, no chat template
+            ids, scored = self.raw_ids(prompt, answer)
+            return torch.tensor(ids), torch.tensor(scored)
         asked = sum(m["role"] == "assistant" for m in prompt)
         ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
                                           end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
