@@ -323,7 +323,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
         r = Recipe(sft_config(data, packing=packing, context=64), Dist())
         r.setup()
         rows = r.task.train_rows
-        inputs, targets, docs = r.task.batch(rows, list(range(len(rows))))
+        inputs, targets, docs, _ = r.task.batch(rows, list(range(len(rows))))
         logits = (r.model(inputs) if docs is None else r.model(inputs, document_ids=docs)).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
                                                  reduction="sum")
@@ -426,3 +426,28 @@ def test_batches_are_pinned_for_a_gpu_only():
     if torch.cuda.is_available():
         moved = to_device([x], torch.device("cuda"))[0]
         assert moved.is_cuda and moved.tolist() == x.tolist()
+
+
+def test_the_loss_computes_the_answers_logits_alone_and_is_the_whole_ones(tmp_path):
+    """answer_window: the logits from the first counted target on; the step's loss and gradients are those of every
+    position's logits (the prompt's targets count nothing)."""
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe
+    from qkv.training.tasks.sft import answer_window
+
+    t = torch.tensor([[-100, -100, 5, 6, -100], [-100, -100, -100, 7, -100]])
+    assert answer_window(t) == 3 and answer_window(torch.full((2, 4), -100)) == 0
+    assert answer_window(torch.tensor([[1, -100]])) == 0  # from the first position: all
+    r = Recipe(sft_config(write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))), Dist())
+    r.setup()
+    micro = r.task.batch(r.task.train_rows, list(range(8))) + (1.0,)
+    assert 0 < micro[3] < micro[0].size(1)  # the prompts' positions left out
+    window = r.task.loss(r.model, micro)
+    window.backward()
+    grads = {n: p.grad.clone() for n, p in r.model.named_parameters()}
+    r.model.zero_grad()
+    whole = r.task.loss(r.model, micro[:3] + (0, 1.0))
+    whole.backward()
+    assert window.item() == pytest.approx(whole.item(), rel=1e-6)
+    for n, p in r.model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)

@@ -100,9 +100,11 @@ def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_re
     return losses, beta * rho_w.detach(), beta * rho_l.detach()
 
 
-def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
-    """Σ log p(target) over the positions whose target is not −100: inputs, targets (B, L) -> (B,)."""
-    logits = model(inputs).logits.float()  # (B, L, V)
+def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor, keep: int = 0) -> Tensor:
+    """Σ log p(target) over the positions whose target is not −100: inputs, targets (B, L) -> (B,); ``keep``: the
+    last positions that hold them all (``answer_window``; 0: all), the only logits computed."""
+    logits = model(inputs, logits_to_keep=keep).logits.float()  # (B, keep or L, V)
+    targets = targets[:, -keep:]
     kept = targets != -100
     picked = torch.gather(logits.log_softmax(-1), 2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, L)
     return (picked * kept).sum(-1)
@@ -190,10 +192,12 @@ class DPOTask(SFTTask):
         return c_ids, c_scored, r_ids, r_scored, where
 
     # --- training ---------------------------------------------------------------------------------
-    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
-        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers."""
+    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, int]:
+        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
+        ``answer_window``."""
         seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
-        return self.batch(seqs, list(range(len(seqs))))[:2]
+        inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
+        return inputs, targets, keep
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)
@@ -206,12 +210,12 @@ class DPOTask(SFTTask):
         if reference and self.ref_logps is not None:
             cached = self.ref_logps[split][indices].to(self.device)
             return cached[:, 0], cached[:, 1]
-        inputs, targets = self.pair_batch(rows, indices)
+        batch = self.pair_batch(rows, indices)
         if not reference:
-            both = answer_logps(model, inputs, targets)
+            both = answer_logps(model, *batch)
         else:
             with torch.no_grad(), (adapters_off(model) if self.lora else nullcontext()):
-                both = answer_logps(model if self.lora else self.reference_on_device(), inputs, targets)
+                both = answer_logps(model if self.lora else self.reference_on_device(), *batch)
         return both[:len(indices)], both[len(indices):]
 
     def reference_on_device(self) -> nn.Module:
@@ -245,8 +249,7 @@ class DPOTask(SFTTask):
             parts = []
             for lo in range(0, len(rows), 32):
                 indices = list(range(lo, min(lo + 32, len(rows))))
-                inputs, targets = self.pair_batch(rows, indices)
-                both = answer_logps(model, inputs, targets)
+                both = answer_logps(model, *self.pair_batch(rows, indices))
                 parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
             out[split] = torch.cat(parts)
         self.ref_logps, self.reference = out, None

@@ -82,6 +82,14 @@ def to_device(tensors: list[Tensor], device) -> list[Tensor]:
     return [t.contiguous().pin_memory().to(device, non_blocking=True) for t in tensors]
 
 
+def answer_window(targets: Tensor) -> int:
+    """The last positions of targets (B, L) that hold every counted one (not −100): the only logits a loss over
+    them needs, as GPT's ``logits_to_keep`` (0: all L, or none counted)."""
+    counted = (targets != -100).any(0).nonzero()
+    first = int(counted[0]) if len(counted) else 0
+    return targets.size(1) - first if first else 0
+
+
 def held_out(conversations: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
     """(train, validation): about VAL_FRACTION of the conversations, chosen by a hash of their messages."""
     def score(c: Conversation) -> float:
@@ -227,9 +235,10 @@ class SFTTask(DecoderTask):
         return ids[cut:], trained[cut:], where
 
     # --- training ------------------------------------------------------------------------------------
-    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None]:
-        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, and
-        for packed rows their document ids (B, L − 1), the padding a document of its own (else None)."""
+    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None, int]:
+        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, for
+        packed rows their document ids (B, L − 1), the padding a document of its own (else None), and the
+        ``answer_window`` of the targets (read on the host: no wait for the device)."""
         longest = max(len(rows[i][0]) for i in indices)
         ids = torch.zeros(len(indices), longest, dtype=torch.long)
         targets = torch.full((len(indices), longest), -100, dtype=torch.long)
@@ -242,7 +251,7 @@ class SFTTask(DecoderTask):
                 docs[b, :len(row)] = rows[i][3]
         host = [ids[:, :-1], targets[:, 1:]] + ([] if docs is None else [docs[:, :-1]])
         moved = to_device(host, self.device)
-        return moved[0], moved[1], (moved[2] if docs is not None else None)
+        return moved[0], moved[1], (moved[2] if docs is not None else None), answer_window(host[1])
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)  # the global batch
@@ -254,9 +263,10 @@ class SFTTask(DecoderTask):
     def loss(self, model: nn.Module, micro) -> Tensor:
         """The micro-batch's summed loss × accum · world / the step's answer tokens: the recipe's mean over
         micro-batches and processes is then the mean over every answer token of the step."""
-        inputs, targets, docs, scale = micro
-        logits = (model(inputs) if docs is None else model(inputs, document_ids=docs)).logits  # (B, L, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+        inputs, targets, docs, keep, scale = micro
+        packed = {} if docs is None else {"document_ids": docs}
+        logits = model(inputs, logits_to_keep=keep, **packed).logits  # (B, keep or L, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
                                reduction="sum") * scale
 
     # --- validation ------------------------------------------------------------------------------------
@@ -267,10 +277,10 @@ class SFTTask(DecoderTask):
         model.eval()
         mine = indices[dist.rank::dist.world]
         for lo in range(0, len(mine), 32):
-            inputs, targets, _ = self.batch(self.val_rows, mine[lo:lo + 32])
+            inputs, targets, _, keep = self.batch(self.val_rows, mine[lo:lo + 32])
             with autocast():
-                logits = model(inputs).logits
-            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                logits = model(inputs, logits_to_keep=keep).logits
+            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
                                         reduction="sum").double()
             total[1] += (targets != -100).sum()
         model.train(was)
