@@ -203,3 +203,13 @@ def test_native_bf16_asks_the_gpu_or_the_cpus_probes(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     assert runtime.native_bf16("cpu") is False  # an older torch without the probes: fp32
+
+
+def test_the_warmup_flags_reach_the_config():
+    from qkv.cli import build_parser
+    from qkv.cli.train import train_config
+
+    command = lambda *argv: train_config(build_parser().parse_args(["train", "--preset", "tiny", *argv]))  # noqa: E731
+    assert command("--max-steps", "40", "--warmup-ratio", "0.05").warmup_steps == 2
+    assert command("--max-steps", "40", "--warmup-steps", "7").warmup_steps == 7
+    assert command("--max-steps", "40").warmup_steps == 4  # lm's 50, at most a tenth of the steps
