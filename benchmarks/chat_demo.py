@@ -39,8 +39,9 @@ def metrics(run: Path) -> list[dict]:
 
 def run_all(work: Path, sft_minutes: float, dpo_minutes: float) -> dict:
     quiet = ["--quiet", "--sample-tokens", "0"]
-    qkv("train", "--task", "sft", "--max-steps", "0", "--out", str(work / "sft-start"), *quiet)
-    qkv("train", "--task", "sft", "--max-minutes", str(sft_minutes), "--out", str(work / "sft"), *quiet)
+    qkv("train", "--task", "sft", "--max-steps", "0", "--eval-generate", "64", "--out", str(work / "sft-start"), *quiet)
+    qkv("train", "--task", "sft", "--max-minutes", str(sft_minutes), "--eval-generate", "64", "--out", str(work / "sft"),
+        *quiet)
     qkv("export", "--run", str(work / "sft"), "--hf", str(work / "sft-hf"))
     base = ["--task", "dpo", "--init-from-hf", str(work / "sft-hf")]
     qkv("train", *base, "--max-steps", "0", "--out", str(work / "dpo-start"), *quiet)

@@ -210,3 +210,9 @@ def test_sample_says_which_backend_ran_and_why_it_fell_back(run, capsys, monkeyp
     assert err.strip().splitlines()[-1] == ("qkv: the fused step cannot decode this model at batch 1: a reason the "
                                             "test gives; decoded with the auto backend (the model's forward; on a "
                                             "CPU its linears through qkv's kernels)")
+
+
+def test_a_token_count_reads_in_words():
+    from qkv.cli.train import token_count
+
+    assert token_count(1632) == "1,632 tokens" and token_count(2_345_678) == "2.35 M tokens"

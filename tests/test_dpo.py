@@ -1,8 +1,7 @@
-"""--task dpo: the three losses against TRL's on fixed log-probabilities, the reference at the start (ln 2, no
+"""--task dpo: the losses against TRL's on fixed log-probabilities, the reference at the start (ln 2, no
 margin), a short run raising reward accuracy, the answer-only scoring, and bad input."""
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +9,8 @@ import torch
 from qkv.cli import main
 from qkv.data import CharTokenizer
 from qkv.training.recipe import TrainConfig, train
-from qkv.training.tasks.dpo import preference_loss
+from benchmarks.trl import trl_dpo_loss
+from qkv.training.tasks.dpo import LOSSES, preference_loss
 
 
 def pairs(n: int = 48) -> list[dict]:
@@ -33,39 +33,15 @@ def write_jsonl(path, records) -> str:
     return str(path)
 
 
-def trl_loss(trl, kind: str, logps: list[torch.Tensor], beta: float) -> tuple[float, dict]:
-    """TRL's DPO loss and reward metrics on fixed summed log-probabilities: its ``_compute_loss`` on a stand-in model
-    whose completions are one token long (so TRL's IPO, which averages per completion token, is the paper's)."""
-    from collections import defaultdict
-
-    chosen, rejected, ref_chosen, ref_rejected = logps
-    n = len(chosen)
-    log_probs = torch.zeros(2 * n, 3, dtype=torch.float64)
-    log_probs[:, 0] = torch.cat([chosen, rejected])  # one completion token each: its log-prob is the sum
-    completion = torch.zeros(2 * n, 4, dtype=torch.long)
-    completion[:, 1] = 1
-    zeros = torch.zeros(2 * n, 3)
-    outputs = SimpleNamespace(log_probs=log_probs, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
-    accelerator = SimpleNamespace(device="cpu", gather_for_metrics=lambda t: t, gather=lambda t: t)
-    trainer = SimpleNamespace(model=SimpleNamespace(training=False), accelerator=accelerator, aux_loss_enabled=False,
-                              ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl",
-                              loss_types=[kind], loss_weights=[1.0], beta=beta, use_weighting=False,
-                              label_smoothing=0.0, _metrics=defaultdict(lambda: defaultdict(list)),
-                              _total_train_tokens=0, _tp_size=1)
-    inputs = {"input_ids": torch.zeros(2 * n, 4, dtype=torch.long), "attention_mask": torch.ones(2 * n, 4),
-              "completion_mask": completion, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
-    loss = trl.DPOTrainer._compute_loss(trainer, lambda **kw: outputs, inputs, return_outputs=False)
-    return float(loss), {k: v[-1] for k, v in trainer._metrics["eval"].items()}
-
-
-@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge"])
-def test_the_losses_and_rewards_are_trls_on_fixed_log_probabilities(kind):
-    trl = pytest.importorskip("trl", reason="TRL (the dev extra) is the loss functions' reference")
+@pytest.mark.parametrize("kind, smoothing", [(k, 0.0) for k in LOSSES] + [("robust", 0.2)])
+def test_the_losses_and_rewards_are_trls_on_fixed_log_probabilities(kind, smoothing):
+    pytest.importorskip("trl", reason="TRL (the dev extra) is the loss functions' reference")
     g = torch.Generator().manual_seed(0)
     logps = [torch.randn(8, generator=g, dtype=torch.float64) * 3 - 20 for _ in range(4)]
-    losses, r_w, r_l = preference_loss(*logps, beta=0.1, kind=kind)
-    theirs, metrics = trl_loss(trl, kind, logps, 0.1)
-    assert losses.mean().item() == pytest.approx(theirs, rel=1e-9)
+    lengths = tuple(torch.randint(1, 12, (8,), generator=g) for _ in range(2))  # answers of different lengths
+    losses, r_w, r_l = preference_loss(*logps, beta=0.1, kind=kind, lengths=lengths, label_smoothing=smoothing)
+    theirs, metrics = trl_dpo_loss(kind, logps, 0.1, lengths, smoothing)
+    assert losses.mean().item() == pytest.approx(theirs, rel=1e-9, abs=1e-12)
     assert r_w.mean().item() == pytest.approx(metrics["rewards/chosen"], rel=1e-9)
     assert r_l.mean().item() == pytest.approx(metrics["rewards/rejected"], rel=1e-9)
     assert (r_w > r_l).double().mean().item() == pytest.approx(metrics["rewards/accuracies"])
@@ -74,11 +50,16 @@ def test_the_losses_and_rewards_are_trls_on_fixed_log_probabilities(kind):
 
 def test_the_formulas_by_hand():
     c, r, rc, rr = (torch.tensor([v]) for v in (-10.0, -12.0, -11.0, -11.0))  # h = 2
+    one = (torch.tensor([1]), torch.tensor([1]))
     assert preference_loss(c, r, rc, rr, beta=0.5)[0].item() == pytest.approx(-math.log(1 / (1 + math.exp(-1.0))))
-    assert preference_loss(c, r, rc, rr, beta=0.5, kind="ipo")[0].item() == pytest.approx((2 - 1) ** 2)
+    assert preference_loss(c, r, rc, rr, beta=0.5, kind="ipo", lengths=one)[0].item() == pytest.approx((2 - 1) ** 2)
+    two = (torch.tensor([2]), torch.tensor([4]))  # ρ_w = 1 over 2 tokens, ρ_l = −1 over 4: the averages 0.5, −0.25
+    assert preference_loss(c, r, rc, rr, beta=0.5, kind="ipo", lengths=two)[0].item() == pytest.approx(0.25 ** 2)
     assert preference_loss(c, r, rc, rr, beta=0.25, kind="hinge")[0].item() == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="dpo_loss must be one of sigmoid, ipo, hinge, got 'kto'"):
+    with pytest.raises(ValueError, match="dpo_loss must be one of sigmoid, hinge, ipo, .*got 'kto'"):
         preference_loss(c, r, rc, rr, beta=0.1, kind="kto")
+    with pytest.raises(ValueError, match="give lengths"):
+        preference_loss(c, r, rc, rr, beta=0.1, kind="ipo")
 
 
 def dpo_config(data: str, **kw) -> TrainConfig:
@@ -96,17 +77,17 @@ def test_at_the_start_the_policy_is_the_reference(tmp_path):
 @pytest.mark.parametrize("precompute", [False, True])
 def test_training_raises_reward_accuracy(tmp_path, precompute):
     data = write_jsonl(tmp_path / "p.jsonl", pairs(96))
-    s = train(dpo_config(data, max_steps=40, precompute_ref=precompute, beta=0.5)).summary
+    s = train(dpo_config(data, max_steps=40, warmup_steps=10, precompute_ref=precompute, beta=0.5)).summary
     assert s["val_loss"] < math.log(2) and s["val_reward_margin"] > 0 and s["val_reward_accuracy"] > 0.5, s
 
 
 def test_only_the_answer_is_scored(tmp_path):
     from qkv.data.chat_template import CHATML
     from qkv.data.conversations import Preference
-    from qkv.training.tasks.dpo import DPOTask
+    from qkv.training.tasks.dpo import DPOOptions, DPOTask
 
     task = DPOTask()
-    task.template, task.template_tokens = CHATML, {}
+    task.template, task.template_tokens, task.options = CHATML, {}, DPOOptions()
     task.tokenizer = CharTokenizer.train(CHATML + "abcdefghijklmnopqrstuvwxyz?+0123456789 ")
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
     ids, scored, *_ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
@@ -117,6 +98,7 @@ def test_only_the_answer_is_scored(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--beta", "0"], "beta must be > 0, got 0.0"),
     (["--dpo-loss", "kto"], "invalid choice: 'kto'"),
+    (["--dpo-loss", "robust", "--label-smoothing", "0.5"], "label_smoothing must be in [0, 0.5), got 0.5"),
 ])
 def test_bad_settings(tmp_path, capsys, extra, message):
     out = tmp_path / "run"

@@ -17,10 +17,67 @@ def cfg(**kw) -> TrainConfig:
 
 def test_wsd_holds_the_peak_then_decays_linearly():
     c = cfg(schedule="wsd")
-    assert [lr_at(c, s, 0.0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]  # the same warmup as cosine
+    assert [lr_at(c, s, s / 10) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]  # the same warmup as cosine
     assert lr_at(c, 10, 0.3) == 1.0 and lr_at(c, 10, 1 - WSD_DECAY) == pytest.approx(1.0)
     assert lr_at(c, 10, 1 - WSD_DECAY / 2) == pytest.approx(0.55)  # halfway down from 1 to 0.1
     assert lr_at(c, 10, 1.0) == lr_at(c, 10, 1.5) == pytest.approx(0.1)
+
+
+def scheduled(c, steps: int) -> list[float]:
+    return [lr_at(c, s, s / steps) for s in range(steps)]
+
+
+@pytest.mark.parametrize("steps, warmup", [(30, 3), (30, 0), (7, 2), (4, 4), (5, 9)])
+def test_cosine_is_transformers_schedule_at_every_step(steps, warmup):
+    transformers = pytest.importorskip("transformers")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-4)
+    plain = transformers.get_cosine_schedule_with_warmup(opt, warmup, steps)
+    want = []
+    for _ in range(steps):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        plain.step()
+    got = scheduled(cfg(lr=2e-4, warmup_steps=warmup, min_lr_ratio=0.0, max_steps=steps), steps)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-18)
+    if warmup < steps:
+        assert max(got) == pytest.approx(2e-4)  # the warmup reaches --lr
+
+
+def test_cosine_with_a_floor_is_transformers_min_lr_schedule():
+    transformers = pytest.importorskip("transformers")
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = get_cosine_with_min_lr_schedule_with_warmup(opt, 4, 20, min_lr_rate=0.1)
+    want = []
+    for _ in range(20):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert scheduled(cfg(max_steps=20), 20) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_time_budget_decays_over_what_the_warmup_leaves():
+    c = cfg(warmup_steps=4, min_lr_ratio=0.0)
+    assert lr_at(c, 4, 0.2) == 1.0  # the peak right after the warmup, whatever the budget's unit
+    assert lr_at(c, 12, 0.6) == pytest.approx(0.5)  # halfway from the warmup's end (0.2) to the budget's (1)
+    assert lr_at(c, 20, 1.0) == pytest.approx(0.0)
+
+
+def test_warmup_defaults_and_ratio():
+    assert cfg(warmup_steps=None, max_steps=30, task="sft").warmup_steps == 3  # a 30-step run peaks at step 3
+    assert cfg(warmup_steps=None, max_steps=1000, task="sft").warmup_steps == 20  # the task's
+    assert cfg(warmup_steps=None, max_steps=None, max_minutes=1.0, task="dpo").warmup_steps == 10
+    c = cfg(warmup_steps=None, warmup_ratio=0.1, max_steps=25)
+    assert (c.warmup_steps, c.warmup_ratio) == (3, None)  # ⌈2.5⌉, as transformers' get_warmup_steps
+    assert cfg(warmup_steps=3, warmup_ratio=0.1, max_steps=25).warmup_steps == 3  # the same, said twice
+    with pytest.raises(ValueError, match="disagree"):
+        cfg(warmup_steps=5, warmup_ratio=0.1, max_steps=25)
+    with pytest.raises(ValueError, match="needs|give --max-steps"):
+        cfg(warmup_steps=None, warmup_ratio=0.1, max_steps=None, max_minutes=1.0)
+    for bad in (1.0, -0.1, "0.1"):
+        with pytest.raises(ValueError, match="warmup_ratio must be"):
+            cfg(warmup_steps=None, warmup_ratio=bad)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -146,3 +203,13 @@ def test_native_bf16_asks_the_gpu_or_the_cpus_probes(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     assert runtime.native_bf16("cpu") is False  # an older torch without the probes: fp32
+
+
+def test_the_warmup_flags_reach_the_config():
+    from qkv.cli import build_parser
+    from qkv.cli.train import train_config
+
+    command = lambda *argv: train_config(build_parser().parse_args(["train", "--preset", "tiny", *argv]))  # noqa: E731
+    assert command("--max-steps", "40", "--warmup-ratio", "0.05").warmup_steps == 2
+    assert command("--max-steps", "40", "--warmup-steps", "7").warmup_steps == 7
+    assert command("--max-steps", "40").warmup_steps == 4  # lm's 50, at most a tenth of the steps

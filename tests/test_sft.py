@@ -44,7 +44,69 @@ def test_the_three_forms_read_as_the_same_messages():
     system = conversation(Record("x:1", {"instruction": "i", "output": "o", "system": "s"})).messages
     assert [m["role"] for m in system] == ["system", "user", "assistant"]
     pair = preference(Record("x:1", {"prompt": "1+2?", "chosen": "3", "rejected": "4"}))
-    assert pair.prompt[0]["role"] == "user" and pair.chosen[0]["content"] == "3"
+    assert pair.raw and (pair.prompt, pair.chosen, pair.rejected) == ("1+2?", "3", "4")  # raw text, as TRL's
+
+
+@pytest.mark.parametrize("record", [
+    {"chosen": "Sky? It is blue.", "rejected": "Sky? It is green."},
+    {"chosen": "abc", "rejected": "abd"},
+    {"chosen": [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Blue."}],
+     "rejected": [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Green."}]},
+])
+def test_an_implicit_prompt_is_trls(record):
+    data_utils = pytest.importorskip("trl.data_utils", reason="TRL (the dev extra) is the reference")
+    pair = preference(Record("x:1", record))
+    want = data_utils.extract_prompt(record)
+    got = {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected}
+    assert {k: list(v) if isinstance(v, tuple) else v for k, v in got.items()} == want
+
+
+def raw_task(task_type, **options):
+    """A task over a byte-level BPE with ChatML's markers, its EOS ChatML's end marker."""
+    from qkv.data import BPETokenizer
+    from qkv.data.chat_template import CHATML_TOKENS
+
+    task = task_type()
+    task.template, task.template_tokens = CHATML, {"eos_token": "<|im_end|>"}
+    task.options = task_type.options_type(**options)
+    task.tokenizer = BPETokenizer.train(["Sky?\n\n It is blue. green 2+2 = 4"] * 30, 300, special_tokens=CHATML_TOKENS)
+    return task
+
+
+def test_raw_prompt_completion_is_trls_text_with_the_eos():
+    from qkv.training.tasks.sft import SFTTask
+
+    task = raw_task(SFTTask)
+    c = conversation(Record("x:1", {"prompt": "2+2 =", "completion": " 4"}))
+    assert c.raw and record_format(Record("x:1", {"prompt": "p", "completion": "c"})) == "completion"
+    ids, trained, _ = task.encode(c)
+    assert ids.tolist() == task.tokenizer.tokenizer.encode("2+2 = 4<|im_end|>", add_special_tokens=False).ids
+    assert task.tokenizer.decode(ids[trained].tolist()).strip() == "4"  # and the EOS (a special token)
+    assert trained[-1] and not trained[0]
+    assert all(raw_task(SFTTask, train_on_prompt=True).encode(c)[1])  # completion_only_loss=False
+    chat = conversation(Record("x:1", {"prompt": [{"role": "user", "content": "2+2?"}],
+                                       "completion": [{"role": "assistant", "content": "4"}]}))
+    ids, trained, _ = task.encode(chat)
+    assert task.tokenizer.decode(ids[trained].tolist()) == "4"
+    with pytest.raises(ValueError, match="x:1: prompt and completion must both be strings"):
+        conversation(Record("x:1", {"prompt": "p", "completion": [{"role": "assistant", "content": "c"}]}))
+
+
+def test_a_raw_preference_pair_is_scored_as_trl_scores_it():
+    """TRL's strings: prompt + answer + EOS tokenised whole, the answer's tokens where the prompt's ids end."""
+    from qkv.training.tasks.dpo import DPOTask
+
+    task = raw_task(DPOTask)
+    pair = preference(Record("x:1", {"prompt": "Sky?\n", "chosen": "\n It is blue.", "rejected": "green"}))
+    c_ids, c_scored, r_ids, r_scored, _ = task.encode(pair)
+    encode = lambda text: task.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    assert c_ids.tolist() == encode("Sky?\n\n It is blue.<|im_end|>")
+    prompt = encode("Sky?\n")
+    shared = next(i for i, (a, b) in enumerate(zip(prompt + [-1], c_ids.tolist())) if a != b)  # TRL's prompt_len
+    assert c_scored.tolist() == [i >= shared for i in range(len(c_ids))] and shared < len(prompt)  # "\n\n" merged
+    assert r_ids.tolist() == encode("Sky?\ngreen<|im_end|>") and r_scored.sum() >= 2
+    with pytest.raises(ValueError, match="all be strings .* or all lists"):
+        preference(Record("x:1", {"prompt": "p", "chosen": [{"role": "assistant", "content": "c"}], "rejected": "r"}))
 
 
 def test_chatml_masks_exactly_the_answers_and_their_end_markers():
@@ -261,7 +323,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
         r = Recipe(sft_config(data, packing=packing, context=64), Dist())
         r.setup()
         rows = r.task.train_rows
-        inputs, targets, docs = r.task.batch(rows, list(range(len(rows))))
+        inputs, targets, docs, _ = r.task.batch(rows, list(range(len(rows))))
         logits = (r.model(inputs) if docs is None else r.model(inputs, document_ids=docs)).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
                                                  reduction="sum")
@@ -297,6 +359,33 @@ def test_the_answer_mask_is_transformers_generation_mask(tmp_path):
     assert [bool(m) for m in out["assistant_masks"]] == trained and sum(trained) > 0
 
 
+@pytest.mark.parametrize("answer", ["\n\n4", "  4", " 4\n", "\n 4 \n\n"])
+def test_the_ids_are_transformers_for_any_answer_and_the_mask_end_is_one_rule(answer):
+    """The whole conversation tokenised once: ids equal apply_chat_template(tokenize=True) even where a token
+    spans the prompt and the answer ("\n\n"); the mask is transformers' generation mask, and a template without
+    markers masks the same tokens (the newline after the end marker the prompt's unless asked for)."""
+    transformers = pytest.importorskip("transformers", reason="the hf extra brings transformers")
+    from qkv.data import BPETokenizer
+    from qkv.data.chat_template import CHATML_TOKENS
+
+    chat = CHAT[:2] + [{"role": "assistant", "content": answer}] + CHAT[3:]
+    bpe = BPETokenizer.train([render(CHATML, chat)] * 20 + ["\n\n\n  x \n\n"] * 50, 300,
+                             special_tokens=CHATML_TOKENS)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe.tokenizer)
+    plain = GENERATION_TAGS.sub("", CHATML)
+    for template in (CHATML, plain):
+        hf.chat_template = template
+        assert encode_conversation(bpe, template, chat)[0] == list(hf.apply_chat_template(chat, tokenize=True,
+                                                                                          return_dict=False))
+    hf.chat_template = CHATML
+    out = hf.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert encode_conversation(bpe, CHATML, chat)[1] == encode_conversation(bpe, plain, chat)[1] \
+        == [bool(m) for m in out["assistant_masks"]]
+    ids, with_newline = encode_conversation(bpe, plain, chat, end_newline=True)
+    newline = [i for i, (a, b) in enumerate(zip(encode_conversation(bpe, plain, chat)[1], with_newline)) if a != b]
+    assert len(newline) == 2 and all(bpe.decode([ids[i]]) == "\n" for i in newline)  # after each <|im_end|>
+
+
 def test_two_processes_take_the_one_process_steps(tmp_path):
     """The loss is the mean over the step's answer tokens across processes too: the same run under torchrun with
     2 ranks (DDP, gloo) logs the one-process losses and ends with its weights."""
@@ -325,3 +414,40 @@ def test_two_processes_take_the_one_process_steps(tmp_path):
     one, two = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_batches_are_pinned_for_a_gpu_only():
+    from qkv.training.tasks.sft import pins_host_batches, to_device
+
+    assert pins_host_batches("cuda") and pins_host_batches(torch.device("cuda:1"))
+    assert not pins_host_batches("cpu") and not pins_host_batches(torch.device("cpu"))
+    x = torch.arange(6).view(2, 3)[:, 1:]  # a view, as a batch's shifted inputs
+    assert [t.tolist() for t in to_device([x], torch.device("cpu"))] == [[[1, 2], [4, 5]]]
+    if torch.cuda.is_available():
+        moved = to_device([x], torch.device("cuda"))[0]
+        assert moved.is_cuda and moved.tolist() == x.tolist()
+
+
+def test_the_loss_computes_the_answers_logits_alone_and_is_the_whole_ones(tmp_path):
+    """answer_window: the logits from the first counted target on; the step's loss and gradients are those of every
+    position's logits (the prompt's targets count nothing)."""
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe
+    from qkv.training.tasks.sft import answer_window
+
+    t = torch.tensor([[-100, -100, 5, 6, -100], [-100, -100, -100, 7, -100]])
+    assert answer_window(t) == 3 and answer_window(torch.full((2, 4), -100)) == 0
+    assert answer_window(torch.tensor([[1, -100]])) == 0  # from the first position: all
+    r = Recipe(sft_config(write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))), Dist())
+    r.setup()
+    micro = r.task.batch(r.task.train_rows, list(range(8))) + (1.0,)
+    assert 0 < micro[3] < micro[0].size(1)  # the prompts' positions left out
+    window = r.task.loss(r.model, micro)
+    window.backward()
+    grads = {n: p.grad.clone() for n, p in r.model.named_parameters()}
+    r.model.zero_grad()
+    whole = r.task.loss(r.model, micro[:3] + (0, 1.0))
+    whole.backward()
+    assert window.item() == pytest.approx(whole.item(), rel=1e-6)
+    for n, p in r.model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)

@@ -23,7 +23,7 @@ TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(
 
 
 def test_each_task_brings_its_options_and_defaults():
-    lm, tr = TrainConfig(max_steps=1), TrainConfig(task="translate", max_steps=1)
+    lm, tr = TrainConfig(max_steps=1000), TrainConfig(task="translate", max_steps=1000)  # warmup: the task's
     assert lm.task_options == TaskOptions() and TaskOptions.names() == ()  # language modelling has none
     assert tr.task_options == TranslationOptions(target_lang="zh_CN", label_smoothing=0.1, copy=True, num_beams=4,
                                                  length_penalty=0.6)

@@ -25,9 +25,9 @@ def cfg(**kw) -> TrainConfig:
 
 def test_lr_schedule_warms_up_then_follows_a_cosine():
     c = cfg(lr=1.0, warmup_steps=4, min_lr_ratio=0.1)
-    assert [lr_at(c, s, 0.0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert lr_at(c, 10, 0.5) == pytest.approx(0.55)
-    assert lr_at(c, 10, 1.0) == pytest.approx(0.1)
+    assert [lr_at(c, s, s / 20) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert lr_at(c, 12, 0.6) == pytest.approx(0.55)  # halfway from the warmup's end to the budget's
+    assert lr_at(c, 20, 1.0) == pytest.approx(0.1)
 
 
 def test_compressors_and_eval_windows():

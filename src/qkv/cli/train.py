@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..generation.backends import BACKENDS
 from ..training.optim import OPTIMIZERS, SCHEDULES
+from ..training.tasks.dpo import LOSSES as DPO_LOSSES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
@@ -26,7 +27,8 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--pairs": ("data", str, "translate: the same as --data"),
     "--target-lang": ("target_lang", str, "translate: the catalogs' target language (default zh_CN; any locale "
                       "under /usr/share/locale)"),
-    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's)"),
+    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's); dpo: "
+                          "the robust loss's ε, the share of pairs thought mislabelled (default 0)"),
     "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
     "--val-data": ("val_data", str, "sft, dpo: held-out conversations or pairs (JSONL; default: 5 %% of --data, chosen by a hash "
                    "of each conversation)"),
@@ -37,8 +39,15 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                   "within itself with positions restarting (no padding: more tokens a step)"),
     "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
                    "(never an answer); without it such a conversation is an error"),
+    "--mask-end-of-turn-newline": ("mask_end_of_turn_newline", bool, "sft, dpo: the loss counts the newlines a chat "
+                                   "template writes after an answer's end-of-turn marker too (default: not, for "
+                                   "every template)"),
+    "--eval-generate": ("eval_generate", int, "sft: at the end, greedy answers to N held-out conversations, scored "
+                        "by exact match and chrF against theirs (default 0: the held-out loss alone)"),
     "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
-    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), ipo or hinge"),
+    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each "
+                   "answer's tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero or "
+                   "apo_down: TRL's losses of those names"),
     "--precompute-ref": ("precompute_ref", bool, "dpo: the reference's log-probabilities computed once before "
                          "training, then its copy dropped (without --lora)"),
     "--max-steps": ("max_steps", int, "optimizer steps (0: evaluate the starting model and write the summary)"),
@@ -59,7 +68,11 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                   "are scaled to AdamW's size)"),
     "--schedule": ("schedule", str, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last fifth "
                    "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
-                   "(warmup, then cosine decay over the budget; the default for every other run)"),
+                   "(warmup, then cosine decay over the rest of the budget; the default for every other run)"),
+    "--warmup-steps": ("warmup_steps", int, "steps of linear warmup from 0 to --lr before the decay (default: "
+                       "the task's, 50 for lm, 40 translate, 20 sft, 10 dpo, and at most a tenth of --max-steps)"),
+    "--warmup-ratio": ("warmup_ratio", float, "warmup over this share of --max-steps, rounded up (as transformers' "
+                       "warmup_ratio); instead of --warmup-steps"),
     "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
     "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune this finished qkv run directory (one with "
                     "summary.json): its final weights, model shape, tokenizer and (an sft or dpo run's) chat "
@@ -86,7 +99,7 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                                    "the backward: less memory, about a third more compute"),
 }
 CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate", "sft", "dpo"), "--optimizer": OPTIMIZERS,
-           "--schedule": SCHEDULES, "--dpo-loss": ("sigmoid", "ipo", "hinge")}
+           "--schedule": SCHEDULES, "--dpo-loss": DPO_LOSSES}
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)
@@ -144,6 +157,11 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p
+
+
+def token_count(n: int) -> str:
+    """``n`` tokens in words: "1,632 tokens" below a million, "2.35 M tokens" from there."""
+    return f"{n:,} tokens" if n < 1_000_000 else f"{n / 1e6:.2f} M tokens"
 
 
 def fresh_run_dir(preset: str) -> str:
@@ -225,7 +243,7 @@ def run_train(args: argparse.Namespace) -> int:
     k = s["trainable_parameters"]
     trained = f" ({k:,} trained: {100 * k / s['parameters']:.2f} %)" if k < s["parameters"] else ""
     print(f"run: {result.path}  ({s['parameters'] / 1e6:.2f} M parameters{trained}, {s['tokenizer']} tokenizer, "
-          f"{s['steps']} steps, {s['tokens'] / 1e6:.2f} M tokens, {s['tokens_per_s']:.0f} tokens/s)")
+          f"{s['steps']} steps, {token_count(s['tokens'])}, {s['tokens_per_s']:.0f} tokens/s)")
     print("\n".join(make_task(cfg.task).result_lines(s)))
     if args.sample_tokens > 0 and isinstance(result.model, GPT) and cfg.task == "lm":  # a chat run: qkv sample --chat
         print_sample(result, cfg, args.sample_tokens)

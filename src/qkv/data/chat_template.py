@@ -124,21 +124,67 @@ def prefix_segments(template: str, messages, **tokens) -> list[tuple[str, bool]]
 
 def plain_ids(tokenizer, text: str) -> list[int]:
     """``text``'s ids without the special tokens a tokenizer adds by itself (the template places its own)."""
+    return ids_and_offsets(tokenizer, text)[0]
+
+
+def ids_and_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """(ids, each token's (start, end) characters in ``text``, or None where the tokenizer gives none), without the
+    special tokens a tokenizer adds by itself."""
     backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "tokenizer", None)  # hf's, or qkv's BPE's
     if backend is not None and hasattr(backend, "convert_ids_to_tokens"):  # a transformers tokenizer
-        return list(backend.encode(text, add_special_tokens=False))
+        if not getattr(backend, "is_fast", False):
+            return list(backend.encode(text, add_special_tokens=False)), None
+        out = backend(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(out["input_ids"]), [tuple(o) for o in out["offset_mapping"]]
     if backend is not None:  # a tokenizers.Tokenizer (a LLaMA one would add its BOS)
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text)
+        out = backend.encode(text, add_special_tokens=False)
+        return out.ids, list(out.offsets)
+    ids = tokenizer.encode(text)
+    return ids, ([(i, i + 1) for i in range(len(text))] if len(ids) == len(text) else None)  # one id a character
+
+
+def turn_ends(pieces: list[tuple[str, bool]], end_newline: bool) -> list[tuple[str, bool]]:
+    """The pieces with the newlines right after each answer given to the prompt (the next piece), or with
+    ``end_newline`` to the answer: the same end of turn whichever way the answer was found."""
+    out = [list(p) for p in pieces] + [["", False]]
+    for i in range(len(out) - 1):
+        text, answer = out[i]
+        if not answer or out[i + 1][1]:
+            continue
+        if end_newline:
+            after = out[i + 1][0]
+            kept = after.lstrip("\n")
+            out[i][0], out[i + 1][0] = text + after[:len(after) - len(kept)], kept
+        elif text.rstrip("\n"):
+            kept = text.rstrip("\n")
+            out[i][0], out[i + 1][0] = kept, text[len(kept):] + out[i + 1][0]
+    return [(text, answer) for text, answer in out if text]
+
+
+def encode_pieces(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
+    """(ids, trained) of the pieces' text tokenised whole: a token is trained when its characters touch a piece
+    marked True (an empty one: when it stands inside one); a tokenizer without offsets tokenises piece by piece."""
+    text = "".join(t for t, _ in pieces)
+    ids, offsets = ids_and_offsets(tokenizer, text)
+    if offsets is None:
+        ids, trained = [], []
+        for piece, answer in pieces:
+            piece_ids = ids_and_offsets(tokenizer, piece)[0]
+            ids, trained = ids + piece_ids, trained + [answer] * len(piece_ids)
+        return ids, trained
+    inside, at = [False] * (len(text) + 1), 0
+    for piece, answer in pieces:
+        inside[at:at + len(piece)] = [answer] * len(piece)
+        at += len(piece)
+    return ids, [any(inside[s:e]) if e > s else inside[s] for s, e in offsets]
 
 
 def encode_conversation(tokenizer, template: str, messages, *, train_on_prompt: bool = False,
-                        **tokens) -> tuple[list[int], list[bool]]:
-    """(ids, trained): the conversation's token ids and, per token, whether the loss counts it (the
-    assistant's, or every token with ``train_on_prompt``)."""
-    ids, trained = [], []
-    for text, answer in segments(template, messages, **tokens):
-        piece = plain_ids(tokenizer, text)
-        ids += piece
-        trained += [answer or train_on_prompt] * len(piece)
-    return ids, trained
+                        end_newline: bool = False, context_answers: int = 0, **tokens) -> tuple[list[int], list[bool]]:
+    """(ids, trained): the conversation's token ids and, per token, whether the loss counts it (the assistant's
+    answers but the first ``context_answers`` of them, or every token with ``train_on_prompt``)."""
+    pieces, seen = [], 0
+    for text, answer in turn_ends(segments(template, messages, **tokens), end_newline):
+        pieces.append((text, train_on_prompt or (answer and seen >= context_answers)))
+        seen += int(answer)
+    return encode_pieces(tokenizer, pieces)

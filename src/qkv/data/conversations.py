@@ -6,7 +6,12 @@ One record a line (JSONL), each record's format detected:
     sharegpt     {"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}, ...]}
     alpaca       {"instruction": "...", "input": "...", "output": "...", "system": "..."}  (input and system
                  optional; instruction and input joined by a blank line, as LLaMA-Factory does)
-    preference   {"prompt": ..., "chosen": ..., "rejected": ...}: each a string or a list of messages (TRL)
+    completion   {"prompt": ..., "completion": ...}: TRL's prompt-completion form; strings are raw text (no chat
+                 template, the completion ends with the EOS), lists are messages
+    preference   {"prompt": ..., "chosen": ..., "rejected": ...} as TRL takes them: all lists of messages
+                 (conversational), or all strings (raw text: prompt + answer + EOS, no chat template); without
+                 "prompt", the prompt is the longest common beginning of chosen and rejected (TRL's implicit prompt,
+                 ``implicit_prompt``)
 
 ``--data`` is such a file, a directory of ``*.jsonl`` / ``*.json`` files, or a Hugging Face ``datasets`` folder on
 disk (``save_to_disk``, or Parquet files), read through ``datasets``. Every error names the file and line.
@@ -30,20 +35,26 @@ class Record:
 
 @dataclass(frozen=True)
 class Conversation:
-    """Messages ({"role", "content"}, roles in order) and where they were read."""
+    """Messages ({"role", "content"}, roles in order) and where they were read. ``raw``: a prompt-completion record
+    of strings (messages: the prompt as the user's, the completion as the assistant's), rendered as plain text;
+    ``context_answers``: the assistant turns at the start that are the prompt's (not learnt)."""
 
     messages: tuple[dict, ...]
     where: str = ""
+    raw: bool = False
+    context_answers: int = 0
 
 
 @dataclass(frozen=True)
 class Preference:
-    """A prompt (messages ending with the user's) and two answers (assistant messages): chosen, rejected."""
+    """A prompt (messages ending with the user's) and two answers (assistant messages): chosen, rejected; or, with
+    ``raw``, three strings: the text before the answers and the two answers (no chat template)."""
 
-    prompt: tuple[dict, ...]
-    chosen: tuple[dict, ...]
-    rejected: tuple[dict, ...]
+    prompt: tuple[dict, ...] | str
+    chosen: tuple[dict, ...] | str
+    rejected: tuple[dict, ...] | str
     where: str = ""
+    raw: bool = False
 
 
 # --- reading records -------------------------------------------------------------------------
@@ -98,8 +109,10 @@ def read_records(path: str | os.PathLike) -> list[Record]:
 # --- formats ----------------------------------------------------------------------------------------
 
 def record_format(record: Record) -> str:
-    """messages | sharegpt | alpaca | preference; ValueError naming the record's keys when none fits."""
+    """messages | sharegpt | alpaca | completion | preference; ValueError naming the record's keys when none fits."""
     keys = set(record.data)
+    if {"prompt", "completion"} <= keys and not {"chosen", "rejected"} & keys:
+        return "completion"
     if {"prompt", "chosen", "rejected"} & keys and "messages" not in keys:
         return "preference"
     for name, needed in (("messages", {"messages"}), ("sharegpt", {"conversations"}),
@@ -107,8 +120,8 @@ def record_format(record: Record) -> str:
         if needed <= keys:
             return name
     raise ValueError(f"{record.where}: a record of no known format (keys {sorted(keys)}); expected 'messages', "
-                     "'conversations' (sharegpt), 'instruction' + 'output' (alpaca) or 'prompt' + 'chosen' + "
-                     "'rejected' (preference)")
+                     "'conversations' (sharegpt), 'instruction' + 'output' (alpaca), 'prompt' + 'completion' or "
+                     "'chosen' + 'rejected' (preference)")
 
 
 def as_messages(value, where: str, what: str) -> list[dict]:
@@ -144,10 +157,13 @@ def check_order(messages: list[dict], where: str, *, ends_with: str | None = Non
 
 
 def conversation(record: Record) -> Conversation:
-    """The record (messages, sharegpt or alpaca) as a checked conversation with at least one assistant turn."""
+    """The record (messages, sharegpt, alpaca or prompt-completion) as a checked conversation with at least one
+    assistant turn."""
     kind, d, where = record_format(record), record.data, record.where
     if kind == "preference":
         raise ValueError(f"{where}: a preference record (prompt, chosen, rejected); --task sft takes conversations")
+    if kind == "completion":
+        return prompt_completion(d, where)
     if kind == "alpaca":
         user = d["instruction"] + (f"\n\n{d['input']}" if d.get("input") else "")
         messages = ([{"role": "system", "content": d["system"]}] if d.get("system") else []) + \
@@ -161,20 +177,49 @@ def conversation(record: Record) -> Conversation:
     return Conversation(tuple(messages), where)
 
 
+def prompt_completion(d: dict, where: str) -> Conversation:
+    """TRL's prompt-completion record: two strings (raw text), or the prompt's messages and the completion's."""
+    prompt, completion = d["prompt"], d["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return Conversation(({"role": "user", "content": prompt}, {"role": "assistant", "content": completion}),
+                            where, raw=True)
+    if isinstance(prompt, str) or isinstance(completion, str):
+        raise ValueError(f"{where}: prompt and completion must both be strings (raw text) or both lists of messages")
+    before, after = as_messages(prompt, where, "prompt"), as_messages(completion, where, "completion")
+    check_order(before, where, ends_with="user")
+    check_order(before + after, where)
+    return Conversation(tuple(before + after), where, context_answers=sum(m["role"] == "assistant" for m in before))
+
+
+def implicit_prompt(chosen, rejected) -> tuple:
+    """(prompt, chosen, rejected) of a pair without a prompt, as TRL's ``extract_prompt``: the prompt is the longest
+    common beginning (of the strings, or of the message lists); a space before the first difference is the
+    answers'."""
+    n = min(len(chosen), len(rejected))
+    at = next((i for i in range(n) if chosen[i] != rejected[i]), n - 1)
+    if 0 < at < n and chosen[at] != rejected[at] and chosen[at - 1] == " ":
+        at -= 1
+    return chosen[:at], chosen[at:], rejected[at:]
+
+
 def preference(record: Record) -> Preference:
-    """The record (TRL's prompt / chosen / rejected, strings or messages) as a checked preference pair."""
+    """The record (TRL's prompt / chosen / rejected, all strings or all messages; the prompt implicit in the
+    answers where absent) as a checked preference pair."""
     d, where = record.data, record.where
-    missing = [k for k in ("prompt", "chosen", "rejected") if k not in d]
+    missing = [k for k in ("chosen", "rejected") if k not in d]
     if missing:
         raise ValueError(f"{where}: a preference record missing {' and '.join(repr(k) for k in missing)}")
-    prompt = [{"role": "user", "content": d["prompt"]}] if isinstance(d["prompt"], str) else \
-        as_messages(d["prompt"], where, "prompt")
+    values = (d["prompt"], d["chosen"], d["rejected"]) if "prompt" in d else implicit_prompt(d["chosen"], d["rejected"])
+    if all(isinstance(v, str) for v in values):
+        return Preference(*values, where, raw=True)
+    if any(isinstance(v, str) for v in values):
+        raise ValueError(f"{where}: prompt, chosen and rejected must all be strings (raw text) or all lists of "
+                         "messages")
+    prompt = as_messages(values[0], where, "prompt")
     check_order(prompt, where, ends_with="user")
     answers = {}
-    for key in ("chosen", "rejected"):
-        value = d[key]
-        answers[key] = [{"role": "assistant", "content": value}] if isinstance(value, str) else \
-            as_messages(value, where, key)
+    for key, value in zip(("chosen", "rejected"), values[1:]):
+        answers[key] = as_messages(value, where, key)
         if any(m["role"] != "assistant" for m in answers[key]):
             raise ValueError(f"{where}: {key} must hold the assistant's answer alone")
     return Preference(tuple(prompt), tuple(answers["chosen"]), tuple(answers["rejected"]), where)

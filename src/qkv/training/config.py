@@ -14,7 +14,7 @@ from .run_dir import RunDir, run_base_tokenizer
 from .finetune import DEFAULT_LORA_TARGETS, BaseSource, base_source
 from ..models import PRESETS, ModelConfig
 from ..runtime import device_type, native_bf16
-from .optim import check_optimizer_options
+from .optim import check_optimizer_options, default_warmup, ratio_warmup
 from .sharding import check_sharding
 from .tasks import Task, TaskOptions, option_owner, task_options, task_type
 from .tasks.base import NATIVE, RECIPE
@@ -70,7 +70,8 @@ class TrainConfig:
     schedule: str | None = None  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth);
     # None as optimizer: the preset's (wsd for the demo and translate presets from scratch), else cosine
     fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
-    warmup_steps: int | None = None
+    warmup_steps: int | None = None  # None: warmup_ratio's, else the task's, at most a tenth of max_steps
+    warmup_ratio: float | None = None  # warmup over ⌈ratio · max_steps⌉ steps (needs max_steps); read into warmup_steps
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -121,6 +122,7 @@ class TrainConfig:
         task = task or task_type(self.task)
         if self.preset is None and self.model is None and self.init_from_hf is None and self.init_from is None:
             self.preset = task.defaults.preset_for(device_type(self.device))
+        self.resolve_warmup(task)
         for name in TASK_DEFAULTED:  # a run's base leaves the preset None: the run has the shape
             if getattr(self, name) is None and not (name == "preset" and self.init_from):
                 setattr(self, name, task.defaults.value(name, self.preset, self.model,
@@ -160,6 +162,17 @@ class TrainConfig:
             raise ValueError("--resume and --overwrite contradict each other; pass one")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out (the run directory to continue)")
+
+    def resolve_warmup(self, task: type[Task]) -> None:
+        """``warmup_steps`` from ``warmup_ratio`` (then None), else the task's default for the step budget."""
+        if self.warmup_ratio is not None:
+            steps = ratio_warmup(self.warmup_ratio, self.max_steps)
+            if self.warmup_steps is not None and self.warmup_steps != steps:
+                raise ValueError(f"--warmup-steps {self.warmup_steps} and --warmup-ratio {self.warmup_ratio} "
+                                 f"({steps} steps of {self.max_steps}) disagree; give one")
+            self.warmup_steps, self.warmup_ratio = steps, None
+        elif self.warmup_steps is None:
+            self.warmup_steps = default_warmup(task.defaults.warmup_steps, self.max_steps)
 
     def check_device(self) -> None:
         """bf16 asked for on a GPU without it: refused here, before anything is read or written (a bad device

@@ -12,11 +12,16 @@ Muon orthogonalises each matrix's momentum (Newton–Schulz) and scales the resu
 update ("Muon is Scalable for LLM Training", Liu et al. 2025; torch's ``adjust_lr_fn="match_rms_adamw"``),
 so the peak ``lr`` and ``weight_decay`` that suit AdamW suit it too; ``muon_lr`` sets its peak apart.
 
-Schedules (``TrainConfig.schedule``), both after a linear warmup over ``warmup_steps``:
+Schedules (``TrainConfig.schedule``), both after a linear warmup from 0 to lr over the first W =
+``warmup_steps`` steps (step s < W: lr · s / W, as transformers' schedulers):
 
-    cosine  cosine decay from lr to lr · min_lr_ratio over the whole budget
+    cosine  lr · (m + (1 − m) · ½ (1 + cos π p)) over the remaining steps, p = (s − W) / (N − W) from 0 to 1,
+            m = min_lr_ratio (transformers' ``get_cosine_with_min_lr_schedule_with_warmup``; m = 0 is
+            ``get_cosine_schedule_with_warmup``)
     wsd     warmup-stable-decay: lr held until the last WSD_DECAY of the budget, then a linear decay to
             lr · min_lr_ratio (Hu et al. 2024, "MiniCPM", §4)
+
+N is the step budget; a time or token budget measures p by the share of it spent instead.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from .muon import Muon, ns_dtype_for
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 WSD_DECAY = 0.2  # wsd: the final fraction of the budget over which the learning rate decays
+DEFAULT_WARMUP_RATIO = 0.1  # a run that names no warmup warms up over at most this share of its steps
 
 
 def check_optimizer_options(cfg) -> None:
@@ -50,15 +56,36 @@ def check_optimizer_options(cfg) -> None:
 
 
 def lr_at(cfg, step: int, progress: float) -> float:
-    """The learning rate of optimizer step ``step`` (from 0) with ``progress`` (0 to 1) of the budget spent:
-    linear warmup over ``warmup_steps``, then ``cfg.schedule``'s decay to lr · min_lr_ratio."""
-    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    """The learning rate of optimizer step ``step`` (from 0) with ``progress`` (0 to 1) of the budget spent
+    before it: lr · step / W during the warmup (W = ``warmup_steps``), then ``cfg.schedule``'s decay from lr to
+    lr · min_lr_ratio over the rest of the budget."""
+    W = cfg.warmup_steps
+    if step < W:
+        return cfg.lr * step / W
     progress = min(1.0, progress)
     if cfg.schedule == "wsd":
         decay = min(1.0, (1.0 - progress) / WSD_DECAY)  # 1 while stable, then linear down to 0
     else:
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+        warmed = progress * W / step if step else 0.0  # the budget's share the warmup took: W / N for a step budget
+        after = (progress - warmed) / (1.0 - warmed) if warmed < 1 else 1.0  # (s − W) / (N − W)
+        decay = 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, after))))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+
+
+def default_warmup(task_steps: int, max_steps: int | None) -> int:
+    """The warmup of a run that names none: the task's ``task_steps``, but at most DEFAULT_WARMUP_RATIO of a step
+    budget (rounded up), so that a short run reaches its peak."""
+    return task_steps if not max_steps else min(task_steps, math.ceil(DEFAULT_WARMUP_RATIO * max_steps))
+
+
+def ratio_warmup(ratio: float, max_steps: int | None) -> int:
+    """``warmup_ratio``'s steps: ⌈ratio · max_steps⌉, as transformers' ``TrainingArguments.get_warmup_steps``;
+    ValueError without a step budget or for a ratio outside [0, 1)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise ValueError(f"warmup_ratio must be a number in [0, 1), got {ratio!r}")
+    if not max_steps:
+        raise ValueError("--warmup-ratio is a share of --max-steps: give --max-steps, or --warmup-steps N instead")
+    return math.ceil(ratio * max_steps)
 
 
 def set_lr(opt, lr: float) -> None:

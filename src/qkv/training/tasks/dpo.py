@@ -1,14 +1,23 @@
-"""Preference tuning: Direct Preference Optimization (Rafailov et al. 2023) and its IPO and hinge variants.
+"""Preference tuning: Direct Preference Optimization (Rafailov et al. 2023) and the variants TRL trains.
 
 For a prompt x with a chosen answer y_w and a rejected one y_l, with log π(y | x) the sum of the answer's
-token log-probabilities under the model being trained and log π_ref under the reference (the starting weights):
+token log-probabilities under the model being trained and log π_ref under the reference (the starting weights),
+ρ_w = log π(y_w|x) − log π_ref(y_w|x), ρ_l likewise, h = ρ_w − ρ_l, |y| an answer's tokens, ε = label_smoothing:
 
-    h = [log π(y_w|x) − log π_ref(y_w|x)] − [log π(y_l|x) − log π_ref(y_l|x)]
-    sigmoid   loss = −log σ(β h)                         (DPO, eq. 7)
-    ipo       loss = (h − 1 / (2β))²                     (Azar et al. 2023, "A General Theoretical Paradigm…", eq. 17)
-    hinge     loss = max(0, 1 − β h)                     (SLiC, Zhao et al. 2023)
-    rewards   r_w = β [log π(y_w|x) − log π_ref(y_w|x)], r_l likewise; accuracy = mean(r_w > r_l), margin = mean(r_w − r_l)
+    sigmoid       −log σ(β h)                                           (DPO, eq. 7)
+    hinge         max(0, 1 − β h)                                       (SLiC, Zhao et al. 2023)
+    ipo           (ρ_w / |y_w| − ρ_l / |y_l| − 1 / (2β))²               (Azar et al. 2023, eq. 17; each log-ratio
+                                                                         averaged over its answer's tokens, as TRL)
+    sigmoid_norm  −log σ(β (ρ_w / |y_w| − ρ_l / |y_l|))                 (TRL's length-normalised DPO)
+    robust        (−(1 − ε) log σ(β h) + ε log σ(−β h)) / (1 − 2ε)      (rDPO, Chowdhury et al. 2024)
+    bco_pair      −log σ(β ρ_w) − log σ(−β ρ_l)                         (BCO, Jung et al. 2024, paired)
+    sppo_hard     (ρ_w − 1 / (2β))² + (ρ_l + 1 / (2β))²                 (SPPO, Wu et al. 2024, hard labels)
+    nca_pair      −log σ(β ρ_w) − ½ log σ(−β ρ_w) − ½ log σ(−β ρ_l)     (NCA, Chen et al. 2024)
+    apo_zero      1 − σ(β ρ_w) + σ(β ρ_l)                               (APO, D'Oosterlinck et al. 2024, eq. 7)
+    apo_down      σ(β ρ_w) + 1 − σ(β h)                                 (APO, eq. 8)
+    rewards       r_w = β ρ_w, r_l = β ρ_l; accuracy = mean(r_w > r_l), margin = mean(r_w − r_l)
 
+Each is TRL's ``DPOTrainer`` loss of the same name (tests/test_dpo.py compares them on the same log-probabilities).
 The reference is the starting weights: with ``--lora`` the same model with its adapters switched off (no copy);
 without, a frozen copy — or, with ``--precompute-ref``, its log-probabilities computed once and the copy dropped.
 Everything else — data, chat template, tokenizer, context — is the SFT task's (``qkv.training.tasks.sft``).
@@ -24,12 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...data.chat_template import plain_ids, segments
+from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
 from .base import SCRATCH, TaskDefaults, TaskOptions
 from .sft import SFTTask
 
-LOSSES = ("sigmoid", "ipo", "hinge")
+LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
+          "apo_down")
 REWARD_FIELDS = ("val_loss", "val_reward_accuracy", "val_reward_margin", "val_rewards_chosen", "val_rewards_rejected")
 
 
@@ -43,33 +53,58 @@ class DPOOptions(TaskOptions):
     beta: float = 0.1
     dpo_loss: str = "sigmoid"
     precompute_ref: bool = False
+    label_smoothing: float = 0.0  # ε of the robust loss: the share of pairs thought mislabelled
+    mask_end_of_turn_newline: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.beta > 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.dpo_loss not in LOSSES:
             raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.dpo_loss!r}")
 
 
-def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
-                    kind: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
-    """(losses (B,), chosen rewards (B,), rejected rewards (B,)) from summed answer log-probabilities (B,) each."""
-    h = (chosen - ref_chosen) - (rejected - ref_rejected)
-    if kind == "sigmoid":
-        losses = -F.logsigmoid(beta * h)
-    elif kind == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif kind == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:
+def pair_losses(rho_w: Tensor, rho_l: Tensor, *, beta: float, kind: str, lengths: tuple[Tensor, Tensor],
+                label_smoothing: float) -> Tensor:
+    """Loss ``kind`` (B,) of the log-ratios ρ_w, ρ_l (B,) each; ``lengths``: the answers' tokens (B,) each."""
+    h, ls = rho_w - rho_l, F.logsigmoid
+    if kind in ("ipo", "sigmoid_norm"):
+        avg = rho_w / lengths[0].clamp(min=1) - rho_l / lengths[1].clamp(min=1)
+        return (avg - 1 / (2 * beta)) ** 2 if kind == "ipo" else -ls(beta * avg)
+    if kind == "robust":
+        eps = label_smoothing
+        return (-(1 - eps) * ls(beta * h) + eps * ls(-beta * h)) / (1 - 2 * eps)
+    w, l = beta * rho_w, beta * rho_l
+    table = {"sigmoid": lambda: -ls(beta * h), "hinge": lambda: torch.relu(1 - beta * h),
+             "bco_pair": lambda: -ls(w) - ls(-l),
+             "sppo_hard": lambda: (rho_w - 0.5 / beta) ** 2 + (rho_l + 0.5 / beta) ** 2,
+             "nca_pair": lambda: -ls(w) - 0.5 * ls(-w) - 0.5 * ls(-l),
+             "apo_zero": lambda: 1 - torch.sigmoid(w) + torch.sigmoid(l),
+             "apo_down": lambda: torch.sigmoid(w) + 1 - torch.sigmoid(beta * h)}
+    if kind not in table:
         raise ValueError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {kind!r}")
-    return losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
+    return table[kind]()
 
 
-def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
-    """Σ log p(target) over the positions whose target is not −100: inputs, targets (B, L) -> (B,)."""
-    logits = model(inputs).logits.float()  # (B, L, V)
+def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float,
+                    kind: str = "sigmoid", lengths: tuple[Tensor, Tensor] | None = None,
+                    label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """(losses (B,), chosen rewards (B,), rejected rewards (B,)) from summed answer log-probabilities (B,) each;
+    ``lengths`` (the answers' tokens, (B,) each) is needed by the length-averaged losses (ipo, sigmoid_norm)."""
+    if lengths is None and kind in ("ipo", "sigmoid_norm"):
+        raise ValueError(f"the {kind} loss averages each log-ratio over its answer: give lengths")
+    rho_w, rho_l = chosen - ref_chosen, rejected - ref_rejected
+    losses = pair_losses(rho_w, rho_l, beta=beta, kind=kind, lengths=lengths, label_smoothing=label_smoothing)
+    return losses, beta * rho_w.detach(), beta * rho_l.detach()
+
+
+def answer_logps(model: nn.Module, inputs: Tensor, targets: Tensor, keep: int = 0) -> Tensor:
+    """Σ log p(target) over the positions whose target is not −100: inputs, targets (B, L) -> (B,); ``keep``: the
+    last positions that hold them all (``answer_window``; 0: all), the only logits computed."""
+    logits = model(inputs, logits_to_keep=keep).logits.float()  # (B, keep or L, V)
+    targets = targets[:, -keep:]
     kept = targets != -100
     picked = torch.gather(logits.log_softmax(-1), 2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, L)
     return (picked * kept).sum(-1)
@@ -114,20 +149,22 @@ class DPOTask(SFTTask):
         return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
 
     def fit_messages(self) -> list:
-        return [p.prompt + answer for p in self.train_set for answer in (p.chosen, p.rejected)]
+        return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
+                for p in self.train_set for answer in (p.chosen, p.rejected)]
 
     def encode(self, p: Preference) -> tuple:
         """(chosen ids, chosen scored, rejected ids, rejected scored, where): each answer after the prompt."""
         return (*self.scored(p.prompt, p.chosen), *self.scored(p.prompt, p.rejected), p.where)
 
     def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
-        ids, scored = [], []
-        asked = sum(m["role"] == "assistant" for m in prompt)  # answers inside the prompt are context
-        for text, is_answer in segments(self.template, list(prompt + answer), **self.template_tokens):
-            piece = plain_ids(self.tokenizer, text)
-            ids += piece
-            scored += [is_answer and asked <= 0] * len(piece)
-            asked -= int(is_answer)
+        """(ids, scored) of the prompt and one answer: the answer's tokens scored, the prompt's answers context."""
+        if isinstance(prompt, str):  # a raw pair: text, no chat template
+            ids, scored = self.raw_ids(prompt, answer)
+            return torch.tensor(ids), torch.tensor(scored)
+        asked = sum(m["role"] == "assistant" for m in prompt)
+        ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
+                                          end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
+                                          **self.template_tokens)
         return torch.tensor(ids), torch.tensor(scored)
 
     def build_model(self, mconf) -> nn.Module:
@@ -156,10 +193,12 @@ class DPOTask(SFTTask):
         return c_ids, c_scored, r_ids, r_scored, where
 
     # --- training ---------------------------------------------------------------------------------
-    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor]:
-        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers."""
+    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, int]:
+        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
+        ``answer_window``."""
         seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
-        return self.batch(seqs, list(range(len(seqs))))[:2]
+        inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
+        return inputs, targets, keep
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)
@@ -172,12 +211,12 @@ class DPOTask(SFTTask):
         if reference and self.ref_logps is not None:
             cached = self.ref_logps[split][indices].to(self.device)
             return cached[:, 0], cached[:, 1]
-        inputs, targets = self.pair_batch(rows, indices)
+        batch = self.pair_batch(rows, indices)
         if not reference:
-            both = answer_logps(model, inputs, targets)
+            both = answer_logps(model, *batch)
         else:
             with torch.no_grad(), (adapters_off(model) if self.lora else nullcontext()):
-                both = answer_logps(model if self.lora else self.reference_on_device(), inputs, targets)
+                both = answer_logps(model if self.lora else self.reference_on_device(), *batch)
         return both[:len(indices)], both[len(indices):]
 
     def reference_on_device(self) -> nn.Module:
@@ -190,9 +229,17 @@ class DPOTask(SFTTask):
             self.precompute()
         chosen, rejected = self.pair_logps(model, micro, reference=False)
         ref_chosen, ref_rejected = self.pair_logps(model, micro, reference=True)
-        losses, _, _ = preference_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.options.beta,
-                                       kind=self.options.dpo_loss)
+        losses, _, _ = self.pair_loss(micro, chosen, rejected, ref_chosen, ref_rejected)
         return losses.mean()
+
+    def pair_loss(self, micro, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``preference_loss`` of the options on the pairs of ``micro``: (chosen, rejected, their references)."""
+        indices, split = micro
+        rows = self.train_rows if split == "train" else self.val_rows
+        lengths = tuple(torch.tensor([int(rows[i][k][1:].sum()) for i in indices], device=self.device)
+                        for k in (1, 3))  # each answer's scored targets
+        return preference_loss(*logps, beta=self.options.beta, kind=self.options.dpo_loss, lengths=lengths,
+                               label_smoothing=self.options.label_smoothing)
 
     @torch.no_grad()
     def precompute(self) -> None:
@@ -203,8 +250,7 @@ class DPOTask(SFTTask):
             parts = []
             for lo in range(0, len(rows), 32):
                 indices = list(range(lo, min(lo + 32, len(rows))))
-                inputs, targets = self.pair_batch(rows, indices)
-                both = answer_logps(model, inputs, targets)
+                both = answer_logps(model, *self.pair_batch(rows, indices))
                 parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
             out[split] = torch.cat(parts)
         self.ref_logps, self.reference = out, None
@@ -221,8 +267,7 @@ class DPOTask(SFTTask):
             with autocast():
                 chosen, rejected = self.pair_logps(model, micro, reference=False)
                 ref = self.pair_logps(model, micro, reference=True)
-            losses, r_w, r_l = preference_loss(chosen, rejected, *ref, beta=self.options.beta,
-                                               kind=self.options.dpo_loss)
+            losses, r_w, r_l = self.pair_loss(micro, chosen, rejected, *ref)
             sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
                                  torch.tensor(float(len(micro[0])), device=self.device)]).double()
         model.train(was)

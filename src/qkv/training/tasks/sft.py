@@ -22,30 +22,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...data import BPETokenizer
-from ...data.chat_template import CHATML, CHATML_TOKENS, encode_conversation, plain_ids, render, template_source
+from ...data.chat_template import (CHATML, CHATML_TOKENS, encode_conversation, encode_pieces, plain_ids, render,
+                                   template_source)
 from ...data.conversations import Conversation, catalog_conversations, load_conversations
 from ...models import GPT, ModelConfig
 from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
 EVAL_CONVERSATIONS = 256  # held-out conversations of each periodic validation
-ANSWERED = 64  # held-out conversations answered greedily at the end (exact match, chrF)
 TEMPLATE_FILE = "chat_template.jinja"  # the template a run trained with, in its directory
 
 
 @dataclass(frozen=True)
 class SFTOptions(TaskOptions):
     """``--val-data``, ``--train-on-prompt``, ``--chat-template`` (chatml, a file or a template; default the
-    checkpoint's, ChatML from scratch), ``--truncate`` (cut a long conversation's prompt from the left) and
-    ``--packing`` (conversations packed into full rows, each attending within itself)."""
+    checkpoint's, ChatML from scratch), ``--truncate`` (cut a long conversation's prompt from the left),
+    ``--packing`` (conversations packed into full rows, each attending within itself), ``--mask-end-of-turn-newline``
+    and ``--eval-generate N`` (greedy answers to N held-out conversations at the end: exact match, chrF)."""
 
-    FREE_ON_RESUME = ()
+    FREE_ON_RESUME = ("eval_generate",)
     val_data: str = ""
     train_on_prompt: bool = False
     chat_template: str = ""
     truncate: bool = False
     packing: bool = False
+    mask_end_of_turn_newline: bool = False  # the loss counts the newlines a template writes after an answer's end
+    eval_generate: int = 0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval_generate < 0:
+            raise ValueError(f"eval_generate must be >= 0, got {self.eval_generate}")
 
 def checkpoint_template(path: str) -> tuple[str | None, dict]:
     """The chat template of a Hugging Face directory (chat_template.jinja, or tokenizer_config.json's) and its
@@ -61,6 +68,26 @@ def checkpoint_template(path: str) -> tuple[str | None, dict]:
     tokens = {k: (v["content"] if isinstance(v, dict) else v) for k, v in config.items()
               if k in ("bos_token", "eos_token") and v is not None}
     return template, tokens
+
+
+def pins_host_batches(device) -> bool:
+    """Whether batches go to ``device`` through pinned host memory, copied without waiting: where it is a GPU."""
+    return torch.device(device).type == "cuda"
+
+
+def to_device(tensors: list[Tensor], device) -> list[Tensor]:
+    """Host tensors on ``device``: pinned and copied asynchronously to a GPU (no sync per micro-batch), else moved."""
+    if not pins_host_batches(device):
+        return [t.to(device) for t in tensors]
+    return [t.contiguous().pin_memory().to(device, non_blocking=True) for t in tensors]
+
+
+def answer_window(targets: Tensor) -> int:
+    """The last positions of targets (B, L) that hold every counted one (not −100): the only logits a loss over
+    them needs, as GPT's ``logits_to_keep`` (0: all L, or none counted)."""
+    counted = (targets != -100).any(0).nonzero()
+    first = int(counted[0]) if len(counted) else 0
+    return targets.size(1) - first if first else 0
 
 
 def held_out(conversations: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
@@ -143,10 +170,24 @@ class SFTTask(DecoderTask):
         return [c.messages for c in self.train_set]
 
     def encode(self, c: Conversation) -> tuple[Tensor, Tensor, str]:
-        """(ids (L,), trained (L,) bool, where): the rendered conversation and which tokens the loss counts."""
-        ids, trained = encode_conversation(self.tokenizer, self.template, c.messages,
-                                           train_on_prompt=self.options.train_on_prompt, **self.template_tokens)
+        """(ids (L,), trained (L,) bool, where): the rendered conversation (a raw one: prompt + completion + EOS)
+        and which tokens the loss counts."""
+        if c.raw:
+            ids, trained = self.raw_ids(c.messages[0]["content"], c.messages[1]["content"])
+            trained = [t or self.options.train_on_prompt for t in trained]
+        else:
+            ids, trained = encode_conversation(self.tokenizer, self.template, c.messages,
+                                               train_on_prompt=self.options.train_on_prompt,
+                                               end_newline=self.options.mask_end_of_turn_newline,
+                                               context_answers=c.context_answers, **self.template_tokens)
         return torch.tensor(ids), torch.tensor(trained), c.where
+
+    def raw_ids(self, prompt: str, answer: str) -> tuple[list[int], list[bool]]:
+        """(ids, learnt) of raw text, as TRL treats strings: prompt + answer + EOS (unless the answer ends with
+        it), no chat template; the answer's tokens learnt."""
+        eos = self.template_tokens.get("eos_token") or CHATML_TOKENS[1]
+        return encode_pieces(self.tokenizer, [(prompt, False), (answer if answer.endswith(eos) else answer + eos,
+                                                                True)])
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         T = self.T = self.context(cfg, mconf)
@@ -164,7 +205,8 @@ class SFTTask(DecoderTask):
         self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) for r in self.train_rows) / len(self.train_rows))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
-        self.final_units = len(self.val_rows) + 20 * min(ANSWERED, len(self.val_rows)) if cfg.final_eval else 0
+        answered = min(self.options.eval_generate, len(self.val_rows))
+        self.final_units = len(self.val_rows) + 20 * answered if cfg.final_eval else 0
         self.device = dist.device
 
     @staticmethod
@@ -193,9 +235,10 @@ class SFTTask(DecoderTask):
         return ids[cut:], trained[cut:], where
 
     # --- training ------------------------------------------------------------------------------------
-    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None]:
-        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, and
-        for packed rows their document ids (B, L − 1), the padding a document of its own (else None)."""
+    def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None, int]:
+        """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, for
+        packed rows their document ids (B, L − 1), the padding a document of its own (else None), and the
+        ``answer_window`` of the targets (read on the host: no wait for the device)."""
         longest = max(len(rows[i][0]) for i in indices)
         ids = torch.zeros(len(indices), longest, dtype=torch.long)
         targets = torch.full((len(indices), longest), -100, dtype=torch.long)
@@ -206,8 +249,9 @@ class SFTTask(DecoderTask):
             targets[b, :len(row)] = row.masked_fill(~trained, -100)
             if docs is not None:
                 docs[b, :len(row)] = rows[i][3]
-        docs = None if docs is None else docs[:, :-1].to(self.device)
-        return ids[:, :-1].to(self.device), targets[:, 1:].to(self.device), docs
+        host = [ids[:, :-1], targets[:, 1:]] + ([] if docs is None else [docs[:, :-1]])
+        moved = to_device(host, self.device)
+        return moved[0], moved[1], (moved[2] if docs is not None else None), answer_window(host[1])
 
     def draw(self, generator: torch.Generator, cfg, dist) -> list:
         idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)  # the global batch
@@ -219,9 +263,10 @@ class SFTTask(DecoderTask):
     def loss(self, model: nn.Module, micro) -> Tensor:
         """The micro-batch's summed loss × accum · world / the step's answer tokens: the recipe's mean over
         micro-batches and processes is then the mean over every answer token of the step."""
-        inputs, targets, docs, scale = micro
-        logits = (model(inputs) if docs is None else model(inputs, document_ids=docs)).logits  # (B, L, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+        inputs, targets, docs, keep, scale = micro
+        packed = {} if docs is None else {"document_ids": docs}
+        logits = model(inputs, logits_to_keep=keep, **packed).logits  # (B, keep or L, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
                                reduction="sum") * scale
 
     # --- validation ------------------------------------------------------------------------------------
@@ -232,10 +277,10 @@ class SFTTask(DecoderTask):
         model.eval()
         mine = indices[dist.rank::dist.world]
         for lo in range(0, len(mine), 32):
-            inputs, targets, _ = self.batch(self.val_rows, mine[lo:lo + 32])
+            inputs, targets, _, keep = self.batch(self.val_rows, mine[lo:lo + 32])
             with autocast():
-                logits = model(inputs).logits
-            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                logits = model(inputs, logits_to_keep=keep).logits
+            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
                                         reduction="sum").double()
             total[1] += (targets != -100).sum()
         model.train(was)
@@ -248,22 +293,25 @@ class SFTTask(DecoderTask):
 
     def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
         nats, n = self.nll(model, list(range(len(self.val_rows))), autocast, dist)
-        return {"val_loss": nats / max(1, n), "val_answer_tokens": n} | self.answers(model, autocast)
+        answers = self.answers(model, autocast) if self.options.eval_generate else {}
+        return {"val_loss": nats / max(1, n), "val_answer_tokens": n} | answers
 
     @torch.no_grad()
     def answers(self, model, autocast) -> dict:
-        """Greedy answers to the last user turn of up to ANSWERED held-out conversations: exact match and chrF
-        against the held-out answer."""
+        """Greedy answers to the last user turn of up to ``eval_generate`` held-out conversations: exact match and
+        chrF against the held-out answer."""
         from ...generation import generate
         from ..metrics import chrf
         from ..sharding import decode_backend
 
         end = self.tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(self.tokenizer, "special_id") else None
-        chosen = self.val_set[:: max(1, len(self.val_set) // ANSWERED)][:ANSWERED]
+        most = self.options.eval_generate
+        chosen = self.val_set[:: max(1, len(self.val_set) // most)][:most]
         hyps, refs = [], []
         for c in chosen:
             last = max(i for i, m in enumerate(c.messages) if m["role"] == "assistant")
-            prompt = render(self.template, c.messages[:last], add_generation_prompt=True, **self.template_tokens)
+            prompt = c.messages[0]["content"] if c.raw else \
+                render(self.template, c.messages[:last], add_generation_prompt=True, **self.template_tokens)
             ids = torch.tensor([plain_ids(self.tokenizer, prompt)[-self.T:]], device=self.device)
             with autocast():
                 out = generate(model, ids, min(64, self.T), temperature=0, eos_id=end, backend=decode_backend(model))
@@ -289,14 +337,20 @@ class SFTTask(DecoderTask):
                 "chat_template": self.template_from, "train_on_prompt": self.options.train_on_prompt,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
 
+    @staticmethod
+    def answered_text(s: dict) -> str:
+        """The greedy answers' scores in words, where --eval-generate asked for them."""
+        if not s.get("answered"):
+            return ""
+        return (f"; greedy answers to {s['answered']}: exact match {s['val_exact_match']:.1f} %, "
+                f"chrF {s['val_chrf']:.1f}")
+
     def info(self, s: dict) -> dict[str, str]:
-        return {"val_loss": f"{s['val_loss']:.4f} nats per answer token; greedy answers: exact match "
-                            f"{s.get('val_exact_match', 0):.1f} %, chrF {s.get('val_chrf', 0):.1f}"}
+        return {"val_loss": f"{s['val_loss']:.4f} nats per answer token{self.answered_text(s)}"}
 
     def result_lines(self, s: dict) -> list[str]:
         lines = [f"validation loss: {s['val_loss']:.4f} nats per answer token ({s['val_conversations']} held-out "
-                 f"conversations); greedy answers to {s.get('answered', 0)}: exact match "
-                 f"{s.get('val_exact_match', 0):.1f} %, chrF {s.get('val_chrf', 0):.1f}"]
+                 f"conversations){self.answered_text(s)}"]
         return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]
 
 
