@@ -111,7 +111,8 @@ def fine_tune_and_export(name: str, d, lora: bool, tmp_path, capsys) -> None:
     with torch.no_grad():
         ours = load_run(run).model.eval()(ids).logits
     theirs = hf_logits(out, ids)
-    assert (theirs - ours).abs().max() < 1e-4
+    # fp32 sums in another order through every layer: within 1e-4 plus 1e-4 of the logit
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
     assert (theirs - hf_logits(d / "hf", ids)).abs().max() > 1e-3  # trained: not the base written back
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.encode(TEXT) == transformers.AutoTokenizer.from_pretrained(d / "hf").encode(TEXT)

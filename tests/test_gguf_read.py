@@ -219,7 +219,7 @@ def test_serve_and_chat_read_the_file(checkpoint, monkeypatch, capsys):
     messages = [{"role": "user", "content": "the man"}]
     assert served.name == path.name and served.chat_ids(messages) == tokenizer.chat_ids(messages)
     assert served.chat_eos_ids == (tokenizer.eos_id,)
-    assert {p.dtype for p in served.batcher.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in served.scheduler.model.parameters()} == {torch.bfloat16}
     lines = iter(["the dog", "/exit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     assert main(["chat", "--gguf", str(path), "--temperature", "0", "--max-new-tokens", "3", "--device", "cpu"]) == 0

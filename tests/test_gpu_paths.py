@@ -292,9 +292,11 @@ def test_sft_final_answers_pick_the_backend_for_the_sharded_model(sharded):
     from qkv.training.tasks.sft import SFTTask
 
     model = fsdp_sharded(tiny_gpt()) if sharded else tiny_gpt()
-    conversation = SimpleNamespace(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    conversation = SimpleNamespace(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                                   raw=False)
     task = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "a"), val_set=[conversation], T=8,
-                           template=None, template_tokens={}, device=torch.device("cpu"))
+                           template=None, template_tokens={}, device=torch.device("cpu"),
+                           options=SimpleNamespace(eval_generate=64))
     decode = mock.Mock(return_value=torch.tensor([[1, 2, 3]]))
     with mock.patch("qkv.training.tasks.sft.render", return_value=""), \
             mock.patch("qkv.training.tasks.sft.plain_ids", return_value=[1, 2]), \

@@ -140,8 +140,11 @@ def test_the_notes_close_the_page_once_and_are_not_kept_as_a_sections_output(lan
     again = report.page(lang, {}, "cmd", "machine", kept=report.kept_sections(text, lang))
     title, prose = report.NOTES[lang][-1]
     gpu_title, gpu_prose = report.GPU_NOTES[lang]
-    assert text.endswith(f"## {title}\n\n{prose}\n\n## {gpu_title}\n\n{gpu_prose}\n") and len(report.NOTES[lang]) == 2
-    for title, prose in [*report.NOTES[lang], report.GPU_NOTES[lang]]:  # int8, MoE, then the GPU's backend
+    real_title, real_prose = report.REAL_NOTES[lang]
+    assert text.endswith(f"## {title}\n\n{prose}\n\n## {gpu_title}\n\n{gpu_prose}\n\n## {real_title}\n\n{real_prose}\n")
+    assert len(report.NOTES[lang]) == 2
+    # int8, MoE, the GPU's backend, then a real checkpoint against llama.cpp
+    for title, prose in [*report.NOTES[lang], report.GPU_NOTES[lang], report.REAL_NOTES[lang]]:
         assert text.count(f"## {title}\n\n{prose}\n") == 1
         assert title not in report.kept_sections(text, lang)["open_models"]
         assert again.count(f"## {title}") == 1 and "| 1 | 2 |" in again
