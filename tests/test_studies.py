@@ -333,3 +333,15 @@ def test_each_row_of_the_study_table_is_a_subcommand_whose_options_reach_its_con
         assert getattr(cfg, field) == derived.get(field, getattr(quick, field)), field
     args.quick = False
     assert type(study_config(study, args, module)) is type(quick)
+
+
+def test_each_language_catalog_has_the_same_sentences_with_the_same_values():
+    import string
+
+    def fields(template):
+        return sorted(name for _, name, _, _ in string.Formatter().parse(template) if name)
+
+    en, zh = pages.TEXT["en"], pages.TEXT["zh"]
+    assert set(en) == set(zh) and len(en) > 50
+    assert {k: fields(v) for k, v in en.items()} == {k: fields(v) for k, v in zh.items()}
+    assert pages.say("moe.best", "zh", best="dense", bpc=1.5, dense=1.6).startswith("验证 bpc 最低")

@@ -36,7 +36,6 @@ from ..fileio import atomic_json, atomic_write
 from ..models import GPT, ModelConfig
 from ..nn.rope_scaling import RopeScaling
 from ..runtime import device_type, fixed_threads
-from . import pages
 from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from ..training.distributed import Dist
 from ..training.finetune import Base
@@ -59,36 +58,6 @@ FINETUNE = {"factor": FT_FACTOR, "token_share": FT_TOKENS, "lr_scale": FT_LR, "s
 FACTORS = (1, 2, 4, 8, 16)  # evaluation lengths, in multiples of L
 OUTPUTS = ("results.csv", *RESULTS.values(), "positions.csv", "context.png", "summary.json")
 EVAL_TOKENS = 4096  # tokens per evaluation batch: one window of 16 × 256, or 64 of 64
-
-pages.TEXT["en"].update({
-    "context.title": "# Long context: RoPE scaling against ALiBi, T5 bias and no PE",
-    "context.intro": "Validation bits per character at each evaluation length T (non-overlapping windows; the same "
-                     "{chunks} × {factor}L characters scored at every length). rope+X: the trained rope model with "
-                     "its scaling applied at evaluation, factor s = T / L (PI: θ/s; NTK: base × s^(d/(d−2)); dynamic "
-                     "NTK: transformers' dynamic at factor s; YaRN: NTK-by-parts with its temperature).",
-    "context.trained": "## Trained at L = {L}",
-    "context.models": "Models: d_model {d_model}, {heads} heads, {layers} layers, {tokens} training tokens each "
-                      "({step} per step at every L), seeds {seed} … {last}{std}.",
-    "context.std": " (mean ± std)",
-    "context.ft": "Fine-tuned rows: the trained rope model with PI or YaRN at factor {ft}, trained further on windows "
-                  "of {ft}L for {tokens} tokens ({pct:.0f} % of the pre-training budget, 1/{step} of its tokens per "
-                  "step, lr × {lr}) by the same recipe, then scored with factor max({ft}, T / L); the rows marked "
-                  "s = {ft} keep the fine-tune's factor at every length, as a fine-tuned checkpoint is used.",
-})
-pages.TEXT["zh"].update({
-    "context.title": "# 长上下文：RoPE 缩放对比 ALiBi、T5 偏置与无位置编码",
-    "context.intro": "各评估长度 T 下验证集的每字符比特数（不重叠的窗口；每个长度都对同样的 {chunks} × {factor}L 个字符"
-                     "打分）。rope+X：训练好的 rope 模型在评估时加上缩放，因子 s = T / L（PI：θ/s；NTK：base × "
-                     "s^(d/(d−2))；动态 NTK：transformers 的 dynamic，因子 s；YaRN：分段 NTK 加其温度）。",
-    "context.trained": "## 训练长度 L = {L}",
-    "context.models": "模型：d_model {d_model}，{heads} 个头，{layers} 层，每个模型 {tokens} 个训练 token（每个 L 都是"
-                      "每步 {step} 个），种子 {seed} … {last}{std}。",
-    "context.std": "（均值 ± 标准差）",
-    "context.ft": "微调的行：训练好的 rope 模型加上因子 {ft} 的 PI 或 YaRN，在长度 {ft}L 的窗口上用同一套训练流程再训练 "
-                  "{tokens} 个 token（预训练预算的 {pct:.0f} %，每步的 token 数为预训练的 1/{step}，学习率 × {lr}），"
-                  "然后以因子 max({ft}, T / L) 打分；标为 s = {ft} 的行在每个长度都保持微调时的因子，就像使用微调后的检查点"
-                  "那样。",
-})
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-from . import pages
 from .pages import say
 
 TOLERANCE = 1.10  # "roughly works" at a longer length: within 10 % of the loss at L (pe's sentences too)
@@ -25,42 +24,6 @@ PRESS = {"alibi": (19.73, 18.73, 18.41), "t5": (19.65, 18.79, 20.41), "rope": (2
 # The YaRN repository's Proof-pile table: Llama-2-7B fine-tuned to 8k (factor 2); perplexity at 10k and 12k.
 YARN = {"rope+PI (ft 4L, s = 4)": (8.07, 23.5), "rope+YaRN (ft 4L, s = 4)": (6.05, 18.1)}
 YARN_NTK = (6.24, 18.3)  # Code Llama's NTK base change, fine-tuned: no qkv row (qkv's NTK is untuned)
-
-pages.TEXT["en"].update({
-    "ctx.anchors": "### Against the published numbers",
-    "ctx.press": "Press et al. 2022, Table 2 (trained at 512; loss ratio to 512 at 1012 ≈ 2L and 2512 ≈ 4.9L) "
-                 "beside qkv's loss ratio to L at 2L and 4L:",
-    "ctx.press order": "Order past L, best first — Press et al. at 2512: {paper}; qkv at 4L: {ours}. {agree}",
-    "ctx.agree": "The orders agree.", "ctx.differ": "They differ where Press et al. have {pairs} (qkv the reverse).",
-    "ctx.yarn": "The YaRN repository (Llama-2-7B fine-tuned to 8k, factor 2; loss ratio of 12k to 10k, just past "
-                "the scaled length: PI {pi:.2f}, NTK {ntk:.2f}, YaRN {yarn:.2f}; perplexity at 10k: PI {pi10}, "
-                "NTK {ntk10}, YaRN {yarn10}) beside qkv's models fine-tuned at 4L and kept at s = 4: loss ratio of "
-                "8L to 4L {ours}.",
-    "ctx.yarn order": "At 4L after the fine-tune, YaRN {verb} PI ({pairs}), as in the YaRN table ({yarn10} against "
-                      "{pi10} at 10k).",
-    "ctx.beats": "beats", "ctx.not beats": "does not beat",
-    "ctx.advice": "### Which to pick",
-    "ctx.pick": "To run at {f}× the training length: without a fine-tune, {free} ({free_bpc}); with a fine-tune at "
-                "4L, {tuned}.",
-    "ctx.pick tuned": "{row} ({bpc})", "ctx.pick same": "the same: no fine-tuned row does better",
-    "ctx.bpc at": "{bpc:.3f} bpc at L = {L}", "ctx.bpc also": "{bpc:.3f} at L = {L}",
-})
-pages.TEXT["zh"].update({
-    "ctx.anchors": "### 与已发表的数字对比",
-    "ctx.press": "Press et al. 2022 表 2（训练长度 512；1012 ≈ 2L 和 2512 ≈ 4.9L 处损失与 512 处之比）与 qkv 在 2L、4L "
-                 "处损失与 L 处之比：",
-    "ctx.press order": "超过 L 后的排序（好的在前）——Press et al. 在 2512：{paper}；qkv 在 4L：{ours}。{agree}",
-    "ctx.agree": "排序一致。", "ctx.differ": "不一致之处：Press et al. 中 {pairs}，qkv 中相反。",
-    "ctx.yarn": "YaRN 代码库（Llama-2-7B 微调到 8k，因子 2；刚超过缩放长度时 12k 与 10k 的损失之比：PI {pi:.2f}，"
-                "NTK {ntk:.2f}，YaRN {yarn:.2f}；10k 处困惑度：PI {pi10}，NTK {ntk10}，YaRN {yarn10}）与 qkv 在 4L 微调、"
-                "保持 s = 4 的模型：8L 与 4L 的损失之比 {ours}。",
-    "ctx.yarn order": "微调后在 4L 处，YaRN {verb} PI（{pairs}），与 YaRN 表一致（10k 处 {yarn10} 对 {pi10}）。",
-    "ctx.beats": "优于", "ctx.not beats": "不优于",
-    "ctx.advice": "### 该选哪个",
-    "ctx.pick": "要在训练长度的 {f} 倍上运行：不微调时选 {free}（{free_bpc}）；在 4L 上微调时{tuned}。",
-    "ctx.pick tuned": "选 {row}（{bpc}）", "ctx.pick same": "仍选它：没有哪个微调过的行更好",
-    "ctx.bpc at": "L = {L} 时 {bpc:.3f} bpc", "ctx.bpc also": "L = {L} 时 {bpc:.3f}",
-})
 
 
 def loss_ratio(ppl_at_t: float, ppl_at_l: float) -> float:

@@ -34,8 +34,7 @@ from ..fileio import atomic_write
 from ..generation.timing import decode_step_seconds, fill_random
 from ..models import GPT, ModelConfig
 from ..training.recipe import LN2, TrainConfig, eval_starts, evaluate, train
-from . import pages
-from .pages import RESULTS, csv_bytes, finished_summary, language, localized, write_results, write_summary
+from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
 from .runner import char_text, run_study
 
@@ -419,79 +418,3 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_png(fig, path, dpi=80)
 
 
-# --- the words -------------------------------------------------------------------------------
-
-TEXT: dict[str, dict[str, str]] = {
-    "en": {
-        "kv.mha": "MHA", "kv.gqa": "GQA", "kv.mqa": "MQA", "kv.mla": "MLA (absorbed)", "kv.mla-naive": "MLA (naive)",
-        "kv.path": "variant", "kv.kv heads": "K/V heads", "kv.d_ff": "d_ff", "kv.parameters": "parameters",
-        "kv.numbers": "cache numbers / token / layer", "kv.bytes": "bytes (fp32)", "kv.vs mha": "of MHA's",
-        "kv.bpc col": "held-out bpc", "kv.tok_s": "tok/s at {S:,}", "kv.latent": "latent",
-        "kv.title": "# The KV cache: MHA, GQA, MQA and multi-head latent attention",
-        "kv.intro": "Held-out bits per character, the KV cache per token and layer, and batch-1 decode tokens per "
-                    "second over {contexts} cached tokens, at one width and matched parameter counts.",
-        "kv.std": " (mean ± std)",
-        "kv.bpc": "Held-out bits per character over {seeds} seeds{spread}: {bpc}; best {best}.",
-        "kv.cache": "KV cache per token and layer, in numbers (share of MHA's): {cache}.",
-        "kv.speed": "Batch-1 decode at {S:,} cached tokens, tokens/s: {speed}; MLA's absorbed path runs {naive:.2f}× "
-                    "as fast as its naive path and {mha:.2f}× as fast as MHA.",
-        "kv.noise within": "within seed noise, std {noise:.3f}", "kv.noise beyond": "beyond seed noise, std {noise:.3f}",
-        "kv.one seed": "one seed: no noise estimate",
-        "kv.holds": "DeepSeek-V2's claim, MLA at least as good as MHA with a KV cache ≥ {bar:.0f} % smaller, holds at "
-                    "this scale: MLA {mla:.3f} bpc against MHA's {mha:.3f} ({diff:+.3f}, {noise}), its cache "
-                    "{reduction:.1f} % smaller.",
-        "kv.fails": "DeepSeek-V2's claim, MLA at least as good as MHA with a KV cache ≥ {bar:.0f} % smaller, does not "
-                    "hold at this scale (MLA {mla:.3f} bpc against MHA's {mha:.3f}, {diff:+.3f}; cache {reduction:.1f} % "
-                    "smaller): {reasons}.",
-        "kv.reason cache": "the cache is {reduction:.1f} % smaller, not {bar:.0f} % (d_c + d_R = {mla_n} numbers against "
-                           "2·H·D = {mha_n}): the reduction is 1 − (d_c + d_R)/(2·H·D), and at DeepSeek-V2's proportions "
-                           "(d_c = 4·D, d_R = D/2) it is {ds:.1f} % with H = {H} heads, {ds128:.1f} % with its 128",
-        "kv.reason worse": "MLA's bpc is {diff:+.3f} above MHA's, {noise}",
-        "kv.models": "Models: GPTs with RoPE, d_model {d_model}, {heads} heads of D = {D}, {layers} layers; GQA with "
-                     "G = {G} key/value heads, MQA with one; MLA with d_c = {dc}, d_R = {dr}, d_N = {dn}, d_V = {D}, no "
-                     "query compression; {tokens} training tokens each (batch {batch} × {T}), seeds {seed} … {last}; "
-                     "max_len {max_len}.",
-        "kv.matched": "Parameters {lo:,} … {hi:,} (within {spread:.2f} %): the variants with fewer attention "
-                      "parameters than MHA get a wider feed-forward (d_ff).",
-        "kv.timing": "Decode timing: the first seed's models, one token at batch 1, fp32, random cache contents, every "
-                     "path in {repeats} interleaved rounds of {inner} steps, medians.",
-        "kv.wall": "Wall time: {minutes:.1f} min.",
-    },
-    "zh": {
-        "kv.mha": "MHA", "kv.gqa": "GQA", "kv.mqa": "MQA", "kv.mla": "MLA（吸收）", "kv.mla-naive": "MLA（朴素）",
-        "kv.path": "变体", "kv.kv heads": "K/V 头数", "kv.d_ff": "d_ff", "kv.parameters": "参数量",
-        "kv.numbers": "每 token 每层缓存的数", "kv.bytes": "字节（fp32）", "kv.vs mha": "占 MHA 的比例",
-        "kv.bpc col": "验证集 bpc", "kv.tok_s": "{S:,} 处 token/秒", "kv.latent": "潜向量",
-        "kv.title": "# KV 缓存：MHA、GQA、MQA 与多头潜在注意力",
-        "kv.intro": "在同一宽度、参数量对齐的条件下：验证集每字符比特数，每 token 每层的 KV 缓存，以及缓存 {contexts} 个 "
-                    "token 时批大小为 1 的解码速度（token/秒）。",
-        "kv.std": "（均值 ± 标准差）",
-        "kv.bpc": "{seeds} 个种子的验证集每字符比特数{spread}：{bpc}；最好的是 {best}。",
-        "kv.cache": "每 token 每层的 KV 缓存，以数的个数计（占 MHA 的比例）：{cache}。",
-        "kv.speed": "缓存 {S:,} 个 token 时批大小为 1 的解码速度（token/秒）：{speed}；MLA 的吸收路径是其朴素路径的 "
-                    "{naive:.2f} 倍、MHA 的 {mha:.2f} 倍。",
-        "kv.noise within": "在种子噪声之内，标准差 {noise:.3f}", "kv.noise beyond": "超出种子噪声，标准差 {noise:.3f}",
-        "kv.one seed": "只有一个种子：无法估计噪声",
-        "kv.holds": "DeepSeek-V2 的论断——MLA 至少与 MHA 一样好，而 KV 缓存小 {bar:.0f} % 以上——在这个规模上成立："
-                    "MLA {mla:.3f} bpc，MHA {mha:.3f}（{diff:+.3f}，{noise}），缓存小 {reduction:.1f} %。",
-        "kv.fails": "DeepSeek-V2 的论断——MLA 至少与 MHA 一样好，而 KV 缓存小 {bar:.0f} % 以上——在这个规模上不成立"
-                    "（MLA {mla:.3f} bpc，MHA {mha:.3f}，{diff:+.3f}；缓存小 {reduction:.1f} %）：{reasons}。",
-        "kv.reason cache": "缓存只小 {reduction:.1f} %，不到 {bar:.0f} %（d_c + d_R = {mla_n} 个数，而 2·H·D = {mha_n}）："
-                           "缩减比例是 1 − (d_c + d_R)/(2·H·D)，按 DeepSeek-V2 的比例（d_c = 4·D，d_R = D/2），"
-                           "H = {H} 个头时为 {ds:.1f} %，它的 128 个头时为 {ds128:.1f} %",
-        "kv.reason worse": "MLA 的 bpc 比 MHA 高 {diff:+.3f}，{noise}",
-        "kv.models": "模型：带 RoPE 的 GPT，d_model {d_model}，{heads} 个头、每头 D = {D}，{layers} 层；GQA 有 G = {G} "
-                     "个 K/V 头，MQA 只有一个；MLA 的 d_c = {dc}，d_R = {dr}，d_N = {dn}，d_V = {D}，查询不压缩；每个模型 "
-                     "{tokens} 个训练 token（批大小 {batch} × {T}），种子 {seed} … {last}；max_len {max_len}。",
-        "kv.matched": "参数量 {lo:,} … {hi:,}（相差不超过 {spread:.2f} %）：注意力参数比 MHA 少的变体加宽前馈层（d_ff）。",
-        "kv.timing": "解码计时：用第一个种子的模型，批大小 1，fp32，缓存内容随机，每条路径交替运行 {repeats} 轮、每轮 "
-                     "{inner} 步，取中位数。",
-        "kv.wall": "用时：{minutes:.1f} 分钟。",
-    },
-}
-
-
-def say(key: str, lang: str, **values) -> str:
-    """TEXT[lang][key] filled with ``values``; the words all studies share from ``pages.TEXT``."""
-    table = TEXT[language(lang)]
-    return table[key].format(**values) if key in table else pages.say(key, lang, **values)

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..checks import check_positive_int
 from ..models import ModelConfig
 from ..training.recipe import TrainConfig, train
-from .pages import RESULTS, csv_bytes, finished_summary, language, localized, say, write_results, write_summary
+from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
 from .runner import char_text, run_study
 
@@ -143,56 +143,9 @@ def run_models(cfg: MoEStudyConfig, out: Path | None, *, corpus, progress: bool,
     return res
 
 
-# --- words: each sentence a template per language ------------------------------------------------------------------
-
-TEXT = {
-    "en": {
-        "title": "# Mixture of experts: dense against MoE, with and without balancing",
-        "intro": "Validation bits per character after {tokens} training tokens per model, training tokens per second, "
-                 "and MaxVio (max expert load / mean load − 1, over the training batches between evaluations, mean "
-                 "over layers) at the first and the last evaluation.",
-        "models": "Models: d_model {d_model}, {heads} heads, {layers} layers, dense SwiGLU width F = {d_ff}; MoE: "
-                  "{E} experts, top-{k}; moe-active: experts of width F/k (the dense model's active parameters), "
-                  "moe-total: width F/E (its total); load-balancing loss × {aux}; aux-free bias speed γ = {gamma}; "
-                  "seed {seed}.",
-        "header": "| model | parameters | active | val bpc | tokens/s | MaxVio first | MaxVio last |",
-        "best": "Lowest validation bpc: {best} ({bpc:.3f}); dense {dense:.3f}.",
-        "balance": "MaxVio at the last evaluation: without balancing {noaux:.2f}, load-balancing loss {aux:.2f}, "
-                   "aux-loss-free bias {free:.2f}.",
-        "speed": "Tokens per second relative to dense: {ratios}.",
-        "anchors": "Anchors (the papers' own, at far larger scale): Switch Transformer (Fedus et al. 2021, §2.2) "
-                   "adds the load-balancing loss with α = 10⁻², and its top-1 MoE beats the dense T5 of equal "
-                   "compute per token in quality and speed; Wang et al. 2024 (arXiv 2408.15664, §4) report that "
-                   "the aux-loss-free bias reaches both a lower validation perplexity and a much lower global MaxVio "
-                   "than the auxiliary-loss baseline (1B and 3B models).",
-        "scale": "One seed per model, minutes of CPU on a character-level corpus: read bpc differences of a few "
-                 "hundredths as noise; MaxVio differences of several tenths are the measurement.",
-        "wall": "Wall time: {minutes:.1f} min.",
-    },
-    "zh": {
-        "title": "# 混合专家：稠密模型对比 MoE，带与不带负载均衡",
-        "intro": "每个模型训练 {tokens} 个 token 后验证集的每字符比特数、每秒训练 token 数，以及第一次和最后一次评估时的 "
-                 "MaxVio（专家最大负载 / 平均负载 − 1，统计两次评估之间的训练批次，对各层取平均）。",
-        "models": "模型：d_model {d_model}，{heads} 个头，{layers} 层，稠密 SwiGLU 宽度 F = {d_ff}；MoE：{E} 个专家，"
-                  "top-{k}；moe-active：专家宽度 F/k（与稠密模型激活参数相同），moe-total：宽度 F/E（总参数相同）；"
-                  "负载均衡损失 × {aux}；无辅助损失偏置速度 γ = {gamma}；种子 {seed}。",
-        "header": "| 模型 | 参数量 | 激活参数 | 验证 bpc | token/秒 | 首次 MaxVio | 末次 MaxVio |",
-        "best": "验证 bpc 最低：{best}（{bpc:.3f}）；稠密模型 {dense:.3f}。",
-        "balance": "最后一次评估的 MaxVio：不做均衡 {noaux:.2f}，负载均衡损失 {aux:.2f}，无辅助损失偏置 {free:.2f}。",
-        "speed": "相对稠密模型的每秒 token 数：{ratios}。",
-        "anchors": "参照（论文自身的结果，规模大得多）：Switch Transformer（Fedus 等 2021，§2.2）以 α = 10⁻² "
-                   "加入负载均衡损失，其 top-1 MoE 在每 token 计算量相同时质量和速度都胜过稠密 T5；Wang 等 2024"
-                   "（arXiv 2408.15664，§4）报告无辅助损失偏置比辅助损失基线同时得到更低的验证困惑度和低得多的全局 "
-                   "MaxVio（1B 和 3B 模型）。",
-        "scale": "每个模型一个种子、在字符级语料上训练几分钟 CPU：bpc 相差百分之几应视为噪声；MaxVio 相差零点几才是"
-                 "测量结果。",
-        "wall": "用时：{minutes:.1f} 分钟。",
-    },
-}
-
-
 def text(key: str, lang: str, **values) -> str:
-    return TEXT[language(lang)][key].format(**values)
+    """The study's sentence ``moe.KEY`` in ``lang`` (``qkv.studies.pages.say``)."""
+    return say(f"moe.{key}", lang, **values)
 
 
 def markdown_table(rows: list[dict], lang: str = "en") -> str:
