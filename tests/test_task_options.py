@@ -17,6 +17,7 @@ from qkv.models import ModelConfig
 from qkv.training.recipe import TrainConfig, train
 from qkv.training.tasks import (TASKS, LanguageModelTask, TaskDefaults, TaskOptions, TranslationOptions, register,
                                 task_options)
+from qkv.training.tasks.base import option
 
 DATA = Path(__file__).parent / "data"
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
@@ -132,7 +133,7 @@ def test_a_run_with_a_flat_train_config_of_before_resumes_and_shows_its_info(tas
 
 @dataclass(frozen=True)
 class ScaledOptions(TaskOptions):
-    loss_scale: float = 1.0
+    loss_scale: float = option(1.0, "the loss is multiplied by this")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -176,6 +177,24 @@ def test_a_registered_task_brings_its_options_and_defaults(scaled, tmp_path):
         TrainConfig(task="scaled", loss_scale=0, max_steps=1)
     with pytest.raises(ValueError, match="copy is an option of --task translate, not of --task scaled"):
         TrainConfig(task="scaled", copy=True, max_steps=1)
+
+
+def test_a_registered_tasks_option_is_a_flag_of_qkv_train_with_its_help(scaled, tmp_path):
+    from qkv.cli import build_parser
+    from qkv.cli.train import task_flags, train_config
+
+    flags = task_flags()
+    assert flags["--loss-scale"].help == "scaled: the loss is multiplied by this"
+    assert flags["--chat-template"].help.startswith("sft, dpo: ")  # one option of two tasks: one flag
+    assert flags["--label-smoothing"].help.startswith("translate: label smoothing") and "; dpo: " in flags[
+        "--label-smoothing"].help
+    assert flags["--copy"].negatable and not flags["--packing"].negatable
+    args = build_parser().parse_args(["train", "--task", "scaled", "--loss-scale", "2.5", "--max-steps", "1",
+                                      "--out", str(tmp_path / "r")])
+    assert train_config(args).loss_scale == 2.5
+    args = build_parser().parse_args(["train", "--task", "translate", "--no-copy", "--max-steps", "1",
+                                      "--out", str(tmp_path / "t")])
+    assert train_config(args).copy is False
 
 
 def test_register_refuses_what_is_not_a_task():

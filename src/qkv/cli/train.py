@@ -4,18 +4,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..generation.backends import BACKENDS
 from ..training.optim import OPTIMIZERS, SCHEDULES
-from ..training.tasks.dpo import LOSSES as DPO_LOSSES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
 from .sources import add_dtype_flag, add_model_source, check_directory_kind, load_model_source, source_name
 from .weights import add_weights_flag, apply_weights
 
-TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new flag is one line here
+TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a task's own options are made into flags by task_flags
     "--task": ("task", str, "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
                "learns English -> --target-lang from sentence pairs) or sft (a GPT learns the assistant's turns of "
                "conversations: --data FILE.jsonl in messages, sharegpt or alpaca form) or dpo (preference pairs: "
@@ -25,31 +25,6 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
                "translate: tab-separated 'source<TAB>target' lines or a directory of .po/.mo catalogs "
                "(default: the system's gettext catalogs)"),
     "--pairs": ("data", str, "translate: the same as --data"),
-    "--target-lang": ("target_lang", str, "translate: the catalogs' target language (default zh_CN; any locale "
-                      "under /usr/share/locale)"),
-    "--label-smoothing": ("label_smoothing", float, "translate: label smoothing ε (default 0.1, the paper's); dpo: "
-                          "the robust loss's ε, the share of pairs thought mislabelled (default 0)"),
-    "--num-beams": ("num_beams", int, "translate: beam width of the final BLEU/chrF (default 4)"),
-    "--val-data": ("val_data", str, "sft, dpo: held-out conversations or pairs (JSONL; default: 5 %% of --data, chosen by a hash "
-                   "of each conversation)"),
-    "--train-on-prompt": ("train_on_prompt", bool, "sft: the loss counts every token, not only the assistant's"),
-    "--chat-template": ("chat_template", str, "sft: chatml, a Jinja template file, or a template (default: the "
-                        "checkpoint's; ChatML for a model from scratch)"),
-    "--packing": ("packing", bool, "sft: conversations packed into full rows of the context, each attending "
-                  "within itself with positions restarting (no padding: more tokens a step)"),
-    "--truncate": ("truncate", bool, "sft: cut a conversation longer than the context from the left of its prompt "
-                   "(never an answer); without it such a conversation is an error"),
-    "--mask-end-of-turn-newline": ("mask_end_of_turn_newline", bool, "sft, dpo: the loss counts the newlines a chat "
-                                   "template writes after an answer's end-of-turn marker too (default: not, for "
-                                   "every template)"),
-    "--eval-generate": ("eval_generate", int, "sft: at the end, greedy answers to N held-out conversations, scored "
-                        "by exact match and chrF against theirs (default 0: the held-out loss alone)"),
-    "--beta": ("beta", float, "dpo: β, the strength of the pull towards the reference (default 0.1)"),
-    "--dpo-loss": ("dpo_loss", str, "dpo: sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each "
-                   "answer's tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero or "
-                   "apo_down: TRL's losses of those names"),
-    "--precompute-ref": ("precompute_ref", bool, "dpo: the reference's log-probabilities computed once before "
-                         "training, then its copy dropped (without --lora)"),
     "--max-steps": ("max_steps", int, "optimizer steps (0: evaluate the starting model and write the summary)"),
     "--max-minutes": ("max_minutes", float, "wall-clock training budget (default when no budget is given: 3 for lm, "
                       "10 for translate)"),
@@ -98,8 +73,41 @@ TRAIN_FLAGS = {  # flag -> (TrainConfig field or task option, type, help); a new
     "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
                                    "the backward: less memory, about a third more compute"),
 }
-CHOICES = {"--tokenizer": ("char", "bpe"), "--task": ("lm", "translate", "sft", "dpo"), "--optimizer": OPTIMIZERS,
-           "--schedule": SCHEDULES, "--dpo-loss": DPO_LOSSES}
+CHOICES = {"--tokenizer": ("char", "bpe"), "--optimizer": OPTIMIZERS, "--schedule": SCHEDULES}  # --task: TASKS
+
+
+@dataclass(frozen=True)
+class TaskFlag:
+    """A flag made from the task options of that name (``qkv.training.tasks.base.option``)."""
+
+    name: str  # the option's field
+    kind: type
+    help: str  # "sft, dpo: …" or "translate: …; dpo: …"
+    choices: tuple[str, ...] | None
+    negatable: bool  # a switch that is on by default: --NAME / --no-NAME
+
+
+def task_flags() -> dict[str, TaskFlag]:
+    """--NAME -> its TaskFlag, for every option of every registered task: each declared once, in its options
+    dataclass; an option two tasks share is one flag whose help names both."""
+    from ..training.tasks import TASKS
+
+    found: dict[str, list] = {}
+    for task, cls in TASKS.items():
+        for f in fields(cls.options_type):
+            found.setdefault(f.name, []).append((task, f))
+    flags = {}
+    for name, owners in found.items():
+        kinds = {type(f.default) for _, f in owners}
+        if len(kinds) > 1:
+            raise TypeError(f"task option {name!r} has defaults of types {sorted(k.__name__ for k in kinds)}")
+        texts: dict[str, list[str]] = {}
+        for task, f in owners:
+            texts.setdefault(f.metadata.get("help", ""), []).append(task)
+        text = "; ".join(f"{', '.join(tasks)}: {t}" for t, tasks in texts.items())
+        flags["--" + name.replace("_", "-")] = TaskFlag(name, kinds.pop(), text, owners[0][1].metadata.get("choices"),
+                                                         any(f.default is True for _, f in owners))
+    return flags
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)
@@ -128,6 +136,8 @@ def add_train(sub) -> argparse.ArgumentParser:
     """Declare `qkv train`."""
     import textwrap
 
+    from ..training.tasks import TASKS
+
     about = ("Train a decoder-only Transformer (--task lm) and end with validation bits per character beside gzip's "
              "and xz's and a sample, or the paper's encoder-decoder (--task translate) and end with BLEU and chrF of "
              "the held-out pairs beside copying the source and a translation memory. Writes runs/NAME (checkpoint, "
@@ -137,14 +147,14 @@ def add_train(sub) -> argparse.ArgumentParser:
                        description=textwrap.fill(about, 100), epilog=presets_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, (_, typ, text) in TRAIN_FLAGS.items():
-        kind = {"action": "store_true"} if typ is bool else {"type": typ, "choices": CHOICES.get(flag)}  # a switch
+        choices = tuple(TASKS) if flag == "--task" else CHOICES.get(flag)  # every registered task
+        kind = {"action": "store_true"} if typ is bool else {"type": typ, "choices": choices}  # a switch
         p.add_argument(flag, default=None, help=text, **kind)
+    add_task_flags(p)
     add_model_flags(p)
     p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--copy", action=argparse.BooleanOptionalAction, default=None,
-                   help="translate: the pointer-generator's copy mechanism (default: on)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast: products in bf16, weights and optimizer state in fp32 (default: on for "
                         "the demo and translate presets trained from scratch where the hardware computes bf16 "
@@ -157,6 +167,18 @@ def add_train(sub) -> argparse.ArgumentParser:
     p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p
+
+
+def add_task_flags(p: argparse.ArgumentParser) -> None:
+    """The tasks' own options (``task_flags``), in a group of `qkv train --help`."""
+    group = p.add_argument_group("task options", "each task's own settings, declared by its options dataclass "
+                                 "(qkv.training.tasks)")
+    for flag, f in task_flags().items():
+        if f.kind is bool:
+            kind = {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
+        else:
+            kind = {"type": f.kind, "choices": f.choices}
+        group.add_argument(flag, default=None, help=f.help.replace("%", "%%"), **kind)
 
 
 def token_count(n: int) -> str:
@@ -179,13 +201,14 @@ def train_config(args: argparse.Namespace):
     from ..training.tasks import task_type
 
     given: dict = {}
-    for flag, (field, _, _) in TRAIN_FLAGS.items():
+    named = [(flag, field) for flag, (field, _, _) in TRAIN_FLAGS.items()]
+    for flag, field in named + [(flag, f.name) for flag, f in task_flags().items()]:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and given.get(field, value) != value:
             raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
         if value is not None:
             given[field] = value
-    switches = ("bf16", "compile", "copy", "speed_layer")
+    switches = ("bf16", "compile", "speed_layer")
     given |= {k: getattr(args, k) for k in switches if getattr(args, k) is not None}
     overrides = model_overrides(args)
     if given.get("init_from") and overrides:

@@ -39,11 +39,18 @@ def check_option_type(name: str, value, default) -> None:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
+def option(default, help: str, *, choices: tuple[str, ...] | None = None):
+    """A task option's field: its default and its help, from which `qkv train` makes the flag ``--NAME``
+    (a bool: a switch; ``choices``: the values it takes)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
 @dataclass(frozen=True)
 class TaskOptions:
     """A task's own settings, validated once when made; this base has none (language modelling needs none).
 
-    A subclass declares each option as a field with its default; a value must have the default's type
+    A subclass declares each option as a field made by ``option(default, help)`` (`qkv train`'s flag is made
+    from it, TRL's ``HfArgumentParser`` manner); a value must have the default's type
     (``check_option_type``), and ``__post_init__`` may check more. Options define the run: ``--resume``
     refuses to change them, except those named in ``FREE_ON_RESUME`` (they only shape the final report).
     """

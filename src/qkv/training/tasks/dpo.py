@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
-from .base import SCRATCH, TaskDefaults, TaskOptions
-from .sft import SFTTask
+from .base import SCRATCH, TaskDefaults, TaskOptions, option
+from .sft import SFTTask, chat_option
 
 LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
           "apo_down")
@@ -45,16 +45,19 @@ REWARD_FIELDS = ("val_loss", "val_reward_accuracy", "val_reward_margin", "val_re
 
 @dataclass(frozen=True)
 class DPOOptions(TaskOptions):
-    """``--beta``, ``--dpo-loss``, ``--precompute-ref``, and the SFT task's data options."""
+    """What preference tuning alone is trained with: the loss, and the SFT task's data options."""
 
-    val_data: str = ""
-    chat_template: str = ""
-    truncate: bool = False
-    beta: float = 0.1
-    dpo_loss: str = "sigmoid"
-    precompute_ref: bool = False
-    label_smoothing: float = 0.0  # ε of the robust loss: the share of pairs thought mislabelled
-    mask_end_of_turn_newline: bool = False
+    val_data: str = option("", "held-out pairs (JSONL; default: 5 % of --data, chosen by a hash of each pair)")
+    chat_template: str = chat_option("chat_template")
+    truncate: bool = chat_option("truncate")
+    beta: float = option(0.1, "β, the strength of the pull towards the reference (default 0.1)")
+    dpo_loss: str = option("sigmoid", "sigmoid (DPO's, default), hinge, ipo (log-ratios averaged over each answer's "
+                                      "tokens, as TRL's), sigmoid_norm, robust, bco_pair, sppo_hard, nca_pair, apo_zero "
+                                      "or apo_down: TRL's losses of those names", choices=LOSSES)
+    precompute_ref: bool = option(False, "the reference's log-probabilities computed once before training, then its "
+                                         "copy dropped (without --lora)")
+    label_smoothing: float = option(0.0, "the robust loss's ε, the share of pairs thought mislabelled (default 0)")
+    mask_end_of_turn_newline: bool = chat_option("mask_end_of_turn_newline")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -26,28 +26,44 @@ from ...data.chat_template import (CHATML, CHATML_TOKENS, encode_conversation, e
                                    template_source)
 from ...data.conversations import Conversation, catalog_conversations, load_conversations
 from ...models import GPT, ModelConfig
-from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
+from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions, option
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
 EVAL_CONVERSATIONS = 256  # held-out conversations of each periodic validation
 TEMPLATE_FILE = "chat_template.jinja"  # the template a run trained with, in its directory
 
 
+CHAT_OPTIONS = {  # the options of SFT and DPO alike: name -> (default, help)
+    "chat_template": ("", "chatml, a Jinja template file, or a template (default: the checkpoint's; ChatML for a "
+                          "model from scratch)"),
+    "truncate": (False, "cut a conversation longer than the context from the left of its prompt (never an answer); "
+                        "without it such a conversation is an error"),
+    "mask_end_of_turn_newline": (False, "the loss counts the newlines a chat template writes after an answer's "
+                                        "end-of-turn marker too (default: not, for every template)"),
+}
+
+
+def chat_option(name: str):
+    """The field of chat option ``name`` (``CHAT_OPTIONS``), for each task that takes it."""
+    default, text = CHAT_OPTIONS[name]
+    return option(default, text)
+
+
 @dataclass(frozen=True)
 class SFTOptions(TaskOptions):
-    """``--val-data``, ``--train-on-prompt``, ``--chat-template`` (chatml, a file or a template; default the
-    checkpoint's, ChatML from scratch), ``--truncate`` (cut a long conversation's prompt from the left),
-    ``--packing`` (conversations packed into full rows, each attending within itself), ``--mask-end-of-turn-newline``
-    and ``--eval-generate N`` (greedy answers to N held-out conversations at the end: exact match, chrF)."""
+    """What chat fine-tuning alone is trained and scored with (``data`` is then conversations in JSONL)."""
 
     FREE_ON_RESUME = ("eval_generate",)
-    val_data: str = ""
-    train_on_prompt: bool = False
-    chat_template: str = ""
-    truncate: bool = False
-    packing: bool = False
-    mask_end_of_turn_newline: bool = False  # the loss counts the newlines a template writes after an answer's end
-    eval_generate: int = 0
+    val_data: str = option("", "held-out conversations (JSONL; default: 5 % of --data, chosen by a hash of each "
+                               "conversation)")
+    train_on_prompt: bool = option(False, "the loss counts every token, not only the assistant's")
+    chat_template: str = chat_option("chat_template")
+    truncate: bool = chat_option("truncate")
+    packing: bool = option(False, "conversations packed into full rows of the context, each attending within "
+                                  "itself with positions restarting (no padding: more tokens a step)")
+    mask_end_of_turn_newline: bool = chat_option("mask_end_of_turn_newline")
+    eval_generate: int = option(0, "at the end, greedy answers to N held-out conversations, scored by exact match "
+                                   "and chrF against theirs (default 0: the held-out loss alone)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -28,7 +28,7 @@ from ...data import SPECIAL_TOKENS, BPETokenizer
 from ...models import PRESETS, ModelConfig, Transformer
 from ...models.pointer import PointerTransformer
 from ...checks import check_fraction, check_positive_int
-from .base import SCRATCH, Task, TaskDefaults, TaskOptions
+from .base import SCRATCH, Task, TaskDefaults, TaskOptions, option
 
 EVAL_PAIRS = 256  # held-out pairs scored by the periodic validation loss
 DECODE_COST = 6  # a pair beam-searched and greedily decoded costs about this many loss-evaluated pairs
@@ -109,11 +109,13 @@ class TranslationOptions(TaskOptions):
     """What translation alone is trained and scored with (``data`` is then a pairs file or a directory of
     .po/.mo catalogs)."""
 
-    target_lang: str = "zh_CN"  # the catalogs' language (any locale under /usr/share/locale)
-    label_smoothing: float = 0.1  # the paper's ε (§5.4)
-    copy: bool = True  # the pointer-generator's copy mechanism (qkv.models.pointer); False: the plain Transformer
-    num_beams: int = 4  # beam search of the final BLEU / chrF (the paper: 4, α = 0.6, §6.1)
-    length_penalty: float = 0.6
+    target_lang: str = option("zh_CN", "the catalogs' target language (default zh_CN; any locale under "
+                                       "/usr/share/locale)")
+    label_smoothing: float = option(0.1, "label smoothing ε (default 0.1, the paper's, §5.4)")
+    copy: bool = option(True, "the pointer-generator's copy mechanism (qkv.models.pointer; default: on; off: the "
+                              "paper's plain Transformer)")
+    num_beams: int = option(4, "beam width of the final BLEU/chrF (default 4, the paper's, §6.1)")
+    length_penalty: float = option(0.6, "the final beam search's length penalty α (default 0.6, the paper's)")
 
     FREE_ON_RESUME = ("num_beams", "length_penalty")  # they only decode the final scores
     SAVED_BEFORE = {"copy": False}  # runs saved before the copy mechanism had none
