@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .optim import lr_at, set_lr
 from .memory import memory_line
+from .progress import percent_done
 from .state import Diverged, StopRequest, parameter_counts
 
 
@@ -145,7 +146,7 @@ class RecipeLoop:
 
         print(self.header(), file=sys.stderr)
         print(memory_line(self.estimate), file=sys.stderr)
-        return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
+        return progress_bar(100.0, initial=percent_done(self.progress()), desc="qkv train", unit="%",
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 
     # --- the loop --------------------------------------------------------------------------------
@@ -184,6 +185,6 @@ class RecipeLoop:
     def show(self, bar, loss: float) -> None:
         if bar is not None:
             s = self.state
-            bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
+            bar.update(percent_done(self.progress()) - bar.n)
             bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, {s.tokens / max(s.train_time, 1e-9):.0f} tok/s",
                                 refresh=False)
