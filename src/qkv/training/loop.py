@@ -77,7 +77,7 @@ class RecipeLoop:
         """One optimizer step at the scheduled learning rate; its mean loss stays on the device (``read_losses``)."""
         cfg, s, t0 = self.cfg, self.state, time.perf_counter()
         set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
-        micros = self.task.draw(self.batch_gen, cfg, self.dist)
+        micros = self.task.draw(self.batch_gen, cfg, self.dist, step=s.step)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
                                          autocast=self.autocast, sharding=self.sharding))
         for hook in self.step_hooks:  # after optimizer.step(): e.g. the experts' load and balancing bias

@@ -178,9 +178,10 @@ class Task:
 
     tokens_per_step: int = 0  # nominal tokens of one optimizer step (budgets, throughput)
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> Any:
-        """This rank's micro-batches of one optimizer step, drawn from ``generator`` (shared by every
-        rank, so N processes see exactly the batch one process would): an iterable of ``grad_accum``."""
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> Any:
+        """This rank's micro-batches of optimizer step ``step`` (0-based), drawn from ``generator`` or ordered by
+        the step (``qkv.training.sampler``), the same on every rank, so N processes see exactly the batch one
+        process would: an iterable of ``grad_accum``."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, micro: Any) -> Tensor:

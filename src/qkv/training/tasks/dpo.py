@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
+from ..sampler import EpochSampler
 from .base import SCRATCH, TaskDefaults, TaskOptions
 from .sft import SFTTask
 
@@ -183,6 +184,7 @@ class DPOTask(SFTTask):
         self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) + len(r[2]) for r in self.train_rows)
                                      / max(1, len(self.train_rows)))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.order = EpochSampler(len(self.train_rows), cfg.seed)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // 256)))
         self.final_units = len(self.val_rows) if cfg.final_eval else 0
 
@@ -200,8 +202,9 @@ class DPOTask(SFTTask):
         inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
         return inputs, targets, keep
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> list:
-        idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
+        """Each pair once per epoch, in the order transformers' Trainer visits them (``EpochSampler``)."""
+        idx = self.order.step(step, cfg.batch_size)
         return [(row.tolist(), "train") for row in idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]]
 
     def pair_logps(self, model, micro, *, reference: bool) -> tuple[Tensor, Tensor]:

@@ -26,6 +26,7 @@ from ...data.chat_template import (CHATML, CHATML_TOKENS, encode_conversation, e
                                    template_source)
 from ...data.conversations import Conversation, catalog_conversations, load_conversations
 from ...models import GPT, ModelConfig
+from ..sampler import EpochSampler
 from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
@@ -201,6 +202,7 @@ class SFTTask(DecoderTask):
         self.conversations = len(self.train_rows)
         if self.options.packing:
             self.train_rows = pack(self.train_rows, T + 1)
+        self.order = EpochSampler(len(self.train_rows), cfg.seed)
         self.answered = torch.tensor([int(r[1][1:].sum()) for r in self.train_rows])  # trained targets per row
         self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) for r in self.train_rows) / len(self.train_rows))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
@@ -253,8 +255,9 @@ class SFTTask(DecoderTask):
         moved = to_device(host, self.device)
         return moved[0], moved[1], (moved[2] if docs is not None else None), answer_window(host[1])
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> list:
-        idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)  # the global batch
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
+        """Each row once per epoch, in the order transformers' Trainer visits them (``EpochSampler``)."""
+        idx = self.order.step(step, cfg.batch_size)  # the global batch
         total = max(1, int(self.answered[idx].sum()))  # every rank counts the whole step's answer tokens
         scale = cfg.grad_accum * dist.world / total  # see ``loss``
         mine = idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B)

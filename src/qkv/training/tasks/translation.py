@@ -193,7 +193,7 @@ class TranslationTask(Task):
         targets = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)
         return tuple(x.to(self.device, non_blocking=True) for x in (src, src_mask, tgt[:, :-1], targets))
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> list:
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
         n = len(self.train_pairs)
         start = int(torch.randint(n - cfg.batch_size + 1, (1,), generator=generator))  # neighbours in length
         idx = torch.arange(start, start + cfg.batch_size)[torch.randperm(cfg.batch_size, generator=generator)]
