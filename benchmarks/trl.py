@@ -132,7 +132,8 @@ def trl_args(spec: dict, config_type):
     return config_type(output_dir=spec["work"] + f"/trl-{spec['name']}", use_cpu=True, bf16=False,
                        max_steps=spec["steps"], per_device_train_batch_size=spec["batch"],
                        per_device_eval_batch_size=n_eval, learning_rate=spec["lr"],
-                       lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": TrainConfig.min_lr_ratio},
+                       lr_scheduler_type="cosine_with_min_lr",
+                       lr_scheduler_kwargs={"min_lr_rate": TrainConfig.min_lr_ratio},
                        warmup_steps=WARMUP, weight_decay=0.1, adam_beta2=0.99, max_grad_norm=1.0, logging_steps=1,
                        save_strategy="no", report_to=[], max_length=CONTEXT, seed=SEED, dataloader_num_workers=0,
                        disable_tqdm=True)

@@ -90,8 +90,8 @@ def test_only_the_answer_is_scored(tmp_path):
     task.template, task.template_tokens, task.options = CHATML, {}, DPOOptions()
     task.tokenizer = CharTokenizer.train(CHATML + "abcdefghijklmnopqrstuvwxyz?+0123456789 ")
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
-    ids, scored, *_ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
-                                             ({"role": "assistant", "content": "no"},), "x:1"))
+    (ids, scored, _), _ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
+                                                  ({"role": "assistant", "content": "no"},), "x:1"))
     assert task.tokenizer.decode(ids[scored].tolist()) == "yes<|im_end|>"  # not the prompt's own answer a1
 
 

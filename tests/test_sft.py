@@ -98,7 +98,7 @@ def test_a_raw_preference_pair_is_scored_as_trl_scores_it():
 
     task = raw_task(DPOTask)
     pair = preference(Record("x:1", {"prompt": "Sky?\n", "chosen": "\n It is blue.", "rejected": "green"}))
-    c_ids, c_scored, r_ids, r_scored, _ = task.encode(pair)
+    (c_ids, c_scored, _), (r_ids, r_scored, _) = task.encode(pair)
     encode = lambda text: task.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     assert c_ids.tolist() == encode("Sky?\n\n It is blue.<|im_end|>")
     prompt = encode("Sky?\n")

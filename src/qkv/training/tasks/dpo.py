@@ -37,6 +37,7 @@ from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
 from ..sampler import EpochSampler
 from .base import SCRATCH, TaskDefaults, TaskOptions
+from .rows import Pair, Row, targets_trained
 from .sft import SFTTask
 
 LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
@@ -153,20 +154,20 @@ class DPOTask(SFTTask):
         return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
                 for p in self.train_set for answer in (p.chosen, p.rejected)]
 
-    def encode(self, p: Preference) -> tuple:
-        """(chosen ids, chosen scored, rejected ids, rejected scored, where): each answer after the prompt."""
-        return (*self.scored(p.prompt, p.chosen), *self.scored(p.prompt, p.rejected), p.where)
+    def encode(self, p: Preference) -> Pair:
+        """Each answer after the prompt."""
+        return Pair(self.scored(p.prompt, p.chosen, p.where), self.scored(p.prompt, p.rejected, p.where))
 
-    def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
-        """(ids, scored) of the prompt and one answer: the answer's tokens scored, the prompt's answers context."""
+    def scored(self, prompt, answer, where: str) -> Row:
+        """The prompt and one answer: the answer's tokens scored (``trained``), the prompt's answers context."""
         if isinstance(prompt, str):  # a raw pair: text, no chat template
             ids, scored = self.raw_ids(prompt, answer)
-            return torch.tensor(ids), torch.tensor(scored)
+            return Row(torch.tensor(ids), torch.tensor(scored), where)
         asked = sum(m["role"] == "assistant" for m in prompt)
         ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
                                           end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
                                           **self.template_tokens)
-        return torch.tensor(ids), torch.tensor(scored)
+        return Row(torch.tensor(ids), torch.tensor(scored), where)
 
     def build_model(self, mconf) -> nn.Module:
         model = super().build_model(mconf)
@@ -181,24 +182,21 @@ class DPOTask(SFTTask):
                                               for rows in (self.train_rows, self.val_rows))
         self.train_rows = [self.fitted_pair(r) for r in self.train_rows]
         self.val_rows = [self.fitted_pair(r) for r in self.val_rows]
-        self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) + len(r[2]) for r in self.train_rows)
-                                     / max(1, len(self.train_rows)))
+        tokens = sum(len(r.chosen.ids) + len(r.rejected.ids) for r in self.train_rows)
+        self.tokens_per_step = round(cfg.batch_size * tokens / max(1, len(self.train_rows)))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.order = EpochSampler(len(self.train_rows), cfg.seed)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // 256)))
         self.final_units = len(self.val_rows) if cfg.final_eval else 0
 
-    def fitted_pair(self, row: tuple) -> tuple:
-        c_ids, c_scored, r_ids, r_scored, where = row
-        c_ids, c_scored, _ = self.fitted((c_ids, c_scored, where), self.T)
-        r_ids, r_scored, _ = self.fitted((r_ids, r_scored, where), self.T)
-        return c_ids, c_scored, r_ids, r_scored, where
+    def fitted_pair(self, pair: Pair) -> Pair:
+        return Pair(self.fitted(pair.chosen, self.T), self.fitted(pair.rejected, self.T))
 
     # --- training ---------------------------------------------------------------------------------
     def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, int]:
         """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
         ``answer_window``."""
-        seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
+        seqs = [rows[i].chosen for i in indices] + [rows[i].rejected for i in indices]
         inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
         return inputs, targets, keep
 
@@ -239,8 +237,8 @@ class DPOTask(SFTTask):
         """``preference_loss`` of the options on the pairs of ``micro``: (chosen, rejected, their references)."""
         indices, split = micro
         rows = self.train_rows if split == "train" else self.val_rows
-        lengths = tuple(torch.tensor([int(rows[i][k][1:].sum()) for i in indices], device=self.device)
-                        for k in (1, 3))  # each answer's scored targets
+        lengths = tuple(torch.tensor([targets_trained(getattr(rows[i], side)) for i in indices], device=self.device)
+                        for side in ("chosen", "rejected"))  # each answer's scored targets
         return preference_loss(*logps, beta=self.options.beta, kind=self.options.dpo_loss, lengths=lengths,
                                label_smoothing=self.options.label_smoothing)
 

@@ -28,6 +28,7 @@ from ...data.conversations import Conversation, catalog_conversations, load_conv
 from ...models import GPT, ModelConfig
 from ..sampler import EpochSampler
 from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
+from .rows import PackedRow, Row, sequences, targets_trained
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
 EVAL_CONVERSATIONS = 256  # held-out conversations of each periodic validation
@@ -170,7 +171,7 @@ class SFTTask(DecoderTask):
         """The conversations a new tokenizer is fitted on."""
         return [c.messages for c in self.train_set]
 
-    def encode(self, c: Conversation) -> tuple[Tensor, Tensor, str]:
+    def encode(self, c: Conversation) -> Row:
         """(ids (L,), trained (L,) bool, where): the rendered conversation (a raw one: prompt + completion + EOS)
         and which tokens the loss counts."""
         if c.raw:
@@ -181,7 +182,7 @@ class SFTTask(DecoderTask):
                                                train_on_prompt=self.options.train_on_prompt,
                                                end_newline=self.options.mask_end_of_turn_newline,
                                                context_answers=c.context_answers, **self.template_tokens)
-        return torch.tensor(ids), torch.tensor(trained), c.where
+        return Row(torch.tensor(ids), torch.tensor(trained), c.where)
 
     def raw_ids(self, prompt: str, answer: str) -> tuple[list[int], list[bool]]:
         """(ids, learnt) of raw text, as TRL treats strings: prompt + answer + EOS (unless the answer ends with
@@ -203,8 +204,8 @@ class SFTTask(DecoderTask):
         if self.options.packing:
             self.train_rows = pack(self.train_rows, T + 1)
         self.order = EpochSampler(len(self.train_rows), cfg.seed)
-        self.answered = torch.tensor([int(r[1][1:].sum()) for r in self.train_rows])  # trained targets per row
-        self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) for r in self.train_rows) / len(self.train_rows))
+        self.answered = torch.tensor([targets_trained(r) for r in self.train_rows])
+        self.tokens_per_step = round(cfg.batch_size * sum(len(r.ids) for r in self.train_rows) / len(self.train_rows))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
         answered = min(self.options.eval_generate, len(self.val_rows))
@@ -215,13 +216,13 @@ class SFTTask(DecoderTask):
     def fitting(rows: list, T: int, dist, progress: bool) -> list:
         """The rows of at most T + 1 tokens (each sequence of a row: a pair's two answers too), saying how many
         were left out."""
-        kept = [r for r in rows if all(len(x) <= T + 1 for x in r[:-1:2])]
+        kept = [r for r in rows if all(len(x.ids) <= T + 1 for x in sequences(r))]
         if len(kept) < len(rows) and dist.is_main and progress:
             print(f"qkv: {len(rows) - len(kept)} of {len(rows)} built-in conversations longer than the context "
                   f"({T} + 1 tokens) left out", file=sys.stderr)
         return kept
 
-    def fitted(self, row: tuple[Tensor, Tensor, str], T: int) -> tuple[Tensor, Tensor, str]:
+    def fitted(self, row: Row, T: int) -> Row:
         """The row within T + 1 tokens: as it is, or with --truncate its prompt cut from the left (never an
         answer); ValueError naming the conversation and its length otherwise."""
         ids, trained, where = row
@@ -234,23 +235,24 @@ class SFTTask(DecoderTask):
         if bool(trained[:cut].any()):
             raise ValueError(f"{where}: a conversation of {len(ids)} tokens whose answers alone do not fit the "
                              f"context ({T} + 1) even with the prompt cut: raise --context")
-        return ids[cut:], trained[cut:], where
+        return Row(ids[cut:], trained[cut:], where)
 
     # --- training ------------------------------------------------------------------------------------
     def batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, Tensor | None, int]:
         """inputs (B, L − 1) right-padded with 0, targets (B, L − 1) with −100 where the loss does not count, for
         packed rows their document ids (B, L − 1), the padding a document of its own (else None), and the
         ``answer_window`` of the targets (read on the host: no wait for the device)."""
-        longest = max(len(rows[i][0]) for i in indices)
+        longest = max(len(rows[i].ids) for i in indices)
         ids = torch.zeros(len(indices), longest, dtype=torch.long)
         targets = torch.full((len(indices), longest), -100, dtype=torch.long)
-        docs = torch.full((len(indices), longest), -1, dtype=torch.long) if len(rows[indices[0]]) > 3 else None
+        packed = isinstance(rows[indices[0]], PackedRow)
+        docs = torch.full((len(indices), longest), -1, dtype=torch.long) if packed else None
         for b, i in enumerate(indices):
-            row, trained = rows[i][:2]
-            ids[b, :len(row)] = row
-            targets[b, :len(row)] = row.masked_fill(~trained, -100)
+            row = rows[i]
+            ids[b, :len(row.ids)] = row.ids
+            targets[b, :len(row.ids)] = row.ids.masked_fill(~row.trained, -100)
             if docs is not None:
-                docs[b, :len(row)] = rows[i][3]
+                docs[b, :len(row.ids)] = row.docs
         host = [ids[:, :-1], targets[:, 1:]] + ([] if docs is None else [docs[:, :-1]])
         moved = to_device(host, self.device)
         return moved[0], moved[1], (moved[2] if docs is not None else None), answer_window(host[1])
@@ -357,22 +359,22 @@ class SFTTask(DecoderTask):
         return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]
 
 
-def pack(rows: list[tuple[Tensor, Tensor, str]], length: int) -> list[tuple[Tensor, Tensor, str, Tensor]]:
-    """Conversations concatenated, in order, into rows of at most ``length`` tokens: (ids, trained, where, document
-    ids). A document's first token is never a target (nothing before it in its own document predicts it)."""
+def pack(rows: list[Row], length: int) -> list[PackedRow]:
+    """Conversations concatenated, in order, into rows of at most ``length`` tokens. A document's first token is
+    never a target (nothing before it in its own document predicts it)."""
     packs, current = [], []
     for row in rows:
-        if current and sum(len(r[0]) for r in current) + len(row[0]) > length:
+        if current and sum(len(r.ids) for r in current) + len(row.ids) > length:
             packs.append(current)
             current = []
         current.append(row)
     packs.append(current)
     out = []
     for group in packs:
-        trained = [t.clone() for _, t, _ in group]
+        trained = [r.trained.clone() for r in group]
         for t in trained:
             t[0] = False
-        docs = torch.cat([torch.full((len(ids),), d) for d, (ids, _, _) in enumerate(group)])
-        out.append((torch.cat([ids for ids, _, _ in group]), torch.cat(trained), group[0][2], docs))
+        docs = torch.cat([torch.full((len(r.ids),), d) for d, r in enumerate(group)])
+        out.append(PackedRow(torch.cat([r.ids for r in group]), torch.cat(trained), group[0].where, docs))
     return out
 
