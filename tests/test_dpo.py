@@ -84,14 +84,17 @@ def test_training_raises_reward_accuracy(tmp_path, precompute):
 def test_only_the_answer_is_scored(tmp_path):
     from qkv.data.chat_template import CHATML
     from qkv.data.conversations import Preference
-    from qkv.training.tasks.dpo import DPOOptions, DPOTask
+    from qkv.training.tasks.chat_data import ChatData
+    from qkv.training.tasks.dpo import DPOOptions, DPOTask, encode_pair
 
     task = DPOTask()
-    task.template, task.template_tokens, task.options = CHATML, {}, DPOOptions()
+    task.options = DPOOptions()
+    task.chat = ChatData(CHATML, {}, "ChatML", task.options)
     task.tokenizer = CharTokenizer.train(CHATML + "abcdefghijklmnopqrstuvwxyz?+0123456789 ")
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
-    (ids, scored, _), _ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
-                                                  ({"role": "assistant", "content": "no"},), "x:1"))
+    pair = Preference(prompt, ({"role": "assistant", "content": "yes"},), ({"role": "assistant", "content": "no"},),
+                      "x:1")
+    (ids, scored, _), _ = encode_pair(task.chat, task.tokenizer, pair)
     assert task.tokenizer.decode(ids[scored].tolist()) == "yes<|im_end|>"  # not the prompt's own answer a1
 
 

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
+from ...models import GPT
 from ..sampler import EpochSampler
-from .base import SCRATCH, TaskDefaults, TaskOptions
-from .rows import Pair, Row, targets_trained
-from .sft import SFTTask
+from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
+from .chat_data import TEMPLATE_FILE, ChatData, batch, check_bpe, fitting, prepare_chat
+from .rows import Pair, targets_trained
 
 LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
           "apo_down")
@@ -125,10 +125,36 @@ def adapters_off(model: nn.Module):
             m.enable_adapters(True)
 
 
-class DPOTask(SFTTask):
+def read_pairs(data: str | None, val_data: str) -> tuple[list[Preference], list[Preference], str]:
+    """(train, validation, where from): --data's pairs, or the catalogs' by default; validation is --val-data's,
+    or the last 5 % of the pairs."""
+    if data is None:
+        train, val, source = catalog_preferences()
+        return train, (load_preferences(val_data) if val_data else val), source
+    pairs = load_preferences(data)
+    if val_data:
+        return pairs, load_preferences(val_data), data
+    cut = max(1, round(0.05 * len(pairs)))
+    return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
+
+
+def pair_messages(pairs: list[Preference]) -> list:
+    """The conversations a new tokenizer is fitted on: each prompt with each of its answers."""
+    return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
+            for p in pairs for answer in (p.chosen, p.rejected)]
+
+
+def encode_pair(chat: ChatData, tokenizer, p: Preference) -> Pair:
+    """Each answer after the prompt, its tokens scored."""
+    return Pair(chat.answer(tokenizer, p.prompt, p.chosen, p.where), chat.answer(tokenizer, p.prompt, p.rejected,
+                                                                                  p.where))
+
+
+class DPOTask(DecoderTask):
     """Preference pairs: raise the chosen answer's likelihood over the rejected one's, against the reference."""
 
     name = "dpo"
+    model_class = GPT
     options_type = DPOOptions
     defaults = TaskDefaults(preset="demo", batch_size=16, lr=1e-4, warmup_steps=10, lr_width=None,
                             tokenizer=("bpe", 2048), preset_tokenizers={"demo": ("bpe", 2048)}, minutes=5.0,
@@ -139,35 +165,15 @@ class DPOTask(SFTTask):
     sequences_per_row = 2  # the policy scores each pair's chosen and rejected answers: two sequences (memory estimate)
     ref_logps: dict[str, Tensor] | None = None  # --precompute-ref: {"train", "val"}: (pairs, 2) chosen, rejected
 
-    @staticmethod
-    def read(data, val_data):
-        if data is None:
-            train, val, source = catalog_preferences()
-            return train, (load_preferences(val_data) if val_data else val), source
-        pairs = load_preferences(data)
-        if val_data:
-            return pairs, load_preferences(val_data), data
-        cut = max(1, round(0.05 * len(pairs)))
-        return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        check_bpe(cfg, cls.name)
 
-    def fit_messages(self) -> list:
-        return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
-                for p in self.train_set for answer in (p.chosen, p.rejected)]
+    def prepare(self, cfg, run, dist) -> None:
+        prepare_chat(self, cfg, run, dist, read_pairs, pair_messages, encode_pair)
 
-    def encode(self, p: Preference) -> Pair:
-        """Each answer after the prompt."""
-        return Pair(self.scored(p.prompt, p.chosen, p.where), self.scored(p.prompt, p.rejected, p.where))
-
-    def scored(self, prompt, answer, where: str) -> Row:
-        """The prompt and one answer: the answer's tokens scored (``trained``), the prompt's answers context."""
-        if isinstance(prompt, str):  # a raw pair: text, no chat template
-            ids, scored = self.raw_ids(prompt, answer)
-            return Row(torch.tensor(ids), torch.tensor(scored), where)
-        asked = sum(m["role"] == "assistant" for m in prompt)
-        ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
-                                          end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
-                                          **self.template_tokens)
-        return Row(torch.tensor(ids), torch.tensor(scored), where)
+    def run_files(self) -> dict[str, str]:
+        return {TEMPLATE_FILE: self.chat.template}  # what `qkv sample --chat`, `qkv chat` and export render with
 
     def build_model(self, mconf) -> nn.Module:
         model = super().build_model(mconf)
@@ -178,7 +184,7 @@ class DPOTask(SFTTask):
     def check(self, cfg, mconf, dist) -> None:
         self.T, self.lora, self.device = self.context(cfg, mconf), bool(cfg.lora), dist.device
         if cfg.data is None:  # the built-in pairs: those past the context left out
-            self.train_rows, self.val_rows = (self.fitting(rows, self.T, dist, cfg.progress)
+            self.train_rows, self.val_rows = (fitting(rows, self.T, dist, cfg.progress)
                                               for rows in (self.train_rows, self.val_rows))
         self.train_rows = [self.fitted_pair(r) for r in self.train_rows]
         self.val_rows = [self.fitted_pair(r) for r in self.val_rows]
@@ -190,14 +196,14 @@ class DPOTask(SFTTask):
         self.final_units = len(self.val_rows) if cfg.final_eval else 0
 
     def fitted_pair(self, pair: Pair) -> Pair:
-        return Pair(self.fitted(pair.chosen, self.T), self.fitted(pair.rejected, self.T))
+        return Pair(self.chat.fitted(pair.chosen, self.T), self.chat.fitted(pair.rejected, self.T))
 
     # --- training ---------------------------------------------------------------------------------
     def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, int]:
         """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
         ``answer_window``."""
         seqs = [rows[i].chosen for i in indices] + [rows[i].rejected for i in indices]
-        inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
+        inputs, targets, _, keep = batch(seqs, list(range(len(seqs))), self.device)
         return inputs, targets, keep
 
     def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
@@ -291,7 +297,7 @@ class DPOTask(SFTTask):
 
     def summary(self) -> dict:
         return {"data": self.source, "pairs": len(self.train_rows), "val_pairs": len(self.val_rows),
-                "chat_template": self.template_from, "beta": self.options.beta, "dpo_loss": self.options.dpo_loss,
+                "chat_template": self.chat.template_from, "beta": self.options.beta, "dpo_loss": self.options.dpo_loss,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
 
     def info(self, s: dict) -> dict[str, str]:
