@@ -139,67 +139,21 @@ class SFTTask(DecoderTask):
                                reduction="sum") * scale
 
     # --- validation ------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def nll(self, model: nn.Module, indices: list[int], autocast, dist) -> tuple[float, int]:
-        """(summed nats, answer tokens) of held-out conversations ``indices``."""
-        was, total = model.training, torch.zeros(2, dtype=torch.float64, device=self.device)
-        model.eval()
-        mine = indices[dist.rank::dist.world]
-        for lo in range(0, len(mine), 32):
-            inputs, targets, _, keep = batch(self.val_rows, mine[lo:lo + 32], self.device)
-            with autocast():
-                logits = model(inputs, logits_to_keep=keep).logits
-            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
-                                        reduction="sum").double()
-            total[1] += (targets != -100).sum()
-        model.train(was)
-        total = dist.sum(total)
-        return float(total[0]), int(total[1])
-
     def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        nats, n = self.nll(model, self.eval_sample, autocast, dist)
+        nats, n = held_out_nll(model, self.val_rows, self.eval_sample, autocast, dist, self.device)
         return {"val_loss": nats / max(1, n)}, len(self.eval_sample)
 
     def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
-        nats, n = self.nll(model, list(range(len(self.val_rows))), autocast, dist)
-        answers = self.answers(model, autocast) if self.options.eval_generate else {}
+        nats, n = held_out_nll(model, self.val_rows, list(range(len(self.val_rows))), autocast, dist, self.device)
+        answers = greedy_answers(self, model, autocast) if self.options.eval_generate else {}
         return {"val_loss": nats / max(1, n), "val_answer_tokens": n} | answers
 
-    @torch.no_grad()
-    def answers(self, model, autocast) -> dict:
-        """Greedy answers to the last user turn of up to ``eval_generate`` held-out conversations: exact match and
-        chrF against the held-out answer."""
-        from ...generation import generate
-        from ..metrics import chrf
-        from ..sharding import decode_backend
-
-        end = self.tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(self.tokenizer, "special_id") else None
-        most = self.options.eval_generate
-        chosen = self.val_set[:: max(1, len(self.val_set) // most)][:most]
-        hyps, refs = [], []
-        for c in chosen:
-            last = max(i for i, m in enumerate(c.messages) if m["role"] == "assistant")
-            prompt = c.messages[0]["content"] if c.raw else \
-                self.chat.render(c.messages[:last], add_generation_prompt=True)
-            ids = torch.tensor([plain_ids(self.tokenizer, prompt)[-self.T:]], device=self.device)
-            with autocast():
-                out = generate(model, ids, min(64, self.T), temperature=0, eos_id=end, backend=decode_backend(model))
-            hyps.append(self.tokenizer.decode(out[0, ids.size(1):].tolist()).split(CHATML_TOKENS[1])[0].strip())
-            refs.append(c.messages[last]["content"].strip())
-        exact = 100 * sum(h == r for h, r in zip(hyps, refs)) / max(1, len(refs))
-        examples = [{"answer": h, "reference": r} for h, r in list(zip(hyps, refs))[:5]]
-        return {"val_exact_match": exact, "val_chrf": chrf(hyps, refs), "answered": len(refs), "examples": examples}
-
     # --- reporting ------------------------------------------------------------------------------------
-    def packed(self) -> str:
-        return f" packed into {len(self.train_rows)} rows" if self.options.packing else ""
-
     def describe(self) -> str:
+        packed = f" packed into {len(self.train_rows)} rows" if self.options.packing else ""
         return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
-                f"{self.source}: {self.conversations} conversations{self.packed()}, {len(self.val_rows)} held out; "
-                f"chat template: "
-                f"{self.chat.template_from}; "
-                f"loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
+                f"{self.source}: {self.conversations} conversations{packed}, {len(self.val_rows)} held out; "
+                f"chat template: {self.chat.template_from}; loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
 
     def summary(self) -> dict:
         return {"data": self.source, "conversations": self.conversations, "val_conversations": len(self.val_rows),
@@ -207,21 +161,65 @@ class SFTTask(DecoderTask):
                 "chat_template": self.chat.template_from, "train_on_prompt": self.options.train_on_prompt,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
 
-    @staticmethod
-    def answered_text(s: dict) -> str:
-        """The greedy answers' scores in words, where --eval-generate asked for them."""
-        if not s.get("answered"):
-            return ""
-        return (f"; greedy answers to {s['answered']}: exact match {s['val_exact_match']:.1f} %, "
-                f"chrF {s['val_chrf']:.1f}")
-
     def info(self, s: dict) -> dict[str, str]:
-        return {"val_loss": f"{s['val_loss']:.4f} nats per answer token{self.answered_text(s)}"}
+        return {"val_loss": f"{s['val_loss']:.4f} nats per answer token{answered_text(s)}"}
 
     def result_lines(self, s: dict) -> list[str]:
         lines = [f"validation loss: {s['val_loss']:.4f} nats per answer token ({s['val_conversations']} held-out "
-                 f"conversations){self.answered_text(s)}"]
+                 f"conversations){answered_text(s)}"]
         return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]
+
+
+@torch.no_grad()
+def held_out_nll(model: nn.Module, rows: list[Row], indices: list[int], autocast, dist, device) -> tuple[float, int]:
+    """(summed nats, answer tokens) of the rows ``indices`` (held-out conversations), shared by the ranks."""
+    was, total = model.training, torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    mine = indices[dist.rank::dist.world]
+    for lo in range(0, len(mine), 32):
+        inputs, targets, _, keep = batch(rows, mine[lo:lo + 32], device)
+        with autocast():
+            logits = model(inputs, logits_to_keep=keep).logits
+        total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
+                                    reduction="sum").double()
+        total[1] += (targets != -100).sum()
+    model.train(was)
+    total = dist.sum(total)
+    return float(total[0]), int(total[1])
+
+
+@torch.no_grad()
+def greedy_answers(task: "SFTTask", model: nn.Module, autocast) -> dict:
+    """Greedy answers to the last user turn of up to ``eval_generate`` of ``task``'s held-out conversations: exact
+    match and chrF against the held-out answer."""
+    from ...generation import generate
+    from ..metrics import chrf
+    from ..sharding import decode_backend
+
+    end = task.tokenizer.special_id(CHATML_TOKENS[1]) if hasattr(task.tokenizer, "special_id") else None
+    most = task.options.eval_generate
+    chosen = task.val_set[:: max(1, len(task.val_set) // most)][:most]
+    hyps, refs = [], []
+    for c in chosen:
+        last = max(i for i, m in enumerate(c.messages) if m["role"] == "assistant")
+        prompt = c.messages[0]["content"] if c.raw else \
+            task.chat.render(c.messages[:last], add_generation_prompt=True)
+        ids = torch.tensor([plain_ids(task.tokenizer, prompt)[-task.T:]], device=task.device)
+        with autocast():
+            out = generate(model, ids, min(64, task.T), temperature=0, eos_id=end, backend=decode_backend(model))
+        hyps.append(task.tokenizer.decode(out[0, ids.size(1):].tolist()).split(CHATML_TOKENS[1])[0].strip())
+        refs.append(c.messages[last]["content"].strip())
+    exact = 100 * sum(h == r for h, r in zip(hyps, refs)) / max(1, len(refs))
+    examples = [{"answer": h, "reference": r} for h, r in list(zip(hyps, refs))[:5]]
+    return {"val_exact_match": exact, "val_chrf": chrf(hyps, refs), "answered": len(refs), "examples": examples}
+
+
+def answered_text(s: dict) -> str:
+    """The greedy answers' scores in words, where --eval-generate asked for them."""
+    if not s.get("answered"):
+        return ""
+    return (f"; greedy answers to {s['answered']}: exact match {s['val_exact_match']:.1f} %, "
+            f"chrF {s['val_chrf']:.1f}")
 
 
 def pack(rows: list[Row], length: int) -> list[PackedRow]:
