@@ -243,7 +243,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
     import torch
 
     from qkv.training.recipe import TrainConfig
-    from qkv.training.tasks.dpo import DPOTask, answer_logps
+    from qkv.training.tasks.dpo import DPOTask, answer_logps, pair_batch
 
     cfg = TrainConfig(task="dpo", init_from_hf=str(model_dir), data=files["dpo_val"], val_data=files["dpo_val"],
                       max_steps=0, context=CONTEXT, mask_end_of_turn_newline=True, device="cpu")
@@ -251,7 +251,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
     task.prepare(cfg, None, SimpleNamespace(is_main=True, world=1, rank=0, device=torch.device("cpu")))
     task.T, task.device, model = CONTEXT, torch.device("cpu"), task.base.model.eval()
     rows = task.train_rows[:n]
-    batch = task.pair_batch(rows, list(range(len(rows))))
+    batch = pair_batch(rows, list(range(len(rows))), task.device)
     with torch.no_grad():
         policy = answer_logps(model, *batch).double()
         reference = answer_logps(lambda x, **kw: SimpleNamespace(logits=model(x, **kw).logits / 2), *batch).double()

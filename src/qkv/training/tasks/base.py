@@ -139,10 +139,16 @@ class Task:
     model_class: type[nn.Module]
     options_type: type[TaskOptions] = TaskOptions
     defaults: TaskDefaults
+    bpe_only: bool = False  # trains a byte-level BPE alone (a conversation task: its chat markers are special tokens)
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        """Refuse general settings this task cannot train with, before the defaults fill ``cfg`` in."""
+        """Refuse general settings this task cannot train with, before the defaults fill ``cfg`` in: here a
+        tokenizer other than a byte-level BPE where the task is ``bpe_only``."""
+        if cls.bpe_only and cfg.tokenizer not in (None, "bpe"):
+            why = f"the run {cfg.init_from} has a {cfg.tokenizer} tokenizer" if cfg.init_from else \
+                f"--tokenizer {cfg.tokenizer} is for --task lm"
+            raise ValueError(f"--task {cls.name} trains a byte-level BPE (its chat markers are special tokens); {why}")
 
     def __init__(self, *, corpus: Any = None, tokenizer: Any = None) -> None:
         """``corpus``, ``tokenizer``: ready data the task would otherwise read or fit."""

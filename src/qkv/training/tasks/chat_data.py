@@ -58,15 +58,6 @@ def answer_window(targets: Tensor) -> int:
     return targets.size(1) - first if first else 0
 
 
-def check_bpe(cfg, task: str) -> None:
-    """Refuse a tokenizer other than the byte-level BPE a conversation task trains (its chat markers are special
-    tokens)."""
-    if cfg.tokenizer not in (None, "bpe"):
-        why = f"the run {cfg.init_from} has a {cfg.tokenizer} tokenizer" if cfg.init_from else \
-            f"--tokenizer {cfg.tokenizer} is for --task lm"
-        raise ValueError(f"--task {task} trains a byte-level BPE (its chat markers are special tokens); {why}")
-
-
 def fitting(rows: list, T: int, dist, progress: bool) -> list:
     """The rows of at most T + 1 tokens (each sequence of a row: a pair's two answers too), saying how many were
     left out."""

@@ -24,7 +24,7 @@ from ...data.conversations import Conversation, catalog_conversations, load_conv
 from ...models import GPT, ModelConfig
 from ..sampler import EpochSampler
 from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions
-from .chat_data import TEMPLATE_FILE, ChatData, batch, check_bpe, fitting, prepare_chat
+from .chat_data import TEMPLATE_FILE, ChatData, batch, fitting, prepare_chat
 from .rows import PackedRow, Row, targets_trained
 
 VAL_FRACTION = 0.05  # without --val-data: the held-out share, chosen by a hash of each conversation
@@ -81,15 +81,12 @@ class SFTTask(DecoderTask):
 
     name = "sft"
     model_class = GPT
+    bpe_only = True
     options_type = SFTOptions
     defaults = TaskDefaults(preset="demo", batch_size=32, lr=6e-3, warmup_steps=20, lr_width=0.576,
                             tokenizer=("bpe", 2048), preset_tokenizers={"demo": ("bpe", 2048)}, minutes=10.0,
                             preset_recipes={"demo": SCRATCH},
                             data="the system's gettext catalogs as 'Translate to Chinese' conversations")
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        check_bpe(cfg, cls.name)
 
     # --- data ------------------------------------------------------------------------------------
     def prepare(self, cfg, run, dist) -> None:
@@ -153,7 +150,8 @@ class SFTTask(DecoderTask):
         packed = f" packed into {len(self.train_rows)} rows" if self.options.packing else ""
         return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "
                 f"{self.source}: {self.conversations} conversations{packed}, {len(self.val_rows)} held out; "
-                f"chat template: {self.chat.template_from}; loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
+                f"chat template: {self.chat.template_from}; "
+                f"loss on {'every token' if self.options.train_on_prompt else 'the answers'}")
 
     def summary(self) -> dict:
         return {"data": self.source, "conversations": self.conversations, "val_conversations": len(self.val_rows),
