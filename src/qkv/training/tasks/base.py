@@ -131,9 +131,30 @@ class TaskDefaults:
         return getattr(self, name)
 
 
-class Task:
-    """One kind of training. Subclasses fill in every method below and declare ``defaults``
-    (and ``options_type`` if the task has settings of its own)."""
+class TaskProse:
+    """What a task says in words and numbers, for people and reports: the progress header, summary.json, the
+    lines ``qkv train`` ends with, ``qkv info``. A task fills in every method below."""
+
+    def describe(self) -> str:
+        """The data in one phrase for the progress header."""
+        raise NotImplementedError
+
+    def summary(self) -> dict:
+        """What the summary reports about the data and tokenizer."""
+        raise NotImplementedError
+
+    def result_lines(self, summary: dict) -> list[str]:
+        """The lines ``qkv train`` prints at the end."""
+        raise NotImplementedError
+
+    def info(self, summary: dict) -> dict[str, str]:
+        """What ``qkv info`` shows of a finished run's summary, by label."""
+        raise NotImplementedError
+
+
+class Task(TaskProse):
+    """One kind of training. Subclasses fill in every method below (and ``TaskProse``'s) and declare
+    ``defaults`` (and ``options_type`` if the task has settings of its own)."""
 
     name: str = ""
     model_class: type[nn.Module]
@@ -202,22 +223,6 @@ class Task:
 
     def final_metrics(self, model: nn.Module, *, autocast: Callable, dist, progress: bool) -> dict:
         """The summary's measured numbers, on the whole validation split."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """The data in one phrase for the progress header."""
-        raise NotImplementedError
-
-    def summary(self) -> dict:
-        """What the summary reports about the data and tokenizer."""
-        raise NotImplementedError
-
-    def result_lines(self, summary: dict) -> list[str]:
-        """The lines ``qkv train`` prints at the end."""
-        raise NotImplementedError
-
-    def info(self, summary: dict) -> dict[str, str]:
-        """What ``qkv info`` shows of a finished run's summary, by label."""
         raise NotImplementedError
 
 
