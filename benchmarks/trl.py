@@ -15,6 +15,11 @@ written as JSONL that both read. Each run is a process of its own, qkv's and TRL
     peak         the process's peak resident memory (``ru_maxrss``), the model's loading and the final evaluation
                  included
 
+Both see the same batches: the same file and seed, each row once per epoch in the order of transformers'
+``Trainer`` (its seeded ``RandomSampler``; qkv's ``qkv.training.sampler.EpochSampler``, equal while the training
+rows are a multiple of the batch, as here), and the same schedule: linear warmup over WARMUP steps, then cosine
+to a tenth of the peak (qkv's ``--schedule cosine``, TRL's ``cosine_with_min_lr``).
+
 Both mask TRL's completion: the answer, its end marker and the newline the template writes after it (qkv's
 ``--mask-end-of-turn-newline``). The losses' table: qkv's ``preference_loss`` and TRL's ``DPOTrainer`` loss on the
 same log-probabilities of real pairs (the model as policy, the model at temperature 2 as reference).
@@ -37,6 +42,7 @@ LORA = {"r": 8, "alpha": 16}
 SETTINGS = {"full": {"sft_steps": 30, "dpo_steps": 20, "train": 64, "val": 32, "batch": 4, "repeats": 1},
             "quick": {"sft_steps": 6, "dpo_steps": 4, "train": 16, "val": 8, "batch": 2, "repeats": 1}}
 SFT_LR, DPO_LR, WARMUP, CONTEXT, THREADS = 2e-4, 3e-5, 3, 256, 1
+SEED = 1  # both runs': the batches' order and the adapters' initialisation
 
 
 def hf_checkpoint() -> Path:
@@ -106,7 +112,8 @@ def qkv_run(spec: dict) -> dict:
     argv = ["train", "--task", task, "--init-from-hf", spec["model"], "--lora", str(LORA["r"]), "--lora-alpha",
             str(LORA["alpha"]), "--data", data, "--val-data", data if spec["start"] else val, "--max-steps",
             str(0 if spec["start"] else steps), "--batch-size", str(spec["batch"]), "--lr", str(spec["lr"]),
-            "--warmup-steps", str(WARMUP), "--context", str(CONTEXT), "--threads", str(THREADS), "--seed", "1",
+            "--warmup-steps", str(WARMUP), "--context", str(CONTEXT), "--threads", str(THREADS), "--seed", str(SEED),
+            "--schedule", "cosine",
             "--eval-interval", str(max(1, steps)), "--out", out, "--overwrite", "--quiet", "--sample-tokens", "0"]
     argv += ["--mask-end-of-turn-newline"] if spec.get("newline", True) else []
     if main(argv):
@@ -117,14 +124,18 @@ def qkv_run(spec: dict) -> dict:
 
 
 def trl_args(spec: dict, config_type):
-    """TRL's config of the same run: qkv's AdamW (β2 0.99, weight decay 0.1), clipping, warmup and cosine to a tenth."""
+    """TRL's config of the same run: qkv's AdamW (β2 0.99, weight decay 0.1), clipping, warmup and cosine to qkv's
+    ``min_lr_ratio`` (a tenth)."""
+    from qkv.training.config import TrainConfig
+
     n_eval = max(spec["n_train"], spec["n_val"])
     return config_type(output_dir=spec["work"] + f"/trl-{spec['name']}", use_cpu=True, bf16=False,
                        max_steps=spec["steps"], per_device_train_batch_size=spec["batch"],
                        per_device_eval_batch_size=n_eval, learning_rate=spec["lr"],
-                       lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+                       lr_scheduler_type="cosine_with_min_lr",
+                       lr_scheduler_kwargs={"min_lr_rate": TrainConfig.min_lr_ratio},
                        warmup_steps=WARMUP, weight_decay=0.1, adam_beta2=0.99, max_grad_norm=1.0, logging_steps=1,
-                       save_strategy="no", report_to=[], max_length=CONTEXT, seed=1, dataloader_num_workers=0,
+                       save_strategy="no", report_to=[], max_length=CONTEXT, seed=SEED, dataloader_num_workers=0,
                        disable_tqdm=True)
 
 
@@ -177,6 +188,9 @@ def side_by_side(work: Path, files: dict, model: Path, size: dict) -> dict:
     """Both tools' starting loss once, then ``repeats`` training runs each, in turn (qkv, TRL, qkv, TRL …)."""
     results = {}
     for task, steps, lr in (("sft", size["sft_steps"], SFT_LR), ("dpo", size["dpo_steps"], DPO_LR)):
+        if size["train"] % size["batch"]:
+            raise SystemExit(f"{size['train']} training rows are not a multiple of the batch {size['batch']}: "
+                             "TRL's last batch of an epoch would be short and the two runs' batches differ")
         base = {"task": task, "steps": steps, "lr": lr, "batch": size["batch"], "files": files, "model": str(model),
                 "work": str(work), "n_train": size["train"], "n_val": size["val"]}
         for who in ("qkv", "trl"):
@@ -229,7 +243,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
     import torch
 
     from qkv.training.recipe import TrainConfig
-    from qkv.training.tasks.dpo import DPOTask, answer_logps
+    from qkv.training.tasks.dpo import DPOTask, answer_logps, pair_batch
 
     cfg = TrainConfig(task="dpo", init_from_hf=str(model_dir), data=files["dpo_val"], val_data=files["dpo_val"],
                       max_steps=0, context=CONTEXT, mask_end_of_turn_newline=True, device="cpu")
@@ -237,7 +251,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
     task.prepare(cfg, None, SimpleNamespace(is_main=True, world=1, rank=0, device=torch.device("cpu")))
     task.T, task.device, model = CONTEXT, torch.device("cpu"), task.base.model.eval()
     rows = task.train_rows[:n]
-    batch = task.pair_batch(rows, list(range(len(rows))))
+    batch = pair_batch(rows, list(range(len(rows))), task.device)
     with torch.no_grad():
         policy = answer_logps(model, *batch).double()
         reference = answer_logps(lambda x, **kw: SimpleNamespace(logits=model(x, **kw).logits / 2), *batch).double()

@@ -84,14 +84,17 @@ def test_training_raises_reward_accuracy(tmp_path, precompute):
 def test_only_the_answer_is_scored(tmp_path):
     from qkv.data.chat_template import CHATML
     from qkv.data.conversations import Preference
-    from qkv.training.tasks.dpo import DPOOptions, DPOTask
+    from qkv.training.tasks.chat_data import ChatData
+    from qkv.training.tasks.dpo import DPOOptions, DPOTask, encode_pair
 
     task = DPOTask()
-    task.template, task.template_tokens, task.options = CHATML, {}, DPOOptions()
+    task.options = DPOOptions()
+    task.chat = ChatData(CHATML, {}, "ChatML", task.options)
     task.tokenizer = CharTokenizer.train(CHATML + "abcdefghijklmnopqrstuvwxyz?+0123456789 ")
     prompt = ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"})
-    ids, scored, *_ = task.encode(Preference(prompt, ({"role": "assistant", "content": "yes"},),
-                                             ({"role": "assistant", "content": "no"},), "x:1"))
+    pair = Preference(prompt, ({"role": "assistant", "content": "yes"},), ({"role": "assistant", "content": "no"},),
+                      "x:1")
+    (ids, scored, _), _ = encode_pair(task.chat, task.tokenizer, pair)
     assert task.tokenizer.decode(ids[scored].tolist()) == "yes<|im_end|>"  # not the prompt's own answer a1
 
 
@@ -105,3 +108,35 @@ def test_bad_settings(tmp_path, capsys, extra, message):
     code = main(["train", "--task", "dpo", "--preset", "tiny", "--data", write_jsonl(tmp_path / "p.jsonl", pairs()),
                  "--max-steps", "1", "--out", str(out), "--quiet", "--device", "cpu", *extra])
     assert code == 2 and message in capsys.readouterr().err and not out.exists()
+
+
+def dpo_step_gradients(data: str, accum: int, kind: str) -> tuple[float, dict]:
+    """The loss and gradients of one DPO step as the loop takes it, the policy moved off the reference first
+    (the same way for every cut), so that the pairs' losses differ."""
+    from qkv.training.distributed import Dist
+    from qkv.training.recipe import Recipe
+
+    r = Recipe(dpo_config(data, max_steps=1, batch_size=4, grad_accum=accum, dpo_loss=kind), Dist())
+    r.setup()
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in r.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=noise))
+    micros = r.task.draw(r.batch_gen, r.cfg, r.dist)
+    loss = 0.0
+    for m in micros:
+        part = r.task.loss(r.model, m) / len(micros)
+        part.backward()
+        loss += float(part.detach())
+    return loss, {n: p.grad.clone() for n, p in r.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo"])
+def test_accumulation_takes_the_step_of_one_big_batch(tmp_path, kind):
+    """4 micro-batches of 1 pair and 1 of 4 pairs: the same mean over the step's pairs, the same gradients."""
+    data = write_jsonl(tmp_path / "p.jsonl", pairs())
+    (whole, grads), (cut, cut_grads) = dpo_step_gradients(data, 1, kind), dpo_step_gradients(data, 4, kind)
+    assert whole == pytest.approx(cut, abs=1e-6) and abs(whole - math.log(2)) > 1e-4
+    assert grads.keys() == cut_grads.keys() and grads
+    for name, g in grads.items():
+        torch.testing.assert_close(cut_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)

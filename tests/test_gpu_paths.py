@@ -289,19 +289,18 @@ def test_a_sharded_model_decodes_eagerly():
 def test_sft_final_answers_pick_the_backend_for_the_sharded_model(sharded):
     from types import SimpleNamespace
 
-    from qkv.training.tasks.sft import SFTTask
+    from qkv.training.tasks.sft import greedy_answers
 
     model = fsdp_sharded(tiny_gpt()) if sharded else tiny_gpt()
     conversation = SimpleNamespace(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
                                    raw=False)
     task = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "a"), val_set=[conversation], T=8,
-                           template=None, template_tokens={}, device=torch.device("cpu"),
+                           chat=SimpleNamespace(render=lambda messages, **kw: ""), device=torch.device("cpu"),
                            options=SimpleNamespace(eval_generate=64))
     decode = mock.Mock(return_value=torch.tensor([[1, 2, 3]]))
-    with mock.patch("qkv.training.tasks.sft.render", return_value=""), \
-            mock.patch("qkv.training.tasks.sft.plain_ids", return_value=[1, 2]), \
+    with mock.patch("qkv.training.tasks.sft.plain_ids", return_value=[1, 2]), \
             mock.patch("qkv.generation.generate", decode):
-        assert SFTTask.answers.__wrapped__(task, model, lambda: torch.no_grad())["val_exact_match"] == 100
+        assert greedy_answers.__wrapped__(task, model, lambda: torch.no_grad())["val_exact_match"] == 100
     assert decode.call_args.kwargs.get("backend", "auto") == ("eager" if sharded else "auto")
 
 

@@ -143,3 +143,19 @@ def test_damaged_adapters_or_a_missing_base_are_one_line(lora_run, with_tokenize
     (run / "train_config.json").write_text(json.dumps(saved | {"init_from_hf": str(tmp_path / "gone")}))
     fails(capsys, ["export", "--run", str(run), "--hf", str(tmp_path / "hf")], "the base .*gone: no such directory")
     assert not (tmp_path / "hf").exists()
+
+
+def test_merged_model_takes_new_adapters_without_peft_warnings():
+    """A merged model (a LoRA run as the base of another) keeps no peft record: new adapters come without peft's
+    "Already found a `peft_config`" warning."""
+    import warnings
+
+    from qkv.models import GPT, PRESETS
+
+    model = add_lora(GPT(PRESETS["tiny"]), r=2, alpha=4)
+    merge_lora(model)
+    assert not hasattr(model, "peft_config")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        add_lora(model, r=2, alpha=4)
+    assert len(model.peft_config) == 1

@@ -82,3 +82,16 @@ def test_a_stream_that_cannot_say_is_not_a_terminal(stream):
     if stream is not None:
         stream.close()
     assert is_terminal(stream) is False
+
+
+def test_the_training_bar_reads_100_only_when_the_work_is_done():
+    """Whole percents rounded down: 199 steps of 200 (99.5 %) read 99 %, not the format's rounded 100 %."""
+    from qkv.training.progress import percent_done
+
+    assert [percent_done(k / 200) for k in (0, 1, 199, 200)] == [0.0, 0.0, 99.0, 100.0]
+    assert percent_done(0.9999) == 99.0 and percent_done(1.2) == 100.0
+    log = io.StringIO()
+    with progress_bar(100.0, desc="qkv train", unit="%", file=log, interval=0) as bar:
+        bar.update(percent_done(199 / 200) - bar.n)
+        shown = log.getvalue().splitlines()[-1]
+    assert shown.startswith("qkv train:  99%"), shown

@@ -66,11 +66,23 @@ def raw_task(task_type, **options):
     from qkv.data import BPETokenizer
     from qkv.data.chat_template import CHATML_TOKENS
 
+    from qkv.training.tasks.chat_data import ChatData
+
     task = task_type()
-    task.template, task.template_tokens = CHATML, {"eos_token": "<|im_end|>"}
     task.options = task_type.options_type(**options)
+    task.chat = ChatData(CHATML, {"eos_token": "<|im_end|>"}, "ChatML", task.options)
     task.tokenizer = BPETokenizer.train(["Sky?\n\n It is blue. green 2+2 = 4"] * 30, 300, special_tokens=CHATML_TOKENS)
     return task
+
+
+def encoded(task, record):
+    """The row of ``record`` (a conversation, or a preference pair) as ``task`` encodes it."""
+    from qkv.data.conversations import Preference
+    from qkv.training.tasks.dpo import encode_pair
+
+    if isinstance(record, Preference):
+        return encode_pair(task.chat, task.tokenizer, record)
+    return task.chat.conversation(task.tokenizer, record)
 
 
 def test_raw_prompt_completion_is_trls_text_with_the_eos():
@@ -79,14 +91,14 @@ def test_raw_prompt_completion_is_trls_text_with_the_eos():
     task = raw_task(SFTTask)
     c = conversation(Record("x:1", {"prompt": "2+2 =", "completion": " 4"}))
     assert c.raw and record_format(Record("x:1", {"prompt": "p", "completion": "c"})) == "completion"
-    ids, trained, _ = task.encode(c)
+    ids, trained, _ = encoded(task, c)
     assert ids.tolist() == task.tokenizer.tokenizer.encode("2+2 = 4<|im_end|>", add_special_tokens=False).ids
     assert task.tokenizer.decode(ids[trained].tolist()).strip() == "4"  # and the EOS (a special token)
     assert trained[-1] and not trained[0]
-    assert all(raw_task(SFTTask, train_on_prompt=True).encode(c)[1])  # completion_only_loss=False
+    assert all(encoded(raw_task(SFTTask, train_on_prompt=True), c)[1])  # completion_only_loss=False
     chat = conversation(Record("x:1", {"prompt": [{"role": "user", "content": "2+2?"}],
                                        "completion": [{"role": "assistant", "content": "4"}]}))
-    ids, trained, _ = task.encode(chat)
+    ids, trained, _ = encoded(task, chat)
     assert task.tokenizer.decode(ids[trained].tolist()) == "4"
     with pytest.raises(ValueError, match="x:1: prompt and completion must both be strings"):
         conversation(Record("x:1", {"prompt": "p", "completion": [{"role": "assistant", "content": "c"}]}))
@@ -98,7 +110,7 @@ def test_a_raw_preference_pair_is_scored_as_trl_scores_it():
 
     task = raw_task(DPOTask)
     pair = preference(Record("x:1", {"prompt": "Sky?\n", "chosen": "\n It is blue.", "rejected": "green"}))
-    c_ids, c_scored, r_ids, r_scored, _ = task.encode(pair)
+    (c_ids, c_scored, _), (r_ids, r_scored, _) = encoded(task, pair)
     encode = lambda text: task.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     assert c_ids.tolist() == encode("Sky?\n\n It is blue.<|im_end|>")
     prompt = encode("Sky?\n")
@@ -316,6 +328,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
     answer tokens' losses over the data is the unpacked one (to 1e-5), in fewer, fuller rows."""
     from qkv.training.distributed import Dist
     from qkv.training.recipe import Recipe
+    from qkv.training.tasks.chat_data import batch
 
     data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))
     totals = {}
@@ -323,7 +336,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
         r = Recipe(sft_config(data, packing=packing, context=64), Dist())
         r.setup()
         rows = r.task.train_rows
-        inputs, targets, docs, _ = r.task.batch(rows, list(range(len(rows))))
+        inputs, targets, docs, _ = batch(rows, list(range(len(rows))), r.task.device)
         logits = (r.model(inputs) if docs is None else r.model(inputs, document_ids=docs)).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
                                                  reduction="sum")
@@ -417,7 +430,7 @@ def test_two_processes_take_the_one_process_steps(tmp_path):
 
 
 def test_batches_are_pinned_for_a_gpu_only():
-    from qkv.training.tasks.sft import pins_host_batches, to_device
+    from qkv.training.tasks.chat_data import pins_host_batches, to_device
 
     assert pins_host_batches("cuda") and pins_host_batches(torch.device("cuda:1"))
     assert not pins_host_batches("cpu") and not pins_host_batches(torch.device("cpu"))
@@ -433,14 +446,14 @@ def test_the_loss_computes_the_answers_logits_alone_and_is_the_whole_ones(tmp_pa
     position's logits (the prompt's targets count nothing)."""
     from qkv.training.distributed import Dist
     from qkv.training.recipe import Recipe
-    from qkv.training.tasks.sft import answer_window
+    from qkv.training.tasks.chat_data import answer_window, batch
 
     t = torch.tensor([[-100, -100, 5, 6, -100], [-100, -100, -100, 7, -100]])
     assert answer_window(t) == 3 and answer_window(torch.full((2, 4), -100)) == 0
     assert answer_window(torch.tensor([[1, -100]])) == 0  # from the first position: all
     r = Recipe(sft_config(write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))), Dist())
     r.setup()
-    micro = r.task.batch(r.task.train_rows, list(range(8))) + (1.0,)
+    micro = batch(r.task.train_rows, list(range(8)), r.task.device) + (1.0,)
     assert 0 < micro[3] < micro[0].size(1)  # the prompts' positions left out
     window = r.task.loss(r.model, micro)
     window.backward()

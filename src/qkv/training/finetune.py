@@ -183,4 +183,6 @@ def merge_lora(model: nn.Module) -> nn.Module:
             module.merge()
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, module.get_base_layer())
+    if hasattr(model, "peft_config"):  # peft's record of the adapters merged: a later add_lora would see them as
+        del model.peft_config          # present ("Already found a `peft_config`") and stack a second set
     return model

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .optim import lr_at, set_lr
 from .memory import memory_line
+from .progress import percent_done
 from .state import Diverged, StopRequest, parameter_counts
 
 
@@ -76,7 +77,7 @@ class RecipeLoop:
         """One optimizer step at the scheduled learning rate; its mean loss stays on the device (``read_losses``)."""
         cfg, s, t0 = self.cfg, self.state, time.perf_counter()
         set_lr(self.opt, lr_at(cfg, s.step, self.progress()))
-        micros = self.task.draw(self.batch_gen, cfg, self.dist)
+        micros = self.task.draw(self.batch_gen, cfg, self.dist, step=s.step)
         loss = self.dist.mean(train_step(model, self.opt, micros, self.task.loss, grad_clip=cfg.grad_clip,
                                          autocast=self.autocast, sharding=self.sharding))
         for hook in self.step_hooks:  # after optimizer.step(): e.g. the experts' load and balancing bias
@@ -145,7 +146,7 @@ class RecipeLoop:
 
         print(self.header(), file=sys.stderr)
         print(memory_line(self.estimate), file=sys.stderr)
-        return progress_bar(100.0, initial=round(100 * self.progress(), 2), desc="qkv train", unit="%",
+        return progress_bar(100.0, initial=percent_done(self.progress()), desc="qkv train", unit="%",
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 
     # --- the loop --------------------------------------------------------------------------------
@@ -184,6 +185,6 @@ class RecipeLoop:
     def show(self, bar, loss: float) -> None:
         if bar is not None:
             s = self.state
-            bar.update(min(100.0, round(100 * self.progress(), 2)) - bar.n)
+            bar.update(percent_done(self.progress()) - bar.n)
             bar.set_postfix_str(f"step {s.step}, loss {loss:.3f}, {s.tokens / max(s.train_time, 1e-9):.0f} tok/s",
                                 refresh=False)

@@ -9,6 +9,7 @@ Shapes: none.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import IO
@@ -16,6 +17,12 @@ from typing import IO
 LOG_INTERVAL_S = 10.0  # seconds between two lines of progress in a log
 LINE_FORMAT = "{desc}: {percentage:3.0f}% ({n_fmt}/{total_fmt} {unit}) [{elapsed}<{remaining}{postfix}]"
 PERCENT_FORMAT = "{desc}: {percentage:3.0f}% [{elapsed}<{remaining}{postfix}]"  # a total of 100 %: no counts
+
+
+def percent_done(fraction: float) -> float:
+    """The percentage a bar of total 100 shows for ``fraction`` of the work: whole percents, rounded down, so that
+    it reads 100 % only once the work is done (the formats' ``{percentage:3.0f}`` would round 99.5 % up)."""
+    return 100.0 if fraction >= 1 else float(min(99, math.floor(100 * max(0.0, fraction))))
 
 
 def is_terminal(stream: IO | None) -> bool:

@@ -138,18 +138,45 @@ class TaskDefaults:
         return getattr(self, name)
 
 
-class Task:
-    """One kind of training. Subclasses fill in every method below and declare ``defaults``
-    (and ``options_type`` if the task has settings of its own)."""
+class TaskProse:
+    """What a task says in words and numbers, for people and reports: the progress header, summary.json, the
+    lines ``qkv train`` ends with, ``qkv info``. A task fills in every method below."""
+
+    def describe(self) -> str:
+        """The data in one phrase for the progress header."""
+        raise NotImplementedError
+
+    def summary(self) -> dict:
+        """What the summary reports about the data and tokenizer."""
+        raise NotImplementedError
+
+    def result_lines(self, summary: dict) -> list[str]:
+        """The lines ``qkv train`` prints at the end."""
+        raise NotImplementedError
+
+    def info(self, summary: dict) -> dict[str, str]:
+        """What ``qkv info`` shows of a finished run's summary, by label."""
+        raise NotImplementedError
+
+
+class Task(TaskProse):
+    """One kind of training. Subclasses fill in every method below (and ``TaskProse``'s) and declare
+    ``defaults`` (and ``options_type`` if the task has settings of its own)."""
 
     name: str = ""
     model_class: type[nn.Module]
     options_type: type[TaskOptions] = TaskOptions
     defaults: TaskDefaults
+    bpe_only: bool = False  # trains a byte-level BPE alone (a conversation task: its chat markers are special tokens)
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        """Refuse general settings this task cannot train with, before the defaults fill ``cfg`` in."""
+        """Refuse general settings this task cannot train with, before the defaults fill ``cfg`` in: here a
+        tokenizer other than a byte-level BPE where the task is ``bpe_only``."""
+        if cls.bpe_only and cfg.tokenizer not in (None, "bpe"):
+            why = f"the run {cfg.init_from} has a {cfg.tokenizer} tokenizer" if cfg.init_from else \
+                f"--tokenizer {cfg.tokenizer} is for --task lm"
+            raise ValueError(f"--task {cls.name} trains a byte-level BPE (its chat markers are special tokens); {why}")
 
     def __init__(self, *, corpus: Any = None, tokenizer: Any = None) -> None:
         """``corpus``, ``tokenizer``: ready data the task would otherwise read or fit."""
@@ -185,9 +212,10 @@ class Task:
 
     tokens_per_step: int = 0  # nominal tokens of one optimizer step (budgets, throughput)
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> Any:
-        """This rank's micro-batches of one optimizer step, drawn from ``generator`` (shared by every
-        rank, so N processes see exactly the batch one process would): an iterable of ``grad_accum``."""
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> Any:
+        """This rank's micro-batches of optimizer step ``step`` (0-based), drawn from ``generator`` or ordered by
+        the step (``qkv.training.sampler``), the same on every rank, so N processes see exactly the batch one
+        process would: an iterable of ``grad_accum``."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, micro: Any) -> Tensor:
@@ -202,22 +230,6 @@ class Task:
 
     def final_metrics(self, model: nn.Module, *, autocast: Callable, dist, progress: bool) -> dict:
         """The summary's measured numbers, on the whole validation split."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """The data in one phrase for the progress header."""
-        raise NotImplementedError
-
-    def summary(self) -> dict:
-        """What the summary reports about the data and tokenizer."""
-        raise NotImplementedError
-
-    def result_lines(self, summary: dict) -> list[str]:
-        """The lines ``qkv train`` prints at the end."""
-        raise NotImplementedError
-
-    def info(self, summary: dict) -> dict[str, str]:
-        """What ``qkv info`` shows of a finished run's summary, by label."""
         raise NotImplementedError
 
 

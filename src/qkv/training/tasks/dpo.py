@@ -33,10 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...data.chat_template import encode_conversation
 from ...data.conversations import Preference, catalog_preferences, load_preferences
-from .base import SCRATCH, TaskDefaults, TaskOptions, option
-from .sft import SFTTask, chat_option
+from ...models import GPT
+from ..sampler import EpochSampler
+from .base import SCRATCH, DecoderTask, TaskDefaults, TaskOptions, option
+from .chat_data import TEMPLATE_FILE, ChatData, batch, chat_option, fitting, prepare_chat
+from .rows import Pair, targets_trained
 
 LOSSES = ("sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero",
           "apo_down")
@@ -126,10 +128,37 @@ def adapters_off(model: nn.Module):
             m.enable_adapters(True)
 
 
-class DPOTask(SFTTask):
+def read_pairs(data: str | None, val_data: str) -> tuple[list[Preference], list[Preference], str]:
+    """(train, validation, where from): --data's pairs, or the catalogs' by default; validation is --val-data's,
+    or the last 5 % of the pairs."""
+    if data is None:
+        train, val, source = catalog_preferences()
+        return train, (load_preferences(val_data) if val_data else val), source
+    pairs = load_preferences(data)
+    if val_data:
+        return pairs, load_preferences(val_data), data
+    cut = max(1, round(0.05 * len(pairs)))
+    return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
+
+
+def pair_messages(pairs: list[Preference]) -> list:
+    """The conversations a new tokenizer is fitted on: each prompt with each of its answers."""
+    return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
+            for p in pairs for answer in (p.chosen, p.rejected)]
+
+
+def encode_pair(chat: ChatData, tokenizer, p: Preference) -> Pair:
+    """Each answer after the prompt, its tokens scored."""
+    return Pair(chat.answer(tokenizer, p.prompt, p.chosen, p.where), chat.answer(tokenizer, p.prompt, p.rejected,
+                                                                                  p.where))
+
+
+class DPOTask(DecoderTask):
     """Preference pairs: raise the chosen answer's likelihood over the rejected one's, against the reference."""
 
     name = "dpo"
+    model_class = GPT
+    bpe_only = True
     options_type = DPOOptions
     defaults = TaskDefaults(preset="demo", batch_size=16, lr=1e-4, warmup_steps=10, lr_width=None,
                             tokenizer=("bpe", 2048), preset_tokenizers={"demo": ("bpe", 2048)}, minutes=5.0,
@@ -140,35 +169,11 @@ class DPOTask(SFTTask):
     sequences_per_row = 2  # the policy scores each pair's chosen and rejected answers: two sequences (memory estimate)
     ref_logps: dict[str, Tensor] | None = None  # --precompute-ref: {"train", "val"}: (pairs, 2) chosen, rejected
 
-    @staticmethod
-    def read(data, val_data):
-        if data is None:
-            train, val, source = catalog_preferences()
-            return train, (load_preferences(val_data) if val_data else val), source
-        pairs = load_preferences(data)
-        if val_data:
-            return pairs, load_preferences(val_data), data
-        cut = max(1, round(0.05 * len(pairs)))
-        return pairs[:-cut], pairs[-cut:], f"{data} (its last {cut} pairs held out)"
+    def prepare(self, cfg, run, dist) -> None:
+        prepare_chat(self, cfg, run, dist, read_pairs, pair_messages, encode_pair)
 
-    def fit_messages(self) -> list:
-        return [({"role": "user", "content": p.prompt + answer},) if p.raw else p.prompt + answer
-                for p in self.train_set for answer in (p.chosen, p.rejected)]
-
-    def encode(self, p: Preference) -> tuple:
-        """(chosen ids, chosen scored, rejected ids, rejected scored, where): each answer after the prompt."""
-        return (*self.scored(p.prompt, p.chosen), *self.scored(p.prompt, p.rejected), p.where)
-
-    def scored(self, prompt, answer) -> tuple[Tensor, Tensor]:
-        """(ids, scored) of the prompt and one answer: the answer's tokens scored, the prompt's answers context."""
-        if isinstance(prompt, str):  # a raw pair: text, no chat template
-            ids, scored = self.raw_ids(prompt, answer)
-            return torch.tensor(ids), torch.tensor(scored)
-        asked = sum(m["role"] == "assistant" for m in prompt)
-        ids, scored = encode_conversation(self.tokenizer, self.template, list(prompt + answer),
-                                          end_newline=self.options.mask_end_of_turn_newline, context_answers=asked,
-                                          **self.template_tokens)
-        return torch.tensor(ids), torch.tensor(scored)
+    def run_files(self) -> dict[str, str]:
+        return {TEMPLATE_FILE: self.chat.template}  # what `qkv sample --chat`, `qkv chat` and export render with
 
     def build_model(self, mconf) -> nn.Module:
         model = super().build_model(mconf)
@@ -179,109 +184,37 @@ class DPOTask(SFTTask):
     def check(self, cfg, mconf, dist) -> None:
         self.T, self.lora, self.device = self.context(cfg, mconf), bool(cfg.lora), dist.device
         if cfg.data is None:  # the built-in pairs: those past the context left out
-            self.train_rows, self.val_rows = (self.fitting(rows, self.T, dist, cfg.progress)
+            self.train_rows, self.val_rows = (fitting(rows, self.T, dist, cfg.progress)
                                               for rows in (self.train_rows, self.val_rows))
-        self.train_rows = [self.fitted_pair(r) for r in self.train_rows]
-        self.val_rows = [self.fitted_pair(r) for r in self.val_rows]
-        self.tokens_per_step = round(cfg.batch_size * sum(len(r[0]) + len(r[2]) for r in self.train_rows)
-                                     / max(1, len(self.train_rows)))
+        self.train_rows, self.val_rows = ([Pair(*(self.chat.fitted(x, self.T) for x in r)) for r in rows]
+                                          for rows in (self.train_rows, self.val_rows))
+        tokens = sum(len(r.chosen.ids) + len(r.rejected.ids) for r in self.train_rows)
+        self.tokens_per_step = round(cfg.batch_size * tokens / max(1, len(self.train_rows)))
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
+        self.order = EpochSampler(len(self.train_rows), cfg.seed)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // 256)))
         self.final_units = len(self.val_rows) if cfg.final_eval else 0
 
-    def fitted_pair(self, row: tuple) -> tuple:
-        c_ids, c_scored, r_ids, r_scored, where = row
-        c_ids, c_scored, _ = self.fitted((c_ids, c_scored, where), self.T)
-        r_ids, r_scored, _ = self.fitted((r_ids, r_scored, where), self.T)
-        return c_ids, c_scored, r_ids, r_scored, where
-
     # --- training ---------------------------------------------------------------------------------
-    def pair_batch(self, rows: list, indices: list[int]) -> tuple[Tensor, Tensor, int]:
-        """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
-        ``answer_window``."""
-        seqs = [(rows[i][0], rows[i][1], "") for i in indices] + [(rows[i][2], rows[i][3], "") for i in indices]
-        inputs, targets, _, keep = self.batch(seqs, list(range(len(seqs))))
-        return inputs, targets, keep
-
-    def draw(self, generator: torch.Generator, cfg, dist) -> list:
-        idx = torch.randint(len(self.train_rows), (cfg.batch_size,), generator=generator)
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
+        """Each pair once per epoch, in the order transformers' Trainer visits them (``EpochSampler``)."""
+        idx = self.order.step(step, cfg.batch_size)
         return [(row.tolist(), "train") for row in idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]]
-
-    def pair_logps(self, model, micro, *, reference: bool) -> tuple[Tensor, Tensor]:
-        """(chosen, rejected) summed answer log-probabilities (B,) of the policy, or of the reference."""
-        indices, split = micro
-        rows = self.train_rows if split == "train" else self.val_rows
-        if reference and self.ref_logps is not None:
-            cached = self.ref_logps[split][indices].to(self.device)
-            return cached[:, 0], cached[:, 1]
-        batch = self.pair_batch(rows, indices)
-        if not reference:
-            both = answer_logps(model, *batch)
-        else:
-            with torch.no_grad(), (adapters_off(model) if self.lora else nullcontext()):
-                both = answer_logps(model if self.lora else self.reference_on_device(), *batch)
-        return both[:len(indices)], both[len(indices):]
-
-    def reference_on_device(self) -> nn.Module:
-        if next(self.reference.parameters()).device != self.device:
-            self.reference.to(self.device)
-        return self.reference
 
     def loss(self, model: nn.Module, micro) -> Tensor:
         if self.options.precompute_ref and self.ref_logps is None:
-            self.precompute()
-        chosen, rejected = self.pair_logps(model, micro, reference=False)
-        ref_chosen, ref_rejected = self.pair_logps(model, micro, reference=True)
-        losses, _, _ = self.pair_loss(micro, chosen, rejected, ref_chosen, ref_rejected)
+            precompute_reference(self)
+        chosen, rejected = pair_logps(self, model, micro, reference=False)
+        ref_chosen, ref_rejected = pair_logps(self, model, micro, reference=True)
+        losses, _, _ = pair_loss(self, micro, chosen, rejected, ref_chosen, ref_rejected)
         return losses.mean()
 
-    def pair_loss(self, micro, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``preference_loss`` of the options on the pairs of ``micro``: (chosen, rejected, their references)."""
-        indices, split = micro
-        rows = self.train_rows if split == "train" else self.val_rows
-        lengths = tuple(torch.tensor([int(rows[i][k][1:].sum()) for i in indices], device=self.device)
-                        for k in (1, 3))  # each answer's scored targets
-        return preference_loss(*logps, beta=self.options.beta, kind=self.options.dpo_loss, lengths=lengths,
-                               label_smoothing=self.options.label_smoothing)
-
-    @torch.no_grad()
-    def precompute(self) -> None:
-        """--precompute-ref: the reference's log-probabilities of every pair, once; the reference copy dropped."""
-        model = self.reference_on_device()
-        out = {}
-        for split, rows in (("train", self.train_rows), ("val", self.val_rows)):
-            parts = []
-            for lo in range(0, len(rows), 32):
-                indices = list(range(lo, min(lo + 32, len(rows))))
-                both = answer_logps(model, *self.pair_batch(rows, indices))
-                parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
-            out[split] = torch.cat(parts)
-        self.ref_logps, self.reference = out, None
-
     # --- validation -----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def scores(self, model, indices: list[int], autocast, dist) -> dict:
-        """The DPO loss and the rewards on held-out pairs ``indices``, as TRL names them."""
-        was, sums = model.training, torch.zeros(6, dtype=torch.float64, device=self.device)
-        model.eval()
-        mine = indices[dist.rank::dist.world]
-        for lo in range(0, len(mine), 16):
-            micro = (mine[lo:lo + 16], "val")
-            with autocast():
-                chosen, rejected = self.pair_logps(model, micro, reference=False)
-                ref = self.pair_logps(model, micro, reference=True)
-            losses, r_w, r_l = self.pair_loss(micro, chosen, rejected, *ref)
-            sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
-                                 torch.tensor(float(len(micro[0])), device=self.device)]).double()
-        model.train(was)
-        sums = dist.sum(sums)
-        return dict(zip(REWARD_FIELDS, (sums[:5] / sums[5].clamp(min=1)).tolist()))
-
     def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        return self.scores(model, self.eval_sample, autocast, dist), len(self.eval_sample)
+        return held_out_scores(self, model, self.eval_sample, autocast, dist), len(self.eval_sample)
 
     def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
-        return self.scores(model, list(range(len(self.val_rows))), autocast, dist)
+        return held_out_scores(self, model, list(range(len(self.val_rows))), autocast, dist)
 
     # --- reporting ---------------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -293,7 +226,7 @@ class DPOTask(SFTTask):
 
     def summary(self) -> dict:
         return {"data": self.source, "pairs": len(self.train_rows), "val_pairs": len(self.val_rows),
-                "chat_template": self.template_from, "beta": self.options.beta, "dpo_loss": self.options.dpo_loss,
+                "chat_template": self.chat.template_from, "beta": self.options.beta, "dpo_loss": self.options.dpo_loss,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size, "context": self.T}
 
     def info(self, s: dict) -> dict[str, str]:
@@ -305,3 +238,85 @@ class DPOTask(SFTTask):
         return [f"validation ({s['val_pairs']} held-out pairs): {s['dpo_loss']} loss {s['val_loss']:.4f}{base}; "
                 f"reward accuracy {100 * s['val_reward_accuracy']:.1f} %, margin {s['val_reward_margin']:.3f} "
                 f"(chosen {s['val_rewards_chosen']:.3f}, rejected {s['val_rewards_rejected']:.3f})"]
+
+
+def pair_batch(rows: list[Pair], indices: list[int], device) -> tuple[Tensor, Tensor, int]:
+    """inputs, targets (2B, L − 1): the chosen answers, then the rejected ones; −100 off the answers; and their
+    ``answer_window``."""
+    seqs = [rows[i].chosen for i in indices] + [rows[i].rejected for i in indices]
+    inputs, targets, _, keep = batch(seqs, list(range(len(seqs))), device)
+    return inputs, targets, keep
+
+
+
+def pair_logps(task: "DPOTask", model: nn.Module, micro, *, reference: bool) -> tuple[Tensor, Tensor]:
+    """(chosen, rejected) summed answer log-probabilities (B,) of ``task``'s pairs ``micro`` (indices, split) under
+    the policy ``model``, or under the reference."""
+    indices, split = micro
+    rows = task.train_rows if split == "train" else task.val_rows
+    if reference and task.ref_logps is not None:
+        cached = task.ref_logps[split][indices].to(task.device)
+        return cached[:, 0], cached[:, 1]
+    pairs = pair_batch(rows, indices, task.device)
+    if not reference:
+        both = answer_logps(model, *pairs)
+    else:
+        with torch.no_grad(), (adapters_off(model) if task.lora else nullcontext()):
+            both = answer_logps(model if task.lora else on_device(task.reference, task.device), *pairs)
+    return both[:len(indices)], both[len(indices):]
+
+
+
+def on_device(module: nn.Module, device) -> nn.Module:
+    """``module``, moved to ``device`` where it is not there yet."""
+    if next(module.parameters()).device != device:
+        module.to(device)
+    return module
+
+
+
+def pair_loss(task: "DPOTask", micro, *logps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``preference_loss`` of ``task``'s options on its pairs ``micro``, from their ``logps``: chosen, rejected, their
+    references."""
+    indices, split = micro
+    rows = task.train_rows if split == "train" else task.val_rows
+    lengths = tuple(torch.tensor([targets_trained(getattr(rows[i], side)) for i in indices], device=task.device)
+                    for side in ("chosen", "rejected"))  # each answer's scored targets
+    return preference_loss(*logps, beta=task.options.beta, kind=task.options.dpo_loss, lengths=lengths,
+                           label_smoothing=task.options.label_smoothing)
+
+
+
+@torch.no_grad()
+def precompute_reference(task: "DPOTask") -> None:
+    """--precompute-ref: the reference's log-probabilities of every pair, once; the reference copy dropped."""
+    model = on_device(task.reference, task.device)
+    out = {}
+    for split, rows in (("train", task.train_rows), ("val", task.val_rows)):
+        parts = []
+        for lo in range(0, len(rows), 32):
+            indices = list(range(lo, min(lo + 32, len(rows))))
+            both = answer_logps(model, *pair_batch(rows, indices, task.device))
+            parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
+        out[split] = torch.cat(parts)
+    task.ref_logps, task.reference = out, None
+
+
+
+@torch.no_grad()
+def held_out_scores(task: "DPOTask", model: nn.Module, indices: list[int], autocast, dist) -> dict:
+    """The loss and the rewards on ``task``'s held-out pairs ``indices``, as TRL names them."""
+    was, sums = model.training, torch.zeros(6, dtype=torch.float64, device=task.device)
+    model.eval()
+    mine = indices[dist.rank::dist.world]
+    for lo in range(0, len(mine), 16):
+        micro = (mine[lo:lo + 16], "val")
+        with autocast():
+            chosen, rejected = pair_logps(task, model, micro, reference=False)
+            ref = pair_logps(task, model, micro, reference=True)
+        losses, r_w, r_l = pair_loss(task, micro, chosen, rejected, *ref)
+        sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
+                             torch.tensor(float(len(micro[0])), device=task.device)]).double()
+    model.train(was)
+    sums = dist.sum(sums)
+    return dict(zip(REWARD_FIELDS, (sums[:5] / sums[5].clamp(min=1)).tolist()))

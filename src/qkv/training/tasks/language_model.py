@@ -142,7 +142,7 @@ class LanguageModelTask(DecoderTask):
         self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.device = dist.device
 
-    def draw(self, generator: torch.Generator, cfg, dist) -> Tensor:
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> Tensor:
         starts = torch.randint(len(self.windows), (cfg.batch_size,), generator=generator)  # the global batch
         mine = starts.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B): this rank's slices
         rows = self.windows[mine]  # (accum, B, T + 1)

@@ -104,6 +104,40 @@ def shared_vocabulary(pairs: list[tuple[str, str]], vocab_size: int, *, max_char
     return BPETokenizer.train(texts, vocab_size, max_chars=max_chars, special_tokens=SPECIAL_TOKENS)
 
 
+def encode_pairs(tokenizer, special: Special, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """(source ids + EOS, BOS + target ids + EOS) for each pair."""
+    enc = tokenizer.tokenizer.encode_batch([s for pair in pairs for s in pair])
+    e, b = special.eos, special.start
+    return [(enc[2 * i].ids + [e], [b] + enc[2 * i + 1].ids + [e]) for i in range(len(pairs))]
+
+
+def pairs_batch(pairs: list[tuple[list[int], list[int]]], pad: int, device) -> tuple[Tensor, ...]:
+    """src (B, S), src_mask (B, S), tgt_in (B, T), targets (B, T) with -100 on padding."""
+    src, src_mask = pad_batch([s for s, _ in pairs], pad)
+    tgt, tgt_mask = pad_batch([t for _, t in pairs], pad)
+    targets = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)
+    return tuple(x.to(device, non_blocking=True) for x in (src, src_mask, tgt[:, :-1], targets))
+
+
+@torch.no_grad()
+def held_out_nll(model: nn.Module, pairs: list, indices: list[int], pad: int, autocast, dist, device) -> float:
+    """Mean cross-entropy (nats per target token, no smoothing) of the pairs ``indices`` (held out), shared by
+    the ranks."""
+    was, total = model.training, torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    mine = indices[dist.rank::dist.world]
+    for lo in range(0, len(mine), 64):
+        src, src_mask, tgt_in, targets = pairs_batch([pairs[i] for i in mine[lo:lo + 64]], pad, device)
+        with autocast():
+            logits = model(src, tgt_in, src_mask=src_mask).logits  # (B, T, V)
+        total[0] += nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                                ignore_index=-100, reduction="sum").double()
+        total[1] += (targets != -100).sum()
+    model.train(was)
+    total = dist.sum(total)
+    return float(total[0] / total[1])
+
+
 @dataclass(frozen=True)
 class TranslationOptions(TaskOptions):
     """What translation alone is trained and scored with (``data`` is then a pairs file or a directory of
@@ -157,14 +191,8 @@ class TranslationTask(Task):
                                                                                        cfg.vocab_size))
         self.special = special_tokens(self.tokenizer)
         self.model_class = PointerTransformer if cfg.task_options.copy else Transformer
-        self.train_pairs = self.encode(self.corpus.train)
-        self.val_pairs = self.encode(self.corpus.val)
-
-    def encode(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        """(source ids + EOS, BOS + target ids + EOS) for each pair."""
-        enc = self.tokenizer.tokenizer.encode_batch([s for pair in pairs for s in pair])
-        e, b = self.special.eos, self.special.start
-        return [(enc[2 * i].ids + [e], [b] + enc[2 * i + 1].ids + [e]) for i in range(len(pairs))]
+        self.train_pairs = encode_pairs(self.tokenizer, self.special, self.corpus.train)
+        self.val_pairs = encode_pairs(self.tokenizer, self.special, self.corpus.val)
 
     def model_config(self, cfg) -> ModelConfig:
         base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
@@ -188,14 +216,7 @@ class TranslationTask(Task):
         self.device, self.options = dist.device, cfg.task_options
 
     # --- training --------------------------------------------------------------------------------
-    def batch(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[Tensor, ...]:
-        """src (B, S), src_mask (B, S), tgt_in (B, T), targets (B, T) with -100 on padding."""
-        src, src_mask = pad_batch([s for s, _ in pairs], self.special.pad)
-        tgt, tgt_mask = pad_batch([t for _, t in pairs], self.special.pad)
-        targets = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)
-        return tuple(x.to(self.device, non_blocking=True) for x in (src, src_mask, tgt[:, :-1], targets))
-
-    def draw(self, generator: torch.Generator, cfg, dist) -> list:
+    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
         n = len(self.train_pairs)
         start = int(torch.randint(n - cfg.batch_size + 1, (1,), generator=generator))  # neighbours in length
         idx = torch.arange(start, start + cfg.batch_size)[torch.randperm(cfg.batch_size, generator=generator)]
@@ -203,8 +224,8 @@ class TranslationTask(Task):
         tokens = torch.tensor([len(t) - 1 for _, t in self.train_pairs[start:start + cfg.batch_size]])
         counts = tokens[slices - start].sum(-1)  # (accum, world): target tokens of each micro-batch
         weights = (counts * counts.numel() / counts.sum())[:, dist.rank]  # (accum,): see ``loss``
-        return [self.batch([self.train_pairs[i] for i in row.tolist()]) + (float(w),)
-                for row, w in zip(slices[:, dist.rank], weights)]
+        return [pairs_batch([self.train_pairs[i] for i in row.tolist()], self.special.pad, self.device)
+                + (float(w),) for row, w in zip(slices[:, dist.rank], weights)]
 
     def loss(self, model: nn.Module, micro) -> Tensor:
         """The micro-batch's mean token loss × its weight: the recipe's mean over micro-batches and
@@ -214,25 +235,9 @@ class TranslationTask(Task):
         return out.loss * weight
 
     # --- validation --------------------------------------------------------------------------------
-    @torch.no_grad()
-    def nll(self, model: nn.Module, indices: list[int], autocast, dist) -> float:
-        """Mean cross-entropy (nats per target token, no smoothing) of held-out pairs ``indices``."""
-        was, total = model.training, torch.zeros(2, dtype=torch.float64, device=self.device)
-        model.eval()
-        mine = indices[dist.rank::dist.world]
-        for lo in range(0, len(mine), 64):
-            src, src_mask, tgt_in, targets = self.batch([self.val_pairs[i] for i in mine[lo:lo + 64]])
-            with autocast():
-                logits = model(src, tgt_in, src_mask=src_mask).logits  # (B, T, V)
-            total[0] += nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                                    ignore_index=-100, reduction="sum").double()
-            total[1] += (targets != -100).sum()
-        model.train(was)
-        total = dist.sum(total)
-        return float(total[0] / total[1])
-
     def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        return {"val_loss": self.nll(model, self.eval_sample, autocast, dist)}, len(self.eval_sample)
+        loss = held_out_nll(model, self.val_pairs, self.eval_sample, self.special.pad, autocast, dist, self.device)
+        return {"val_loss": loss}, len(self.eval_sample)
 
     def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
         from ..metrics import baselines, bleu, chrf
@@ -245,7 +250,8 @@ class TranslationTask(Task):
                                    length_penalty=self.options.length_penalty)
             greedy = translate_texts(model, self.tokenizer, sources, num_beams=1)
         examples = [{"source": s, "reference": r, "translation": h} for s, r, h in list(zip(sources, refs, beam))[:8]]
-        return {"val_loss": self.nll(model, self.val_fit, autocast, dist), "bleu": bleu(beam, refs, target_lang=lang),
+        loss = held_out_nll(model, self.val_pairs, self.val_fit, self.special.pad, autocast, dist, self.device)
+        return {"val_loss": loss, "bleu": bleu(beam, refs, target_lang=lang),
                 "chrf": chrf(beam, refs), "greedy_bleu": bleu(greedy, refs, target_lang=lang),
                 "greedy_chrf": chrf(greedy, refs)} | baselines(self.corpus) | {"examples": examples}
 
