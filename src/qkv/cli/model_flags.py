@@ -11,7 +11,8 @@ import argparse
 from dataclasses import fields
 
 from ..models import ModelConfig
-from ..models.config import FLAT, LATENT_FIELDS, SECTIONS, section_fields
+from ..models.attention_config import LATENT_FIELDS
+from ..models.config import FLAT, SECTIONS, section_fields
 from .errors import CommandError
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here

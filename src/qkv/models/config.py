@@ -31,9 +31,9 @@ from ..checks import check_fraction
 from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 from ..nn.rope_scaling import RopeScaling, as_rope_scaling
-from .attention_config import (ATTENTION_FIELDS, LATENT_FIELDS, MAX_WIDTH, AttentionConfig,  # noqa: F401
-                               LatentAttentionConfig, attention_config, check_size, replace_attention)
-from .moe_config import MOE_LAYERS, MoEConfig  # noqa: F401  (MOE_LAYERS: read with the section)
+from .attention_config import (ATTENTION_FIELDS, MAX_WIDTH, AttentionConfig, LatentAttentionConfig,
+                               attention_config, check_size, replace_attention)
+from .moe_config import MoEConfig
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
