@@ -421,15 +421,9 @@ def read_flat(sections: dict, flat: dict) -> dict:
         first = changes["normalization"].get("first", sections["normalization"].first)
         final = flat.get("final_norm")
         changes["normalization"]["final"] = first if final is None else final
-    return {name: replace_section(sections[name], c) if c else sections[name] for name, c in changes.items()}
-
-
-def replace_section(section, changes: dict):
-    """``section`` with ``changes``; an attention section through ``replace_attention`` (its kind decides its
-    fields)."""
-    if isinstance(section, (AttentionConfig, LatentAttentionConfig)):
-        return replace_attention(section, **changes)
-    return dataclasses.replace(section, **changes)
+    replace = {"attention": replace_attention}  # the attention section's kind decides its fields
+    return {name: replace.get(name, dataclasses.replace)(sections[name], **c) if c else sections[name]
+            for name, c in changes.items()}
 
 
 def uniform_bias(attention: AttentionConfig | LatentAttentionConfig, feed_forward: FeedForwardConfig) -> bool:
