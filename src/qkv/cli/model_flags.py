@@ -11,7 +11,8 @@ import argparse
 from dataclasses import fields
 
 from ..models import ModelConfig
-from ..models.config import FLAT, LATENT_FIELDS, SECTIONS
+from ..models.attention_config import LATENT_FIELDS
+from ..models.config import FLAT, SECTIONS, section_fields
 from .errors import CommandError
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here
@@ -33,7 +34,7 @@ def field_types() -> dict[str, set[str]]:
     out = {}
     for f in fields(ModelConfig):
         if f.name in SECTIONS:
-            out |= {f"{f.name}.{g.name}": kinds(g.type) for g in fields(SECTIONS[f.name])}
+            out |= {f"{f.name}.{g.name}": kinds(g.type) for g in section_fields(f.name)}
         else:
             out[f.name] = kinds(f.type)
     out |= {flat: out[f"{section}.{name}"] for flat, (section, name) in FLAT.items()}

@@ -23,7 +23,30 @@ TOKENIZER_FILE = "tokenizer.json"
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")  # sequence-to-sequence tokenizers: ids 0, 1, 2
 
 
-class CharTokenizer:
+class TokenizerBase:
+    """What both tokenizers share: checking ids, each token's text, saving tokenizer.json (``to_json``)."""
+
+    vocab_size: int
+
+    def checked_ids(self, ids) -> list[int]:
+        """``ids`` (a tensor or a sequence) as a list, each in [0, vocab_size) (ValueError naming the first)."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
+        return ids
+
+    def token_strings(self, ids) -> list[str]:
+        """Each token's text, for labels (BPE: a token holding part of a multi-byte character shows as '�')."""
+        return [self.decode([i]) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / TOKENIZER_FILE
+        atomic_text(path, self.to_json())
+        return path
+
+
+class CharTokenizer(TokenizerBase):
     """One token per Unicode character of a fixed vocabulary (sorted, so ids are stable)."""
 
     kind = "char"
@@ -61,26 +84,13 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        bad = [i for i in ids if not 0 <= i < len(self.chars)]
-        if bad:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
-        return "".join(self.chars[i] for i in ids)
-
-    def token_strings(self, ids) -> list[str]:
-        """Each token's text, for labels (one character each)."""
-        return [self.decode([i]) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+        return "".join(self.chars[i] for i in self.checked_ids(ids))
 
     def to_json(self) -> str:
         return json.dumps({"qkv_tokenizer": "char", "chars": "".join(self.chars)}, ensure_ascii=False)
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_text(path, self.to_json())
-        return path
 
-
-class BPETokenizer:
+class BPETokenizer(TokenizerBase):
     """Byte-level BPE (GPT-2's scheme) trained with Hugging Face ``tokenizers``: any text encodes."""
 
     kind = "bpe"
@@ -92,9 +102,8 @@ class BPETokenizer:
     def train(cls, texts: str | list[str], vocab_size: int = 1024, *, max_chars: int | None = 2_000_000,
               special_tokens: tuple[str, ...] = ()) -> "BPETokenizer":
         """Learn ``vocab_size`` − 256 merges on top of the 256 byte tokens, from at most ``max_chars``
-        characters spread evenly over the text (2 M gave 2.62 characters per token on the validation
-        text, 4 M gave 2.70: merge statistics settle long before 11 M). ``special_tokens`` (e.g.
-        ``SPECIAL_TOKENS``) take ids 0, 1, … and are never split or merged."""
+        characters spread evenly over the text (merge statistics settle on a sample of a few million
+        characters). ``special_tokens`` (e.g. ``SPECIAL_TOKENS``) take ids 0, 1, … and are never split or merged."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if not isinstance(vocab_size, int) or not 257 <= vocab_size <= 1 << 20:
@@ -141,23 +150,10 @@ class BPETokenizer:
 
     def decode(self, ids) -> str:
         """ids -> text; special tokens (padding, start, end) are left out."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
-        return self.tokenizer.decode(ids)
-
-    def token_strings(self, ids) -> list[str]:
-        """Each token's text, for labels; a token holding part of a multi-byte character shows as '�'."""
-        return [self.decode([i]) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+        return self.tokenizer.decode(self.checked_ids(ids))
 
     def to_json(self) -> str:
         return self.tokenizer.to_str()
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_text(path, self.to_json())
-        return path
 
 
 def _chunks(texts: list[str], size: int = 1 << 16):

@@ -4,8 +4,9 @@
                     t5) that every block of a stack shares (t5's learned table too, as T5: one-sided in causal
                     stacks, bidirectional in encoders)
     attention       ATTENTIONS[config.attention.kind](config, layer): a block's self-attention: mha
-                    (MultiHeadAttention), mla (MultiHeadLatentAttention, its RoPE over qk_rope_head_dim) or sink
-                    (SinkAttention: a learned logit per head in the softmax's denominator, gpt-oss)
+                    (MultiHeadAttention), mla (MultiHeadLatentAttention, from a LatentAttentionConfig; its RoPE
+                    over qk_rope_head_dim) or sink (SinkAttention: a learned logit per head in the softmax's
+                    denominator, gpt-oss)
     feed-forward    FeedForward(d_model, ff_width, activation); in the layers config.moe_layer(i) names a
                     MixtureOfExperts (qkv.nn.moe: router, SwiGLU experts, a shared expert) from config.moe
     block           TransformerBlock.from_parts(attention, feed-forward, norm, ...); with feed_forward.parallel

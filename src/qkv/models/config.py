@@ -1,9 +1,10 @@
 """What defines a model's shape: ``ModelConfig``, a few component sections each validated on its own, and presets.
 
     ModelConfig       vocab_size, d_model, num_layers, max_len, dropout, num_decoder_layers, layer_types
-      .attention      AttentionConfig: the kind of attention, heads, key/value heads, head width, a bias per projection,
-                      QK-norm, the scores' scale and soft cap, the sliding window; kind "mla" (multi-head latent
-                      attention, qkv.nn.latent_attention) its latent and head widths and its decode cache
+      .attention      one of two kinds (qkv.models.attention_config): AttentionConfig, multi-head attention (heads,
+                      key/value heads, head width, a bias per projection, QK-norm, the scores' scale and soft cap,
+                      the sliding window), or LatentAttentionConfig, kind "mla" (multi-head latent attention,
+                      qkv.nn.latent_attention: its latent and head widths and its decode cache)
       .position       PositionConfig: sinusoidal | learned | rope | alibi | t5 | none, its base, RoPE's pair layout
                       and rotated dims, T5's buckets
       .feed_forward   FeedForwardConfig: width, activation, bias, after attention or beside it (parallel)
@@ -15,113 +16,28 @@
 
 ``layer_types`` says what each block is (Hugging Face's ``layer_types``: full_attention | sliding_attention);
 None: every block the same (sliding where attention.sliding_window is set, as Mistral's).
-The names of the flat configuration this replaced (``num_heads``, ``positional``, ``d_ff``, …; ``FLAT``)
-still construct and read one, so ``ModelConfig(d_model=64, num_heads=4, positional="rope")`` works and every
-config.json written before loads.
+Flat names. Each name in ``FLAT`` (``num_heads``, ``positional``, ``d_ff``, …) is one field of one section, and
+``bias`` / ``final_norm`` set several; they are read in one place, ``read_flat``, which both the keyword arguments
+(``ModelConfig(d_model=64, num_heads=4, positional="rope")``) and ``from_dict`` (a config.json with top-level
+names) go through. The rule: a flat name sets its section's field over the section given beside it; ``bias``
+every projection's bias; ``final_norm`` None or absent: as normalization.first. ``config.num_heads`` reads it back.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
-from ..checks import check_fraction, check_positive_int
+from ..checks import check_fraction
 from ..nn.layers import NORMS, check_softcap, get_activation
 from ..nn.positional import SINUSOIDAL_LAYOUTS
 from ..nn.rope_scaling import RopeScaling, as_rope_scaling
-from .moe_config import MOE_LAYERS, MoEConfig  # noqa: F401  (MOE_LAYERS: read with the section)
+from .attention_config import (ATTENTION_FIELDS, MAX_WIDTH, AttentionConfig, LatentAttentionConfig,
+                               attention_config, check_size, replace_attention)
+from .moe_config import MoEConfig
 
 POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hugging Face's names); the factory
 #                                                         (qkv.models.components) builds each
-MAX_WIDTH = 1 << 16  # sanity bound on widths read from untrusted configs
-LATENT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")  # kind mla
-QK_NORM_SCOPES = ("head", "projection")  # what QK-norm normalises at once: one head's D, or the projection's H·D
-LATENT_CACHES = ("absorbed", "naive")  # qkv.nn.latent_attention.CACHE_MODES
-
-
-def check_size(name: str, value, *, optional: bool = False, limit: int = MAX_WIDTH * 64) -> None:
-    """A positive int no larger than ``limit`` (configs come from files: refuse absurd sizes before allocating)."""
-    check_positive_int(name, value, optional=optional)
-    if value is not None and value > limit:
-        raise ValueError(f"{name}={value} is absurdly large (limit {limit})")
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Self-attention of every block (and the encoder-decoder's cross-attention)."""
-
-    kind: str = "mha"  # the class the factory builds: mha = qkv.MultiHeadAttention (grouped heads included); sink =
-    #                    qkv.nn.sink_attention.SinkAttention (MHA with a learned sink logit per head: gpt-oss)
-    num_heads: int = 4  # H
-    num_kv_heads: int | None = None  # G, dividing H; None: H (no grouping)
-    head_dim: int | None = None  # D; None: d_model / H
-    q_bias: bool = True
-    k_bias: bool = True
-    v_bias: bool = True
-    out_bias: bool = True
-    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3), the model's norm kind
-    qk_norm_scope: str = "head"  # QK-norm over each head's D | "projection": over all H·D (G·D) at once (OLMo-2)
-    query_scalar: float | None = None  # scores × query_scalar^-½ instead of D^-½ (Gemma's query_pre_attn_scalar)
-    softcap: float | None = None  # scores ← cap·tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping)
-    sliding_window: int | None = None  # W: a sliding layer's query p sees keys p − W < j ≤ p (Mistral, Gemma)
-    # kind "mla" only (DeepSeek-V2/V3's names; None / "absorbed" otherwise): the widths of
-    # qkv.nn.MultiHeadLatentAttention; its biases (q_a, kv_a, o) are the four *_bias above, which must agree
-    kv_lora_rank: int | None = None  # d_c: the cached latent c_KV
-    q_lora_rank: int | None = None  # d_q: the query's low-rank path; None: one q_proj
-    qk_rope_head_dim: int | None = None  # d_R: the rotated part of q and the shared RoPE key (even)
-    qk_nope_head_dim: int | None = None  # d_N: the unrotated part of each query and key head
-    v_head_dim: int | None = None  # d_V: each value head
-    latent_cache: str = "absorbed"  # generate's cache: absorbed (c_KV and k_R only) | naive (per-head K and V)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not self.kind:
-            raise ValueError(f"attention.kind must name an attention kind, got {self.kind!r}")
-        self.check_latent()
-        check_size("attention.num_heads", self.num_heads)
-        check_size("attention.num_kv_heads", self.num_kv_heads, optional=True)
-        check_size("attention.head_dim", self.head_dim, optional=True, limit=MAX_WIDTH)
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        check_softcap("attention.softcap", self.softcap)
-        check_softcap("attention.query_scalar", self.query_scalar)  # a positive number or None, as a cap
-        check_size("attention.sliding_window", self.sliding_window, optional=True)
-        if self.qk_norm_scope not in QK_NORM_SCOPES or (self.qk_norm_scope != "head" and not self.qk_norm):
-            raise ValueError(f"attention.qk_norm_scope must be one of {QK_NORM_SCOPES} ('projection' with qk_norm="
-                             f"True), got {self.qk_norm_scope!r} with qk_norm={self.qk_norm}")
-
-    def check_latent(self) -> None:
-        """MLA's fields: required and positive with kind "mla" (q_lora_rank optional), at their defaults otherwise."""
-        if self.latent_cache not in LATENT_CACHES:
-            raise ValueError(f"attention.latent_cache must be one of {LATENT_CACHES}, got {self.latent_cache!r}")
-        if self.kind != "mla":
-            set_ = {k: getattr(self, k) for k in LATENT_FIELDS if getattr(self, k) is not None}
-            if set_ or self.latent_cache != "absorbed":
-                raise ValueError(f"attention fields {sorted(set_) or ['latent_cache']} belong to kind 'mla', "
-                                 f"got kind {self.kind!r}")
-            return
-        if self.qk_norm:
-            raise ValueError("attention.qk_norm normalises q and k heads of one width D; attention.kind 'mla' has "
-                             "no such heads (qk_norm needs kind 'mha')")
-        for name in LATENT_FIELDS:
-            check_size(f"attention.{name}", getattr(self, name), optional=name == "q_lora_rank", limit=MAX_WIDTH)
-        if self.qk_rope_head_dim % 2:
-            raise ValueError(f"attention.qk_rope_head_dim must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
-        if self.num_kv_heads not in (None, self.num_heads):
-            raise ValueError(f"attention.kind 'mla' has no grouped heads: num_kv_heads must be None or num_heads "
-                             f"({self.num_heads}), got {self.num_kv_heads}")
-        unused = {k: v for k, v in (("head_dim", self.head_dim), ("softcap", self.softcap),
-                                    ("sliding_window", self.sliding_window)) if v is not None}
-        if unused:
-            raise ValueError(f"attention.kind 'mla' takes no {', '.join(unused)} (its widths are kv_lora_rank, "
-                             f"qk_rope/qk_nope/v_head_dim), got {unused}")
-        if len(set(self.biases)) > 1:
-            raise ValueError(f"attention.kind 'mla' has one bias setting (q_a_proj, kv_a_proj_with_mqa, o_proj: "
-                             f"Hugging Face's attention_bias): q/k/v/out_bias must agree, got {self.biases}")
-
-    @property
-    def biases(self) -> tuple[bool, bool, bool, bool]:
-        """(q, k, v, out), as ``qkv.MultiHeadAttention(bias=...)`` takes them."""
-        return self.q_bias, self.k_bias, self.v_bias, self.out_bias
 
 
 @dataclass(frozen=True)
@@ -249,7 +165,7 @@ class HeadConfig:
 
 SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
             "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig, "moe": MoEConfig}
-# The flat names of before: each is one field of a section ("bias" and "final_norm" are handled apart).
+# The flat names: each is one field of a section ("bias" and "final_norm" set several: read_flat).
 FLAT = {
     "num_heads": ("attention", "num_heads"), "num_kv_heads": ("attention", "num_kv_heads"),
     "positional": ("position", "kind"), "rope_base": ("position", "base"),
@@ -266,8 +182,8 @@ FLAT_APART = ("bias", "final_norm")  # bias: every projection's; final_norm: Non
 @dataclass(frozen=True, init=False)
 class ModelConfig:
     """Everything that defines a model's shape: sizes, then one section per component. Validated on
-    construction. Sections may be given as their dataclass or a dict; flat names (``FLAT``) set one field
-    of a section and read it back (``config.num_heads`` is ``config.attention.num_heads``)."""
+    construction. Sections may be given as their dataclass or a dict; flat names (``FLAT``, ``read_flat``) set
+    one field of a section and read it back (``config.num_heads`` is ``config.attention.num_heads``)."""
 
     vocab_size: int
     d_model: int  # C
@@ -276,7 +192,7 @@ class ModelConfig:
     dropout: float
     num_decoder_layers: int | None  # encoder-decoder only; None: num_layers
     layer_types: tuple[str, ...] | None  # one of LAYER_TYPES per block; None: full attention in every block
-    attention: AttentionConfig
+    attention: AttentionConfig | LatentAttentionConfig
     position: PositionConfig
     feed_forward: FeedForwardConfig
     normalization: NormConfig
@@ -287,14 +203,14 @@ class ModelConfig:
     def __init__(self, *, vocab_size: int = 256, d_model: int = 128, num_layers: int = 4, max_len: int = 256,
                  dropout: float = 0.0, num_decoder_layers: int | None = None,
                  layer_types: tuple[str, ...] | list[str] | None = None,
-                 attention: AttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
+                 attention: AttentionConfig | LatentAttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
                  feed_forward: FeedForwardConfig | dict | None = None, normalization: NormConfig | dict | None = None,
                  embedding: EmbeddingConfig | dict | None = None, head: HeadConfig | dict | None = None,
                  moe: MoEConfig | dict | None = None, **flat) -> None:
         given = dict(attention=attention, position=position, feed_forward=feed_forward,
                      normalization=normalization, embedding=embedding, head=head, moe=moe)
         sections = {name: section_of(SECTIONS[name], value) for name, value in given.items()}
-        for name, section in apply_flat(sections, flat).items():
+        for name, section in read_flat(sections, flat).items():
             object.__setattr__(self, name, section)
         top = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, max_len=max_len, dropout=dropout,
                    num_decoder_layers=num_decoder_layers,
@@ -311,6 +227,7 @@ class ModelConfig:
         check_fraction("dropout", self.dropout)
         heads = self.attention.num_heads
         if self.attention.kind == "mla":
+            self.attention.check_widths()
             self.check_latent_position()
         elif self.attention.head_dim is None and self.d_model % heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({heads})")
@@ -379,7 +296,7 @@ class ModelConfig:
             raise ValueError(f"unknown layer_types {unknown}; a layer is one of {LAYER_TYPES}")
 
     def __getattr__(self, name: str):
-        """The flat names of before, read from their sections."""
+        """A flat name (``FLAT``, ``final_norm``, ``bias``), read from its section."""
         if name in FLAT:
             section, key = FLAT[name]
             return getattr(object.__getattribute__(self, section), key)
@@ -435,22 +352,19 @@ class ModelConfig:
         d = asdict(self)
         d["layer_types"] = None if self.layer_types is None else list(self.layer_types)
         d["position"]["scaling"] = None if self.position.scaling is None else self.position.scaling.to_dict()
-        if self.attention.kind != "mla":  # MLA's fields only where they mean something (config.json as before)
-            for name in (*LATENT_FIELDS, "latent_cache"):
-                del d["attention"][name]
-        if not self.moe.enabled:  # no experts: config.json as before
+        if not self.moe.enabled:  # no experts: no moe object
             del d["moe"]
         elif d["moe"]["layers"] is not None:
             d["moe"]["layers"] = list(d["moe"]["layers"])
-        if self.position.kind != "t5":  # so are T5's
+        if self.position.kind != "t5":  # T5's buckets only with positional t5
             for name in ("num_buckets", "max_distance"):
                 del d["position"][name]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a dict (e.g. config.json, nested or flat as written before), refusing unknown keys and
-        values of the wrong type."""
+        """Build from a dict (config.json: sections, or flat names read by ``read_flat``), refusing unknown keys
+        and values of the wrong type."""
         if not isinstance(d, dict):
             raise TypeError(f"a model config must be a JSON object, got {type(d).__name__}")
         top = {f.name for f in fields(cls)} - set(SECTIONS)
@@ -475,7 +389,10 @@ class ModelConfig:
 
 
 def section_of(cls: type, value):
-    """A section from its dataclass, a dict of its fields, or None (its defaults)."""
+    """A section from its dataclass, a dict of its fields, or None (its defaults); the attention section is one
+    of two kinds (``attention_config``)."""
+    if cls is AttentionConfig:
+        return attention_config(value)
     if value is None:
         return cls()
     if isinstance(value, cls):
@@ -485,8 +402,9 @@ def section_of(cls: type, value):
     raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
 
 
-def apply_flat(sections: dict, flat: dict) -> dict:
-    """The sections with the flat names of before applied (each sets one field; see FLAT)."""
+def read_flat(sections: dict, flat: dict) -> dict:
+    """The sections with the flat names applied, by the module's rule: a ``FLAT`` name sets its section's field,
+    ``bias`` every projection's, ``final_norm`` the final norm (None: as normalization.first)."""
     unknown = sorted(set(flat) - set(FLAT) - set(FLAT_APART))
     if unknown:
         raise TypeError(f"ModelConfig got unexpected keyword arguments {unknown}")
@@ -499,15 +417,17 @@ def apply_flat(sections: dict, flat: dict) -> dict:
         changes["attention"].update(q_bias=flat["bias"], k_bias=flat["bias"], v_bias=flat["bias"],
                                     out_bias=flat["bias"])
         changes["feed_forward"]["bias"] = flat["bias"]
-    if "norm_first" in flat or "final_norm" in flat:  # final_norm None (or absent): as norm_first, as it was
+    if "norm_first" in flat or "final_norm" in flat:  # final_norm None (or absent): as norm_first
         first = changes["normalization"].get("first", sections["normalization"].first)
         final = flat.get("final_norm")
         changes["normalization"]["final"] = first if final is None else final
-    return {name: dataclasses.replace(sections[name], **c) if c else sections[name] for name, c in changes.items()}
+    replace = {"attention": replace_attention}  # the attention section's kind decides its fields
+    return {name: replace.get(name, dataclasses.replace)(sections[name], **c) if c else sections[name]
+            for name, c in changes.items()}
 
 
-def uniform_bias(attention: AttentionConfig, feed_forward: FeedForwardConfig) -> bool:
-    """The flat ``bias`` of before: one setting for every projection, where the sections agree."""
+def uniform_bias(attention: AttentionConfig | LatentAttentionConfig, feed_forward: FeedForwardConfig) -> bool:
+    """The flat ``bias``: one setting for every projection, where the sections agree."""
     values = {*attention.biases, feed_forward.bias}
     if len(values) > 1:
         raise AttributeError("the projections' biases differ: read config.attention (q/k/v/out_bias) and "
@@ -527,36 +447,48 @@ def check_type(where: str, value, default) -> None:
 
 def check_section_dict(name: str, d) -> None:
     """A section read from JSON: an object of that section's known fields, each of its type."""
-    cls = SECTIONS[name]
     if not isinstance(d, dict):
         raise TypeError(f"ModelConfig.{name} must be a JSON object, got {type(d).__name__}")
-    defaults = cls()
-    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    known = {f.name: f for f in section_fields(name)}
+    unknown = sorted(set(d) - set(known))
     if unknown:
         raise ValueError(f"unknown ModelConfig.{name} keys: {unknown}")
     for key, value in d.items():
-        check_type(f"ModelConfig.{name}.{key}", value, getattr(defaults, key))
+        check_type(f"ModelConfig.{name}.{key}", value, known[key].default)
 
+
+def section_fields(name: str) -> tuple:
+    """The fields a section's JSON object may hold: its dataclass's; the attention section's, either kind's."""
+    return ATTENTION_FIELDS if name == "attention" else fields(SECTIONS[name])
+
+
+NO_BIAS = dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False)  # attention's four projections
 
 PRESETS: dict[str, ModelConfig] = {  # why each is shaped so: docs/design-notes.md
-    "tiny": ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=64),  # unit tests
+    "tiny": ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64,  # unit tests
+                        attention=AttentionConfig(num_heads=4)),
     # `qkv train`'s default, trained for 3 minutes on two CPU cores with a 2048-token byte-level BPE
     # (vocab_size always comes from the tokenizer).
-    "demo": ModelConfig(vocab_size=2048, d_model=96, num_heads=4, num_layers=4, max_len=128,
-                        positional="rope", bias=False),
+    "demo": ModelConfig(vocab_size=2048, d_model=96, num_layers=4, max_len=128,
+                        attention=AttentionConfig(num_heads=4, **NO_BIAS), position=PositionConfig(kind="rope"),
+                        feed_forward=FeedForwardConfig(bias=False)),
     # The paper's base model (Vaswani et al. Table 3): d=512, h=8, N=6, d_ff=2048, post-LN.
-    "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512,
-                              positional="sinusoidal", norm_first=False, activation="relu", scale_embeddings=True),
+    "paper-base": ModelConfig(vocab_size=37000, d_model=512, num_layers=6, max_len=512,
+                              attention=AttentionConfig(num_heads=8), position=PositionConfig(kind="sinusoidal"),
+                              feed_forward=FeedForwardConfig(d_ff=2048, activation="relu"),
+                              normalization=NormConfig(first=False, final=False), embedding=EmbeddingConfig(scale=True)),
     # `qkv train --task translate`: the paper's encoder-decoder at CPU size (a shared 8000-token BPE vocabulary),
     # token embeddings starting at the paper's scale d^-0.5.
-    "translate": ModelConfig(vocab_size=8000, d_model=128, num_heads=4, num_layers=2, d_ff=512, max_len=96,
-                             positional="sinusoidal", norm_first=True, activation="relu", scale_embeddings=True,
-                             embed_init_std=128 ** -0.5),
+    "translate": ModelConfig(vocab_size=8000, d_model=128, num_layers=2, max_len=96,
+                             attention=AttentionConfig(num_heads=4), position=PositionConfig(kind="sinusoidal"),
+                             feed_forward=FeedForwardConfig(d_ff=512, activation="relu"),
+                             embedding=EmbeddingConfig(scale=True, init_std=128 ** -0.5)),
     # `qkv train`'s default on a GPU: 3 minutes on one GPU with a 4096-token byte-level BPE; the default corpus
     # (about 3 M tokens) is seen many times over, hence dropout.
-    "gpu": ModelConfig(vocab_size=4096, d_model=384, num_heads=6, num_layers=8, max_len=256, positional="rope",
-                       bias=False, dropout=0.1),
+    "gpu": ModelConfig(vocab_size=4096, d_model=384, num_layers=8, max_len=256, dropout=0.1,
+                       attention=AttentionConfig(num_heads=6, **NO_BIAS), position=PositionConfig(kind="rope"),
+                       feed_forward=FeedForwardConfig(bias=False)),
     # GPT-2 small's shape (124 M parameters with its 50257-token vocabulary).
-    "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_heads=12, num_layers=12, max_len=1024,
-                        activation="gelu_tanh"),
+    "gpt2": ModelConfig(vocab_size=50257, d_model=768, num_layers=12, max_len=1024,
+                        attention=AttentionConfig(num_heads=12), feed_forward=FeedForwardConfig(activation="gelu_tanh")),
 }

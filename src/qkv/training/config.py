@@ -131,7 +131,7 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
-        self.check_base()
+        check_base(self)
         task.check_config(self)
         if self.tokenizer is None:
             self.tokenizer, default_vocab = task.defaults.tokenizer_for(self.preset if self.model is None else None)
@@ -186,52 +186,6 @@ class TrainConfig:
         """The checkpoint a fine-tune starts from (--init-from's run, --init-from-hf's directory); None from scratch."""
         return base_source({"init_from": self.init_from, "init_from_hf": self.init_from_hf})
 
-    def check_base(self) -> None:
-        """--init-from, --init-from-hf: the checkpoint brings the model's shape and its own tokenizer (a Hugging
-        Face directory's byte-level BPE, a run's own); --lora adapts it."""
-        self.check_lora()
-        source = self.base_source
-        if source is None:
-            return
-        if self.init_from and self.init_from_hf:
-            raise ValueError("--init-from (a qkv run) and --init-from-hf (a Hugging Face directory) both name the "
-                             "base; give one")
-        if self.task not in ("lm", "sft", "dpo"):
-            raise ValueError(f"{source.flag} fine-tunes a decoder (task lm, sft or dpo), not task {self.task!r}")
-        if self.model is not None:
-            raise ValueError(f"{source.flag} takes the model's shape from the checkpoint; drop the shape flags")
-        own = run_base_tokenizer(self.init_from) if source.kind == "run" else "bpe"
-        if self.tokenizer not in (None, own) or self.vocab_size is not None:
-            raise ValueError(f"{source.flag} keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
-        self.tokenizer = own
-        if source.kind == "run":
-            self.check_run_base()
-        else:
-            self.init_from_hf = os.path.abspath(self.init_from_hf)  # found again from any working directory
-
-    def check_run_base(self) -> None:
-        """--init-from RUN: no preset (the run has the shape), and never the run it writes (--out)."""
-        if self.preset is not None:
-            raise ValueError(f"--init-from takes the model's shape from the run; drop --preset {self.preset}")
-        self.init_from = os.path.abspath(self.init_from)
-        if self.out and os.path.realpath(self.out) == os.path.realpath(self.init_from):
-            raise ValueError(f"--init-from {self.init_from} is also --out: the run would overwrite its own base; "
-                             "write the fine-tune elsewhere")
-
-    def check_lora(self) -> None:
-        """``--lora R [--lora-alpha A] [--lora-targets NAMES]`` adapts a checkpoint; defaults α = 2r, attention."""
-        if self.lora is None:
-            if self.lora_alpha is not None or self.lora_targets is not None:
-                raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
-            return
-        check_positive_int("lora (the adapters' rank)", self.lora)
-        if self.base_source is None:
-            raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR or --init-from RUN too")
-        self.lora_alpha = 2.0 * self.lora if self.lora_alpha is None else self.lora_alpha
-        if not self.lora_alpha > 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
-        self.lora_targets = self.lora_targets or DEFAULT_LORA_TARGETS
-
     def to_dict(self) -> dict:
         """A JSON-ready dict: the general fields, the task's options as one object, the model's sections."""
         d = asdict(self)
@@ -240,9 +194,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """Build from a saved train_config.json: today's (the options in ``task_options``), or the flat one
-        written before tasks owned their options, which carried the translation options in every run (another
-        task's are dropped). An option a run saved before it existed takes its ``SAVED_BEFORE`` value."""
+        """Build from a saved train_config.json: the task's options in ``task_options``, or flat beside the
+        general fields (this task's options are read, any other task's dropped). An option the file lacks takes
+        its ``SAVED_BEFORE`` value, a recipe setting the file lacks its ``RECIPE`` value."""
         if not isinstance(d, dict):
             raise TypeError(f"a train config must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
@@ -254,7 +208,7 @@ class TrainConfig:
         saved = d.get("task_options") or {k: v for k, v in flat.items() if k in options_type.names()}
         if not isinstance(saved, dict):
             raise ValueError(f"task_options must be a JSON object, got {type(saved).__name__}")
-        general = RECIPE | {k: v for k, v in d.items() if k in known}  # a run saved before muon: its recipe
+        general = RECIPE | {k: v for k, v in d.items() if k in known}
         return cls(**(general | {"task_options": options_type.SAVED_BEFORE | saved}))
 
     @classmethod
@@ -280,6 +234,55 @@ class TrainConfig:
                  f"{self.max_tokens} tokens" if self.max_tokens else "",
                  f"{self.max_minutes:g} min" if self.max_minutes else ""]
         return " / ".join(p for p in parts if p)
+
+
+def check_base(cfg: TrainConfig) -> None:
+    """--init-from, --init-from-hf: the checkpoint brings the model's shape and its own tokenizer (a Hugging
+    Face directory's byte-level BPE, a run's own); --lora adapts it."""
+    check_lora(cfg)
+    source = cfg.base_source
+    if source is None:
+        return
+    if cfg.init_from and cfg.init_from_hf:
+        raise ValueError("--init-from (a qkv run) and --init-from-hf (a Hugging Face directory) both name the "
+                         "base; give one")
+    if cfg.task not in ("lm", "sft", "dpo"):
+        raise ValueError(f"{source.flag} fine-tunes a decoder (task lm, sft or dpo), not task {cfg.task!r}")
+    if cfg.model is not None:
+        raise ValueError(f"{source.flag} takes the model's shape from the checkpoint; drop the shape flags")
+    own = run_base_tokenizer(cfg.init_from) if source.kind == "run" else "bpe"
+    if cfg.tokenizer not in (None, own) or cfg.vocab_size is not None:
+        raise ValueError(f"{source.flag} keeps the checkpoint's own tokenizer; drop --tokenizer and --vocab-size")
+    cfg.tokenizer = own
+    if source.kind == "run":
+        check_run_base(cfg)
+    else:
+        cfg.init_from_hf = os.path.abspath(cfg.init_from_hf)  # found again from any working directory
+
+
+def check_run_base(cfg: TrainConfig) -> None:
+    """--init-from RUN: no preset (the run has the shape), and never the run it writes (--out)."""
+    if cfg.preset is not None:
+        raise ValueError(f"--init-from takes the model's shape from the run; drop --preset {cfg.preset}")
+    cfg.init_from = os.path.abspath(cfg.init_from)
+    if cfg.out and os.path.realpath(cfg.out) == os.path.realpath(cfg.init_from):
+        raise ValueError(f"--init-from {cfg.init_from} is also --out: the run would overwrite its own base; "
+                         "write the fine-tune elsewhere")
+
+
+def check_lora(cfg: TrainConfig) -> None:
+    """``--lora R [--lora-alpha A] [--lora-targets NAMES]`` adapts a checkpoint; defaults α = 2r, attention."""
+    if cfg.lora is None:
+        if cfg.lora_alpha is not None or cfg.lora_targets is not None:
+            raise ValueError("--lora-alpha and --lora-targets shape LoRA adapters: give --lora R too")
+        return
+    check_positive_int("lora (the adapters' rank)", cfg.lora)
+    if cfg.base_source is None:
+        raise ValueError("--lora adapts a checkpoint: give --init-from-hf DIR or --init-from RUN too")
+    cfg.lora_alpha = 2.0 * cfg.lora if cfg.lora_alpha is None else cfg.lora_alpha
+    if not cfg.lora_alpha > 0:
+        raise ValueError(f"lora_alpha must be > 0, got {cfg.lora_alpha}")
+    cfg.lora_targets = cfg.lora_targets or DEFAULT_LORA_TARGETS
 
 
 def run_changes(saved: TrainConfig, new: dict | TrainConfig) -> list[tuple[str, Any, Any]]:

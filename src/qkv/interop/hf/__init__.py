@@ -46,7 +46,7 @@ from .rules import HEAD, LOGITS_BIAS, TOP_LEVEL, Rule, half_split_to_interleaved
 from .settings import HF_ACTIVATIONS, hf_to_qkv, qkv_to_hf
 from .tokenizer import TOKENIZER_FILES, Tokenizer, find_tokenizer, load_tokenizer
 
-# The tables of before, now derived from qkv.nn.layers.ACTIVATIONS and FAMILIES, kept importable.
+# Name tables derived from qkv.nn.layers.ACTIVATIONS and FAMILIES (tests and callers read them from here).
 ACTIVATIONS = hf_to_qkv(gated=False)  # HF name -> qkv activation (GPT-2, BERT, Marian)
 GATED = hf_to_qkv(gated=True)  # LLaMA's hidden_act names the gate's activation
 GPT2_ACT_NAME = qkv_to_hf(gated=False)  # qkv -> HF

@@ -24,7 +24,7 @@ IGNORED = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb(_local)?\
 
 
 def head_dim(hf: dict) -> int | None:
-    """``head_dim`` (transformers ≥ 4.45 writes it), None where it is hidden_size / heads as before."""
+    """``head_dim`` (transformers ≥ 4.45 writes it), None where it is hidden_size / heads."""
     heads, width, dim = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096), hf.get("head_dim")
     sizes = all(isinstance(n, int) and n > 0 for n in (heads, width))
     return None if dim is None or (sizes and dim * heads == width) else dim
