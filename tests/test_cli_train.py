@@ -204,7 +204,7 @@ def test_sample_says_which_backend_ran_and_why_it_fell_back(run, capsys, monkeyp
     assert len(set(texts.values())) == 1
     fused = importlib.import_module("qkv.kernels.fused_step")
     monkeypatch.setattr(fused, "unsupported", lambda model, batch: "a reason the test gives")
-    assert main([*argv, "--compile"]) == 0
+    assert main([*argv, "--backend", "fused"]) == 0
     out, err = capsys.readouterr()
     assert out == texts["auto"]
     assert err.strip().splitlines()[-1] == ("qkv: the fused step cannot decode this model at batch 1: a reason the "

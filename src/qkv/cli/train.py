@@ -338,7 +338,6 @@ def add_sample(sub) -> argparse.ArgumentParser:
                         "built once per machine; a model it was not built for falls back to auto, saying why) "
                         "or cudagraph (the one-token step recorded once as a CUDA graph and replayed; on a CPU it "
                         "falls back to auto, saying why). The backend that ran is printed on stderr")
-    p.add_argument("--compile", action="store_true", help="the older name of --backend fused")
     add_weights_flag(p)
     return p
 
@@ -349,7 +348,6 @@ def run_sample(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..generation.backends import resolve
     from ..generation.plan import plan_decode
     from ..runtime import cpu_threads, resolve_device
 
@@ -363,7 +361,7 @@ def run_sample(args: argparse.Namespace) -> int:
     chat = chat_ids(args, tokenizer)
     tokens = capped_tokens(args.max_new_tokens, model.config.max_len)
     model = apply_weights(args, model)
-    plan = plan_decode(model, 1, resolve(args.backend, "fused" if args.compile else False)[0], warn=False)
+    plan = plan_decode(model, 1, args.backend, warn=False)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, plan=plan)
     with autocast:

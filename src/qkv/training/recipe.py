@@ -34,7 +34,7 @@ from .report import plot_losses
 from .setup import RecipeSetup
 from .state import Interrupted, StopRequest, TrainResult, TrainState, parameter_counts
 
-# What callers read from here since the recipe was one module (its parts now live beside it).
+# What the studies, benchmarks and tests import from the recipe: its parts' public names, in one place.
 from ..runtime import cpu_threads  # noqa: E402
 from .config import RESUME_FIXED, TASK_DEFAULTED, check_same_run, option_changes, run_changes  # noqa: E402
 from .loop import PEAK_STEPS, SYNC_STEPS, train_step  # noqa: E402
