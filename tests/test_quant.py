@@ -74,6 +74,20 @@ def test_every_backend_decodes_the_eager_int8_tokens(backend, batch, monkeypatch
     assert torch.equal(got, want) and len(set(want[0, 6:].tolist())) > 3  # tokens that vary
 
 
+def test_head_true_quantises_the_output_head_too_and_leaves_the_tied_embedding_as_it_was():
+    model = tiny(scale=20.0, positional="rope")
+    table = model.embed.tok.weight.detach().clone()
+    quantize_weights(model, "int8", head=True)
+    assert type(model.lm_head.weight) is Int8Tensor and "lm_head.weight" in quantized(model)
+    assert type(model.embed.tok.weight) is nn.Parameter and torch.equal(model.embed.tok.weight, table)  # untied
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, 16, temperature=0, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BackendFallback)  # fused reads the int8 head itself: no fallback
+        got = model.generate(ids, 16, temperature=0, backend="fused")
+    assert torch.equal(got, want) and len(set(want[0, 6:].tolist())) > 3
+
+
 def test_the_servers_scheduler_decodes_the_eager_int8_tokens():
     """`qkv serve`'s batch, its rows at different lengths, on the int8 model: each answer is generate's eager one."""
     pytest.importorskip("fastapi", reason="the serve extra: pip install -e '.[serve]'")

@@ -64,7 +64,7 @@ MODULES = {GPT, Embeddings, nn.Embedding, LearnedPositionalEmbedding, Sinusoidal
            nn.LayerNorm, nn.RMSNorm, nn.Dropout, MixtureOfExperts, DecodeMixtureOfExperts, Router, SwiGLUExperts}
 ANY = None  # every value the config itself accepts
 FLOATS = (torch.float32, torch.bfloat16)  # the weights' float types it reads (int8: ``int8_rows``)
-PROJECTION = re.compile(r"blocks\.\d+\.(attn\.(q|k|v|out)_proj|ff\.(up|gate|down)_proj)\.weight")  # what may be int8
+PROJECTION = re.compile(r"blocks\.\d+\.(attn\.(q|k|v|out)_proj|ff\.(up|gate|down)_proj)\.weight|lm_head\.weight")  # what may be int8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +234,7 @@ def refused_parameter(model: GPT) -> str | None:
     for name, p in model.named_parameters():
         if not plain_tensor(p) and (not PROJECTION.fullmatch(name) or int8_rows(p) is None):
             return (f"{name} is a quantised {type(p).__name__} it does not read (it reads float32, bfloat16, and "
-                    "int8 with a scale a row in a block's attention and dense feed-forward)")
+                    "int8 with a scale a row in a block's attention and dense feed-forward and in the output head)")
     return None
 
 

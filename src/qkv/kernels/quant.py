@@ -11,8 +11,9 @@ the modules keep their classes, the rest of the model its weights.
 What is quantised: every ``nn.Linear`` but the output head — the blocks' attention and feed-forward projections,
 which hold nearly all the weights a decoded token reads. Kept in the model's float type: the embedding (a table
 lookup reads one row a token) and the output head, whose rounding would fall on the logits directly and which is
-often tied to the embedding (quantising it would untie the two: a second, int8 copy of the table). A linear
-whose weight another module shares is kept for the same reason.
+often tied to the embedding (quantising it would untie the two: a second, int8 copy of the table), unless asked
+for (``head=True``: the head's bytes, a large share of a small model's, are then a quarter of fp32's, as in
+llama.cpp's q8_0 files). A linear whose weight another module shares is kept for the same reason.
 
 The speed layer's matrix-vector paths read plain memory: ``accelerate`` leaves a quantised linear as it is and
 inductor compiles torchao's product; the fused C++ step reads each quantised weight's Q and s themselves
@@ -67,12 +68,21 @@ def shared_weights(model: nn.Module) -> set[int]:
     return {i for i, n in seen.items() if n > 1}
 
 
-def targets(model: nn.Module) -> dict[str, nn.Linear]:
+def targets(model: nn.Module, head: bool = False) -> dict[str, nn.Linear]:
     """The linears ``quantize_weights`` quantises, by name: every ``nn.Linear`` but the output head (``lm_head``)
-    and those whose weight another module shares."""
-    head, shared = getattr(model, "lm_head", None), shared_weights(model)
+    and those whose weight another module shares; with ``head``, the output head too."""
+    lm_head, shared = getattr(model, "lm_head", None), shared_weights(model)
     return {name: m for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and m is not head and id(m.weight) not in shared}
+            if isinstance(m, nn.Linear)
+            and ((head and m is lm_head) or (m is not lm_head and id(m.weight) not in shared))}
+
+
+def untie_head(model: nn.Module) -> None:
+    """Give the output head its own copy of a weight it shares (a tied embedding), so that quantising the head
+    leaves the embedding's table as it is."""
+    lm_head = getattr(model, "lm_head", None)
+    if isinstance(lm_head, nn.Linear) and id(lm_head.weight) in shared_weights(model):
+        lm_head.weight = nn.Parameter(lm_head.weight.detach().clone(), requires_grad=lm_head.weight.requires_grad)
 
 
 def int8_rows(weight) -> tuple[Tensor, Tensor] | None:
@@ -96,8 +106,9 @@ def quantized(model: nn.Module) -> dict[str, str]:
     return {name: type(p).__name__ for name, p in model.named_parameters() if not plain_tensor(p)}
 
 
-def quantize_weights(model: nn.Module, kind: str = "int8") -> nn.Module:
+def quantize_weights(model: nn.Module, kind: str = "int8", head: bool = False) -> nn.Module:
     """Quantise ``model``'s linear weights to ``kind`` in place (``"none"``: leave it as it is); returns ``model``.
+    ``head``: the output head too (untied first from an embedding it shares: an int8 copy beside the table).
 
     Raises ValueError for a kind not in ``KINDS`` or a model already quantised (quantise the float model once),
     ImportError without torchao (the ``quant`` extra)."""
@@ -110,7 +121,9 @@ def quantize_weights(model: nn.Module, kind: str = "int8") -> nn.Module:
         name, typ = next(iter(done.items()))
         raise ValueError(f"the model is already quantised ({name}: {typ}, {len(done)} such parameters): "
                          "quantise its float weights once")
-    chosen = targets(model)
+    if head:
+        untie_head(model)
+    chosen = targets(model, head)
     if not chosen:
         raise ValueError(f"{type(model).__name__} has no linear layer to quantise (the output head is kept)")
     quantize_, Int8WeightOnlyConfig = torchao_int8()

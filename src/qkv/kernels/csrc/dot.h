@@ -89,15 +89,9 @@ inline float vsum(Vec v) {  // the two halves added, then the four lanes pairwis
 #if defined(QKV_VECTOR)
 constexpr int64_t PIECE = 4 * LANES;  // floats the four sums take in one step: 64 on AVX-512, 32 on AVX2
 
-// How far ahead of its loads sums asks the cache for w's lines, in float32s (×4 bytes, whatever w's type).
-// AVX2's loop, half as wide, streams a row well below a plain read unless it does (the hardware's prefetcher
-// alone falls behind); AVX-512's keeps up without (measured side by side, interleaved, on an AVX-512 CPU built
-// both ways): 4 KB ahead, or none.
-#if defined(__AVX512F__)
-constexpr int64_t AHEAD = 0;
-#else
-constexpr int64_t AHEAD = 1024;
-#endif
+// sums asks the cache for no line ahead of its loads: the hardware's prefetcher alone streams the decode step's
+// matrices faster, on AVX2 as on AVX-512 (a software prefetch a few KB ahead made a token's products slower, in
+// the step's own layout of one allocation a matrix, measured side by side on an AVX-512 CPU built both ways).
 
 // Four sums of LANES lanes over w · x for k in [0, whole), whole a multiple of PIECE, each taking every
 // fourth vector: four chains of multiply-adds, none waiting for another.
@@ -108,12 +102,7 @@ struct Sums {
 template <typename T>
 inline Sums sums(const T* __restrict w, const float* __restrict x, int64_t whole) {
   Sums s{vzero(), vzero(), vzero(), vzero()};
-  constexpr int64_t bytes = PIECE * static_cast<int64_t>(sizeof(T));  // a piece of w
   for (int64_t k = 0; k < whole; k += PIECE) {
-    if constexpr (AHEAD > 0)  // each 64-byte line of the piece AHEAD·4 bytes on (past w's end: no fault, no effect)
-      for (int64_t line = 0; line < bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w + k) + AHEAD * 4 + line),
-                     _MM_HINT_T0);
     s.a0 = vfmadd(vload(w + k), vload(x + k), s.a0);
     s.a1 = vfmadd(vload(w + k + LANES), vload(x + k + LANES), s.a1);
     s.a2 = vfmadd(vload(w + k + 2 * LANES), vload(x + k + 2 * LANES), s.a2);
