@@ -7,7 +7,9 @@ A row's token at position p sits in block ``table[b, p // K]`` at offset p mod K
 ``PageTable`` (tables (B, n), one object shared by every layer) before each forward. ``write(input_pos, k, v)``
 scatters the new tokens into their blocks and returns each row's keys gathered in position order, (B, G, S, D):
 what a static cache's ``write`` returns with slots = positions, so attention runs unchanged under the caller's
-mask (B, S) of the positions written. Blocks are shared between rows (a common prompt prefix) by putting the
+mask (B, S) of the positions written. Without autograd the gathered keys land in the ``PageTable``'s workspace,
+one buffer per pool shape that every layer reuses (a layer's keys are read before the next layer writes): valid
+until the next paged ``write`` of the same shape. Blocks are shared between rows (a common prompt prefix) by putting the
 same id in several tables; a row writes only its own blocks.
 """
 from __future__ import annotations
@@ -27,11 +29,24 @@ class PageTable:
         check_positive_int("block_size", block_size)
         self.block_size = block_size
         self.table: Tensor | None = None
+        self.flat: Tensor | None = None  # the table's ids in row order (B · n,)
+        self.workspace: dict[tuple, Tensor] = {}  # (which, shape, dtype, device) -> a buffer gathers reuse
+
+    def out(self, which: str, pool: Tensor) -> Tensor | None:
+        """A buffer (B · n, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
+        of one shape read in the same layer (keys, values). None under autograd: a fresh tensor each time."""
+        if torch.is_grad_enabled():  # attention may keep the keys for its backward
+            return None
+        rows, key = self.flat.numel(), (which, pool.shape[1:], pool.dtype, pool.device)
+        buffer = self.workspace.get(key)
+        if buffer is None or buffer.size(0) < rows:
+            buffer = self.workspace[key] = pool.new_empty((rows, *pool.shape[1:]))
+        return buffer[:rows]
 
     def set(self, table: Tensor) -> None:
         if table.dim() != 2 or table.is_floating_point():
             raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
-        self.table = table
+        self.table, self.flat = table, table.flatten()
 
     @property
     def max_len(self) -> int:
@@ -46,12 +61,15 @@ def scatter_blocks(pool: Tensor, table: Tensor, input_pos: Tensor, new: Tensor) 
     pool[blocks.flatten(), (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
 
 
-def gather_blocks(pool: Tensor, table: Tensor) -> Tensor:
-    """Each row's blocks of pool (N, K, C, W), in table (B, n) order -> (B, C, n · K, W), one copy (a strided
-    view of it: the positions of a block lie together, as vLLM's layout keeps them)."""
-    B, n = table.shape
+def gather_blocks(pool: Tensor, pages: PageTable, which: str) -> Tensor:
+    """Each row's blocks of pool (N, K, C, W), in ``pages.table`` (B, n) order -> (B, C, n · K, W), one copy
+    (a strided view of it: the positions of a block lie together, as vLLM's layout keeps them), into
+    ``pages.out(which, pool)`` when it gives a buffer."""
+    B, n = pages.table.shape
     _, K, C, W = pool.shape
-    return pool[table].view(B, n * K, C, W).transpose(1, 2)  # (B, n, K, C, W) -> (B, C, n·K, W)
+    out = pages.out(which, pool)
+    rows = pool.index_select(0, pages.flat) if out is None else torch.index_select(pool, 0, pages.flat, out=out)
+    return rows.view(B, n * K, C, W).transpose(1, 2)  # (B·n, K, C, W) -> (B, C, n·K, W)
 
 
 def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
@@ -92,7 +110,7 @@ class PagedKVCache(nn.Module):
         table = self.pages.table
         scatter_blocks(self.k, table, input_pos, k.to(self.k.dtype))
         scatter_blocks(self.v, table, input_pos, v.to(self.v.dtype))
-        return gather_blocks(self.k, table), gather_blocks(self.v, table)
+        return gather_blocks(self.k, self.pages, "k"), gather_blocks(self.v, self.pages, "v")
 
 
 class PagedLatentCache(LatentCache):
@@ -120,7 +138,7 @@ class PagedLatentCache(LatentCache):
         new = torch.cat((latent, k_rope), dim=-1).to(self.kv.dtype)  # (B, 1, T, d_c + d_R)
         check_write(input_pos, new, self.pages)
         scatter_blocks(self.kv, self.pages.table, input_pos, new)
-        return gather_blocks(self.kv, self.pages.table)
+        return gather_blocks(self.kv, self.pages, "kv")
 
     def update(self, latent: Tensor, k_rope: Tensor) -> Tensor:
         raise ValueError("a paged cache is written at explicit positions: pass input_pos")
