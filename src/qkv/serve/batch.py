@@ -118,9 +118,10 @@ class Batch:
         self.waiting.put_first(request)
 
     def register(self, request: Request) -> None:
-        """``request``'s full blocks become shareable (their chained keys extended over its new tokens)."""
+        """``request``'s computed full blocks become shareable (their chained keys extended over its new tokens;
+        a prompt's keys are known from admission, its blocks still to be prefilled are not shared)."""
         request.keys = block_keys(request.context[:request.computed], self.block_size, request.keys)
-        self.blocks.register(request.blocks, request.keys)
+        self.blocks.register(request.blocks, request.keys[:request.computed // self.block_size])
 
     def advance(self, rows: list[Request], logits: Tensor) -> None:
         """The rows take their tokens from logits (k, V); the finished ones leave."""
