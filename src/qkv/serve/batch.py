@@ -67,6 +67,7 @@ class Batch:
         budget = self.max_prefill_tokens
         while self.prefilling and budget > 0:
             request = self.prefilling[0]
+            self.catch_up(request)
             context = request.context
             end = min(len(context), request.computed + budget)
             ids = torch.tensor([context[request.computed:end]], device=self.paged.device)  # (1, chunk)
@@ -79,6 +80,18 @@ class Batch:
                 self.prefilling.popleft()
                 self.running.append(request)
                 self.advance([request], logits)
+
+    def catch_up(self, request: Request) -> None:
+        """The full blocks of ``request``'s prompt that another request has computed since its admission (the same
+        prefix, admitted in the same step and prefilled first) replace its own blocks there, not yet computed."""
+        done, offset = divmod(request.computed, self.block_size)
+        shared = [] if offset else self.blocks.match(request.keys[done:])
+        if shared:
+            own = request.blocks[done:done + len(shared)]
+            request.blocks[done:done + len(shared)] = shared
+            self.blocks.release(own)
+            request.computed += len(shared) * self.block_size
+            self.stats["shared_blocks"] += len(shared)
 
     def decode(self) -> None:
         """One token for every decoding row, each at its own position, in one forward."""
