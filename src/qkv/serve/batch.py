@@ -22,6 +22,8 @@ from ..generation.paged import PagedModel
 from .request import Request
 from .waiting import WaitingQueue
 
+FOLD_TOKENS = 32  # a prompt's rest this short is computed in the decode step's forward, as rows of one token
+
 
 class Batch:
     """At most ``max_batch`` requests prefilling or decoding over ``paged`` (its block manager: ``blocks``);
@@ -63,12 +65,18 @@ class Batch:
 
     def prefill(self) -> None:
         """Prompts' next chunks, oldest first, ``max_prefill_tokens`` tokens in all; a finished prompt's first
-        token is taken and it starts decoding."""
+        token is taken and it starts decoding. A prompt whose rest fits in the budget and in ``FOLD_TOKENS``
+        (a shared system prompt's tail) joins the decoding rows instead: ``decode`` computes it in their forward."""
         budget = self.max_prefill_tokens
         while self.prefilling and budget > 0:
             request = self.prefilling[0]
             self.catch_up(request)
             context = request.context
+            if len(context) - request.computed <= min(budget, FOLD_TOKENS):
+                budget -= len(context) - request.computed
+                self.stats["prefill_chunks"] += 1
+                self.running.append(self.prefilling.popleft())
+                continue
             end = min(len(context), request.computed + budget)
             ids = torch.tensor([context[request.computed:end]], device=self.paged.device)  # (1, chunk)
             logits = self.paged.forward(ids, [request.computed], [request.blocks[:-(-end // self.block_size)]])
@@ -94,19 +102,27 @@ class Batch:
             self.stats["shared_blocks"] += len(shared)
 
     def decode(self) -> None:
-        """One token for every decoding row, each at its own position, in one forward."""
+        """One token for every decoding row, each at its own position, in one forward; a folded prompt's rest
+        rides along as one row per token (every row's keys are written before any row reads them, and each
+        row's mask stops at its position: causal attention)."""
         for request in list(self.running):
             if request in self.running:
                 self.make_room(request)
         if not self.running:
             return
-        rows = list(self.running)
-        ids = torch.tensor([[r.context[-1]] for r in rows], device=self.paged.device)  # (n, 1)
-        logits = self.paged.forward(ids, [r.computed for r in rows], [r.blocks for r in rows])  # (n, V)
-        for request in rows:
-            request.computed += 1
+        requests, ids, starts, tables, last = list(self.running), [], [], [], []
+        for request in requests:
+            context = request.context
+            for position in range(request.computed, len(context)):  # one position, but a folded prompt's rest
+                ids.append([context[position]])
+                starts.append(position)
+                tables.append(request.blocks)
+            last.append(len(ids) - 1)
+            request.computed = len(context)
+        logits = self.paged.forward(torch.tensor(ids, device=self.paged.device), starts, tables)  # (rows, V)
+        for request in requests:
             self.register(request)
-        self.advance(rows, logits)
+        self.advance(requests, logits[last] if len(last) < len(ids) else logits)
 
     def make_room(self, request: Request) -> None:
         """A block for ``request``'s next token if it needs one: preempting the newest requests until one is free
