@@ -5,7 +5,8 @@ Each step (vLLM's scheduler, nano-vllm's in few lines):
    besides one for each decoding row (blocks already holding the prompt's prefix, a chat template's system
    prompt, are shared, not recomputed);
 2. admitted prompts are prefilled in chunks of at most ``max_prefill_tokens`` tokens a step, so that a long
-   prompt does not stall the rows decoding;
+   prompt does not stall the rows decoding (the blocks another prompt prefilled meanwhile are shared too; a
+   short rest joins the decode step's forward, a row per token);
 3. every decoding row takes one token, in one batched forward; a row that needs a new block when none is left
    preempts the newest request, whose blocks are freed and which is queued again first with its prompt and
    its tokens so far, to be recomputed (its full blocks stay cached, so mostly taken back).
