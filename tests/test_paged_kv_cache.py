@@ -103,3 +103,18 @@ def test_blocks_are_counted_cached_matched_and_evicted_least_recent_first():
     m.release(taken[:1])
     with pytest.raises(ValueError, match="nobody holds it"):
         m.release(taken[:1])
+
+
+def test_page_table_slots_are_computed_once_per_unchanged_positions_tensor():
+    pages = PageTable(4)
+    pages.set(torch.tensor([[5, 2], [7, 1]]))
+    input_pos = torch.tensor([[1, 6], [4, 5]])  # (B, T): every layer writes at the step's one tensor
+    expected = torch.tensor([5 * 4 + 1, 2 * 4 + 2, 1 * 4 + 0, 1 * 4 + 1])
+    assert torch.equal(pages.slots(input_pos), expected) and pages.slots(input_pos) is pages.slots(input_pos)
+    input_pos.sub_(1)  # changed in place: computed again
+    assert torch.equal(pages.slots(input_pos), torch.tensor([5 * 4 + 0, 2 * 4 + 1, 7 * 4 + 3, 1 * 4 + 0]))
+    pages.set(torch.tensor([[3, 0], [6, 0]]))  # a new step's tables: computed again
+    assert torch.equal(pages.slots(input_pos), torch.tensor([3 * 4 + 0, 0 * 4 + 1, 6 * 4 + 3, 0 * 4 + 0]))
+    with torch.inference_mode():
+        fresh = torch.tensor([[0, 1], [2, 3]])
+        assert torch.equal(pages.slots(fresh), torch.tensor([12, 13, 26, 27])) and pages.written is None

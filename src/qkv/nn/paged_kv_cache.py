@@ -31,6 +31,7 @@ class PageTable:
         self.table: Tensor | None = None
         self.flat: Tensor | None = None  # the table's ids in row order (B · n,)
         self.workspace: dict[tuple, Tensor] = {}  # (which, shape, dtype, device) -> a buffer gathers reuse
+        self.written: tuple | None = None  # (input_pos, its version, slots): see slots
 
     def out(self, which: str, pool: Tensor) -> Tensor | None:
         """A buffer (B · n, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
@@ -46,7 +47,19 @@ class PageTable:
     def set(self, table: Tensor) -> None:
         if table.dim() != 2 or table.is_floating_point():
             raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
-        self.table, self.flat = table, table.flatten()
+        self.table, self.flat, self.written = table, table.flatten(), None
+
+    def slots(self, input_pos: Tensor) -> Tensor:
+        """Where the new tokens at input_pos (B, T) go in a pool viewed as (N · K, …): table[b, p // K] · K + p mod K,
+        (B · T,). Computed once while the same input_pos tensor comes again unchanged (every layer writes at the
+        step's one); an inference-mode tensor (no version counter) each time."""
+        last = self.written
+        if last is not None and last[0] is input_pos and not input_pos.is_inference() and last[1] == input_pos._version:
+            return last[2]
+        K = self.block_size
+        slots = (self.table.gather(1, input_pos // K) * K + input_pos % K).flatten()  # (B · T,)
+        self.written = None if input_pos.is_inference() else (input_pos, input_pos._version, slots)
+        return slots
 
     @property
     def max_len(self) -> int:
@@ -54,11 +67,9 @@ class PageTable:
         return 0 if self.table is None else self.table.size(1) * self.block_size
 
 
-def scatter_blocks(pool: Tensor, table: Tensor, input_pos: Tensor, new: Tensor) -> None:
-    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through table (B, n)."""
-    K = pool.size(1)
-    blocks = table.gather(1, input_pos // K)  # (B, T): the block of each new token
-    pool[blocks.flatten(), (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
+def scatter_blocks(pool: Tensor, pages: PageTable, input_pos: Tensor, new: Tensor) -> None:
+    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through pages' table."""
+    pool.view(-1, *pool.shape[2:]).index_copy_(0, pages.slots(input_pos), new.transpose(1, 2).flatten(0, 1))
 
 
 def gather_blocks(pool: Tensor, pages: PageTable, which: str) -> Tensor:
@@ -107,9 +118,8 @@ class PagedKVCache(nn.Module):
         """Write k, v (B, G, T, D) at each row's positions input_pos (B, T); return every row's keys and values
         over its table's blocks, (B, G, S, D) each, in position order."""
         check_write(input_pos, k, self.pages)
-        table = self.pages.table
-        scatter_blocks(self.k, table, input_pos, k.to(self.k.dtype))
-        scatter_blocks(self.v, table, input_pos, v.to(self.v.dtype))
+        scatter_blocks(self.k, self.pages, input_pos, k.to(self.k.dtype))
+        scatter_blocks(self.v, self.pages, input_pos, v.to(self.v.dtype))
         return gather_blocks(self.k, self.pages, "k"), gather_blocks(self.v, self.pages, "v")
 
 
@@ -137,7 +147,7 @@ class PagedLatentCache(LatentCache):
                              f"got {tuple(latent.shape)} and {tuple(k_rope.shape)}")
         new = torch.cat((latent, k_rope), dim=-1).to(self.kv.dtype)  # (B, 1, T, d_c + d_R)
         check_write(input_pos, new, self.pages)
-        scatter_blocks(self.kv, self.pages.table, input_pos, new)
+        scatter_blocks(self.kv, self.pages, input_pos, new)
         return gather_blocks(self.kv, self.pages, "kv")
 
     def update(self, latent: Tensor, k_rope: Tensor) -> Tensor:
