@@ -33,6 +33,25 @@ def test_write_then_gather_equals_the_contiguous_cache_through_scattered_blocks(
     assert torch.equal(paged.k[2, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
 
 
+def test_without_autograd_gathers_reuse_one_buffer_and_equal_a_fresh_gather():
+    """Two layers' caches over one PageTable: under no_grad each gather lands in the table's workspace (one buffer
+    per pool shape and kind, grown when a step needs more blocks), equal to the fresh gather autograd gets."""
+    torch.manual_seed(0)
+    pages = PageTable(4)
+    layers = [PagedKVCache(8, 2, 4, pages=pages) for _ in range(2)]
+    for table, pos in (([[3, 1], [6, 6]], [[5], [2]]), ([[3, 1, 0], [6, 2, 2]], [[8], [6]])):
+        pages.set(torch.tensor(table))
+        k = v = torch.randn(2, 2, 1, 4)
+        for cache in layers:
+            fresh = cache.write(torch.tensor(pos), k, v)
+            with torch.no_grad():
+                reused = cache.write(torch.tensor(pos), k, v)
+            assert all(torch.equal(a, b) for a, b in zip(fresh, reused))
+            assert reused[0].data_ptr() == pages.workspace["k", layers[0].k.shape[1:], torch.float32,
+                                                           torch.device("cpu")].data_ptr()
+            assert fresh[0].data_ptr() != reused[0].data_ptr()
+
+
 def test_the_paged_model_gives_the_full_forwards_logits_for_rows_at_different_lengths():
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, positional="rope", num_kv_heads=2,
@@ -84,3 +103,18 @@ def test_blocks_are_counted_cached_matched_and_evicted_least_recent_first():
     m.release(taken[:1])
     with pytest.raises(ValueError, match="nobody holds it"):
         m.release(taken[:1])
+
+
+def test_page_table_slots_are_computed_once_per_unchanged_positions_tensor():
+    pages = PageTable(4)
+    pages.set(torch.tensor([[5, 2], [7, 1]]))
+    input_pos = torch.tensor([[1, 6], [4, 5]])  # (B, T): every layer writes at the step's one tensor
+    expected = torch.tensor([5 * 4 + 1, 2 * 4 + 2, 1 * 4 + 0, 1 * 4 + 1])
+    assert torch.equal(pages.slots(input_pos), expected) and pages.slots(input_pos) is pages.slots(input_pos)
+    input_pos.sub_(1)  # changed in place: computed again
+    assert torch.equal(pages.slots(input_pos), torch.tensor([5 * 4 + 0, 2 * 4 + 1, 7 * 4 + 3, 1 * 4 + 0]))
+    pages.set(torch.tensor([[3, 0], [6, 0]]))  # a new step's tables: computed again
+    assert torch.equal(pages.slots(input_pos), torch.tensor([3 * 4 + 0, 0 * 4 + 1, 6 * 4 + 3, 0 * 4 + 0]))
+    with torch.inference_mode():
+        fresh = torch.tensor([[0, 1], [2, 3]])
+        assert torch.equal(pages.slots(fresh), torch.tensor([12, 13, 26, 27])) and pages.written is None

@@ -7,7 +7,9 @@ A row's token at position p sits in block ``table[b, p // K]`` at offset p mod K
 ``PageTable`` (tables (B, n), one object shared by every layer) before each forward. ``write(input_pos, k, v)``
 scatters the new tokens into their blocks and returns each row's keys gathered in position order, (B, G, S, D):
 what a static cache's ``write`` returns with slots = positions, so attention runs unchanged under the caller's
-mask (B, S) of the positions written. Blocks are shared between rows (a common prompt prefix) by putting the
+mask (B, S) of the positions written. Without autograd the gathered keys land in the ``PageTable``'s workspace,
+one buffer per pool shape that every layer reuses (a layer's keys are read before the next layer writes): valid
+until the next paged ``write`` of the same shape. Blocks are shared between rows (a common prompt prefix) by putting the
 same id in several tables; a row writes only its own blocks.
 """
 from __future__ import annotations
@@ -27,11 +29,37 @@ class PageTable:
         check_positive_int("block_size", block_size)
         self.block_size = block_size
         self.table: Tensor | None = None
+        self.flat: Tensor | None = None  # the table's ids in row order (B · n,)
+        self.workspace: dict[tuple, Tensor] = {}  # (which, shape, dtype, device) -> a buffer gathers reuse
+        self.written: tuple | None = None  # (input_pos, its version, slots): see slots
+
+    def out(self, which: str, pool: Tensor) -> Tensor | None:
+        """A buffer (B · n, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
+        of one shape read in the same layer (keys, values). None under autograd: a fresh tensor each time."""
+        if torch.is_grad_enabled():  # attention may keep the keys for its backward
+            return None
+        rows, key = self.flat.numel(), (which, pool.shape[1:], pool.dtype, pool.device)
+        buffer = self.workspace.get(key)
+        if buffer is None or buffer.size(0) < rows:
+            buffer = self.workspace[key] = pool.new_empty((rows, *pool.shape[1:]))
+        return buffer[:rows]
 
     def set(self, table: Tensor) -> None:
         if table.dim() != 2 or table.is_floating_point():
             raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
-        self.table = table
+        self.table, self.flat, self.written = table, table.flatten(), None
+
+    def slots(self, input_pos: Tensor) -> Tensor:
+        """Where the new tokens at input_pos (B, T) go in a pool viewed as (N · K, …): table[b, p // K] · K + p mod K,
+        (B · T,). Computed once while the same input_pos tensor comes again unchanged (every layer writes at the
+        step's one); an inference-mode tensor (no version counter) each time."""
+        last = self.written
+        if last is not None and last[0] is input_pos and not input_pos.is_inference() and last[1] == input_pos._version:
+            return last[2]
+        K = self.block_size
+        slots = (self.table.gather(1, input_pos // K) * K + input_pos % K).flatten()  # (B · T,)
+        self.written = None if input_pos.is_inference() else (input_pos, input_pos._version, slots)
+        return slots
 
     @property
     def max_len(self) -> int:
@@ -39,19 +67,20 @@ class PageTable:
         return 0 if self.table is None else self.table.size(1) * self.block_size
 
 
-def scatter_blocks(pool: Tensor, table: Tensor, input_pos: Tensor, new: Tensor) -> None:
-    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through table (B, n)."""
-    K = pool.size(1)
-    blocks = table.gather(1, input_pos // K)  # (B, T): the block of each new token
-    pool[blocks.flatten(), (input_pos % K).flatten()] = new.transpose(1, 2).flatten(0, 1)  # (B·T, C, W)
+def scatter_blocks(pool: Tensor, pages: PageTable, input_pos: Tensor, new: Tensor) -> None:
+    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through pages' table."""
+    pool.view(-1, *pool.shape[2:]).index_copy_(0, pages.slots(input_pos), new.transpose(1, 2).flatten(0, 1))
 
 
-def gather_blocks(pool: Tensor, table: Tensor) -> Tensor:
-    """Each row's blocks of pool (N, K, C, W), in table (B, n) order -> (B, C, n · K, W), one copy (a strided
-    view of it: the positions of a block lie together, as vLLM's layout keeps them)."""
-    B, n = table.shape
+def gather_blocks(pool: Tensor, pages: PageTable, which: str) -> Tensor:
+    """Each row's blocks of pool (N, K, C, W), in ``pages.table`` (B, n) order -> (B, C, n · K, W), one copy
+    (a strided view of it: the positions of a block lie together, as vLLM's layout keeps them), into
+    ``pages.out(which, pool)`` when it gives a buffer."""
+    B, n = pages.table.shape
     _, K, C, W = pool.shape
-    return pool[table].view(B, n * K, C, W).transpose(1, 2)  # (B, n, K, C, W) -> (B, C, n·K, W)
+    out = pages.out(which, pool)
+    rows = pool.index_select(0, pages.flat) if out is None else torch.index_select(pool, 0, pages.flat, out=out)
+    return rows.view(B, n * K, C, W).transpose(1, 2)  # (B·n, K, C, W) -> (B, C, n·K, W)
 
 
 def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
@@ -89,10 +118,9 @@ class PagedKVCache(nn.Module):
         """Write k, v (B, G, T, D) at each row's positions input_pos (B, T); return every row's keys and values
         over its table's blocks, (B, G, S, D) each, in position order."""
         check_write(input_pos, k, self.pages)
-        table = self.pages.table
-        scatter_blocks(self.k, table, input_pos, k.to(self.k.dtype))
-        scatter_blocks(self.v, table, input_pos, v.to(self.v.dtype))
-        return gather_blocks(self.k, table), gather_blocks(self.v, table)
+        scatter_blocks(self.k, self.pages, input_pos, k.to(self.k.dtype))
+        scatter_blocks(self.v, self.pages, input_pos, v.to(self.v.dtype))
+        return gather_blocks(self.k, self.pages, "k"), gather_blocks(self.v, self.pages, "v")
 
 
 class PagedLatentCache(LatentCache):
@@ -119,8 +147,8 @@ class PagedLatentCache(LatentCache):
                              f"got {tuple(latent.shape)} and {tuple(k_rope.shape)}")
         new = torch.cat((latent, k_rope), dim=-1).to(self.kv.dtype)  # (B, 1, T, d_c + d_R)
         check_write(input_pos, new, self.pages)
-        scatter_blocks(self.kv, self.pages.table, input_pos, new)
-        return gather_blocks(self.kv, self.pages.table)
+        scatter_blocks(self.kv, self.pages, input_pos, new)
+        return gather_blocks(self.kv, self.pages, "kv")
 
     def update(self, latent: Tensor, k_rope: Tensor) -> Tensor:
         raise ValueError("a paged cache is written at explicit positions: pass input_pos")
