@@ -66,18 +66,6 @@ def test_rope_positions_equal_slice_of_full():
     torch.testing.assert_close(per_row[1], rope(x[1:, :, 4:])[0])  # positions 0, 1
 
 
-def test_rope_reuses_its_angles_for_the_same_positions_tensor_only_while_unchanged():
-    rope, fresh = qkv.RotaryEmbedding(8), qkv.RotaryEmbedding(8)
-    positions = torch.tensor([[3, 4], [7, 8]])  # (B, T): every layer of a forward rotates at this tensor
-    x = torch.randn(2, 3, 2, 8)
-    first = rope(x, positions)
-    assert torch.equal(rope(x, positions), first) and rope.last_angles[0] is positions
-    assert torch.equal(rope(x[:, :1], positions), fresh(x[:, :1], positions))  # cos, sin broadcast over heads
-    positions.add_(5)  # changed in place: the angles are computed again
-    assert torch.equal(rope(x, positions), fresh(x, positions.clone()))
-    assert not torch.equal(rope(x, positions), first)
-
-
 def test_rope_bad_positions_are_refused():
     rope, x = qkv.RotaryEmbedding(8), torch.randn(2, 1, 3, 8)
     with pytest.raises(ValueError, match=r"\(T=3,\) or \(B=2, T=3\), got \(4,\)"):

@@ -134,7 +134,6 @@ class RotaryEmbedding(nn.Module):
         if self.scaling.type in LENGTH_DEPENDENT:  # the θ of lengths up to L₀, restored when a shorter input comes
             self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
             self.max_seq_len_cached = self.scaling.original_max_position_embeddings
-        self.last_angles: tuple | None = None  # (positions, its version, inv_freq, cos, sin): see row_angles
 
     @property
     def follows_length(self) -> bool:
@@ -185,8 +184,8 @@ class RotaryEmbedding(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 4 or x.size(-1) != self.head_dim:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {shape}")
-        positions = _renamed("offset", offset, "positions", positions)
-        cos, sin = self.row_angles(positions, self._row_positions(positions, x))  # (…, T, R/2)
+        pos = self._row_positions(_renamed("offset", offset, "positions", positions), x)
+        cos, sin = self.angles(pos)  # (…, T, R/2)
         xf = x.float() if self.rotary_dim == self.head_dim else x[..., :self.rotary_dim].float()  # (B, H, T, R)
         if self.interleaved:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (B, H, T, R/2) each
@@ -197,20 +196,6 @@ class RotaryEmbedding(nn.Module):
         if self.rotary_dim < self.head_dim:  # the dims past R pass through
             return torch.cat((out.to(x.dtype), x[..., self.rotary_dim:]), dim=-1)
         return out.to(x.dtype)
-
-    def row_angles(self, positions, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """``angles(pos)``, pos the rows of the caller's ``positions``: computed once while the same positions
-        tensor comes again unchanged under the same θ (every layer rotates q and k at a forward's positions).
-        Not kept for θ that follow the length, inference-mode tensors (no version counter) or under compile."""
-        if (not isinstance(positions, Tensor) or positions.is_inference() or self.follows_length
-                or torch.compiler.is_compiling()):
-            return self.angles(pos)
-        last = self.last_angles
-        if last is not None and last[0] is positions and last[1] == positions._version and last[2] is self.inv_freq:
-            return last[3], last[4]
-        cos, sin = self.angles(pos)
-        self.last_angles = (positions, positions._version, self.inv_freq, cos, sin)
-        return cos, sin
 
     @staticmethod
     def _row_positions(positions: Tensor | int | None, x: Tensor) -> Tensor:
