@@ -244,6 +244,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
 
     from qkv.training.recipe import TrainConfig
     from qkv.training.tasks.dpo import DPOTask, answer_logps, pair_batch
+    from qkv.training.tasks.rows import targets_trained
 
     cfg = TrainConfig(task="dpo", init_from_hf=str(model_dir), data=files["dpo_val"], val_data=files["dpo_val"],
                       max_steps=0, context=CONTEXT, mask_end_of_turn_newline=True, device="cpu")
@@ -256,7 +257,7 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
         policy = answer_logps(model, *batch).double()
         reference = answer_logps(lambda x, **kw: SimpleNamespace(logits=model(x, **kw).logits / 2), *batch).double()
     k = len(rows)
-    lengths = tuple(torch.tensor([int(r[i][1:].sum()) for r in rows]) for i in (1, 3))
+    lengths = tuple(torch.tensor([targets_trained(getattr(r, side)) for r in rows]) for side in ("chosen", "rejected"))
     return [policy[:k], policy[k:], reference[:k], reference[k:]], lengths
 
 
