@@ -87,6 +87,7 @@ def test_a_shared_prefix_shares_its_blocks_and_answers_as_alone():
     while s.active:
         s.step()
     assert [j.tokens for j in jobs] == want and s.stats["shared_blocks"] == 6 and s.blocks.used == 0
+    assert s.stats["folded"] == 3  # the rests after the shared blocks (17, 9, 22 tokens) rode in the decode forward
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_rows_keep_decoding():

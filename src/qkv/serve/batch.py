@@ -36,7 +36,7 @@ class Batch:
         self.max_batch, self.max_len, self.max_prefill_tokens = max_batch, max_len, max_prefill_tokens
         self.running: list[Request] = []  # decoding, oldest first
         self.prefilling: deque[Request] = deque()  # admitted, their prompts being prefilled
-        self.stats = {"preempted": 0, "shared_blocks": 0, "prefill_chunks": 0, "max_blocks_used": 0}
+        self.stats = {"preempted": 0, "shared_blocks": 0, "prefill_chunks": 0, "folded": 0, "max_blocks_used": 0}
 
     def __len__(self) -> int:
         """Requests admitted now (prefilling or decoding)."""
@@ -75,6 +75,7 @@ class Batch:
             if len(context) - request.computed <= min(budget, FOLD_TOKENS):
                 budget -= len(context) - request.computed
                 self.stats["prefill_chunks"] += 1
+                self.stats["folded"] += 1
                 self.running.append(self.prefilling.popleft())
                 continue
             end = min(len(context), request.computed + budget)
