@@ -110,14 +110,19 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_rows_keep_decoding():
     assert [first.tokens, second.tokens] == want and s.stats["prefill_chunks"] == 1 + 8
 
 
+def one_prompt_twice(length: int, new: int):
+    """(a scheduler prefilling 8 tokens a step in blocks of 4, two greedy requests for one random prompt of
+    ``length`` tokens, its answer alone)."""
+    model = tiny_gpt(64)
+    prompt = torch.randint(0, 64, (length,)).tolist()
+    s = Scheduler(model, max_batch=2, backend="eager", max_prefill_tokens=8, block_size=4)
+    return s, greedy(prompt, new), greedy(prompt, new), alone(model, [prompt], [new])[0]
+
+
 def test_a_prompt_joining_while_its_prefix_is_half_prefilled_shares_only_the_computed_blocks():
     """A 40-token prompt prefilled 8 tokens a step; the same prompt joins after its first chunk: it may share the
     blocks computed so far, not those still to come, and both answer as alone."""
-    model = tiny_gpt(64)
-    prompt = torch.randint(0, 64, (40,)).tolist()
-    want = alone(model, [prompt], [6])[0]
-    s = Scheduler(model, max_batch=2, backend="eager", max_prefill_tokens=8, block_size=4)
-    first, second = greedy(prompt, 6), greedy(prompt, 6)
+    s, first, second, want = one_prompt_twice(40, 6)
     s.submit(first)
     s.step()
     s.submit(second)
@@ -131,11 +136,7 @@ def test_a_prompt_joining_while_its_prefix_is_half_prefilled_shares_only_the_com
 def test_prompts_admitted_together_share_the_prefix_the_first_one_prefilled():
     """Two 24-token prompts admitted in one step, prefilled 8 tokens a step: the second takes the 5 full blocks the
     first computed (its last token is recomputed) instead of prefilling them again; both answer as alone."""
-    model = tiny_gpt(64)
-    prompt = torch.randint(0, 64, (24,)).tolist()
-    want = alone(model, [prompt], [5])[0]
-    s = Scheduler(model, max_batch=2, backend="eager", max_prefill_tokens=8, block_size=4)
-    first, second = greedy(prompt, 5), greedy(prompt, 5)
+    s, first, second, want = one_prompt_twice(24, 5)
     s.submit(first)
     s.submit(second)
     while s.active or len(s.waiting):
