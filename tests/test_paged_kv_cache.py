@@ -39,6 +39,9 @@ def test_without_autograd_gathers_reuse_one_buffer_and_equal_a_fresh_gather():
     torch.manual_seed(0)
     pages = PageTable(4)
     layers = [PagedKVCache(8, 2, 4, pages=pages) for _ in range(2)]
+    for cache in layers:  # the pools start as torch.empty: unwritten slots could hold NaN, never equal to itself
+        cache.k.zero_()
+        cache.v.zero_()
     for table, pos in (([[3, 1], [6, 6]], [[5], [2]]), ([[3, 1, 0], [6, 2, 2]], [[8], [6]])):
         pages.set(torch.tensor(table))
         k = v = torch.randn(2, 2, 1, 4)
