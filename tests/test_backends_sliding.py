@@ -11,7 +11,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 import qkv
-from qkv.generation.backends import BackendFallback, compiled_step_refuses, pick
+from qkv.generation import paths
+from qkv.generation.backends import BackendFallback, backend_for
 from test_attention_variants import gemma_like
 
 backends = importlib.import_module("qkv.generation.backends")
@@ -103,9 +104,9 @@ def test_inductor_itself_decodes_a_sliding_model():
 
 
 def test_the_compiled_step_takes_sliding_layers_and_the_fused_step_names_the_gemma_setting_it_refuses():
-    assert compiled_step_refuses(sliding_model()) is None
-    assert pick(sliding_model(), 1, "inductor") == ("inductor", None)
-    chosen, why = pick(sliding_model(), 1, "fused")
+    assert paths.refuses("inductor", sliding_model()) is None
+    assert backend_for(sliding_model(), 1, "inductor") == ("inductor", None)
+    chosen, why = backend_for(sliding_model(), 1, "fused")
     assert chosen == "auto" and "compiled step" not in why
     assert why == "the fused step cannot decode this model at batch 1: config field attention.query_scalar=12.0, " \
                   "which the fused step does not declare"

@@ -99,9 +99,9 @@ def test_sample_decodes_with_bf16_weights_when_asked(run, capsys, monkeypatch):
 
 
 def test_sample_on_a_gpu_decodes_with_the_cuda_graph_and_a_cpu_falls_back_saying_why(run, capsys, monkeypatch):
-    """The backend is the library's choice (qkv.generation.backends.pick): cudagraph by default for a model on a
-    GPU (mocked here: the decisions see one, the weights and the graph-free step stay on the CPU)."""
-    from qkv.generation import backends, cuda_graph
+    """The backend is the library's choice (qkv.generation.backends.backend_for): cudagraph by default for a model on
+    a GPU (mocked here: the decisions see one, the weights and the graph-free step stay on the CPU)."""
+    from qkv.generation import cuda_graph, paths
 
     argv = ["sample", "--run", str(run), "--prompt", "def f", "--max-new-tokens", "6", "--temperature", "0",
             "--device", "cpu"]
@@ -111,7 +111,7 @@ def test_sample_on_a_gpu_decodes_with_the_cuda_graph_and_a_cpu_falls_back_saying
         "qkv: the CUDA-graph step cannot decode this model: the model is on the CPU; CUDA graphs need a CUDA "
         "device; decoded with the auto backend (the model's forward; on a CPU its linears through qkv's kernels)")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda:0"))
+    monkeypatch.setattr(paths, "model_device", lambda model: torch.device("cuda:0"))
     monkeypatch.setattr(cuda_graph, "GraphStep", lambda step, model=None: cuda_graph.StaticStep(step))
     assert main(argv) == 0
     gpu = capsys.readouterr()

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import qkv
-from qkv.generation import BackendFallback, backends, cuda_graph
-from qkv.generation.backends import choose, last_logits, pick
+from qkv.generation import BackendFallback, backends, cuda_graph, paths
+from qkv.generation.backends import backend_for, choose, last_logits
 
 
 def tiny() -> qkv.GPT:
@@ -20,7 +20,7 @@ def tiny() -> qkv.GPT:
 def on_a_gpu(monkeypatch):
     """The decisions see a machine with a GPU and the model on it (its weights stay on the CPU)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda:0"))
+    monkeypatch.setattr(paths, "model_device", lambda model: torch.device("cuda:0"))
 
 
 def test_refuses_names_the_device():
@@ -37,28 +37,28 @@ def test_refuses_cuda_only_where_the_machine_has_none(monkeypatch):
 
 def test_a_cpu_model_falls_back_to_auto_saying_why():
     model = tiny()
-    assert pick(model, 1, "auto") == ("fused" if backends.auto_fuses(model, 1) else "auto", None)  # a CPU's auto
-    chosen, why = pick(model, 1, "cudagraph")
+    assert backend_for(model, 1, "auto") == ("fused" if backends.auto_fuses(model, 1) else "auto", None)  # a CPU's auto
+    chosen, why = backend_for(model, 1, "cudagraph")
     assert chosen == "auto" and why == ("the CUDA-graph step cannot decode this model: the model is on the CPU; "
                                         "CUDA graphs need a CUDA device")
     with pytest.warns(BackendFallback, match="CUDA graphs need a CUDA device; decoding with the auto backend"):
         assert choose(model, 1, "cudagraph") == "auto"
     with pytest.raises(ValueError, match="backend 'cudagraph' cannot decode this model: the model is on the CPU"):
-        pick(model, 1, "cudagraph", strict=True)
+        backend_for(model, 1, "cudagraph", strict=True)
 
 
 def test_auto_on_a_gpu_is_the_cuda_graph(on_a_gpu):
     model = tiny()
-    assert pick(model, 1, "auto") == ("cudagraph", None) and pick(model, 4, "cudagraph") == ("cudagraph", None)
-    assert pick(model, 1, "eager") == ("eager", None) and pick(model, 1, "inductor") == ("inductor", None)
+    assert backend_for(model, 1, "auto") == ("cudagraph", None) and backend_for(model, 4, "cudagraph") == ("cudagraph", None)
+    assert backend_for(model, 1, "eager") == ("eager", None) and backend_for(model, 1, "inductor") == ("inductor", None)
     assert choose(model, 1, "auto") == "cudagraph"
     assert choose(model, 1, "auto", use_cache=False) == "auto"  # the graph replays a cached step
 
 
 def test_a_model_the_recorded_step_cannot_read_stays_on_auto(on_a_gpu, monkeypatch):
-    monkeypatch.setattr(backends, "compiled_step_refuses", lambda model: "a position kept in a Python int")
-    assert pick(tiny(), 1, "auto") == ("auto", None)
-    assert pick(tiny(), 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: "
+    monkeypatch.setattr(paths, "compiled_step_refuses", lambda model: "a position kept in a Python int")
+    assert backend_for(tiny(), 1, "auto") == ("auto", None)
+    assert backend_for(tiny(), 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: "
                                                     "a position kept in a Python int")
 
 
@@ -70,12 +70,12 @@ def test_a_model_that_reads_values_on_the_host_stays_on_auto(on_a_gpu):
 
     model = tiny()
     model.blocks[0].attn.rope.scaling = RopeScaling(type="dynamic", factor=2.0, original_max_position_embeddings=16)
-    assert pick(model, 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: its RoPE "
+    assert backend_for(model, 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: its RoPE "
                                                    "scaling (dynamic) follows each input's length on the host")
     model = tiny()
     model.blocks[1].moe = MixtureOfExperts(Router(8, 4, 2), SwiGLUExperts(4, 8, 6))  # found wherever it sits
-    assert pick(model, 1, "auto") == ("auto", None)
-    assert "mixture-of-experts layers count each expert's tokens on the host" in pick(model, 1, "cudagraph")[1]
+    assert backend_for(model, 1, "auto") == ("auto", None)
+    assert "mixture-of-experts layers count each expert's tokens on the host" in backend_for(model, 1, "cudagraph")[1]
 
 
 def greedy(model, ids, **kwargs):

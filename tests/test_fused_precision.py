@@ -104,8 +104,8 @@ def test_auto_fuses_a_llama_shaped_model_with_eagers_tokens():
         assert torch.equal(model.generate(ids, 12, temperature=0), model.generate(ids, 12, temperature=0,
                                                                                   backend="eager"))
     for other in (tiny(torch.bfloat16), tiny(int8=True)):
-        assert backends.pick(other, 1, "auto") == ("fused", None)
-    assert backends.pick(model, fused_step.MAX_ROWS + 1, "auto") == ("auto", None)
+        assert backends.backend_for(other, 1, "auto") == ("fused", None)
+    assert backends.backend_for(model, fused_step.MAX_ROWS + 1, "auto") == ("auto", None)
 
 
 @pytest.mark.parametrize("model, reason", [

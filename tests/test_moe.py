@@ -269,12 +269,13 @@ def test_load_balancing_loss_as_mixtral_and_z_loss():
     assert float(router_z_loss(logits)) == pytest.approx(math.log(4.0) ** 2)
 
 
-def test_router_logits_kept_in_training_only():
-    m = moe().eval()
-    m(torch.randn(1, 3, 8))
-    assert m.router_logits is None
-    m.train()(torch.randn(1, 3, 8))
-    assert m.router_logits.shape == (3, 4) and m.router_logits.requires_grad
+def test_router_logits_come_back_in_the_output_where_asked_and_stay_off_the_module():
+    m, x = moe().eval(), torch.randn(1, 3, 8)
+    y = m(x)
+    assert isinstance(y, torch.Tensor) and not hasattr(m, "router_logits")
+    y2, logits = m.train()(x, return_router_logits=True)
+    torch.testing.assert_close(y2, y)
+    assert logits.shape == (3, 4) and logits.requires_grad and not hasattr(m, "router_logits")
 
 
 def test_fallback_says_why_and_keeps_the_answer():
@@ -350,7 +351,7 @@ def test_training_loss_adds_the_router_losses():
     targets = ids.clone()
     targets[0, :2] = -100  # ignored tokens count in neither loss
     out = model(ids, targets=targets)
-    logits = torch.cat([b.ff.router_logits for b in model.blocks])
+    logits = torch.cat(out.router_logits)
     mask = (targets != -100).reshape(-1).repeat(2)
     want = (token_cross_entropy(out.logits, targets) + 0.01 * load_balancing_loss(logits, 2, mask)
             + 0.001 * router_z_loss(logits, mask))
@@ -360,6 +361,17 @@ def test_training_loss_adds_the_router_losses():
     with torch.no_grad():
         out = model(ids, targets=targets)
     torch.testing.assert_close(out.loss, token_cross_entropy(out.logits, targets))
+
+
+def test_the_model_output_carries_each_moe_layers_router_logits_where_asked():
+    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=3, positional="rope", norm="rmsnorm",
+                    activation="swiglu", bias=False, moe=dict(num_experts=4, d_expert=8, layers=["dense", "moe", "moe"]))
+    model, ids = GPT(c).eval(), torch.randint(0, 40, (2, 5))
+    plain, routed = model(ids), model(ids, return_router_logits=True)
+    assert plain.router_logits is None and len(routed.router_logits) == 2
+    assert all(r.shape == (10, 4) for r in routed.router_logits)
+    torch.testing.assert_close(routed.logits, plain.logits)
+    assert not any(hasattr(m, "router_logits") for m in model.modules())
 
 
 def test_speed_layer_gathers_inside_torch_compile_only(monkeypatch):

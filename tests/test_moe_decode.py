@@ -11,7 +11,7 @@ import pytest
 import torch
 from hf_models import hf_model
 
-from qkv.generation.backends import BackendFallback, pick
+from qkv.generation.backends import BackendFallback, backend_for
 from qkv.interop.hf import from_hf
 from qkv.kernels import accelerated, build
 from qkv.kernels.moe import kernel_dispatch, kernel_refuses
@@ -88,13 +88,13 @@ def test_the_speed_layers_forward_and_fused_give_eagers_tokens(model, batch):
 
 
 def test_auto_runs_the_fused_step_where_it_accepts_the_model_and_refusals_take_one_line(model):
-    fused, why = pick(model, 1, "fused")
+    fused, why = backend_for(model, 1, "fused")
     if model.family in FUSED:
-        assert (fused, why) == ("fused", None) and pick(model, 1, "auto") == ("fused", None)
+        assert (fused, why) == ("fused", None) and backend_for(model, 1, "auto") == ("fused", None)
     else:
         assert fused == "auto" and "\n" not in why and REFUSED_FOR[model.family] in why
-        assert pick(model, 1, "auto") == ("auto", None)
-    assert pick(model, 5, "auto") == ("auto", None)  # past the fused step's rows: the forward
+        assert backend_for(model, 1, "auto") == ("auto", None)
+    assert backend_for(model, 5, "auto") == ("auto", None)  # past the fused step's rows: the forward
 
 
 def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
@@ -149,7 +149,7 @@ def qwen2_moe(tmp_path_factory):
 def test_the_fused_step_adds_the_gated_shared_expert(qwen2_moe, batch):
     ids, mask = prompts(batch)
     decode = lambda: qwen2_moe.generate(ids, 10, temperature=0, mask=mask, backend="eager", eos_id=None)
-    assert pick(qwen2_moe, batch, "fused") == ("fused", None)
+    assert backend_for(qwen2_moe, batch, "fused") == ("fused", None)
     with torch.no_grad():
         eager = decode()
         fused = qwen2_moe.generate(ids, 10, temperature=0, mask=mask, backend="fused", eos_id=None)
@@ -169,5 +169,5 @@ def test_a_shared_expert_with_biases_is_refused_by_name(qwen2_moe):
     model = copy.deepcopy(qwen2_moe)
     up = shared_experts(model)[0].shared.up_proj
     up.bias = torch.nn.Parameter(torch.zeros(up.out_features))  # not from a config: the step must still see it
-    chosen, why = pick(model, 1, "fused")
+    chosen, why = backend_for(model, 1, "fused")
     assert chosen == "auto" and "a shared expert with biases or another activation" in why

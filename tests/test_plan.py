@@ -19,8 +19,8 @@ def tiny(**change) -> qkv.GPT:
 def test_generate_chooses_its_backend_once_and_a_given_plan_is_not_chosen_again(monkeypatch):
     model, ids = tiny(), torch.tensor([[1, 2, 3]])
     picks = []
-    real_pick = backends.pick
-    monkeypatch.setattr(backends, "pick", lambda *a, **k: picks.append(a[2]) or real_pick(*a, **k))
+    real_choice = backends.backend_for
+    monkeypatch.setattr(backends, "backend_for", lambda *a, **k: picks.append(a[2]) or real_choice(*a, **k))
     want = generate(model, ids, 6, temperature=0, backend="eager")
     assert picks == ["eager"]  # not again for the static cache's step
     plan = plan_decode(model, 1, "eager")

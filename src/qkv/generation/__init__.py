@@ -3,6 +3,7 @@
     sampling.py      logits → filtered logits → next token
     decode.py        generate: prefill, then one cached step per token (a sliding window past max_len)
     backends.py      eager | auto | inductor | fused | cudagraph: which code computes the steps, chosen with a reason
+    paths.py         each fast path (fused, inductor, cudagraph, MoE dispatches, int8): what it accepts, why it refuses
     cuda_graph.py    the cudagraph backend: the one-token step over static buffers, recorded once as a CUDA graph
     fallback.py      BackendFallback: the warning of a backend that cannot decode a model, saying why
     streaming.py     generate(streamer=): each token handed on as it is chosen; TextStreamer writes the text

@@ -10,7 +10,8 @@
               for the models it accepts; any other model falls back to auto (never to a compile), saying why
     cudagraph the one-token step recorded once as a CUDA graph and replayed (``qkv.generation.cuda_graph``);
               what "auto" runs for a model on a CUDA GPU; a CPU model falls back to auto, saying why
-    (inductor falls back to auto for a model ``compiled_step_refuses``: none today)
+    (inductor falls back to auto for a model its path refuses: none today)
+    What each step accepts, and why it refuses a model, is ``qkv.generation.paths``; ``backend_for`` asks it once.
     (int8 weights, ``qkv.kernels.quant``: the fused step reads their Q and scales, the forward and inductor
     compute torchao's own product for those linears)
 
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import accelerated, build, fused_step
-from . import cuda_graph
+from . import cuda_graph, paths
 from .fallback import BackendFallback
 
 BACKENDS = ("auto", "eager", "inductor", "fused", "cudagraph")
@@ -54,52 +55,39 @@ def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
     return ("inductor", False) if compile == "inductor" else ("fused", compile == "fused")
 
 
-def compiled_step_refuses(model) -> str | None:
-    """Why inductor's compiled step cannot decode ``model``, or None. It is compiled once and then runs
-    without its guards, so everything a step reads must be a tensor: every cache's static form is (a sliding
-    layer's ring cache places its keys by the step's ``input_pos`` tensor alone), so none is refused today."""
-    return None
+def backend_for(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
+    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None), each fast
+    path's answer from ``qkv.generation.paths``: fused, inductor and cudagraph fall back to auto (``strict``:
+    raise instead); auto is cudagraph where that can run, else fused where ``auto_fuses``, else auto."""
+    if backend == "auto":
+        return auto_backend(model, batch), None
+    rows = {"batch": batch} if backend == "fused" else {}  # what the fused step is asked besides the model
+    if backend == "eager" or (reason := paths.refuses(backend, model, **rows)) is None:  # a backend is its path
+        return backend, None
+    at = f" at batch {batch}" if backend == "fused" else ""
+    if strict:
+        asked = "compile='fused'" if backend == "fused" else f"backend {backend!r}"
+        raise ValueError(f"{asked} cannot decode this model{at}: {reason}")
+    fallback = auto_backend(model, batch) if backend == "fused" else "auto"  # not inductor: its compile takes long
+    return fallback, f"the {STEP_NAMES[backend]} cannot decode this model{at}: {reason}"
 
 
-def pick(model, batch: int, backend: str, *, strict: bool = False) -> tuple[str, str | None]:
-    """(the backend that will decode ``model`` at ``batch`` rows, why the asked one does not, or None): fused,
-    inductor and cudagraph fall back to auto; auto is cudagraph where that can run, fused where ``auto_fuses``."""
-    if backend in ("auto", "cudagraph"):
-        reason = graph_refuses(model)
-        if backend == "auto" or reason is None:
-            return ("cudagraph" if reason is None else "fused" if auto_fuses(model, batch) else "auto"), None
-        if strict:
-            raise ValueError(f"backend 'cudagraph' cannot decode this model: {reason}")
-        return "auto", f"the CUDA-graph step cannot decode this model: {reason}"
-    if backend == "fused":
-        reason = fused_step.unsupported(model, batch)
-        if reason is None:
-            return "fused", None
-        if strict:
-            raise ValueError(f"compile='fused' cannot decode this model at batch {batch}: {reason}")
-        chosen, _ = pick(model, batch, "auto")  # not inductor: its compile may take minutes, unasked
-        return chosen, f"the fused step cannot decode this model at batch {batch}: {reason}"
-    if backend == "inductor" and (reason := compiled_step_refuses(model)) is not None:
-        return "auto", f"the compiled step cannot decode this model: {reason}"
-    return backend, None
+STEP_NAMES = {"fused": "fused step", "inductor": "compiled step", "cudagraph": "CUDA-graph step"}
+
+
+def auto_backend(model, batch: int) -> str:
+    """What "auto" runs: the CUDA-graph step where it accepts the model, else the fused step where ``auto_fuses``,
+    else the model's forward under the speed layer ("auto")."""
+    if paths.refuses("cudagraph", model) is None:
+        return "cudagraph"
+    return "fused" if auto_fuses(model, batch) else "auto"
 
 
 def auto_fuses(model, batch: int) -> bool:
     """Whether "auto" runs the fused step: on a CPU, for every model the step accepts at ``batch`` rows. The
     forward calls a kernel per weight matrix, dozens a token, each starting and stopping the threads; the fused
     step streams every weight in one parallel region, one call a token (docs/speed.md has the measurements)."""
-    return model_device(model).type == "cpu" and fused_step.unsupported(model, batch) is None
-
-
-def graph_refuses(model) -> str | None:
-    """Why the CUDA-graph step cannot decode ``model``, or None: it must sit on a CUDA device, and it is
-    recorded once, so (as inductor's step) everything a step reads must be a tensor."""
-    return cuda_graph.refuses(model_device(model)) or compiled_step_refuses(model) or cuda_graph.model_refuses(model)
-
-
-def model_device(model) -> torch.device:
-    """Where ``model``'s weights are (tests replace this to decide for a GPU on a CPU)."""
-    return next(model.parameters()).device
+    return paths.model_device(model).type == "cpu" and paths.refuses("fused", model, batch=batch) is None
 
 
 def choose(model, batch: int, backend: str = "auto", compile: bool | str = False, *, use_cache: bool = True) -> str:
@@ -108,7 +96,7 @@ def choose(model, batch: int, backend: str = "auto", compile: bool | str = False
     asked, strict = resolve(backend, compile)
     if asked == "auto" and not use_cache:
         return "auto"
-    chosen, why = pick(model, batch, asked, strict=strict)
+    chosen, why = backend_for(model, batch, asked, strict=strict)
     if why is not None:
         warnings.warn(f"{why}; decoding with the {chosen} backend", BackendFallback, stacklevel=3)
     return chosen
@@ -121,11 +109,12 @@ def speed_layer(model, backend: str):
     return accelerated(model) if backend != "eager" and on_cpu else contextlib.nullcontext(model)
 
 
-def step_function(model, batch: int, compile: bool | str):
-    """The one-token step for a backend (or a ``compile=`` value), (ids (B, 1), slots (B, M), kv_caches,
-    input_pos (1,)) -> logits (B, V): the model's forward, qkv's fused step, or inductor's compiled step."""
-    backend, strict = (compile, True) if compile in BACKENDS else resolve("auto", compile)
-    return step_of(model, pick(model, batch, backend, strict=strict)[0])
+def step_function(model, batch: int, backend: bool | str):
+    """The one-token step for ``backend`` (a name in ``BACKENDS``, strict, or a ``compile=`` value), (ids (B, 1),
+    slots (B, M), kv_caches, input_pos (1,)) -> logits (B, V): the model's forward, qkv's fused step, or inductor's
+    compiled step."""
+    asked, strict = (backend, True) if backend in BACKENDS else resolve("auto", backend)
+    return step_of(model, backend_for(model, batch, asked, strict=strict)[0])
 
 
 def step_of(model, chosen: str):

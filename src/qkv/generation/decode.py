@@ -167,20 +167,21 @@ def sample(model, ids: Tensor, max_new_tokens: int, backend: str, *, temperature
     cache = None if not use_cache else StaticCache(
         model, B, backends.cache_capacity(end - start + max_new_tokens, limit, backend), device=ids.device,
         backend=backend)
-    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    choose_token = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     generator=generator)
     if stop.suppress is not None:
-        pick = functools.partial(suppressed, pick, stop.suppress)
+        choose_token = functools.partial(suppressed, choose_token, stop.suppress)
     if streamer is not None:
         streamer.put(ids)
-    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, pick, stop, greedy=temperature == 0,
-                      streamer=streamer)
+    end = decode_loop(model, out, valid, (start, end), max_new_tokens, cache, choose_token, stop,
+                      greedy=temperature == 0, streamer=streamer)
     if streamer is not None:
         streamer.end()
     return out[:, :end]
 
 
-def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache, pick,
-                stop: Stop, greedy: bool, streamer=None) -> int:
+def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_new_tokens: int, cache,
+                choose_token, stop: Stop, greedy: bool, streamer=None) -> int:
     """``generate``'s loop: up to max_new_tokens tokens into out (B, T + n) after the window
     out[:, start:end] (what the model sees; valid marks its real tokens) -> the new end. Each new token
     goes to ``streamer.put`` as soon as it is in ``out``."""
@@ -193,7 +194,7 @@ def decode_loop(model, out: Tensor, valid: Tensor, window: tuple[int, int], max_
     logits = window_logits(model, out[:, start:end], valid[:, start:end], cache)
     new = 0  # tokens emitted
     while new < max_new_tokens:
-        tok = pick(logits)  # (B,)
+        tok = choose_token(logits)  # (B,)
         if stop.eos is not None:
             tok = torch.where(finished, torch.full_like(tok, stop.pad), tok)
             finished |= torch.isin(tok, stop.eos)
@@ -272,9 +273,9 @@ def check_ids(name: str, ids: list, *, none_ok: bool) -> None:
         raise ValueError(f"{name} must be a token id or a non-empty list of them (ints >= 0), got {ids!r:.80}")
 
 
-def suppressed(pick, ids: Tensor, logits: Tensor) -> Tensor:
-    """``pick`` over logits (B, V) with the ids (K,) set to −inf: they are never chosen."""
-    return pick(logits.index_fill(1, ids, float("-inf")))
+def suppressed(choose_token, ids: Tensor, logits: Tensor) -> Tensor:
+    """``choose_token`` over logits (B, V) with the ids (K,) set to −inf: they are never chosen."""
+    return choose_token(logits.index_fill(1, ids, float("-inf")))
 
 
 def generate_text(model, tokenizer, prompt: str, max_new_tokens: int, **kwargs) -> str:

@@ -1,7 +1,7 @@
 """The decode plan: what computes a model's steps, in which dtype its cache holds keys and values, and which cache,
 chosen once, each with its reason, for ``generate`` (and ``qkv sample``/``chat``), beam search and ``qkv serve``.
 
-    plan_decode   generate: the backend ``backends.pick`` chooses for the batch; a static cache (B rows × M
+    plan_decode   generate: the backend ``backends.backend_for`` chooses for the batch; a static cache (B rows × M
                   slots, contiguous: what the fused, inductor and CUDA-graph steps read), or none
     plan_beams    the encoder-decoder's greedy and beam search: auto or eager over a static cache
     plan_serving  the server: auto or eager over a paged cache sized by a memory budget (``qkv.generation.paged``)
@@ -64,7 +64,7 @@ def plan_decode(model, batch: int, backend: str = "auto", compile: bool | str = 
     if asked == "auto" and not use_cache:
         chosen, why = "auto", None  # the CUDA-graph and fused steps replay a cached step
     else:
-        chosen, why = backends.pick(model, batch, asked, strict=strict)
+        chosen, why = backends.backend_for(model, batch, asked, strict=strict)
     if chosen == "cudagraph" and not use_cache:
         raise ValueError(f"backend {chosen!r} replays the cached decode step: it needs use_cache=True")
     if why is not None and warn:

@@ -30,7 +30,8 @@ Weights: float32, bfloat16 (the model's own memory, each weight widened to fp32 
 norms, biases and position tables go in as fp32 copies, the caches are the model's (fp32 or bf16), the sums fp32.
 A bf16 model's answer is the fp32 sums' over its weights, not its eager forward's bf16 roundings: logits close,
 tokens mostly the same. Mixture-of-experts layers decode in float32 only; other weight types are refused.
-``unsupported`` says what it refuses, and ``generate`` then falls back to the next backend, saying why.
+``unsupported`` says what it refuses (the check ``qkv.generation.paths`` lists as "fused"), and ``generate`` then
+falls back to the next backend, saying why.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ break, so inside it the gathered path runs where the kernel does not.
 
 Every dispatch gives one answer (tests/test_moe.py, tests/test_moe_decode.py); a layer whose experts the fast
 dispatches were not built for (not ``SwiGLUExperts``, or hooked), that asked for "reference", or in training keeps
-its own forward, which says why where it falls back. ``kernel_refuses`` says why the kernel does not run.
+its own forward, which says why where it falls back. ``kernel_refuses`` says why the kernel does not run (the check
+``qkv.generation.paths`` lists as "moe_kernel").
 """
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ class DecodeMixtureOfExperts(MixtureOfExperts):
     rule; the class alone is swapped in by ``qkv.kernels.accelerate``: parameters, names and state dict are the
     layer's own)."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> (B, T, C)."""
+    def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, T, C) -> (B, T, C) [, router logits (B·T, E)], as ``MixtureOfExperts.forward``."""
+        logits = return_router_logits
         if self.training or self.dispatch == "reference" or self.grouped_refusal() is not None:
-            return super().forward(x)
+            return super().forward(x, return_router_logits=logits)
         if kernel_refuses(self.experts, x.reshape(-1, x.size(-1))) is None:
-            return self.run(x, kernel_dispatch)
-        return self.run(x, gathered_dispatch) if gathers() else super().forward(x)
+            return self.run(x, kernel_dispatch, logits)
+        return self.run(x, gathered_dispatch, logits) if gathers() else super().forward(x, return_router_logits=logits)

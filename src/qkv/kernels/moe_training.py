@@ -11,10 +11,11 @@ E gradient ops per weight; ``torch._grouped_mm`` takes every expert's rows in on
 weight (one host sync where bf16 pads the rows, none in fp32), under autocast in autocast's dtype as
 ``F.linear``'s products. In bf16 each expert's rows are padded to a multiple of ``SEGMENT_ROWS``: oneDNN builds a
 kernel per matrix shape, and the experts' loads change every step. It is built and tested for a CPU, fp32 or
-bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly (``grouped_mm_refusal`` names
-why not); on a GPU of compute capability 9.0 or more it takes bf16 products (torch's CUTLASS kernel; rows unpadded,
-so no host sync). Elsewhere, in eval, without autograd or inside torch.compile the layer keeps its own dispatch,
-and ``grouped_mm_fallback`` holds the reason.
+bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly; on a GPU of compute
+capability 9.0 or more it takes bf16 products (torch's CUTLASS kernel; rows unpadded, so no host sync).
+Elsewhere, in eval, without autograd or inside torch.compile the layer keeps its own dispatch;
+``why_not_grouped_mm`` says why (the check ``qkv.generation.paths`` lists as "grouped_mm") and
+``grouped_mm_fallback`` holds the last forward's reason.
 Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """
 from __future__ import annotations
@@ -93,6 +94,18 @@ def grouped_mm_dispatch(x: Tensor, routing: Routing, experts: SwiGLUExperts) -> 
     return combine(y, order, routing.weights.to(x.dtype))
 
 
+def why_not_grouped_mm(layer: MixtureOfExperts, x: Tensor) -> str | None:
+    """Why a forward of ``layer`` on x (B, T, C) keeps the layer's own dispatch rather than ``grouped_mm_dispatch``,
+    or None (``qkv.generation.paths`` names this check "grouped_mm")."""
+    if layer.dispatch != "grouped":
+        return f"the layer asks for the {layer.dispatch} dispatch"
+    if not torch.is_grad_enabled():
+        return "autograd is not recording (the layer's own grouped dispatch serves inference)"
+    if torch.compiler.is_compiling():
+        return "inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)"
+    return layer.grouped_refusal() or grouped_mm_refusal(x, layer.experts)
+
+
 class TrainingMixtureOfExperts(MixtureOfExperts):
     """A ``MixtureOfExperts`` whose grouped dispatch, where autograd records, runs its products through
     ``grouped_mm_dispatch`` (swapped in by ``qkv.kernels.accelerate_training``; the class alone changes).
@@ -100,19 +113,9 @@ class TrainingMixtureOfExperts(MixtureOfExperts):
 
     grouped_mm_fallback: str | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> (B, T, C)."""
-        self.grouped_mm_fallback = self.why_not_grouped_mm(x)
+    def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, T, C) -> (B, T, C) [, router logits (B·T, E)], as ``MixtureOfExperts.forward``."""
+        self.grouped_mm_fallback = why_not_grouped_mm(self, x)
         if self.grouped_mm_fallback is not None:
-            return super().forward(x)
-        return self.run(x, grouped_mm_dispatch)
-
-    def why_not_grouped_mm(self, x: Tensor) -> str | None:
-        """Why this forward keeps the layer's own dispatch, or None."""
-        if self.dispatch != "grouped":
-            return f"the layer asks for the {self.dispatch} dispatch"
-        if not torch.is_grad_enabled():
-            return "autograd is not recording (the layer's own grouped dispatch serves inference)"
-        if torch.compiler.is_compiling():
-            return "inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)"
-        return self.grouped_refusal() or grouped_mm_refusal(x, self.experts)
+            return super().forward(x, return_router_logits=return_router_logits)
+        return self.run(x, grouped_mm_dispatch, return_router_logits)

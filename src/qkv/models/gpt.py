@@ -38,6 +38,7 @@ class GPT(CausalTrunk):
         input_pos: Tensor | None = None,
         logits_to_keep: int = 0,
         document_ids: Tensor | None = None,
+        return_router_logits: bool = False,
     ) -> ModelOutput:
         """ids (B, T) -> logits (B, T, V); loss when targets (B, T) are given (-100 = ignore).
 
@@ -49,6 +50,8 @@ class GPT(CausalTrunk):
         ``logits_to_keep``: logits of the last N positions only (B, N, V), as Hugging Face's; 0: all.
         ``document_ids`` (B, T): packed rows — each token attends within its document only, and positions restart
         at each document (as each would alone); not with a mask or caches.
+        ``return_router_logits``: each mixture-of-experts layer's router logits (B·T, E) in ``router_logits`` (a
+        training forward with targets and a router loss coefficient computes them for its loss anyway).
         """
         check_token_ids(ids)
         if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
@@ -63,20 +66,23 @@ class GPT(CausalTrunk):
             positions, attn_mask = document_positions_and_mask(document_ids)
         else:
             positions, attn_mask = self.causal_inputs(ids, mask, kv_caches, input_pos)
+        router_loss = (targets is not None and self.training
+                       and bool(self.config.moe.aux_loss_coef or self.config.moe.z_loss_coef))
         out = self.run_trunk(ids, positions, mask=attn_mask, is_causal=input_pos is None, kv_caches=kv_caches,
-                             input_pos=input_pos, return_attention=return_attention)
+                             input_pos=input_pos, return_attention=return_attention,
+                             return_router_logits=return_router_logits or router_loss)
         out.logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # (B, T or N, V)
         if self.config.head.softcap is not None:  # Gemma 2's final_logit_softcapping, before the loss as HF's
             out.logits = soft_cap(out.logits, self.config.head.softcap)
         out.loss = None if targets is None else token_cross_entropy(out.logits, targets)
-        if out.loss is not None and self.training and (self.config.moe.aux_loss_coef or self.config.moe.z_loss_coef):
-            out.loss = out.loss + self.router_loss(targets != -100)
+        if router_loss:
+            out.loss = out.loss + self.router_loss(out.router_logits, targets != -100)
         return out
 
-    def router_loss(self, mask: Tensor) -> Tensor | float:
-        """moe.aux_loss_coef × the load-balancing loss + moe.z_loss_coef × the router z-loss of this training
-        forward's MoE layers (``qkv.nn.moe.router_losses``), over the tokens ``mask`` (B, T) counts."""
-        losses = router_losses(self, mask)
+    def router_loss(self, router_logits: tuple[Tensor, ...], mask: Tensor) -> Tensor | float:
+        """moe.aux_loss_coef × the load-balancing loss + moe.z_loss_coef × the router z-loss of a forward's MoE
+        layers' ``router_logits`` (``qkv.nn.moe.router_losses``), over the tokens ``mask`` (B, T) counts."""
+        losses = router_losses(router_logits, self.config.moe.top_k, mask)
         if losses is None:
             return 0.0
         m = self.config.moe

@@ -32,6 +32,7 @@ class ModelOutput:
     last_hidden_state: Tensor | None = None  # (B, T, C)
     attentions: tuple[Tensor, ...] | None = None  # per layer (B, H, T, S)
     cross_attentions: tuple[Tensor, ...] | None = None  # per decoder layer (B, H, T, S_src)
+    router_logits: tuple[Tensor, ...] | None = None  # per mixture-of-experts layer (B·T, E), where asked
 
 
 class Embeddings(nn.Module):
@@ -211,9 +212,10 @@ class Trunk(nn.Module):
         self, ids: Tensor, positions: Tensor, *, mask: Tensor | None, is_causal: bool = False,
         cross_kv: list[tuple[Tensor, Tensor]] | None = None, cross_mask: Tensor | None = None,
         kv_caches: list[KVCache] | None = None, input_pos: Tensor | None = None,
-        token_type_ids: Tensor | None = None, return_attention: bool = False,
+        token_type_ids: Tensor | None = None, return_attention: bool = False, return_router_logits: bool = False,
     ) -> ModelOutput:
-        """ids (B, T) at ``positions`` -> last_hidden_state (B, T, C) [, attentions, cross_attentions].
+        """ids (B, T) at ``positions`` -> last_hidden_state (B, T, C) [, attentions, cross_attentions]
+        [, router_logits].
 
         ``cross_kv``: per block, the source's cross-attention keys and values (decoders of the
         encoder-decoder). ``kv_caches`` / ``input_pos``: per block, as ``TransformerBlock``.
@@ -223,22 +225,27 @@ class Trunk(nn.Module):
         masks = layer_masks(self.config, mask, is_causal, ids.size(1), start + ids.size(1), input_pos,
                             x.dtype)  # once for every block, not once per block
         cross_mask = None if cross_mask is None else prepare_mask(cross_mask, x.dtype)
-        attentions, cross_attentions = [], []
+        attentions, cross_attentions, router_logits = [], [], []
         rope_positions = positions if self.rope_follows_length() else None  # real positions, padding not counted
         for i, block in enumerate(self.blocks):
             mask, is_causal = masks[self.layer_types[i]]
-            x, w_self, w_cross = block(
+            out = block(
                 x, context_kv=None if cross_kv is None else cross_kv[i], mask=mask, is_causal=is_causal,
                 context_mask=cross_mask, kv_cache=None if kv_caches is None else kv_caches[i],
                 input_pos=input_pos, return_weights=return_attention, rope_positions=rope_positions,
+                return_router_logits=return_router_logits,
             )
-            attentions.append(w_self)
-            cross_attentions.append(w_cross)
+            x = out.hidden
+            attentions.append(out.self_attention)
+            cross_attentions.append(out.cross_attention)
+            if return_router_logits and out.router_logits is not None:
+                router_logits.append(out.router_logits)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        routed = tuple(router_logits) if return_router_logits else None
         if not return_attention:
-            return ModelOutput(last_hidden_state=x)
-        return ModelOutput(last_hidden_state=x, attentions=tuple(attentions),
+            return ModelOutput(last_hidden_state=x, router_logits=routed)
+        return ModelOutput(last_hidden_state=x, attentions=tuple(attentions), router_logits=routed,
                            cross_attentions=tuple(cross_attentions) if cross_kv is not None else None)
 
     def rope_follows_length(self) -> bool:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .layers import FeedForward, make_norm
+from .moe import MixtureOfExperts
 
 
 class BlockOutput(NamedTuple):
@@ -25,6 +26,21 @@ class BlockOutput(NamedTuple):
     hidden: Tensor  # (B, T, C)
     self_attention: Tensor | None  # (B, H, T, T'), T' = keys seen (cached ones too)
     cross_attention: Tensor | None  # (B, H, T, S)
+
+
+class RoutedBlockOutput(NamedTuple):
+    """``BlockOutput`` and the router logits of a mixture-of-experts feed-forward, what a block returns when asked
+    for them (``return_router_logits=True``)."""
+
+    hidden: Tensor  # (B, T, C)
+    self_attention: Tensor | None  # (B, H, T, T')
+    cross_attention: Tensor | None  # (B, H, T, S)
+    router_logits: Tensor | None  # (B·T, E); None for a dense feed-forward
+
+
+def block_output(x: Tensor, w_self, w_cross, router_logits, routed: bool) -> BlockOutput | RoutedBlockOutput:
+    """The block's output, with the router logits where they were asked for (``routed``)."""
+    return RoutedBlockOutput(x, w_self, w_cross, router_logits) if routed else BlockOutput(x, w_self, w_cross)
 
 
 class TransformerBlock(nn.Module):
@@ -80,7 +96,7 @@ class TransformerBlock(nn.Module):
     def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
         """One residual sublayer, pre- or post-norm; fn returns out, or (out, weights)."""
         r = fn(norm(x) if self.norm_first else x)
-        out, weights = r if isinstance(r, tuple) else (r, None)
+        out, weights = split(r)
         x = x + (self.drop(out) if self.training else out)  # skip the call: decoding pays per module call
         return (x if self.norm_first else norm(x)), weights
 
@@ -97,13 +113,16 @@ class TransformerBlock(nn.Module):
         input_pos: Tensor | None = None,
         return_weights: bool = False,
         rope_positions: Tensor | None = None,
-    ) -> BlockOutput:
+        return_router_logits: bool = False,
+    ) -> BlockOutput | RoutedBlockOutput:
         """x (B, T, C) [, context (B, S, C) or its ``context_kv``] -> BlockOutput.
 
         ``mask`` / ``context_mask``: bool, True = may attend, for self- and cross-attention.
         ``context_kv``: the context's keys and values, ``cross_attn.project_kv(context)``,
         computed once per source for step-by-step decoding. ``rope_positions``: x's real positions, for a RoPE
-        whose table follows the length (passed to the self-attention only when given).
+        whose table follows the length (passed to the self-attention only when given). ``return_router_logits``:
+        a ``RoutedBlockOutput``, with a mixture-of-experts feed-forward's router logits (the auxiliary losses read
+        them).
         """
         if (context is not None or context_kv is not None) != (self.cross_attn is not None):
             raise ValueError(
@@ -117,8 +136,15 @@ class TransformerBlock(nn.Module):
         if self.cross_attn is not None:
             x, w_cross = self._sublayer(x, self.cross_norm, lambda h: self.cross_attn(
                 h, context, context_kv=context_kv, mask=context_mask, return_weights=return_weights))
-        x, _ = self._sublayer(x, self.ff_norm, self.ff)
-        return BlockOutput(x, w_self, w_cross)
+        x, router_logits = self._sublayer(x, self.ff_norm, lambda h: self.feed(h, return_router_logits))
+        return block_output(x, w_self, w_cross, router_logits, return_router_logits)
+
+    def feed(self, h: Tensor, return_router_logits: bool = False):
+        """The feed-forward sublayer's call: out, or (out, router logits (B·T, E)) from a mixture of experts asked
+        for them."""
+        if return_router_logits and isinstance(self.ff, MixtureOfExperts):
+            return self.ff(h, return_router_logits=True)
+        return self.ff(h)
 
     def self_attend(self, h: Tensor, mask, is_causal: bool, kv_cache, input_pos: Tensor | None, return_weights: bool,
                     rope_positions: Tensor | None):
@@ -127,6 +153,11 @@ class TransformerBlock(nn.Module):
         extra = {} if rope_positions is None else {"rope_positions": rope_positions}
         return self.attn(h, mask=mask, is_causal=is_causal, kv_cache=kv_cache, input_pos=input_pos,
                          return_weights=return_weights, **extra)
+
+
+def split(r) -> tuple[Tensor, Tensor | None]:
+    """A sublayer's (out, second) from its out, or (out, second)."""
+    return r if isinstance(r, tuple) else (r, None)
 
 
 def check_pre_norm_self_attention(kind: str, norm_first: bool, cross_attn: nn.Module | None) -> None:
@@ -149,16 +180,17 @@ class ParallelTransformerBlock(TransformerBlock):
     def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
                 mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
                 kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False,
-                rope_positions: Tensor | None = None) -> BlockOutput:
+                rope_positions: Tensor | None = None,
+                return_router_logits: bool = False) -> BlockOutput | RoutedBlockOutput:
         """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
         if context is not None or context_kv is not None or context_mask is not None:
             raise ValueError("a parallel block has no cross-attention: pass no context, context_kv or context_mask")
         r = self.self_attend(self.attn_norm(x), mask, is_causal, kv_cache, input_pos, return_weights, rope_positions)
-        attended, weights = r if isinstance(r, tuple) else (r, None)
-        fed = self.ff(self.ff_norm(x))  # (B, T, C), from x itself, not from x + attended
+        attended, weights = split(r)
+        fed, router_logits = split(self.feed(self.ff_norm(x), return_router_logits))  # (B, T, C), from x itself
         if self.training:
             attended, fed = self.drop(attended), self.drop(fed)
-        return BlockOutput(x + attended + fed, weights, None)
+        return block_output(x + attended + fed, weights, None, router_logits, return_router_logits)
 
 
 class SandwichTransformerBlock(TransformerBlock):
@@ -177,16 +209,18 @@ class SandwichTransformerBlock(TransformerBlock):
     def forward(self, x: Tensor, context: Tensor | None = None, *, context_kv: tuple[Tensor, Tensor] | None = None,
                 mask: Tensor | None = None, is_causal: bool = False, context_mask: Tensor | None = None,
                 kv_cache=None, input_pos: Tensor | None = None, return_weights: bool = False,
-                rope_positions: Tensor | None = None) -> BlockOutput:
+                rope_positions: Tensor | None = None,
+                return_router_logits: bool = False) -> BlockOutput | RoutedBlockOutput:
         """x (B, T, C) -> BlockOutput, arguments as ``TransformerBlock.forward`` (no context: none to attend to)."""
         if context is not None or context_kv is not None or context_mask is not None:
             raise ValueError("a sandwich-norm block has no cross-attention: pass no context, context_kv or "
                              "context_mask")
         r = self.self_attend(self.attn_norm(x), mask, is_causal, kv_cache, input_pos, return_weights, rope_positions)
-        attended, weights = r if isinstance(r, tuple) else (r, None)
+        attended, weights = split(r)
         x = x + self._dropped(self.attn_post_norm(attended))  # (B, T, C)
-        x = x + self._dropped(self.ff_post_norm(self.ff(self.ff_norm(x))))
-        return BlockOutput(x, weights, None)
+        fed, router_logits = split(self.feed(self.ff_norm(x), return_router_logits))  # (B, T, C)
+        x = x + self._dropped(self.ff_post_norm(fed))
+        return block_output(x, weights, None, router_logits, return_router_logits)
 
     def _dropped(self, h: Tensor) -> Tensor:
         return self.drop(h) if self.training else h
@@ -208,6 +242,6 @@ class PostSublayerTransformerBlock(TransformerBlock):
     def _sublayer(self, x: Tensor, norm: nn.Module, fn) -> tuple[Tensor, Tensor | None]:
         """x + Norm(fn(x)); fn returns out, or (out, weights)."""
         r = fn(x)
-        out, weights = r if isinstance(r, tuple) else (r, None)
+        out, weights = split(r)
         out = norm(out)  # (B, T, C), before the residual add
         return x + (self.drop(out) if self.training else out), weights

@@ -34,7 +34,7 @@ torch.compile.
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -301,8 +301,9 @@ class MixtureOfExperts(nn.Module):
     a ``Router``, the routed experts, optionally a dense ``shared`` expert always on, scaled by
     σ(``shared_gate``(x)) where given (Qwen2-MoE).
 
-    After each forward: ``expert_counts`` (E,) the tokens each expert got (all k choices counted), and in
-    training ``router_logits`` (N, E) for ``load_balancing_loss`` and ``router_z_loss``.
+    ``forward(x, return_router_logits=True)`` returns the router's logits (N, E) beside the output, for
+    ``load_balancing_loss`` and ``router_z_loss`` (the model hands them on in its output). After each forward
+    ``expert_counts`` (E,) holds the tokens each expert got (all k choices counted).
     ``dispatch``: "grouped" (the fast path), "gathered" (static shapes, for few tokens) or "reference"; the
     grouped and gathered paths take ``SwiGLUExperts`` without hooks only and otherwise run the reference,
     warning once why.
@@ -321,7 +322,6 @@ class MixtureOfExperts(nn.Module):
         self.router, self.experts, self.shared, self.shared_gate = router, experts, shared, shared_gate
         self.dispatch, self.fallback = dispatch, None  # fallback: why the grouped path was not taken
         self.expert_counts: Tensor | None = None
-        self.router_logits: Tensor | None = None
 
     def grouped_refusal(self) -> str | None:
         """Why the grouped (or gathered) path cannot run these experts (built and tested for SwiGLUExperts), or None."""
@@ -331,20 +331,21 @@ class MixtureOfExperts(nn.Module):
             return "the experts have hooks, which the fast dispatches call differently"
         return None
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> (B, T, C)."""
+    def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, T, C) -> (B, T, C) [, the router's logits (B·T, E) where ``return_router_logits``]."""
         dispatch = self.dispatch
         if dispatch != "reference" and (reason := self.grouped_refusal()) is not None:
             if self.fallback != reason:
                 warnings.warn(f"MixtureOfExperts runs the reference dispatch: {reason}", stacklevel=2)
             self.fallback, dispatch = reason, "reference"
-        return self.run(x, DISPATCH[dispatch])
+        return self.run(x, DISPATCH[dispatch], return_router_logits)
 
     def reference_forward(self, x: Tensor) -> Tensor:
         """The same, always through ``reference_dispatch`` (the tests' yardstick). x (B, T, C) -> (B, T, C)."""
         return self.run(x, reference_dispatch)
 
-    def run(self, x: Tensor, dispatch) -> Tensor:
+    def run(self, x: Tensor, dispatch, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """The layer through ``dispatch``: x (B, T, C) -> (B, T, C) [, router logits (B·T, E)]."""
         flat = x.reshape(-1, x.size(-1))  # (B, T, C) -> (N, C)
         routing = self.router(flat)
         out = dispatch(flat, routing, self.experts)  # (N, C)
@@ -352,8 +353,7 @@ class MixtureOfExperts(nn.Module):
             shared = self.shared(flat)  # (N, C)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
         self.expert_counts = expert_counts(routing.experts, self.router.num_experts)
-        self.router_logits = routing.logits if self.training else None
-        return out.view_as(x)
+        return (out.view_as(x), routing.logits) if return_router_logits else out.view_as(x)
 
 
 def expert_counts(experts: Tensor, num_experts: int) -> Tensor:
@@ -377,16 +377,16 @@ def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None =
     return E * (f * p).sum()
 
 
-def router_losses(model: nn.Module, mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
-    """(load_balancing_loss, router_z_loss) over every ``MixtureOfExperts`` of ``model`` that kept its router
-    logits (in training), the layers' tokens taken together as Mixtral's loss does; mask (B, T) True where a
-    token counts. None when no layer kept any (eval mode, or no experts)."""
-    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts) and m.router_logits is not None]
-    if not layers:
+def router_losses(router_logits: Sequence[Tensor], top_k: int,
+                  mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+    """(load_balancing_loss, router_z_loss) over the router logits (N, E) of every MoE layer of a forward (a model
+    output's ``router_logits``), the layers' tokens taken together as Mixtral's loss does; mask (B, T) True where a
+    token counts. None when there are none (no experts)."""
+    if not router_logits:
         return None
-    logits = torch.cat([m.router_logits for m in layers])  # (layers · N, E)
-    mask = None if mask is None else mask.reshape(-1).repeat(len(layers))  # (layers · N,)
-    return load_balancing_loss(logits, layers[0].router.top_k, mask), router_z_loss(logits, mask)
+    logits = torch.cat(list(router_logits))  # (layers · N, E)
+    mask = None if mask is None else mask.reshape(-1).repeat(len(router_logits))  # (layers · N,)
+    return load_balancing_loss(logits, top_k, mask), router_z_loss(logits, mask)
 
 
 def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
