@@ -12,8 +12,8 @@ from ..generation.backends import BACKENDS
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
-from .sources import add_dtype_flag, add_model_source, check_directory_kind, load_model_source, source_name
-from .weights import add_weights_flag, apply_weights
+from .sources import model_command, check_directory_kind, load_model_source, source_name
+from .weights import apply_weights
 
 GROUPS = {  # a flag's group -> its title in `qkv train --help`, in that order
     "task": "what to train",
@@ -267,14 +267,11 @@ def encodable(tokenizer, text: str) -> bool:
         return False
 
 
-def add_sample(sub) -> argparse.ArgumentParser:
-    """Declare `qkv sample`."""
-    p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
-                       description="Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / "
-                                   "GPT-NeoX directory or a GGUF file (llama, qwen2, qwen3) with its tokenizer "
-                                   "(KV-cached decoding); with --chat, answer it as a chat model does, through the "
-                                   "checkpoint's chat template.")
-    add_model_source(p, gguf=True)
+@model_command("generate text from a trained run or a Hugging Face model", gguf=True)
+def add_sample(p: argparse.ArgumentParser) -> None:
+    """Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / GPT-NeoX directory or a GGUF
+    file (llama, qwen2, qwen3) with its tokenizer (KV-cached decoding); with --chat, answer it as a chat model does,
+    through the checkpoint's chat template."""
     p.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true",
                    help="a chat model: the prompt is a user message, formatted with the checkpoint's own chat "
@@ -292,10 +289,7 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
-    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
-                                                     "cuda or cuda:N")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
-    add_dtype_flag(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what computes each token: auto (default: on a GPU the cudagraph step; on a CPU the "
                         "fused step for the models it accepts, else the model's forward, its linear products "
@@ -304,8 +298,6 @@ def add_sample(sub) -> argparse.ArgumentParser:
                         "built once per machine; a model it was not built for falls back to auto, saying why) "
                         "or cudagraph (the one-token step recorded once as a CUDA graph and replayed; on a CPU it "
                         "falls back to auto, saying why). The backend that ran is printed on stderr")
-    add_weights_flag(p)
-    return p
 
 
 def run_sample(args: argparse.Namespace) -> int:
