@@ -1,5 +1,6 @@
 """Where a command's model comes from: --run DIR (a `qkv train` run), --hf DIR (Hugging Face) or --gguf FILE
-(llama.cpp's format), and --dtype, the type its weights are loaded in."""
+(llama.cpp's format), and --dtype, the type its weights are loaded in; ``model_command`` makes the parser of a
+command that reads a model."""
 from __future__ import annotations
 
 import argparse
