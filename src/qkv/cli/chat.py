@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import CommandError
-from .sources import model_command, load_model_source, source_name
+from .sources import load_model_source, model_command, source_name
 from .weights import apply_weights
 
 COMMANDS_HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends the session, Ctrl-C ends the answer"

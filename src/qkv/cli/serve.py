@@ -11,7 +11,7 @@ import sys
 
 from .chat import conversation_ids, end_of_turn
 from .errors import CommandError
-from .sources import model_command, load_model_source, source_name
+from .sources import load_model_source, model_command, source_name
 from .weights import apply_weights
 
 

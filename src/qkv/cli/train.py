@@ -12,7 +12,7 @@ from ..generation.backends import BACKENDS
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
-from .sources import model_command, check_directory_kind, load_model_source, source_name
+from .sources import check_directory_kind, load_model_source, model_command, source_name
 from .weights import apply_weights
 
 GROUPS = {  # a flag's group -> its title in `qkv train --help`, in that order

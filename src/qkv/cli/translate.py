@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from .errors import CommandError
-from .sources import model_command, load_model_source
+from .sources import load_model_source, model_command
 
 
 @model_command("translate text with a trained encoder-decoder (qkv train --task translate)", loading=False)
