@@ -216,3 +216,24 @@ def test_a_token_count_reads_in_words():
     from qkv.cli.train import token_count
 
     assert token_count(1632) == "1,632 tokens" and token_count(2_345_678) == "2.35 M tokens"
+
+
+def test_every_train_config_setting_is_one_flag_made_from_its_field(tmp_path):
+    from dataclasses import fields
+
+    from qkv.cli import CommandError, build_parser
+    from qkv.cli.train import GROUPS, train_config, train_flags
+    from qkv.training.config import TrainConfig
+
+    flags = train_flags()
+    assert {f.name for f in flags.values()} == {f.name for f in fields(TrainConfig) if "help" in f.metadata}
+    assert all(f.help and f.group in GROUPS for f in flags.values())
+    assert (flags["--pairs"].name, flags["--max-minutes"].kind, flags["--lora"].kind) == ("data", float, int)
+    assert flags["--bf16"].negatable and flags["--speed-layer"].negatable and not flags["--fused-adamw"].negatable
+    args = build_parser().parse_args(["train", "--max-steps", "1", "--no-speed-layer", "--lr", "0.01",
+                                      "--out", str(tmp_path / "r")])
+    cfg = train_config(args)
+    assert (cfg.max_steps, cfg.speed_layer, cfg.lr, cfg.fused_adamw) == (1, False, 0.01, False)
+    args = build_parser().parse_args(["train", "--data", "a", "--pairs", "b", "--max-steps", "1"])
+    with pytest.raises(CommandError, match="--pairs and another flag for data disagree"):
+        train_config(args)

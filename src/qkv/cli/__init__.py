@@ -1,8 +1,9 @@
 """The `qkv` command: parse, call the library, print.
 
-Each command is a pair in COMMANDS: ``add_X(sub)`` declares its arguments and returns its parser,
-``run_X(args)`` calls the library and returns the exit status. A new command is one pair in a
-module of this package and one line in COMMANDS; a new figure or study, one line in
+Each command X is a pair in COMMANDS: ``add_X(sub)`` declares its arguments and returns its parser,
+``run_X(args)`` calls the library and returns the exit status (a command that reads a model declares
+only its own flags, ``sources.model_command`` adds the model's). A new command is one pair in a
+module of this package and its name in HOMES; a new figure or study, one line in
 verify.FIGURES or study.STUDIES. Errors: see errors.py (user error 2, bug in qkv 1, Ctrl-C 130).
 """
 from __future__ import annotations
@@ -12,34 +13,18 @@ import contextlib
 import os
 import sys
 
-from .bench import add_bench, run_bench
-from .chat import add_chat, run_chat
+from . import bench, chat, explore, export, serve, study, train, translate, verify
 from .errors import CommandError, Parser, debugging, report
-from .explore import add_explore, run_explore
-from .export import add_export, run_export
-from .serve import add_serve, run_serve
 from .sources import add_model_source, load_model_source
-from .study import add_study, run_study
-from .train import add_info, add_sample, add_train, run_info, run_sample, run_train
-from .translate import add_translate, run_translate
-from .verify import add_plot, add_verify, run_plot, run_verify
 
 __all__ = ["COMMANDS", "CommandError", "add_model_source", "build_parser", "load_model_source", "main"]
 
-COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status), in `qkv --help` order
-    "train": (add_train, run_train),
-    "sample": (add_sample, run_sample),
-    "chat": (add_chat, run_chat),
-    "serve": (add_serve, run_serve),
-    "info": (add_info, run_info),
-    "export": (add_export, run_export),
-    "translate": (add_translate, run_translate),
-    "verify": (add_verify, run_verify),
-    "plot": (add_plot, run_plot),
-    "study": (add_study, run_study),
-    "explore": (add_explore, run_explore),
-    "bench": (add_bench, run_bench),
+HOMES = {  # command -> the module of its add_X and run_X, in `qkv --help` order
+    "train": train, "sample": train, "chat": chat, "serve": serve, "info": train, "export": export,
+    "translate": translate, "verify": verify, "plot": verify, "study": study, "explore": explore, "bench": bench,
 }
+COMMANDS = {  # name -> (add_X(sub) -> parser, run_X(args) -> exit status)
+    name: (getattr(home, f"add_{name}"), getattr(home, f"run_{name}")) for name, home in HOMES.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:

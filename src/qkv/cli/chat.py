@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from .errors import CommandError
-from .sources import add_dtype_flag, add_model_source, load_model_source, source_name
-from .weights import add_weights_flag, apply_weights
+from .sources import load_model_source, model_command, source_name
+from .weights import apply_weights
 
 COMMANDS_HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends the session, Ctrl-C ends the answer"
 
@@ -71,22 +71,15 @@ def stream_chat(model, tokenizer, ids: list[int], tokens: int, **kwargs) -> str:
     return streamer.text
 
 
-def add_chat(sub) -> argparse.ArgumentParser:
-    """Declare `qkv chat`."""
-    p = sub.add_parser("chat", help="talk with a chat model, turn after turn (streaming)",
-                       description="A conversation with a chat model: a run trained with --task sft or dpo, or a "
-                                   "Hugging Face directory or a GGUF file with a chat template. Each reply streams as "
-                                   f"it is generated; the history is kept. {COMMANDS_HELP}.")
-    add_model_source(p, gguf=True)
+@model_command("talk with a chat model, turn after turn (streaming)", gguf=True, epilog=COMMANDS_HELP + ".")
+def add_chat(p: argparse.ArgumentParser) -> None:
+    """A conversation with a chat model: a run trained with --task sft or dpo, or a Hugging Face directory or a GGUF
+    file with a chat template. Each reply streams as it is generated; the history is kept."""
     p.add_argument("--system", metavar="TEXT", default=None, help="a system message before the conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
-    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
-    add_dtype_flag(p)
-    add_weights_flag(p)
-    return p
 
 
 def run_chat(args: argparse.Namespace) -> int:

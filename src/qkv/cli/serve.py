@@ -11,18 +11,15 @@ import sys
 
 from .chat import conversation_ids, end_of_turn
 from .errors import CommandError
-from .sources import add_dtype_flag, add_model_source, load_model_source, source_name
-from .weights import add_weights_flag, apply_weights
+from .sources import load_model_source, model_command, source_name
+from .weights import apply_weights
 
 
-def add_serve(sub) -> argparse.ArgumentParser:
-    """Declare `qkv serve`."""
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)",
-                       description="Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: "
-                                   "/v1/chat/completions (the checkpoint's chat template), /v1/completions, "
-                                   "/v1/models, /health; streaming by server-sent events. Requests decode together, joining and leaving the batch "
-                                   "at each step. Binds to 127.0.0.1 unless --host says otherwise.")
-    add_model_source(p, gguf=True)
+@model_command("an OpenAI-compatible HTTP server (continuous batching)", gguf=True)
+def add_serve(p: argparse.ArgumentParser) -> None:
+    """Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: /v1/chat/completions (the
+    checkpoint's chat template), /v1/completions, /v1/models, /health; streaming by server-sent events. Requests
+    decode together, joining and leaving the batch at each step. Binds to 127.0.0.1 unless --host says otherwise."""
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get("QKV_API_KEY"),
@@ -39,12 +36,8 @@ def add_serve(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-prefill-tokens", type=int, default=512,
                    help="prompt tokens prefilled per step at most: a long prompt is prefilled in chunks while "
                         "the other requests keep decoding (default 512)")
-    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
-    add_dtype_flag(p)
-    add_weights_flag(p)
-    return p
 
 
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,

@@ -1,12 +1,17 @@
 """Where a command's model comes from: --run DIR (a `qkv train` run), --hf DIR (Hugging Face) or --gguf FILE
-(llama.cpp's format), and --dtype, the type its weights are loaded in."""
+(llama.cpp's format), and --dtype, the type its weights are loaded in; ``model_command`` makes the parser of a
+command that reads a model."""
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import os
+from typing import Callable
 
 from .errors import CommandError
+from .weights import add_weights_flag
 
 KINDS = {"run": "a qkv run directory (qkv train writes one)", "hf": "a Hugging Face model directory"}
 
@@ -23,6 +28,29 @@ def add_model_source(p: argparse.ArgumentParser, *, gguf: bool = False) -> None:
     src.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory (save_pretrained), with its tokenizer")
     if gguf:
         src.add_argument("--gguf", metavar="FILE", help=GGUF_HELP)
+
+
+def model_command(help: str, *, gguf: bool = False, loading: bool = True, epilog: str | None = None):
+    """Make ``add_NAME(p)``, which declares the own flags of `qkv NAME`, a command that reads a model, the
+    ``add_NAME(sub) -> parser`` of ``qkv.cli.COMMANDS`` (click's manner): ``help`` is its line in `qkv --help`,
+    the function's docstring its description; after its own flags a group "the model" has --run | --hf
+    (| --gguf where ``gguf``), --device and (where ``loading``) how the weights are loaded, --dtype and --weights."""
+    def command(flags: Callable[[argparse.ArgumentParser], None]) -> Callable[..., argparse.ArgumentParser]:
+        @functools.wraps(flags)
+        def add(sub) -> argparse.ArgumentParser:
+            p = sub.add_parser(flags.__name__.removeprefix("add_"), help=help, description=inspect.getdoc(flags),
+                               epilog=epilog)
+            flags(p)
+            model = p.add_argument_group("the model")
+            add_model_source(model, gguf=gguf)
+            model.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the "
+                                                                "CPU), cpu, cuda or cuda:N")
+            if loading:
+                add_dtype_flag(model)
+                add_weights_flag(model)
+            return p
+        return add
+    return command
 
 
 def add_dtype_flag(p: argparse.ArgumentParser) -> None:

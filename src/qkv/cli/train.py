@@ -4,91 +4,66 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..generation.backends import BACKENDS
-from ..training.optim import OPTIMIZERS, SCHEDULES
 from .errors import CommandError
 from .model_flags import add_model_flags, apply_overrides, model_overrides
 from .chat import conversation_ids, end_of_turn, stream_chat
-from .sources import add_dtype_flag, add_model_source, check_directory_kind, load_model_source, source_name
-from .weights import add_weights_flag, apply_weights
+from .sources import check_directory_kind, load_model_source, model_command, source_name
+from .weights import apply_weights
 
-TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help); a task's own options are made into flags by task_flags
-    "--task": ("task", str, "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
-               "learns English -> --target-lang from sentence pairs) or sft (a GPT learns the assistant's turns of "
-               "conversations: --data FILE.jsonl in messages, sharegpt or alpaca form) or dpo (preference pairs: "
-               "prompt, chosen, rejected)"),
-    "--preset": ("preset", str, "model preset, listed below (default: demo for lm, translate for translate)"),
-    "--data": ("data", str, "lm: a UTF-8 text file or a directory of them (default: the Python standard library); "
-               "translate: tab-separated 'source<TAB>target' lines or a directory of .po/.mo catalogs "
-               "(default: the system's gettext catalogs)"),
-    "--pairs": ("data", str, "translate: the same as --data"),
-    "--max-steps": ("max_steps", int, "optimizer steps (0: evaluate the starting model and write the summary)"),
-    "--max-minutes": ("max_minutes", float, "wall-clock training budget (default when no budget is given: 3 for lm, "
-                      "10 for translate)"),
-    "--max-tokens": ("max_tokens", int, "training tokens"),
-    "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1337)"),
-    "--tokenizer": ("tokenizer", str, "char or bpe (byte-level BPE, Hugging Face tokenizers); default: "
-                    "the demo preset's bpe, char for every other preset"),
-    "--vocab-size": ("vocab_size", int, "BPE vocabulary size (default: the preset's, else 1024)"),
-    "--batch-size": ("batch_size", int, "sequences per optimizer step, over all processes"),
-    "--grad-accum": ("grad_accum", int, "micro-batches per optimizer step"),
-    "--lr": ("lr", float, "peak learning rate"),
-    "--optimizer": ("optimizer", str, "muon (Muon for the attention and feed-forward matrices, AdamW for embeddings, "
-                    "the output head, norms and biases; the default for the demo and translate presets trained from "
-                    "scratch) or adamw (every weight; the default for every other run, and those presets' before)"),
-    "--muon-lr": ("muon_lr", float, "with --optimizer muon: Muon's peak learning rate (default: --lr; its updates "
-                  "are scaled to AdamW's size)"),
-    "--schedule": ("schedule", str, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last fifth "
-                   "of the budget; the default for the demo and translate presets trained from scratch) or cosine "
-                   "(warmup, then cosine decay over the rest of the budget; the default for every other run)"),
-    "--warmup-steps": ("warmup_steps", int, "steps of linear warmup from 0 to --lr before the decay (default: "
-                       "the task's, 50 for lm, 40 translate, 20 sft, 10 dpo, and at most a tenth of --max-steps)"),
-    "--warmup-ratio": ("warmup_ratio", float, "warmup over this share of --max-steps, rounded up (as transformers' "
-                       "warmup_ratio); instead of --warmup-steps"),
-    "--fused-adamw": ("fused_adamw", bool, "AdamW's fused kernel on the CPU too (always used on CUDA)"),
-    "--init-from": ("init_from", str, "lm, sft, dpo: fine-tune this finished qkv run directory (one with "
-                    "summary.json): its final weights, model shape, tokenizer and (an sft or dpo run's) chat "
-                    "template, with no export round trip; no --preset, shape flags, --vocab-size or another "
-                    "--tokenizer (the run has them); --out must be another directory"),
-    "--init-from-hf": ("init_from_hf", str, "lm, sft, dpo: fine-tune this Hugging Face decoder directory (GPT-2, "
-                       "LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: config.json, "
-                       "model.safetensors, its tokenizer, kept unchanged)"),
-    "--lora": ("lora", int, "with --init-from or --init-from-hf: train rank-R LoRA adapters, the checkpoint frozen"),
-    "--lora-alpha": ("lora_alpha", float, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)"),
-    "--lora-targets": ("lora_targets", str, "comma-separated layers to adapt (default attn: every projection of "
-                       "the self-attention, q_proj,k_proj,v_proj,out_proj or MLA's; also up_proj, down_proj, "
-                       "gate_proj, ff)"),
-    "--context": ("context", int, "training context length (default: the preset's max_len)"),
-    "--eval-interval": ("eval_interval", int, "steps between validations and checkpoints"),
-    "--device": ("device", str, "auto (default), cpu, cuda or cuda:N"),
-    "--threads": ("threads", int, "CPU threads (default: the cores other processes leave free)"),
-    "--sharding": ("sharding", str, "auto (default: ddp under torchrun, none in one process), none, ddp or fsdp "
-                   "(FSDP2: weights, gradients and AdamW state split over the torchrun processes); ddp and fsdp "
-                   "need torchrun --nproc_per_node N >= 2 (in one process they stop with exit status 2); fsdp saves "
-                   "its resume state as a distributed checkpoint that --resume reshards to any number of processes "
-                   "(--sharding none: one)"),
-    "--activation-checkpointing": ("activation_checkpointing", bool, "recompute each block's activations in "
-                                   "the backward: less memory, about a third more compute"),
+GROUPS = {  # a flag's group -> its title in `qkv train --help`, in that order
+    "task": "what to train",
+    "shape": "the model's shape (over the preset's)",
+    "data": "data",
+    "budget": "budget (the first reached ends the run)",
+    "optimizer": "optimization",
+    "machine": "speed and hardware",
+    "run": "the run",
+    "options": "task options (each task's own, declared by its options dataclass: qkv.training.tasks)",
 }
-CHOICES = {"--tokenizer": ("char", "bpe"), "--optimizer": OPTIMIZERS, "--schedule": SCHEDULES}  # --task: TASKS
 
 
 @dataclass(frozen=True)
-class TaskFlag:
-    """A flag made from the task options of that name (``qkv.training.tasks.base.option``)."""
+class Flag:
+    """A `qkv train` flag made from a dataclass field: a TrainConfig ``setting`` or the task options of that name
+    (``qkv.training.tasks.base.option``)."""
 
-    name: str  # the option's field
+    name: str  # the field
     kind: type
-    help: str  # "sft, dpo: …" or "translate: …; dpo: …"
-    choices: tuple[str, ...] | None
-    negatable: bool  # a switch that is on by default: --NAME / --no-NAME
+    help: str  # a task option's: "sft, dpo: …" or "translate: …; dpo: …"
+    choices: typing.Container[str] | None
+    negatable: bool  # a switch that is not off by default: --NAME / --no-NAME
+    group: str  # a key of GROUPS
 
 
-def task_flags() -> dict[str, TaskFlag]:
-    """--NAME -> its TaskFlag, for every option of every registered task: each declared once, in its options
+def flag_name(name: str) -> str:
+    """A field's flag: ``max_steps`` -> ``--max-steps``."""
+    return "--" + name.replace("_", "-")
+
+
+def train_flags() -> dict[str, Flag]:
+    """--NAME -> its Flag, for every TrainConfig field declared by ``setting`` (and the other flags it names)."""
+    from ..training.config import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    flags = {}
+    for f in fields(TrainConfig):
+        if "help" not in f.metadata:
+            continue
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        flag = Flag(f.name, kind, f.metadata["help"], f.metadata["choices"], kind is bool and f.default is not False,
+                    f.metadata["group"])
+        flags[flag_name(f.name)] = flag
+        flags |= {other: replace(flag, help=text) for other, text in f.metadata["also"].items()}
+    return flags
+
+
+def task_flags() -> dict[str, Flag]:
+    """--NAME -> its Flag, for every option of every registered task: each declared once, in its options
     dataclass; an option two tasks share is one flag whose help names both."""
     from ..training.tasks import TASKS
 
@@ -105,9 +80,26 @@ def task_flags() -> dict[str, TaskFlag]:
         for task, f in owners:
             texts.setdefault(f.metadata.get("help", ""), []).append(task)
         text = "; ".join(f"{', '.join(tasks)}: {t}" for t, tasks in texts.items())
-        flags["--" + name.replace("_", "-")] = TaskFlag(name, kinds.pop(), text, owners[0][1].metadata.get("choices"),
-                                                         any(f.default is True for _, f in owners))
+        flags[flag_name(name)] = Flag(name, kinds.pop(), text, owners[0][1].metadata.get("choices"),
+                                      any(f.default is True for _, f in owners), "options")
     return flags
+
+
+def all_flags() -> dict[str, Flag]:
+    """``train_flags`` and ``task_flags``: TypeError where a task option takes the name of a TrainConfig setting."""
+    general, options = train_flags(), task_flags()
+    if general.keys() & options.keys():
+        raise TypeError(f"task options {sorted(general.keys() & options.keys())} take flags of TrainConfig settings")
+    return general | options
+
+
+def add_flag(group, flag: str, f: Flag) -> None:
+    """Declare ``flag`` (default None: not given) in ``group`` of a parser."""
+    if f.kind is bool:
+        kind = {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
+    else:
+        kind = {"type": f.kind, "choices": None if f.choices is None else tuple(f.choices)}
+    group.add_argument(flag, default=None, help=f.help.replace("%", "%%"), **kind)
 
 
 PRESET_NOTES = {  # preset -> what it is for, one line in `qkv train --help` (the shapes come from qkv.models.PRESETS)
@@ -133,10 +125,9 @@ def presets_help() -> str:
 
 
 def add_train(sub) -> argparse.ArgumentParser:
-    """Declare `qkv train`."""
+    """Declare `qkv train`: TrainConfig's settings and the tasks' options (``all_flags``), the model's shape and
+    the run's own flags, each in its group of `qkv train --help`."""
     import textwrap
-
-    from ..training.tasks import TASKS
 
     about = ("Train a decoder-only Transformer (--task lm) and end with validation bits per character beside gzip's "
              "and xz's and a sample, or the paper's encoder-decoder (--task translate) and end with BLEU and chrF of "
@@ -146,39 +137,17 @@ def add_train(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a GPT on text, or the encoder-decoder to translate",
                        description=textwrap.fill(about, 100), epilog=presets_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag, (_, typ, text) in TRAIN_FLAGS.items():
-        choices = tuple(TASKS) if flag == "--task" else CHOICES.get(flag)  # every registered task
-        kind = {"action": "store_true"} if typ is bool else {"type": typ, "choices": choices}  # a switch
-        p.add_argument(flag, default=None, help=text, **kind)
-    add_task_flags(p)
-    add_model_flags(p)
-    p.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bfloat16 autocast: products in bf16, weights and optimizer state in fp32 (default: on for "
-                        "the demo and translate presets trained from scratch where the hardware computes bf16 "
-                        "natively — AVX-512 BF16 or AMX on a CPU, a bf16 GPU — and off for every other run)")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (in the first "
-                   "step: the compile counts against --max-minutes; kernels kept in qkv's cache for the next run)")
-    p.add_argument("--speed-layer", action=argparse.BooleanOptionalAction, default=None,
-                   help="attention through qkv's training path: q, k, v in one product, and with --bf16 on a CPU the "
-                        "attention core in fp32 where that is faster (default: on, but under fsdp; the same function)")
-    p.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
-    p.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+    for flag, f in all_flags().items():
+        add_flag(groups[f.group], flag, f)
+    add_model_flags(groups["shape"])
+    run = groups["run"]
+    run.add_argument("--out", default=None, help="run directory (default: runs/PRESET, or runs/PRESET-2, ... if taken)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    run.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    run.add_argument("--sample-tokens", type=int, default=300, help="tokens to sample at the end (0: none)")
+    run.add_argument("--quiet", action="store_true", help="no progress (bar or lines)")
     return p
-
-
-def add_task_flags(p: argparse.ArgumentParser) -> None:
-    """The tasks' own options (``task_flags``), in a group of `qkv train --help`."""
-    group = p.add_argument_group("task options", "each task's own settings, declared by its options dataclass "
-                                 "(qkv.training.tasks)")
-    for flag, f in task_flags().items():
-        if f.kind is bool:
-            kind = {"action": argparse.BooleanOptionalAction if f.negatable else "store_true"}
-        else:
-            kind = {"type": f.kind, "choices": f.choices}
-        group.add_argument(flag, default=None, help=f.help.replace("%", "%%"), **kind)
 
 
 def token_count(n: int) -> str:
@@ -197,19 +166,16 @@ def fresh_run_dir(preset: str) -> str:
 
 def train_config(args: argparse.Namespace):
     """The TrainConfig the flags ask for: a resumed run's own, or a new one with the task's default budget."""
-    from ..training.recipe import TrainConfig
+    from ..training.config import TrainConfig
     from ..training.tasks import task_type
 
     given: dict = {}
-    named = [(flag, field) for flag, (field, _, _) in TRAIN_FLAGS.items()]
-    for flag, field in named + [(flag, f.name) for flag, f in task_flags().items()]:
+    for flag, f in all_flags().items():
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and given.get(field, value) != value:
-            raise CommandError(f"{flag} and another flag for {field} disagree ({given[field]!r} vs {value!r})")
+        if value is not None and given.get(f.name, value) != value:
+            raise CommandError(f"{flag} and another flag for {f.name} disagree ({given[f.name]!r} vs {value!r})")
         if value is not None:
-            given[field] = value
-    switches = ("bf16", "compile", "speed_layer")
-    given |= {k: getattr(args, k) for k in switches if getattr(args, k) is not None}
+            given[f.name] = value
     overrides = model_overrides(args)
     if given.get("init_from") and overrides:
         raise CommandError(f"--init-from takes the model's shape from the run; drop the shape flags (they set "
@@ -301,14 +267,11 @@ def encodable(tokenizer, text: str) -> bool:
         return False
 
 
-def add_sample(sub) -> argparse.ArgumentParser:
-    """Declare `qkv sample`."""
-    p = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face model",
-                       description="Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / "
-                                   "GPT-NeoX directory or a GGUF file (llama, qwen2, qwen3) with its tokenizer "
-                                   "(KV-cached decoding); with --chat, answer it as a chat model does, through the "
-                                   "checkpoint's chat template.")
-    add_model_source(p, gguf=True)
+@model_command("generate text from a trained run or a Hugging Face model", gguf=True)
+def add_sample(p: argparse.ArgumentParser) -> None:
+    """Continue a prompt with a trained run's model, a Hugging Face GPT-2 / LLaMA / GPT-NeoX directory or a GGUF
+    file (llama, qwen2, qwen3) with its tokenizer (KV-cached decoding); with --chat, answer it as a chat model does,
+    through the checkpoint's chat template."""
     p.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true",
                    help="a chat model: the prompt is a user message, formatted with the checkpoint's own chat "
@@ -326,10 +289,7 @@ def add_sample(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability mass p")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
-    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
-                                                     "cuda or cuda:N")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fp32 weights, each product cast)")
-    add_dtype_flag(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what computes each token: auto (default: on a GPU the cudagraph step; on a CPU the "
                         "fused step for the models it accepts, else the model's forward, its linear products "
@@ -338,8 +298,6 @@ def add_sample(sub) -> argparse.ArgumentParser:
                         "built once per machine; a model it was not built for falls back to auto, saying why) "
                         "or cudagraph (the one-token step recorded once as a CUDA graph and replayed; on a CPU it "
                         "falls back to auto, saying why). The backend that ran is printed on stderr")
-    add_weights_flag(p)
-    return p
 
 
 def run_sample(args: argparse.Namespace) -> int:

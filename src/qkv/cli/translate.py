@@ -5,17 +5,14 @@ import argparse
 import sys
 
 from .errors import CommandError
-from .sources import add_model_source, load_model_source
+from .sources import load_model_source, model_command
 
 
-def add_translate(sub) -> argparse.ArgumentParser:
-    """Declare `qkv translate`."""
-    p = sub.add_parser("translate", help="translate text with a trained encoder-decoder (qkv train --task translate)",
-                       description="Translate each TEXT, or each line of standard input when none is given, with "
-                                   "beam search (greedy with --num-beams 1); one output line per input line, "
-                                   "printed as soon as its batch (--batch-size lines; one line at a time when "
-                                   "you type them) is translated.")
-    add_model_source(p)
+@model_command("translate text with a trained encoder-decoder (qkv train --task translate)", loading=False)
+def add_translate(p: argparse.ArgumentParser) -> None:
+    """Translate each TEXT, or each line of standard input when none is given, with beam search (greedy with
+    --num-beams 1); one output line per input line, printed as soon as its batch (--batch-size lines; one line at a
+    time when you type them) is translated."""
     p.add_argument("text", nargs="*", metavar="TEXT", help="texts to translate (default: lines of stdin)")
     p.add_argument("--num-beams", type=int, default=None, help="beam width (default: 4 for a run, the checkpoint's "
                    "generation config for --hf, 1 where it gives none, as Hugging Face's generate; 1 = greedy)")
@@ -24,9 +21,6 @@ def add_translate(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest translation (default: 2 × source + 10)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="sentences decoded together (default 32; one at a time from a terminal)")
-    p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the CPU), cpu, "
-                                                     "cuda or cuda:N")
-    return p
 
 
 def run_translate(args: argparse.Namespace) -> int:

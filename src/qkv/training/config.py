@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import torch
@@ -14,9 +14,9 @@ from .run_dir import RunDir, run_base_tokenizer
 from .finetune import DEFAULT_LORA_TARGETS, BaseSource, base_source
 from ..models import PRESETS, ModelConfig
 from ..runtime import device_type, native_bf16
-from .optim import check_optimizer_options, default_warmup, ratio_warmup
+from .optim import OPTIMIZERS, SCHEDULES, check_optimizer_options, default_warmup, ratio_warmup
 from .sharding import check_sharding
-from .tasks import Task, TaskOptions, option_owner, task_options, task_type
+from .tasks import TASKS, Task, TaskOptions, option_owner, task_options, task_type
 from .tasks.base import NATIVE, RECIPE
 
 
@@ -29,6 +29,14 @@ RESUME_FIXED = ("task", "task_options", "preset", "model", "init_sha256", "lora"
 TASK_DEFAULTED = ("preset", "batch_size", "lr", "warmup_steps")  # None: the task's (Task.defaults)
 
 
+def setting(default, help: str, *, group: str, choices=None, also: dict[str, str] | None = None):
+    """A TrainConfig field that `qkv train` makes the flag --NAME of (``qkv.cli.train.train_flags``, TRL's
+    ``HfArgumentParser`` manner): its type from the annotation (a bool: a switch, --no-NAME too unless it defaults
+    to False), ``help``, the ``group`` of `qkv train --help` it is listed in, the values it takes (``choices``: any
+    container, read when the parser is made) and ``also``: another flag for it -> that flag's help."""
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices, "also": also or {}})
+
+
 
 @dataclass(init=False)
 class TrainConfig:
@@ -37,58 +45,99 @@ class TrainConfig:
 
     What only one task uses lives in ``task_options``, that task's ``options_type`` (e.g.
     ``TranslationOptions``), validated by it. Its options' own names also construct and read a config:
-    ``TrainConfig(task="translate", copy=False).copy`` is ``cfg.task_options.copy``. Fields are keywords.
+    ``TrainConfig(task="translate", copy=False).copy`` is ``cfg.task_options.copy``. Fields are keywords; those
+    made by ``setting`` are also `qkv train`'s flags, their help said once, here.
     """
 
-    task: str = "lm"  # lm (GPT, next-token prediction) | translate (Transformer); see qkv.training.tasks
+    task: str = setting("lm", "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
+                        "learns English -> --target-lang from sentence pairs) or sft (a GPT learns the assistant's "
+                        "turns of conversations: --data FILE.jsonl in messages, sharegpt or alpaca form) or dpo "
+                        "(preference pairs: prompt, chosen, rejected)", group="task", choices=TASKS)
     task_options: TaskOptions | dict | None = None  # None: the task's defaults (lm has none)
-    preset: str | None = None  # None: the task's (Task.defaults): demo for lm, translate for translate
+    preset: str | None = setting(None, "model preset, listed below (default: demo for lm, translate for translate)",
+                                 group="task")  # None: the task's (Task.defaults)
     model: ModelConfig | None = None  # overrides the preset; vocab_size always comes from the tokenizer
-    init_from: str | None = None  # lm, sft, dpo: fine-tune this qkv run (its weights, shape, tokenizer, template)
-    init_from_hf: str | None = None  # lm, sft, dpo: fine-tune this Hugging Face decoder (its shape, tokenizer)
+    init_from: str | None = setting(None, "lm, sft, dpo: fine-tune this finished qkv run directory (one with "
+                                    "summary.json): its final weights, model shape, tokenizer and (an sft or dpo "
+                                    "run's) chat template, with no export round trip; no --preset, shape flags, "
+                                    "--vocab-size or another --tokenizer (the run has them); --out must be another "
+                                    "directory", group="task")
+    init_from_hf: str | None = setting(None, "lm, sft, dpo: fine-tune this Hugging Face decoder directory (GPT-2, "
+                                       "LLaMA, GPT-NeoX, Qwen2, Qwen3, Mistral, Gemma 2 …; save_pretrained: "
+                                       "config.json, model.safetensors, its tokenizer, kept unchanged)", group="task")
     init_sha256: str | None = None  # the base's identity (SHA-256 of its weights), recorded by the run itself
-    lora: int | None = None  # LoRA rank r: train low-rank adapters, the base frozen (needs init_from or init_from_hf)
-    lora_alpha: float | None = None  # adapters are scaled by lora_alpha / r; None: 2 · r
-    lora_targets: str | None = None  # comma-separated layer names; None: the attention projections
-    data: str | None = None  # None: the task's (the embedded corpus; the system's gettext catalogs)
+    lora: int | None = setting(None, "with --init-from or --init-from-hf: train rank-R LoRA adapters, the checkpoint "
+                               "frozen", group="task")
+    lora_alpha: float | None = setting(None, "LoRA scale numerator: adapters add (alpha / R) · B A (default 2R)",
+                                       group="task")
+    lora_targets: str | None = setting(None, "comma-separated layers to adapt (default attn: every projection of "
+                                       "the self-attention, q_proj,k_proj,v_proj,out_proj or MLA's; also up_proj, "
+                                       "down_proj, gate_proj, ff)", group="task")
+    data: str | None = setting(None, "lm: a UTF-8 text file or a directory of them (default: the Python standard "
+                               "library); translate: tab-separated 'source<TAB>target' lines or a directory of "
+                               ".po/.mo catalogs (default: the system's gettext catalogs)", group="data",
+                               also={"--pairs": "translate: the same as --data"})
     out: str | None = None  # run directory; None: write nothing
     resume: bool = False
     overwrite: bool = False
-    tokenizer: str | None = None  # char | bpe; None: the task's for its preset (Task.defaults), else char
-    vocab_size: int | None = None  # BPE only; None: the preset's, else 1024
-    context: int | None = None  # T; None: the model's max_len
-    max_steps: int | None = None
-    max_tokens: int | None = None
-    max_minutes: float | None = None
-    batch_size: int | None = None  # sequences (pairs) per optimizer step, over all ranks and micro-steps
-    grad_accum: int = 1
-    lr: float | None = None
+    tokenizer: str | None = setting(None, "char or bpe (byte-level BPE, Hugging Face tokenizers); default: the demo "
+                                    "preset's bpe, char for every other preset", group="data", choices=("char", "bpe"))
+    vocab_size: int | None = setting(None, "BPE vocabulary size (default: the preset's, else 1024)", group="data")
+    context: int | None = setting(None, "training context length (default: the preset's max_len)", group="data")
+    max_steps: int | None = setting(None, "optimizer steps (0: evaluate the starting model and write the summary)",
+                                    group="budget")
+    max_tokens: int | None = setting(None, "training tokens", group="budget")
+    max_minutes: float | None = setting(None, "wall-clock training budget (default when no budget is given: 3 for "
+                                        "lm, 10 for translate)", group="budget")
+    batch_size: int | None = setting(None, "sequences per optimizer step, over all processes", group="optimizer")
+    grad_accum: int = setting(1, "micro-batches per optimizer step", group="optimizer")
+    lr: float | None = setting(None, "peak learning rate", group="optimizer")
     min_lr_ratio: float = 0.1  # the schedule ends at lr · min_lr_ratio
-    optimizer: str | None = None  # adamw | muon (Muon for the hidden matrices, AdamW for the rest); None: the
-    # task's for its preset (TaskDefaults.recipe_for: muon for the demo and translate presets from scratch), else adamw
-    muon_lr: float | None = None  # muon: its peak learning rate; None: lr (its updates match AdamW's RMS)
-    schedule: str | None = None  # cosine | wsd (warmup-stable-decay: constant, then linear over the last fifth);
-    # None as optimizer: the preset's (wsd for the demo and translate presets from scratch), else cosine
-    fused_adamw: bool = False  # AdamW's fused kernel on the CPU too (always on CUDA)
-    warmup_steps: int | None = None  # None: warmup_ratio's, else the task's, at most a tenth of max_steps
-    warmup_ratio: float | None = None  # warmup over ⌈ratio · max_steps⌉ steps (needs max_steps); read into warmup_steps
+    optimizer: str | None = setting(None, "muon (Muon for the attention and feed-forward matrices, AdamW for "
+                                    "embeddings, the output head, norms and biases; the default for the demo and "
+                                    "translate presets trained from scratch) or adamw (every weight; the default for "
+                                    "every other run, and those presets' before)", group="optimizer",
+                                    choices=OPTIMIZERS)
+    muon_lr: float | None = setting(None, "with --optimizer muon: Muon's peak learning rate (default: --lr; its "
+                                    "updates are scaled to AdamW's size)", group="optimizer")
+    schedule: str | None = setting(None, "wsd (warmup-stable-decay: warmup, constant, then linear decay over the last "
+                                   "fifth of the budget; the default for the demo and translate presets trained from "
+                                   "scratch) or cosine (warmup, then cosine decay over the rest of the budget; the "
+                                   "default for every other run)", group="optimizer", choices=SCHEDULES)
+    fused_adamw: bool = setting(False, "AdamW's fused kernel on the CPU too (always used on CUDA)", group="optimizer")
+    warmup_steps: int | None = setting(None, "steps of linear warmup from 0 to --lr before the decay (default: the "
+                                       "task's, 50 for lm, 40 translate, 20 sft, 10 dpo, and at most a tenth of "
+                                       "--max-steps)", group="optimizer")
+    warmup_ratio: float | None = setting(None, "warmup over this share of --max-steps, rounded up (as transformers' "
+                                         "warmup_ratio); instead of --warmup-steps", group="optimizer")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    eval_interval: int = 100  # steps between evaluations (and checkpoints)
+    eval_interval: int = setting(100, "steps between validations and checkpoints", group="run")
     eval_windows: int = 48  # validation windows per periodic evaluation; the final one uses all
     final_eval: bool = True  # score the whole validation text at the end (summary.json's val_bpc)
-    seed: int = 1337
-    bf16: bool | None = None  # bfloat16 autocast; None: the preset's (TaskDefaults.recipe_for: the demo and translate
-    # presets from scratch where the device computes bf16 natively, qkv.runtime.native_bf16), else False
-    compile: bool | None = None  # torch.compile the model; None: the preset's (TaskDefaults.recipe_for: the gpu
-    # preset from scratch), else False
-    speed_layer: bool = True  # attention through qkv.kernels.training (same function, fewer and faster calls); not fsdp
-    sharding: str = "auto"  # auto (ddp under torchrun, else none) | none | ddp | fsdp (FSDP2; qkv.training.sharding)
-    activation_checkpointing: bool = False  # recompute each block's activations in the backward
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int | None = None  # CPU threads; None: the cores other processes leave free (see cpu_threads)
+    seed: int = setting(1337, "seed of initialisation, batches and dropout (default 1337)", group="run")
+    bf16: bool | None = setting(None, "bfloat16 autocast: products in bf16, weights and optimizer state in fp32 "
+                                "(default: on for the demo and translate presets trained from scratch where the "
+                                "hardware computes bf16 natively — AVX-512 BF16 or AMX on a CPU, a bf16 GPU — and off "
+                                "for every other run)", group="machine")  # None: TaskDefaults.recipe_for's
+    compile: bool | None = setting(None, "torch.compile the model (in the first step: the compile counts against "
+                                   "--max-minutes; kernels kept in qkv's cache for the next run; default: on for the "
+                                   "gpu preset trained from scratch)", group="machine")
+    speed_layer: bool = setting(True, "attention through qkv's training path: q, k, v in one product, and with --bf16 "
+                                "on a CPU the attention core in fp32 where that is faster (default: on, but under "
+                                "fsdp; the same function)", group="machine")  # qkv.kernels.training
+    sharding: str = setting("auto", "auto (default: ddp under torchrun, none in one process), none, ddp or fsdp "
+                            "(FSDP2: weights, gradients and AdamW state split over the torchrun processes); ddp and "
+                            "fsdp need torchrun --nproc_per_node N >= 2 (in one process they stop with exit status "
+                            "2); fsdp saves its resume state as a distributed checkpoint that --resume reshards to "
+                            "any number of processes (--sharding none: one)", group="machine")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in the backward: less "
+                                             "memory, about a third more compute", group="machine")
+    device: str = setting("auto", "auto (default), cpu, cuda or cuda:N", group="machine")
+    threads: int | None = setting(None, "CPU threads (default: the cores other processes leave free)",
+                                  group="machine")
     progress: bool = True  # progress on stderr, rank 0 (qkv.training.progress: a bar, or lines in a log)
 
     def __init__(self, **given) -> None:
