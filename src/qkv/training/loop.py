@@ -1,8 +1,12 @@
 """The loop of a run: one optimizer step, the losses read back, the progress shown, evaluation, the budget.
 
     repeat { step → [read losses → show → evaluate → save] } until the budget, ``stop_at`` or Ctrl-C
+    step = the task's global batch → this rank's micro-batches → Σ (loss / divisor).backward() → clip → update
 
-On a GPU the losses are read back every SYNC_STEPS steps, so the device runs ahead of the host in between."""
+The distribution and the normalisation are the loop's alone (``micro_batches``): a task gives the whole step's
+batch and a loss summed over its units; the loop cuts the batch (micro-step m of rank r takes slice (m, r)) and
+divides by the units of the whole step, once. On a GPU the losses are read back every SYNC_STEPS steps, so the
+device runs ahead of the host in between."""
 from __future__ import annotations
 
 import math

@@ -4,9 +4,10 @@ optional bf16 autocast and ``torch.compile``, periodic validation, checkpoints, 
 
     setup → restore → repeat { step → [evaluate → save] } → summarise
 
-Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured and applied by one pair
-of methods, so a field cannot be saved and forgotten on restore. What a batch, a loss and a
-validation metric are, and the task's own settings, come from the task (``qkv.training.tasks``).
+A run is composed of collaborators: the task (data and loss, ``qkv.training.tasks``), the engine (device,
+model, optimizer, sharding: ``setup``), the checkpoints (``checkpointing``) and the loop (counters, steps,
+evaluation: ``loop``, ``evaluator``). Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured
+and applied by one pair of methods, so a field cannot be saved and forgotten on restore.
 
 One process, or one per device under ``torchrun`` (DistributedDataParallel: gloo on CPU,
 nccl on CUDA; rank 0 alone writes, holding the run directory's lock). Every optimizer step draws
