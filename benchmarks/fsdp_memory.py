@@ -57,7 +57,7 @@ def worker(spec: dict) -> None:
         summary = recipe.train().summary
         tokens = summary["tokens"] / summary["steps"] * (len(seconds) - 1)
         if dist.is_main:
-            result = {"estimate": recipe.estimate.total, "peak": getattr(recipe, "peak_bytes", None),
+            result = {"estimate": recipe.engine.estimate.total, "peak": getattr(recipe.engine, "peak_bytes", None),
                       "tokens_per_s": tokens / sum(seconds[1:]), "parameters": summary["parameters"]}
             print("RESULT " + json.dumps(result), flush=True)
     finally:
@@ -67,7 +67,7 @@ def worker(spec: dict) -> None:
 def timed_steps(recipe) -> list[float]:
     """Seconds of each optimizer step the recipe takes (filled as it trains); tokens/s leaves out the first,
     which pays for lazy initialisation."""
-    seconds, step = [], recipe.step
+    seconds, step = [], recipe.loop.step
 
     def timed(model):
         t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def timed_steps(recipe) -> list[float]:
         seconds.append(time.perf_counter() - t0)
         return loss
 
-    recipe.step = timed
+    recipe.loop.step = timed
     return seconds
 
 

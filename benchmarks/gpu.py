@@ -182,15 +182,17 @@ def step_alone(cfg, steps: int = 60) -> float:
     batches; compiled first (not timed), one wait at the end."""
     from qkv.kernels import accelerated
     from qkv.training.distributed import Dist
+    from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe, train_step
 
     r = Recipe(replace_out(cfg), Dist())
     r.setup()
-    model = torch.compile(r.model, dynamic=False)
-    with accelerated(r.model, training=True):
+    model = torch.compile(r.engine.model, dynamic=False)
+    with accelerated(r.engine.model, training=True):
         def one():
-            return train_step(model, r.opt, r.task.draw(r.batch_gen, r.cfg, r.dist), r.task.loss,
-                              grad_clip=r.cfg.grad_clip, autocast=r.autocast)
+            micros, divisors = step_batches(r.task, r.loop.batch_gen, 0, r.cfg, r.dist)
+            return train_step(model, r.engine.opt, micros, r.task.loss, grad_clip=r.cfg.grad_clip,
+                              autocast=r.engine.autocast, divisors=divisors)
         for _ in range(3):
             one()
         torch.cuda.synchronize()

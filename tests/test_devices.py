@@ -83,12 +83,15 @@ def test_the_gpu_estimate_counts_bf16_and_no_attention_weights():
 
 
 def test_the_loss_is_read_back_every_step_on_a_cpu_and_in_batches_on_a_gpu():
-    r = recipe_module.Recipe.__new__(recipe_module.Recipe)
-    r.cfg = recipe_module.TrainConfig(preset="tiny", max_steps=100, eval_interval=40)
+    from types import SimpleNamespace
+
+    from qkv.training.loop import Loop
+
+    r = Loop(recipe_module.TrainConfig(preset="tiny", max_steps=100, eval_interval=40), None, None, None, None)
     r.state, r.stop_at, r.max_steps = recipe_module.TrainState(), None, 100
     due = {}
     for kind in ("cpu", "cuda"):
-        r.device = torch.device(kind)
+        r.engine = SimpleNamespace(device=torch.device(kind))
         due[kind] = [s for s in range(1, 101) if setattr(r.state, "step", s) or r.due()]
     assert due["cpu"] == list(range(1, 101))
     assert due["cuda"] == [25, 40, 50, 75, 80, 100]

@@ -114,21 +114,22 @@ def dpo_step_gradients(data: str, accum: int, kind: str) -> tuple[float, dict]:
     """The loss and gradients of one DPO step as the loop takes it, the policy moved off the reference first
     (the same way for every cut), so that the pairs' losses differ."""
     from qkv.training.distributed import Dist
+    from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe
 
     r = Recipe(dpo_config(data, max_steps=1, batch_size=4, grad_accum=accum, dpo_loss=kind), Dist())
     r.setup()
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for p in r.model.parameters():
+        for p in r.engine.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=noise))
-    micros = r.task.draw(r.batch_gen, r.cfg, r.dist)
+    micros, divisors = step_batches(r.task, r.loop.batch_gen, 0, r.cfg, r.dist)
     loss = 0.0
-    for m in micros:
-        part = r.task.loss(r.model, m) / len(micros)
+    for m, d in zip(micros, divisors):
+        part = r.task.loss(r.engine.model, m) / d
         part.backward()
         loss += float(part.detach())
-    return loss, {n: p.grad.clone() for n, p in r.model.named_parameters() if p.grad is not None}
+    return loss, {n: p.grad.clone() for n, p in r.engine.model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("kind", ["sigmoid", "ipo"])

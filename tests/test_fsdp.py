@@ -36,9 +36,9 @@ from qkv.training.sharding import local_parameter_bytes, shard_model
 
 
 def outside_shards(recipe):
-    modules = [v for o in (recipe, recipe.task) for v in vars(o).values() if isinstance(v, torch.nn.Module)]
+    modules = [v for o in (recipe.engine, recipe.task) for v in vars(o).values() if isinstance(v, torch.nn.Module)]
     tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
-    tensors += [t for s in recipe.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    tensors += [t for s in recipe.engine.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     unique = {id(t): t for t in tensors if not isinstance(t, DTensor)}
     return sum(t.numel() * t.element_size() for t in unique.values())
 
@@ -57,9 +57,9 @@ train(cfg, stop_at=4)
 recipe = Recipe(TrainConfig(**{**cfg.to_dict(), "out": None}), Dist.from_env("cpu"))
 recipe.setup()
 held = {"setup": outside_shards(recipe)}
-recipe.evaluate()
-held |= {"evaluated": outside_shards(recipe), "val_loss": recipe.records[-1]["val_loss"],
-         "whole": sum(p.numel() * p.element_size() for p in recipe.model.parameters())}
+recipe.loop.evaluate()
+held |= {"evaluated": outside_shards(recipe), "val_loss": recipe.loop.records[-1]["val_loss"],
+         "whole": sum(p.numel() * p.element_size() for p in recipe.engine.model.parameters())}
 with open(os.path.join(out, "held%s.json" % os.environ["RANK"]), "w") as f:
     json.dump(held, f)
 """

@@ -62,7 +62,7 @@ def test_a_checkpoint_saves_the_live_tensors_without_copying_them():
     """asdict would deep-copy every weight and optimizer moment on the device before torch.save."""
     from types import SimpleNamespace
 
-    from qkv.training.checkpointing import RecipeCheckpoints
+    from qkv.training.checkpointing import Checkpoints
     from qkv.training.state import TrainState
 
     weight, moment = torch.ones(3), torch.zeros(3)
@@ -70,10 +70,11 @@ def test_a_checkpoint_saves_the_live_tensors_without_copying_them():
                        running=[1.0, 2])
     saved = {}
     run = SimpleNamespace(save_model=lambda *a, **k: None, save_state=saved.update, discard_sharded=lambda **k: None)
-    recipe = SimpleNamespace(run=run, cfg=SimpleNamespace(lora=0), dist=SimpleNamespace(is_main=True),
-                             sharding="none", state=state, task=SimpleNamespace(tokenizer=None), last_saved=None,
-                             gathered_model=lambda frozen: None, capture_state=lambda: state)
-    RecipeCheckpoints.save(recipe)
+    checkpoints = SimpleNamespace(run=run, cfg=SimpleNamespace(lora=0), dist=SimpleNamespace(is_main=True),
+                                  engine=SimpleNamespace(sharding="none", gathered_model=lambda frozen: None),
+                                  task=SimpleNamespace(tokenizer=None), last_saved=None,
+                                  capture_state=lambda state, batch_gen: state)
+    Checkpoints.save(checkpoints, state, None)
     assert saved["model"]["w"] is weight and saved["optimizer"]["state"][0]["exp_avg"] is moment
     assert saved["step"] == 5 and saved["running"] == [1.0, 2] and set(saved) == set(TrainState.__dataclass_fields__)
 
@@ -143,7 +144,7 @@ def test_the_compiler_sees_the_ddp_wrapper(sharding):
     all-reduce overlaps the rest of the backward; DDP over a compiled model reduces only after the whole backward."""
     from types import SimpleNamespace
 
-    from qkv.training.recipe import Recipe
+    from qkv.training.setup import Engine
 
     class FakeDDP(nn.Module):
         def __init__(self, module, device_ids=None):
@@ -155,8 +156,8 @@ def test_the_compiler_sees_the_ddp_wrapper(sharding):
                              device=torch.device("cpu"))
     with mock.patch("torch.nn.parallel.DistributedDataParallel", FakeDDP), \
             mock.patch("torch.compile", side_effect=lambda m, **kw: ("compiled", m)), \
-            mock.patch("qkv.training.recipe.use_compile_cache"):
-        kind, inner = Recipe.wrapped(recipe)
+            mock.patch("qkv.training.setup.use_compile_cache"):
+        kind, inner = Engine.wrapped(recipe)
     assert kind == "compiled"
     assert (isinstance(inner, FakeDDP) and inner.module is plain) if sharding == "ddp" else inner is plain
 
@@ -241,16 +242,16 @@ def tiny_gpt():
 
 
 def estimate_for(task, sharding="none", world=1):
-    """``RecipeSetup.check_memory``'s estimate of a tiny GPT for ``task`` (any size fits: nothing is refused)."""
+    """``Engine.check_memory``'s estimate of a tiny GPT for ``task`` (any size fits: nothing is refused)."""
     from types import SimpleNamespace
 
-    from qkv.training.setup import RecipeSetup
+    from qkv.training.setup import Engine
 
     model = tiny_gpt()
     recipe = SimpleNamespace(cfg=SimpleNamespace(batch_size=4 * world, grad_accum=1, activation_checkpointing=False,
                                                  bf16=False), dist=SimpleNamespace(world=world), mconf=model.config,
                              model=model, sharding=sharding, task=task, device=torch.device("cpu"))
-    RecipeSetup.check_memory(recipe, None)
+    Engine.check_memory(recipe, None)
     return recipe.estimate, sum(p.numel() for p in model.parameters())
 
 
@@ -435,15 +436,14 @@ def test_training_on_a_gpu_leaves_the_callers_tf32_switches_as_they_were(monkeyp
     the next run) gets its own switches back."""
     from qkv.data import Corpus
     from qkv.training.recipe import TrainConfig, train
-    from qkv.training.setup import RecipeSetup
+    from qkv.training.setup import Engine
 
-    setup = RecipeSetup.setup
+    place = Engine.place
 
     def as_on_a_gpu(self):
-        saved = setup(self)
+        place(self)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # what setup does on cuda
-        return saved
-    monkeypatch.setattr(RecipeSetup, "setup", as_on_a_gpu)
+    monkeypatch.setattr(Engine, "place", as_on_a_gpu)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, False
     try:

@@ -136,7 +136,7 @@ def test_dpo_from_a_run_takes_the_run_as_its_reference(sft_base, tmp_path, lora)
     r = Recipe(config(task="dpo", data=data, max_steps=0, init_from=str(run), lora=lora), Dist())
     r.setup()
     base = load_run(run).model
-    reference = r.task.reference if lora is None else r.model  # with LoRA: the adapters switched off
+    reference = r.task.reference if lora is None else r.engine.model  # with LoRA: the adapters switched off
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad(), (adapters_off(reference) if lora else contextlib.nullcontext()):
         torch.testing.assert_close(reference.eval()(ids).logits, base(ids).logits)

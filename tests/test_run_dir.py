@@ -175,13 +175,14 @@ def test_files_honour_the_umask(tmp_path, umask):
 def test_train_state_round_trips_every_field(tmp_path):
     recipe = Recipe(cfg(out=str(tmp_path / "run"), max_steps=100), Dist())
     recipe.setup()
-    recipe.state = TrainState(step=7, elapsed=1.5, train_time=1.25, tokens=896, running=[3.5, 2], eval_cost=0.01)
-    recipe.opt.step()  # some optimizer state
+    loop = recipe.loop
+    loop.state = TrainState(step=7, elapsed=1.5, train_time=1.25, tokens=896, running=[3.5, 2], eval_cost=0.01)
+    recipe.engine.opt.step()  # some optimizer state
     recipe.run.path.mkdir(parents=True)
-    recipe.begin_writing()
-    recipe.save()
+    recipe.checkpoints.begin_writing(loop.records)
+    loop.save()
     saved = TrainState.from_dict(recipe.run.load_state(), where="test")
-    captured = recipe.capture_state()
+    captured = recipe.checkpoints.capture_state(loop.state, loop.batch_gen)
     for f in fields(TrainState):
         a, b = getattr(saved, f.name), getattr(captured, f.name)
         assert a is not None or f.name in ("cuda_rng", "sharded"), f"{f.name} was not saved"  # no CUDA, no fsdp
@@ -192,8 +193,8 @@ def test_train_state_round_trips_every_field(tmp_path):
     fresh = Recipe(cfg(out=str(tmp_path / "run"), max_steps=100, resume=True), Dist())
     fresh.setup()
     fresh.restore(saved)
-    assert asdict(fresh.state) | {"model": None, "optimizer": None} == asdict(recipe.state) | {"model": None,
-                                                                                                "optimizer": None}
+    assert asdict(fresh.loop.state) | {"model": None, "optimizer": None} == asdict(loop.state) | {"model": None,
+                                                                                                   "optimizer": None}
 
 
 def test_train_state_refuses_a_foreign_dict():

@@ -162,15 +162,16 @@ def sft_config(data: str, **kw) -> TrainConfig:
 def step_gradients(data: str, accum: int) -> tuple[float, dict]:
     """The loss and gradients of one step as the loop takes it (micro-batches, each loss / their count)."""
     from qkv.training.distributed import Dist
+    from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe
 
     r = Recipe(sft_config(data, grad_accum=accum), Dist())
     r.setup()
-    micros = r.task.draw(r.batch_gen, r.cfg, r.dist)
-    loss = sum(float(r.task.loss(r.model, m).detach()) / len(micros) for m in micros)
-    for m in micros:
-        (r.task.loss(r.model, m) / len(micros)).backward()
-    return loss, {n: p.grad.clone() for n, p in r.model.named_parameters() if p.grad is not None}
+    micros, divisors = step_batches(r.task, r.loop.batch_gen, 0, r.cfg, r.dist)
+    loss = sum(float(r.task.loss(r.engine.model, m).detach()) / d for m, d in zip(micros, divisors))
+    for m, d in zip(micros, divisors):
+        (r.task.loss(r.engine.model, m) / d).backward()
+    return loss, {n: p.grad.clone() for n, p in r.engine.model.named_parameters() if p.grad is not None}
 
 
 def test_the_loss_is_the_mean_over_answer_tokens_however_the_step_is_cut(tmp_path):
@@ -337,12 +338,12 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
         r.setup()
         rows = r.task.train_rows
         inputs, targets, docs, _ = batch(rows, list(range(len(rows))), r.task.device)
-        logits = (r.model(inputs) if docs is None else r.model(inputs, document_ids=docs)).logits
+        logits = (r.engine.model(inputs) if docs is None else r.engine.model(inputs, document_ids=docs)).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
                                                  reduction="sum")
         loss.backward()
         totals[packing] = (loss.item(), int((targets != -100).sum()), len(rows),
-                           {n: p.grad.clone() for n, p in r.model.named_parameters() if p.grad is not None})
+                           {n: p.grad.clone() for n, p in r.engine.model.named_parameters() if p.grad is not None})
     (plain, n_plain, rows_plain, g_plain), (packed, n_packed, rows_packed, g_packed) = totals[False], totals[True]
     assert n_plain == n_packed and rows_packed < rows_plain / 2
     assert packed == pytest.approx(plain, rel=1e-5)
@@ -453,14 +454,14 @@ def test_the_loss_computes_the_answers_logits_alone_and_is_the_whole_ones(tmp_pa
     assert answer_window(torch.tensor([[1, -100]])) == 0  # from the first position: all
     r = Recipe(sft_config(write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))), Dist())
     r.setup()
-    micro = batch(r.task.train_rows, list(range(8)), r.task.device) + (1.0,)
+    micro = batch(r.task.train_rows, list(range(8)), r.task.device)
     assert 0 < micro[3] < micro[0].size(1)  # the prompts' positions left out
-    window = r.task.loss(r.model, micro)
+    window = r.task.loss(r.engine.model, micro)
     window.backward()
-    grads = {n: p.grad.clone() for n, p in r.model.named_parameters()}
-    r.model.zero_grad()
-    whole = r.task.loss(r.model, micro[:3] + (0, 1.0))
+    grads = {n: p.grad.clone() for n, p in r.engine.model.named_parameters()}
+    r.engine.model.zero_grad()
+    whole = r.task.loss(r.engine.model, micro[:3] + (0,))
     whole.backward()
     assert window.item() == pytest.approx(whole.item(), rel=1e-6)
-    for n, p in r.model.named_parameters():
+    for n, p in r.engine.model.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)

@@ -56,18 +56,19 @@ def test_translation_resume_is_exact(pairs_file, tmp_path, recipe):
 
 def test_the_loss_is_label_smoothed_cross_entropy(pairs_file):
     from qkv.training.distributed import Dist
+    from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe
 
     recipe = Recipe(cfg(pairs_file, label_smoothing=0.3), Dist())
     recipe.setup()
-    (micro,) = recipe.task.draw(torch.Generator().manual_seed(0), recipe.cfg, recipe.dist)
-    src, src_mask, tgt_in, targets, weight = micro
-    assert weight == 1.0  # one process, one micro-batch
+    (micro,), (divisor,) = step_batches(recipe.task, torch.Generator().manual_seed(0), 0, recipe.cfg, recipe.dist)
+    src, src_mask, tgt_in, targets, tokens = micro
+    assert divisor == tokens == (targets != -100).sum()  # one process, one micro-batch: its own target tokens
     assert (targets == -100).any() and (src_mask == 0).any()  # a padded batch
-    logits = recipe.model(src, tgt_in, src_mask=src_mask).logits
+    logits = recipe.engine.model(src, tgt_in, src_mask=src_mask).logits
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
                                              label_smoothing=0.3)
-    assert torch.allclose(recipe.task.loss(recipe.model, micro), want)
+    assert torch.allclose(recipe.task.loss(recipe.engine.model, micro) / divisor, want)
 
 
 def test_a_language_model_cannot_translate():

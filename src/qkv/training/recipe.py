@@ -4,9 +4,10 @@ optional bf16 autocast and ``torch.compile``, periodic validation, checkpoints, 
 
     setup → restore → repeat { step → [evaluate → save] } → summarise
 
-Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured and applied by one pair
-of methods, so a field cannot be saved and forgotten on restore. What a batch, a loss and a
-validation metric are, and the task's own settings, come from the task (``qkv.training.tasks``).
+A run is composed of collaborators: the task (data and loss, ``qkv.training.tasks``), the engine (device,
+model, optimizer, sharding: ``setup``), the checkpoints (``checkpointing``) and the loop (counters, steps,
+evaluation: ``loop``, ``evaluator``). Around one ``TrainState`` (counters, weights, optimizer, RNGs), captured
+and applied by one pair of methods, so a field cannot be saved and forgotten on restore.
 
 One process, or one per device under ``torchrun`` (DistributedDataParallel: gloo on CPU,
 nccl on CUDA; rank 0 alone writes, holding the run directory's lock). Every optimizer step draws
@@ -19,19 +20,19 @@ import time
 from contextlib import ExitStack, nullcontext
 
 import torch
-from torch import nn
 
 from .run_dir import RunDir
 from ..kernels import accelerated
-from ..runtime import bf16_words, deterministic_kernels, tf32_kept, use_compile_cache
+from ..runtime import bf16_words, deterministic_kernels, tf32_kept
 from .distributed import Dist
+from .evaluator import final_metrics
 from .expert_load import LOAD_KEYS
 from .tasks import make_task
-from .checkpointing import RecipeCheckpoints
+from .checkpointing import Checkpoints
 from .config import TrainConfig
-from .loop import RecipeLoop
+from .loop import Loop
 from .report import plot_losses
-from .setup import RecipeSetup
+from .setup import Engine
 from .state import Interrupted, StopRequest, TrainResult, TrainState, parameter_counts
 
 # What the studies, benchmarks and tests import from the recipe: its parts' public names, in one place.
@@ -49,47 +50,65 @@ __all__ = ["LN2", "PEAK_STEPS", "RESUME_FIXED", "SYNC_STEPS", "TASK_DEFAULTED", 
            "option_changes", "parameter_counts", "plot_losses", "run_changes", "run_info", "train", "train_step"]
 
 
-class Recipe(RecipeSetup, RecipeCheckpoints, RecipeLoop):
-    """One training run of ``cfg.task``: setup (``setup``), restore and save (``checkpointing``), step, evaluate
-    and the loop (``loop``), summarise (here)."""
+class Recipe:
+    """One training run of ``cfg.task``, composed of its collaborators: the task (data and loss), the engine (device,
+    model, optimizer: ``setup``), the checkpoints (``checkpointing``) and the loop (``loop``: counters, steps,
+    evaluation). Here: the order they act in, and the summary."""
 
     def __init__(self, cfg: TrainConfig, dist: Dist, *, stop_at: int | None = None, **task_inputs) -> None:
-        self.cfg, self.dist, self.stop_at = cfg, dist, stop_at
+        self.cfg, self.dist = cfg, dist
         self.task = make_task(cfg.task, **task_inputs)
         self.run = RunDir(cfg.out) if cfg.out else None
-        self.state, self.records = TrainState(), []
-        self.last_saved: int | None = None
-        self.sharded_saved: str | None = None  # the distributed checkpoint train_state.pt names
+        self.engine = Engine(cfg, dist, self.task)
+        self.checkpoints = Checkpoints(cfg, dist, self.run, self.engine, self.task)
+        self.loop = Loop(cfg, dist, self.task, self.engine, self.checkpoints, stop_at=stop_at)
+
+    def setup(self) -> TrainState | None:
+        """Device, the run directory checked, data and tokenizer (the task), model and optimizer, the budget;
+        on --resume the saved state (None: none yet)."""
+        self.engine.place()
+        saved = self.checkpoints.check_out()
+        self.task.prepare(self.cfg, self.run, self.dist)
+        self.engine.build(self.run, saved)
+        self.loop.budget()
+        return saved
+
+    def restore(self, saved: TrainState) -> None:
+        """Weights, optimizer, RNGs, counters and metrics from ``saved``; a run whose budget is spent is refused."""
+        self.loop.state, self.loop.records = self.checkpoints.restore(saved, self.loop.batch_gen)
+        if self.loop.progress() >= 1:
+            raise ValueError(f"{self.run} already finished its budget ({self.cfg.budget}) at step {saved.step}; "
+                             "raise --max-steps or --max-minutes to train further")
 
     def summarise(self) -> dict:
         """Final metrics on the whole validation split, the task's numbers; summary.json and loss.png."""
-        s, cfg = self.state, self.cfg
+        s, cfg, e, records = self.loop.state, self.cfg, self.engine, self.loop.records
         summary = {"task": self.task.name, "steps": s.step, "tokens": s.tokens,
                    "tokens_per_s": s.tokens / max(s.train_time, 1e-9), "steady_tokens_per_s": self.steady_rate(),
                    "train_seconds": round(s.train_time, 2),
-                   "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.prepare_s, 2),
-                   "train_loss": self.records[-1]["train_loss"] if self.records else None}
+                   "elapsed_seconds": round(s.elapsed, 2), "prepare_seconds": round(self.loop.prepare_s, 2),
+                   "train_loss": records[-1]["train_loss"] if records else None}
         if cfg.final_eval:
             summary |= self.final_metrics()
-        elif self.records:
-            summary |= {k: v for k, v in self.records[-1].items() if k.startswith("val_")}
-        if self.records:  # the experts' load over the last evaluation's window (MoE models only)
-            summary |= {k: v for k, v in self.records[-1].items() if k in LOAD_KEYS}
-        n, k = parameter_counts(self.model)
+        elif records:
+            summary |= {k: v for k, v in records[-1].items() if k.startswith("val_")}
+        if records:  # the experts' load over the last evaluation's window (MoE models only)
+            summary |= {k: v for k, v in records[-1].items() if k in LOAD_KEYS}
+        n, k = parameter_counts(e.model)
         summary |= self.task.summary() | {"parameters": n, "trainable_parameters": k,
-                                          "device": str(self.device), "world_size": self.dist.world,
-                                          "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
-                                          "bf16": self.cfg.bf16, "speed_layer": self.speed_layer,
+                                          "device": str(e.device), "world_size": self.dist.world,
+                                          "threads": torch.get_num_threads() if e.device.type == "cpu" else None,
+                                          "bf16": cfg.bf16, "speed_layer": e.speed_layer,
                                           "recipe": self.recipe_words()}
         if self.run is not None and self.dist.is_main:
             self.run.write_json(self.run.SUMMARY, summary)
-            if self.records and s.step:  # a curve needs steps (max_steps 0 takes none)
-                plot_losses(self.run / self.run.LOSS_PLOT, self.records, summary)
+            if records and s.step:  # a curve needs steps (max_steps 0 takes none)
+                plot_losses(self.run / self.run.LOSS_PLOT, records, summary)
         return summary
 
     def steady_rate(self) -> float | None:
         """Tokens per second of this session's steps after its first (which holds the compile), if it took more."""
-        (t1, n1), s = getattr(self, "first_step", (0.0, 0)), self.state
+        (t1, n1), s = getattr(self.loop, "first_step", (0.0, 0)), self.loop.state
         return (s.tokens - n1) / (s.train_time - t1) if n1 and s.tokens > n1 and s.train_time > t1 else None
 
     def recipe_words(self) -> dict:
@@ -98,8 +117,8 @@ class Recipe(RecipeSetup, RecipeCheckpoints, RecipeLoop):
         c = self.cfg
         words = {"optimizer": c.optimizer, "schedule": c.schedule, "lr": c.lr, "batch_size": c.batch_size,
                  "warmup_steps": c.warmup_steps, "compile": bool(c.compile), "bf16": c.bf16,
-                 "bf16_because": bf16_words(self.device.type)}
-        muon = getattr(self.opt, "parts", {}).get("muon")
+                 "bf16_because": bf16_words(self.engine.device.type)}
+        muon = getattr(self.engine.opt, "parts", {}).get("muon")
         if muon is not None:
             words["muon_newton_schulz"] = str(muon.ns_dtype).removeprefix("torch.")
         return words
@@ -107,64 +126,41 @@ class Recipe(RecipeSetup, RecipeCheckpoints, RecipeLoop):
     def final_metrics(self) -> dict:
         """The task's numbers on the whole validation split, on the sharded model itself under fsdp (every rank
         alike; a task that decodes, translate, refuses fsdp)."""
-        metrics = self.task.final_metrics(self.model, autocast=self.autocast, dist=self.eval_dist(),
-                                          progress=self.cfg.progress and self.dist.is_main)
-        self.resharded()
+        e = self.engine
+        metrics = final_metrics(self.task, e.model, autocast=e.autocast, dist=e.eval_dist())
+        e.resharded()
         return metrics
-
-    def wrapped(self) -> nn.Module:
-        """The model the loop steps: wrapped in DDP, then compiled (``self.model`` stays the plain one). Compiled
-        around DDP, dynamo splits the graph at DDP's gradient buckets (its DDPOptimizer), so each bucket's
-        all-reduce overlaps the rest of the backward; DDP around a compiled model would reduce after it."""
-        model = self.model
-        if self.sharding == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)
-        if self.cfg.compile:  # compiled in the first step: inside the loop, so a time budget counts the compile
-            use_compile_cache()
-            model = torch.compile(model, dynamic=False)
-        return model
 
     def train(self) -> TrainResult:
         t_begin = time.perf_counter()
         saved = self.setup()
         if saved is not None:
             self.restore(saved)
-        self.begin_writing()
-        self.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
+        self.checkpoints.begin_writing(self.loop.records)
+        self.loop.prepare_s = time.perf_counter() - t_begin  # data preparation: outside the budget
         if self.cfg.max_steps == 0:  # the starting model's numbers: the baseline a fine-tune is compared to
-            return self.baseline()
-        exact = self.cfg.compile and self.device.type == "cpu"  # bit-for-bit resumes of compiled CPU runs
+            self.loop.evaluate()
+            self.engine.model.eval()
+            return self.result(self.summarise())
+        e = self.engine
+        exact = self.cfg.compile and e.device.type == "cpu"  # bit-for-bit resumes of compiled CPU runs
         with StopRequest() as stop, deterministic_kernels() if exact else nullcontext(), \
-                accelerated(self.model, training=True) if self.speed_layer else nullcontext():
-            finished = self.loop(self.wrapped(), stop)  # compiled in the first step: deterministic kernels
+                accelerated(e.model, training=True) if e.speed_layer else nullcontext():
+            finished = self.loop.run(e.wrapped(), stop)  # compiled in the first step: deterministic kernels
         if stop.requested and not finished:
             saved_msg = f"checkpoint saved; continue with: qkv train --resume --out {self.run}" if self.run \
                 else "nothing saved (no --out)"
-            raise Interrupted(f"interrupted at step {self.state.step}, {saved_msg}")
-        self.model.eval()
+            raise Interrupted(f"interrupted at step {self.loop.state.step}, {saved_msg}")
+        e.model.eval()
         summary = self.summarise() if finished else {}  # else stopped early (stop_at): resume to finish
-        self.resharded()
-        return TrainResult(model=self.final_model(), tokenizer=self.task.tokenizer, config=self.mconf,
-                           metrics=self.records, summary=summary, path=self.run.path if self.run else None)
+        e.resharded()
+        return self.result(summary)
 
-    def baseline(self) -> TrainResult:
-        """``max_steps=0``: the starting model evaluated (a metrics record at step 0) and summarised, no step taken;
-        the summary is written, the weights are not (they are the starting model's)."""
-        self.evaluate()
-        self.model.eval()
-        summary = self.summarise()
-        return TrainResult(model=self.final_model(), tokenizer=self.task.tokenizer, config=self.mconf,
-                           metrics=self.records, summary=summary, path=self.run.path if self.run else None)
-
-    def final_model(self) -> nn.Module:
-        """What ``train`` returns, in eval mode: ``self.model``; under fsdp, on rank 0, a whole model built
-        after training from the weights gathered there (the other ranks return their shards, ``self.model``)."""
-        whole = self.gathered_model()
-        return (self.model if whole is None else whole.to(self.device)).eval()
-
+    def result(self, summary: dict) -> TrainResult:
+        """What ``train`` returns: the model in eval mode (under fsdp rank 0's gathered whole), its metrics records,
+        the summary (empty when stopped early; ``max_steps=0``: the starting model's, its weights not written)."""
+        return TrainResult(model=self.engine.final_model(), tokenizer=self.task.tokenizer, config=self.engine.mconf,
+                           metrics=self.loop.records, summary=summary, path=self.run.path if self.run else None)
 
 
 def train(cfg: TrainConfig, *, corpus: object | None = None, tokenizer: object | None = None,

@@ -1,8 +1,7 @@
-"""A run's setup: device, data (the task), threads, model, memory, sharding and optimizer, and what sharding
-changes after (evaluation on the shards, the whole model gathered)."""
+"""What a run trains on: the device, the model (sharded under fsdp, wrapped for the loop), its optimizer, precision,
+threads and memory, and what sharding changes after (evaluation on the shards, the whole model gathered)."""
 from __future__ import annotations
 
-import math
 import os
 from contextlib import nullcontext
 
@@ -10,7 +9,7 @@ import torch
 from torch import nn
 
 from .finetune import add_lora
-from ..runtime import cpu_threads, resolve_device
+from ..runtime import cpu_threads, resolve_device, use_compile_cache
 from .distributed import Dist
 from .expert_load import step_hooks
 from .optim import build_optimizer
@@ -20,34 +19,37 @@ from .sharding import (checkpoint_blocks, full_weights, model_blocks, resolve_sh
 from .state import TrainState
 
 
-class RecipeSetup:
-    """The setup's part of ``Recipe`` (``qkv.training.recipe``)."""
+class Engine:
+    """The model of one run and what it runs on, a collaborator of the run (``qkv.training.recipe.Recipe``): device,
+    sharding, the model and its optimizer, autocast, the step hooks, the memory estimate."""
 
-    def setup(self) -> TrainState | None:
-        """Device, data and tokenizer (the task), threads, model and optimizer."""
+    def __init__(self, cfg, dist: Dist, task) -> None:
+        self.cfg, self.dist, self.task = cfg, dist, task
+
+    def place(self) -> None:
+        """The device (``dist.device`` too: where collectives' tensors live), TF32 on a GPU, the sharding."""
         cfg, dist = self.cfg, self.dist
         self.device = dist.device = resolve_device(cfg.device, dist.local_rank, dist.local_world)
         if self.device.type == "cuda":  # fp32 products on tensor cores (TF32), as PyTorch's own examples train
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.sharding = resolve_sharding(cfg.sharding, dist.world)
         self.speed_layer = cfg.speed_layer and self.sharding != "fsdp"  # built and tested unsharded and under DDP
-        saved = self.check_out()
-        self.task.prepare(cfg, self.run, dist)
+
+    def build(self, run, saved: TrainState | None) -> None:
+        """Once the task has its data: threads, the model's shape (a resume's must be the run's), the task's checks,
+        the model, its memory checked, sharded, its optimizer."""
+        cfg, dist = self.cfg, self.dist
         if self.device.type == "cpu":  # after the data preparation: the cores free when training starts
             torch.set_num_threads(self.run_threads(saved))
         self.mconf = self.task.model_config(cfg)
-        if saved is not None and self.run.read_config() != self.mconf:
-            old, new = self.run.read_config().to_dict(), self.mconf.to_dict()
+        if saved is not None and run.read_config() != self.mconf:
+            old, new = run.read_config().to_dict(), self.mconf.to_dict()
             raise ValueError(f"--resume with a changed model config: "
                              f"{ {k: (v, new[k]) for k, v in old.items() if new[k] != v} }")
         if cfg.batch_size % (dist.world * cfg.grad_accum):
             raise ValueError(f"batch_size {cfg.batch_size} must divide into {dist.world} processes x "
                              f"{cfg.grad_accum} accumulation steps")
         self.task.check(cfg, self.mconf, dist)
-        self.max_steps = cfg.max_steps
-        if cfg.max_tokens:
-            by_tokens = math.ceil(cfg.max_tokens / self.task.tokens_per_step)
-            self.max_steps = min(self.max_steps, by_tokens) if self.max_steps is not None else by_tokens
         torch.manual_seed(cfg.seed)
         self.memory, available = PeakMemory(self.device), available_bytes(self.device, dist.local_world)
         self.model = self.task.build_model(self.mconf)
@@ -58,9 +60,7 @@ class RecipeSetup:
         self.shard()
         self.opt = build_optimizer(self.model, cfg, self.device)
         self.step_hooks = step_hooks(self.model, self.mconf.moe.bias_update_speed, dist)  # expert load, balancing
-        self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if cfg.bf16 else nullcontext
-        return saved
 
     def check_memory(self, available: int | None) -> None:
         """The estimate per rank (``self.estimate``), refused when it exceeds what the device has free; rank 0's
@@ -137,3 +137,24 @@ class RecipeSetup:
             if self.cfg.lora:
                 add_lora(skeleton, r=self.cfg.lora, alpha=self.cfg.lora_alpha, targets=self.cfg.lora_targets)
         return whole_from(skeleton, weights, self.model, strict=frozen)
+
+    def wrapped(self) -> nn.Module:
+        """The model the loop steps: wrapped in DDP, then compiled (``self.model`` stays the plain one). Compiled
+        around DDP, dynamo splits the graph at DDP's gradient buckets (its DDPOptimizer), so each bucket's
+        all-reduce overlaps the rest of the backward; DDP around a compiled model would reduce after it."""
+        model = self.model
+        if self.sharding == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.compile:  # compiled in the first step: inside the loop, so a time budget counts the compile
+            use_compile_cache()
+            model = torch.compile(model, dynamic=False)
+        return model
+
+    def final_model(self) -> nn.Module:
+        """What ``train`` returns, in eval mode: ``self.model``; under fsdp, on rank 0, a whole model built
+        after training from the weights gathered there (the other ranks return their shards, ``self.model``)."""
+        whole = self.gathered_model()
+        return (self.model if whole is None else whole.to(self.device)).eval()

@@ -45,7 +45,7 @@ class TrainState:
     torch_rng: Tensor | None = None
     cuda_rng: Tensor | None = None
     sharded: str | None = None  # fsdp: the run's DCP checkpoint of weights and optimizer (RunDir.sharded_name)
-    threads: int | None = None  # CPU threads the run trained with (a resume keeps them, see Recipe.run_threads)
+    threads: int | None = None  # CPU threads the run trained with (a resume keeps them, see Engine.run_threads)
 
     def to_dict(self) -> dict:
         """The fields by name, holding the live tensors themselves (``dataclasses.asdict`` would deep-copy every

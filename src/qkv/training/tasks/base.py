@@ -4,9 +4,11 @@ A task declares what is its own: ``options_type``, its settings (a ``TaskOptions
 ``TrainConfig.task_options``), and ``defaults``, what a ``TrainConfig`` left None takes from it (preset,
 batch, learning rate, warmup, tokenizer, the command's budget).
 
-The recipe calls, in order: ``prepare`` (data, tokenizer), ``model_config`` and ``build_model``
-(the model), then per step ``draw`` + ``loss``, every ``eval_interval`` steps ``evaluate``, at the
-end ``final_metrics``; ``describe``/``summary`` feed the progress header and summary.json.
+The run calls, in order: ``prepare`` (data, tokenizer), ``model_config`` and ``build_model`` (the model),
+``check``; then per step ``draw`` (the global batch), which the loop cuts for the ranks and micro-batches, and
+``batch`` + ``loss`` on each cut (``TaskBatches``); every ``eval_interval`` steps and at the end the one evaluator
+sums ``eval_sums`` over ``held_out`` items (``TaskHeldOut``); ``describe``/``summary`` feed the progress header
+and summary.json (``TaskProse``).
 """
 from __future__ import annotations
 
@@ -159,9 +161,75 @@ class TaskProse:
         raise NotImplementedError
 
 
-class Task(TaskProse):
-    """One kind of training. Subclasses fill in every method below (and ``TaskProse``'s) and declare
-    ``defaults`` (and ``options_type`` if the task has settings of its own)."""
+class TaskBatches:
+    """What the loop asks a task for each optimizer step. The task gives the step's *global* batch (``draw``) and
+    a loss over any part of it; the loop cuts the batch for the ranks and the accumulation steps and normalises
+    the loss once (``qkv.training.loop.micro_batches``), so a task never sees a rank or a micro-batch count.
+
+    Items are the indices of a split's rows (or windows, pairs ...), whatever ``batch`` turns into model inputs."""
+
+    # "sum": ``loss`` is a sum over the batch's ``units`` (tokens, examples, pairs), and the loop divides by the
+    # units of the whole step, over every rank and micro-batch. "mean": ``loss`` is already a mean over its
+    # micro-batch, and micro-batches (of equal size) weigh alike.
+    reduction: ClassVar[str] = "sum"
+    tokens_per_step: int = 0  # nominal tokens of one optimizer step (budgets, throughput)
+
+    def draw(self, generator: torch.Generator, step: int, size: int) -> Tensor:
+        """The ``size`` items (size,) of optimizer step ``step`` (0-based), drawn from ``generator`` (every rank
+        holds the same one) or ordered by the step (``qkv.training.sampler``): the same on every rank."""
+        raise NotImplementedError
+
+    unit_counts: dict[str, Tensor] | None = None  # each split's units per item, where a task tabulates them
+
+    def units(self, items: Tensor | list[int], split: str = "train") -> Tensor:
+        """What ``loss`` sums over, per item (len(items),), read on the host: ``unit_counts[split]`` of the items
+        (a token-level task's counted tokens), else one each (a mean per example)."""
+        if self.unit_counts is None:
+            return torch.ones(len(items), dtype=torch.long)
+        return self.unit_counts[split][torch.as_tensor(items, dtype=torch.long)]
+
+    def batch(self, items: Tensor | list[int], split: str = "train") -> Any:
+        """The items of ``split`` ("train" or "val") as model inputs, on the run's device."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: Any) -> Tensor:
+        """The training loss of ``batch``: summed over its ``units`` (or a mean, where ``reduction`` says)."""
+        raise NotImplementedError
+
+
+class TaskHeldOut:
+    """What the one evaluator (``qkv.training.evaluator``) asks a task: which held-out items (``eval_sample``,
+    ``eval_all``, set by ``check``), and the sums over a batch of them that make its metrics. A token-level task
+    needs nothing more: its held-out loss is its ``loss`` summed and divided by its ``units``."""
+
+    eval_fields: ClassVar[tuple[str, ...]] = ("val_loss",)  # the metrics: each a sum over items / their units
+    eval_batch_size: int = 32  # held-out items per forward
+    final_units: int = 0  # units the final evaluation will take (the time budget keeps that much back)
+    eval_sample: list[int]  # the held-out items of each periodic validation
+    eval_all: list[int]  # the held-out items of the final evaluation: the whole split
+
+    def eval_loss(self, model: nn.Module, batch: Any) -> Tensor:
+        """The held-out loss summed over ``batch``: the training loss by default (a "sum" task's)."""
+        return self.loss(model, batch)
+
+    def eval_sums(self, model: nn.Module, batch: Any, items: list[int]) -> Tensor:
+        """The sums of each of ``eval_fields`` over ``batch``, then the units they are divided by: (fields + 1,)."""
+        loss = self.eval_loss(model, batch).detach().double()
+        return torch.stack([loss, torch.zeros_like(loss) + int(self.units(items, "val").sum())])
+
+    def val_metrics(self, sums: list[float], *, final: bool) -> dict:
+        """The metrics record's fields from the evaluator's ``sums`` (``eval_sums`` added over every item)."""
+        return {name: s / max(1.0, sums[-1]) for name, s in zip(self.eval_fields, sums)}
+
+    def decoded_metrics(self, model: nn.Module, *, autocast: Callable, dist) -> dict:
+        """What the final evaluation adds beyond the held-out sums (a task that decodes: its scores)."""
+        return {}
+
+
+class Task(TaskBatches, TaskHeldOut, TaskProse):
+    """One kind of training: its data and its loss. Subclasses fill in ``prepare``, ``check`` (setting the held-out
+    items), ``draw``, ``batch``, ``loss`` and ``TaskProse``'s methods, and declare ``defaults`` (and
+    ``options_type`` if the task has settings of its own)."""
 
     name: str = ""
     model_class: type[nn.Module]
@@ -197,40 +265,20 @@ class Task(TaskProse):
 
     def model_config(self, cfg) -> ModelConfig:
         """The model's shape: the preset or ``cfg.model``, with this task's vocabulary."""
-        raise NotImplementedError
+        shape = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
+        return replace(shape, vocab_size=self.tokenizer.vocab_size)
 
     def build_model(self, mconf: ModelConfig) -> nn.Module:
         """The model training starts from: a new ``model_class(mconf)``, or a checkpoint's."""
         return self.model_class(mconf)
 
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
-        """Refuse, before training, settings the data cannot serve (a window longer than the text …)."""
+        """Refuse, before training, settings the data cannot serve (a window longer than the text …); the
+        device the batches go to is ``dist.device``."""
 
     def run_files(self) -> dict[str, str]:
         """Text files the task keeps in the run directory (name -> content), written once the run begins."""
         return {}
-
-    tokens_per_step: int = 0  # nominal tokens of one optimizer step (budgets, throughput)
-
-    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> Any:
-        """This rank's micro-batches of optimizer step ``step`` (0-based), drawn from ``generator`` or ordered by
-        the step (``qkv.training.sampler``), the same on every rank, so N processes see exactly the batch one
-        process would: an iterable of ``grad_accum``."""
-        raise NotImplementedError
-
-    def loss(self, model: nn.Module, micro: Any) -> Tensor:
-        """Mean training loss of one micro-batch (what is back-propagated)."""
-        raise NotImplementedError
-
-    def evaluate(self, model: nn.Module, *, autocast: Callable, dist) -> tuple[dict, int]:
-        """Periodic validation on a sample: (fields of the metrics record, units evaluated)."""
-        raise NotImplementedError
-
-    final_units: int = 0  # units the final evaluation will take (the time budget keeps that much back)
-
-    def final_metrics(self, model: nn.Module, *, autocast: Callable, dist, progress: bool) -> dict:
-        """The summary's measured numbers, on the whole validation split."""
-        raise NotImplementedError
 
 
 class DecoderTask(Task):
@@ -249,8 +297,7 @@ class DecoderTask(Task):
     def model_config(self, cfg) -> ModelConfig:
         if self.base is not None:
             return self.base.model.config  # vocab_size: the checkpoint's embeddings (its tokenizer may use fewer)
-        shape = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
-        return replace(shape, vocab_size=self.tokenizer.vocab_size)
+        return super().model_config(cfg)
 
     def build_model(self, mconf: ModelConfig) -> nn.Module:
         return self.base.model if self.base is not None else super().build_model(mconf)

@@ -190,31 +190,38 @@ class DPOTask(DecoderTask):
                                           for rows in (self.train_rows, self.val_rows))
         tokens = sum(len(r.chosen.ids) + len(r.rejected.ids) for r in self.train_rows)
         self.tokens_per_step = round(cfg.batch_size * tokens / max(1, len(self.train_rows)))
-        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.order = EpochSampler(len(self.train_rows), cfg.seed)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // 256)))
+        self.eval_all = list(range(len(self.val_rows)))
         self.final_units = len(self.val_rows) if cfg.final_eval else 0
 
-    # --- training ---------------------------------------------------------------------------------
-    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
+    # --- training and held-out batches ------------------------------------------------------------------
+    eval_fields = REWARD_FIELDS  # each a mean over the pairs
+    eval_batch_size = 16
+
+    def draw(self, generator: torch.Generator, step: int, size: int) -> Tensor:
         """Each pair once per epoch, in the order transformers' Trainer visits them (``EpochSampler``)."""
-        idx = self.order.step(step, cfg.batch_size)
-        return [(row.tolist(), "train") for row in idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]]
+        return self.order.step(step, size)
+
+    def batch(self, items, split: str = "train"):
+        return torch.as_tensor(items).tolist(), split  # pairs are scored by index: the reference's may be cached
 
     def loss(self, model: nn.Module, micro) -> Tensor:
+        """The summed loss of the micro-batch's pairs (the loop divides by the step's pairs)."""
         if self.options.precompute_ref and self.ref_logps is None:
             precompute_reference(self)
         chosen, rejected = pair_logps(self, model, micro, reference=False)
         ref_chosen, ref_rejected = pair_logps(self, model, micro, reference=True)
         losses, _, _ = pair_loss(self, micro, chosen, rejected, ref_chosen, ref_rejected)
-        return losses.mean()
+        return losses.sum()
 
-    # --- validation -----------------------------------------------------------------------------------
-    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        return held_out_scores(self, model, self.eval_sample, autocast, dist), len(self.eval_sample)
-
-    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
-        return held_out_scores(self, model, list(range(len(self.val_rows))), autocast, dist)
+    def eval_sums(self, model, micro, items) -> Tensor:
+        """The loss and the rewards on held-out pairs, as TRL names them (``REWARD_FIELDS``), summed; their count."""
+        chosen, rejected = pair_logps(self, model, micro, reference=False)
+        ref = pair_logps(self, model, micro, reference=True)
+        losses, r_w, r_l = pair_loss(self, micro, chosen, rejected, *ref)
+        return torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
+                            torch.tensor(float(len(items)), device=self.device)])
 
     # --- reporting ---------------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -300,23 +307,3 @@ def precompute_reference(task: "DPOTask") -> None:
             parts.append(torch.stack([both[:len(indices)], both[len(indices):]], -1).cpu())
         out[split] = torch.cat(parts)
     task.ref_logps, task.reference = out, None
-
-
-
-@torch.no_grad()
-def held_out_scores(task: "DPOTask", model: nn.Module, indices: list[int], autocast, dist) -> dict:
-    """The loss and the rewards on ``task``'s held-out pairs ``indices``, as TRL names them."""
-    was, sums = model.training, torch.zeros(6, dtype=torch.float64, device=task.device)
-    model.eval()
-    mine = indices[dist.rank::dist.world]
-    for lo in range(0, len(mine), 16):
-        micro = (mine[lo:lo + 16], "val")
-        with autocast():
-            chosen, rejected = pair_logps(task, model, micro, reference=False)
-            ref = pair_logps(task, model, micro, reference=True)
-        losses, r_w, r_l = pair_loss(task, micro, chosen, rejected, *ref)
-        sums += torch.stack([losses.sum(), (r_w > r_l).sum(), (r_w - r_l).sum(), r_w.sum(), r_l.sum(),
-                             torch.tensor(float(len(micro[0])), device=task.device)]).double()
-    model.train(was)
-    sums = dist.sum(sums)
-    return dict(zip(REWARD_FIELDS, (sums[:5] / sums[5].clamp(min=1)).tolist()))

@@ -21,7 +21,9 @@ from torch import Tensor, nn
 
 from ...data import Corpus, encode_corpus, fit_tokenizer, load_corpus
 from ...models import GPT, ModelConfig
-from .base import SCRATCH, DecoderTask, TaskDefaults
+from ..distributed import Dist
+from ..evaluator import held_out_sums
+from .base import SCRATCH, DecoderTask, TaskDefaults, TaskHeldOut
 
 LN2 = math.log(2)
 # The demo trains byte-level BPE, its vocabulary sized for its budget (docs/design-notes.md has the runs), and so
@@ -61,25 +63,34 @@ def _window_groups(ids: Tensor, T: int, chunk: list[int]) -> list[Tensor]:
     return groups + [ids[s:][None] for s in chunk if s + T >= len(ids)]
 
 
-@torch.no_grad()
+class HeldOutWindows(TaskHeldOut):
+    """Non-overlapping windows of a held-out text (N,) as the evaluator scores them: items are window starts,
+    a window's loss its summed next-token cross-entropy (nats), its units its predicted tokens."""
+
+    def __init__(self, ids: Tensor, T: int, device, batch_size: int = 32) -> None:
+        self.ids, self.T, self.device, self.eval_batch_size = ids, T, torch.device(device), batch_size
+
+    def units(self, items, split: str = "val") -> Tensor:
+        return (len(self.ids) - 1 - torch.as_tensor(items, dtype=torch.long)).clamp(max=self.T)
+
+    def batch(self, items, split: str = "val") -> list[Tensor]:
+        return [rows.to(self.device) for rows in _window_groups(self.ids, self.T, list(items))]
+
+    def eval_loss(self, model: nn.Module, groups: list[Tensor]) -> Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for rows in groups:
+            logits = model(rows[:, :-1]).logits  # (B, T, V)
+            total += F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum").double()
+        return total
+
+
 def evaluate(model, ids: Tensor, T: int, starts: list[int], *, batch_size: int = 32, device="cpu",
              autocast=nullcontext, rank: int = 0, world: int = 1) -> tuple[float, int]:
     """Summed next-token cross-entropy (nats) and token count over the windows at ``starts``."""
-    was = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # nats, tokens
-    mine = starts[rank::world]
-    for lo in range(0, len(mine), batch_size):
-        for rows in _window_groups(ids, T, mine[lo:lo + batch_size]):
-            rows = rows.to(device)
-            with autocast():
-                logits = model(rows[:, :-1]).logits  # (B, T, V)
-            total[0] += F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum").double()
-            total[1] += rows[:, 1:].numel()
-    if world > 1:
-        torch.distributed.all_reduce(total)
-    model.train(was)
-    return float(total[0]), int(total[1])
+    dist = Dist(rank, world)
+    dist.device = torch.device(device)
+    nats, n = held_out_sums(HeldOutWindows(ids, T, device, batch_size), model, starts, autocast=autocast, dist=dist)
+    return nats, int(n)
 
 
 def predicted_chars(tokenizer, text: str, ids: Tensor) -> int:
@@ -136,16 +147,30 @@ class LanguageModelTask(DecoderTask):
         if len(self.val_ids) < 2:
             raise ValueError(f"validation text is {len(self.val_ids)} tokens; need at least 2")
         self.windows = self.train_ids.unfold(0, T + 1, 1)  # (N - T, T + 1), a view
-        self.val_sample = eval_starts(len(self.val_ids), T, cfg.eval_windows)
-        self.final_units = len(eval_starts(len(self.val_ids), T, None)) if cfg.final_eval else 0
+        self.eval_sample = eval_starts(len(self.val_ids), T, cfg.eval_windows)
+        self.eval_all = eval_starts(len(self.val_ids), T, None)
+        self.final_units = len(self.eval_all) if cfg.final_eval else 0
         self.tokens_per_step = cfg.batch_size * T
-        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.device = dist.device
+        self.val_windows = HeldOutWindows(self.val_ids, T, dist.device)
 
-    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> Tensor:
-        starts = torch.randint(len(self.windows), (cfg.batch_size,), generator=generator)  # the global batch
-        mine = starts.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B): this rank's slices
-        rows = self.windows[mine]  # (accum, B, T + 1)
+    # --- training and held-out batches ---------------------------------------------------------------
+    # The model's own loss is a mean (with a mixture of experts' router terms added in training); every
+    # micro-batch holds as many windows, so the mean of their means is the step's.
+    reduction = "mean"
+
+    def draw(self, generator: torch.Generator, step: int, size: int) -> Tensor:
+        return torch.randint(len(self.windows), (size,), generator=generator)  # window starts
+
+    def units(self, items, split: str = "train") -> Tensor:
+        """Tokens predicted per window: T, or fewer in the held-out split's last window."""
+        return torch.full((len(items),), self.T) if split == "train" else self.val_windows.units(items)
+
+    def batch(self, items, split: str = "train"):
+        """Training: windows (B, T + 1). Held out: ``HeldOutWindows``' groups of windows at starts ``items``."""
+        if split == "val":
+            return self.val_windows.batch(items)
+        rows = self.windows[items]  # (B, T + 1)
         if self.device.type == "cuda":  # from pinned memory the copy does not wait for the device's queue
             rows = rows.pin_memory()
         return rows.to(self.device, non_blocking=True)
@@ -153,17 +178,14 @@ class LanguageModelTask(DecoderTask):
     def loss(self, model: nn.Module, micro: Tensor) -> Tensor:
         return model(micro[:, :-1], targets=micro[:, 1:]).loss  # micro (B, T + 1)
 
-    def _score(self, model, starts, autocast, dist) -> tuple[float, int]:
-        return evaluate(model, self.val_ids, self.T, starts, device=self.device, autocast=autocast,
-                        rank=dist.rank, world=dist.world)
+    def eval_loss(self, model, groups: list[Tensor]) -> Tensor:
+        """Summed next-token cross-entropy (nats) of the held-out windows."""
+        return self.val_windows.eval_loss(model, groups)
 
-    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        nats, n = self._score(model, self.val_sample, autocast, dist)
-        return {"val_loss": nats / n, "val_bpc": nats / n / LN2 / self.chars_per_token}, len(self.val_sample)
-
-    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
-        nats, n = self._score(model, eval_starts(len(self.val_ids), self.T, None), autocast, dist)
-        return {"val_loss": nats / n, "val_bpc": nats / LN2 / self.val_chars}
+    def val_metrics(self, sums: list[float], *, final: bool) -> dict:
+        nats, n = sums
+        bpc = nats / LN2 / self.val_chars if final else nats / n / LN2 / self.chars_per_token
+        return {"val_loss": nats / n, "val_bpc": bpc}
 
     def describe(self) -> str:
         return (f"{self.tokenizer.kind} tokenizer, {self.tokenizer.vocab_size} tokens, context {self.T}) on "

@@ -2,8 +2,9 @@
 
     loss = Σ cross-entropy over the assistant's tokens of the step / number of those tokens
 
-The mean is over every assistant token of the optimizer step — across its micro-batches, processes and rows —
-so a long answer weighs per token, not per conversation, and 4 micro-batches of 1 equal 1 of 4. The prompt's
+The task sums the loss over a batch's answer tokens and the loop divides by those of the whole optimizer step —
+across its micro-batches, processes and rows — so a long answer weighs per token, not per conversation, and
+4 micro-batches of 1 equal 1 of 4. The prompt's
 tokens (system, user, the template's markup) are context only; ``--train-on-prompt`` counts them too.
 
 Each conversation is rendered by the chat template (``qkv.data.chat_template``: the checkpoint's, or ChatML for
@@ -109,41 +110,39 @@ class SFTTask(DecoderTask):
         if self.options.packing:
             self.train_rows = pack(self.train_rows, T + 1)
         self.order = EpochSampler(len(self.train_rows), cfg.seed)
-        self.answered = torch.tensor([targets_trained(r) for r in self.train_rows])
+        # the units of the loss: each row's answer tokens (every token with --train-on-prompt)
+        self.unit_counts = {split: torch.tensor([targets_trained(r) for r in rows], dtype=torch.long)
+                            for split, rows in (("train", self.train_rows), ("val", self.val_rows))}
         self.tokens_per_step = round(cfg.batch_size * sum(len(r.ids) for r in self.train_rows) / len(self.train_rows))
-        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = list(range(0, len(self.val_rows), max(1, len(self.val_rows) // EVAL_CONVERSATIONS)))
+        self.eval_all = list(range(len(self.val_rows)))
         answered = min(self.options.eval_generate, len(self.val_rows))
         self.final_units = len(self.val_rows) + 20 * answered if cfg.final_eval else 0
         self.device = dist.device
 
-    # --- training ------------------------------------------------------------------------------------
-    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
+    # --- training and held-out batches ------------------------------------------------------------------
+    def draw(self, generator: torch.Generator, step: int, size: int) -> Tensor:
         """Each row once per epoch, in the order transformers' Trainer visits them (``EpochSampler``)."""
-        idx = self.order.step(step, cfg.batch_size)  # the global batch
-        total = max(1, int(self.answered[idx].sum()))  # every rank counts the whole step's answer tokens
-        scale = cfg.grad_accum * dist.world / total  # see ``loss``
-        mine = idx.view(cfg.grad_accum, dist.world, self.micro)[:, dist.rank]  # (accum, B)
-        return [batch(self.train_rows, row.tolist(), self.device) + (scale,) for row in mine]
+        return self.order.step(step, size)
+
+    def batch(self, items, split: str = "train"):
+        return batch(self.train_rows if split == "train" else self.val_rows, torch.as_tensor(items).tolist(),
+                     self.device)
 
     def loss(self, model: nn.Module, micro) -> Tensor:
-        """The micro-batch's summed loss × accum · world / the step's answer tokens: the recipe's mean over
-        micro-batches and processes is then the mean over every answer token of the step."""
-        inputs, targets, docs, keep, scale = micro
+        """The micro-batch's summed cross-entropy over the answer tokens, of their logits alone (``answer_window``)."""
+        inputs, targets, docs, keep = micro
         packed = {} if docs is None else {"document_ids": docs}
         logits = model(inputs, logits_to_keep=keep, **packed).logits  # (B, keep or L, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
-                               reduction="sum") * scale
+                               reduction="sum")
 
-    # --- validation ------------------------------------------------------------------------------------
-    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        nats, n = held_out_nll(model, self.val_rows, self.eval_sample, autocast, dist, self.device)
-        return {"val_loss": nats / max(1, n)}, len(self.eval_sample)
+    def val_metrics(self, sums: list[float], *, final: bool) -> dict:
+        nats, n = sums
+        return {"val_loss": nats / max(1, n)} | ({"val_answer_tokens": int(n)} if final else {})
 
-    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
-        nats, n = held_out_nll(model, self.val_rows, list(range(len(self.val_rows))), autocast, dist, self.device)
-        answers = greedy_answers(self, model, autocast) if self.options.eval_generate else {}
-        return {"val_loss": nats / max(1, n), "val_answer_tokens": n} | answers
+    def decoded_metrics(self, model, *, autocast, dist) -> dict:
+        return greedy_answers(self, model, autocast) if self.options.eval_generate else {}
 
     # --- reporting ------------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -166,24 +165,6 @@ class SFTTask(DecoderTask):
         lines = [f"validation loss: {s['val_loss']:.4f} nats per answer token ({s['val_conversations']} held-out "
                  f"conversations){answered_text(s)}"]
         return lines + [f"  {e['reference']!r} -> {e['answer']!r}" for e in s.get("examples", [])[:3]]
-
-
-@torch.no_grad()
-def held_out_nll(model: nn.Module, rows: list[Row], indices: list[int], autocast, dist, device) -> tuple[float, int]:
-    """(summed nats, answer tokens) of the rows ``indices`` (held-out conversations), shared by the ranks."""
-    was, total = model.training, torch.zeros(2, dtype=torch.float64, device=device)
-    model.eval()
-    mine = indices[dist.rank::dist.world]
-    for lo in range(0, len(mine), 32):
-        inputs, targets, _, keep = batch(rows, mine[lo:lo + 32], device)
-        with autocast():
-            logits = model(inputs, logits_to_keep=keep).logits
-        total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(), ignore_index=-100,
-                                    reduction="sum").double()
-        total[1] += (targets != -100).sum()
-    model.train(was)
-    total = dist.sum(total)
-    return float(total[0]), int(total[1])
 
 
 @torch.no_grad()

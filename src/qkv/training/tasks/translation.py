@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ...generation.beam_search import Special, decode
 from ...data.catalogs import load_pairs
 from ...data import SPECIAL_TOKENS, BPETokenizer
-from ...models import PRESETS, ModelConfig, Transformer
+from ...models import ModelConfig, Transformer
 from ...models.pointer import PointerTransformer
 from ...checks import check_fraction, check_positive_int
 from .base import SCRATCH, Task, TaskDefaults, TaskOptions, option
@@ -119,25 +119,6 @@ def pairs_batch(pairs: list[tuple[list[int], list[int]]], pad: int, device) -> t
     return tuple(x.to(device, non_blocking=True) for x in (src, src_mask, tgt[:, :-1], targets))
 
 
-@torch.no_grad()
-def held_out_nll(model: nn.Module, pairs: list, indices: list[int], pad: int, autocast, dist, device) -> float:
-    """Mean cross-entropy (nats per target token, no smoothing) of the pairs ``indices`` (held out), shared by
-    the ranks."""
-    was, total = model.training, torch.zeros(2, dtype=torch.float64, device=device)
-    model.eval()
-    mine = indices[dist.rank::dist.world]
-    for lo in range(0, len(mine), 64):
-        src, src_mask, tgt_in, targets = pairs_batch([pairs[i] for i in mine[lo:lo + 64]], pad, device)
-        with autocast():
-            logits = model(src, tgt_in, src_mask=src_mask).logits  # (B, T, V)
-        total[0] += nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                                ignore_index=-100, reduction="sum").double()
-        total[1] += (targets != -100).sum()
-    model.train(was)
-    total = dist.sum(total)
-    return float(total[0] / total[1])
-
-
 @dataclass(frozen=True)
 class TranslationOptions(TaskOptions):
     """What translation alone is trained and scored with (``data`` is then a pairs file or a directory of
@@ -194,10 +175,6 @@ class TranslationTask(Task):
         self.train_pairs = encode_pairs(self.tokenizer, self.special, self.corpus.train)
         self.val_pairs = encode_pairs(self.tokenizer, self.special, self.corpus.val)
 
-    def model_config(self, cfg) -> ModelConfig:
-        base = cfg.model if cfg.model is not None else PRESETS[cfg.preset]
-        return replace(base, vocab_size=self.tokenizer.vocab_size)
-
     def check(self, cfg, mconf: ModelConfig, dist) -> None:
         fits = lambda p: len(p[0]) <= mconf.max_len and len(p[1]) <= mconf.max_len + 1  # noqa: E731
         dropped = sum(not fits(p) for p in self.train_pairs)
@@ -210,36 +187,42 @@ class TranslationTask(Task):
             print(f"qkv: {dropped} training pairs longer than max_len {mconf.max_len} tokens left out", file=sys.stderr)
         mean = sum(len(s) + len(t) - 1 for s, t in self.train_pairs) / len(self.train_pairs)
         self.tokens_per_step = round(cfg.batch_size * mean)
-        self.micro = cfg.batch_size // (dist.world * cfg.grad_accum)
         self.eval_sample = self.val_fit[:: max(1, len(self.val_fit) // EVAL_PAIRS)][:EVAL_PAIRS]
+        self.eval_all = self.val_fit
+        self.unit_counts = {split: torch.tensor([len(t) - 1 for _, t in pairs], dtype=torch.long)  # target tokens
+                            for split, pairs in (("train", self.train_pairs), ("val", self.val_pairs))}
         self.final_units = DECODE_COST * len(self.val_pairs) if cfg.final_eval else 0
         self.device, self.options = dist.device, cfg.task_options
 
-    # --- training --------------------------------------------------------------------------------
-    def draw(self, generator: torch.Generator, cfg, dist, step: int = 0) -> list:
-        n = len(self.train_pairs)
-        start = int(torch.randint(n - cfg.batch_size + 1, (1,), generator=generator))  # neighbours in length
-        idx = torch.arange(start, start + cfg.batch_size)[torch.randperm(cfg.batch_size, generator=generator)]
-        slices = idx.view(cfg.grad_accum, dist.world, self.micro)  # (accum, world, B)
-        tokens = torch.tensor([len(t) - 1 for _, t in self.train_pairs[start:start + cfg.batch_size]])
-        counts = tokens[slices - start].sum(-1)  # (accum, world): target tokens of each micro-batch
-        weights = (counts * counts.numel() / counts.sum())[:, dist.rank]  # (accum,): see ``loss``
-        return [pairs_batch([self.train_pairs[i] for i in row.tolist()], self.special.pad, self.device)
-                + (float(w),) for row, w in zip(slices[:, dist.rank], weights)]
+    # --- training and held-out batches --------------------------------------------------------------
+    eval_batch_size = 64
+
+    def draw(self, generator: torch.Generator, step: int, size: int) -> Tensor:
+        """A random run of ``size`` neighbours in length (little padding), shuffled."""
+        start = int(torch.randint(len(self.train_pairs) - size + 1, (1,), generator=generator))
+        return torch.arange(start, start + size)[torch.randperm(size, generator=generator)]
+
+    def batch(self, items, split: str = "train"):
+        """src, src_mask, tgt_in, targets (``pairs_batch``) and the target tokens, counted on the host."""
+        pairs = self.train_pairs if split == "train" else self.val_pairs
+        chosen = [pairs[i] for i in torch.as_tensor(items).tolist()]
+        return pairs_batch(chosen, self.special.pad, self.device) + (sum(len(t) - 1 for _, t in chosen),)
 
     def loss(self, model: nn.Module, micro) -> Tensor:
-        """The micro-batch's mean token loss × its weight: the recipe's mean over micro-batches and
-        processes is then the mean over every target token of the step, as in one process."""
-        src, src_mask, tgt_in, targets, weight = micro
+        """The micro-batch's label-smoothed cross-entropy summed over its target tokens."""
+        src, src_mask, tgt_in, targets, tokens = micro
         out = model(src, tgt_in, src_mask=src_mask, targets=targets, label_smoothing=self.options.label_smoothing)
-        return out.loss * weight
+        return out.loss * tokens
 
-    # --- validation --------------------------------------------------------------------------------
-    def evaluate(self, model, *, autocast, dist) -> tuple[dict, int]:
-        loss = held_out_nll(model, self.val_pairs, self.eval_sample, self.special.pad, autocast, dist, self.device)
-        return {"val_loss": loss}, len(self.eval_sample)
+    def eval_loss(self, model: nn.Module, micro) -> Tensor:
+        """The held-out cross-entropy without smoothing (nats per target token, once divided)."""
+        src, src_mask, tgt_in, targets, _ = micro
+        logits = model(src, tgt_in, src_mask=src_mask).logits  # (B, T, V)
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                           reduction="sum")
 
-    def final_metrics(self, model, *, autocast, dist, progress: bool) -> dict:
+    def decoded_metrics(self, model, *, autocast, dist) -> dict:
+        """BLEU and chrF of beam and greedy translations of the held-out sources, beside the baselines'."""
         from ..metrics import baselines, bleu, chrf
 
         sources = [s for s, _ in self.corpus.val]
@@ -250,10 +233,9 @@ class TranslationTask(Task):
                                    length_penalty=self.options.length_penalty)
             greedy = translate_texts(model, self.tokenizer, sources, num_beams=1)
         examples = [{"source": s, "reference": r, "translation": h} for s, r, h in list(zip(sources, refs, beam))[:8]]
-        loss = held_out_nll(model, self.val_pairs, self.val_fit, self.special.pad, autocast, dist, self.device)
-        return {"val_loss": loss, "bleu": bleu(beam, refs, target_lang=lang),
-                "chrf": chrf(beam, refs), "greedy_bleu": bleu(greedy, refs, target_lang=lang),
-                "greedy_chrf": chrf(greedy, refs)} | baselines(self.corpus) | {"examples": examples}
+        return {"bleu": bleu(beam, refs, target_lang=lang), "chrf": chrf(beam, refs),
+                "greedy_bleu": bleu(greedy, refs, target_lang=lang), "greedy_chrf": chrf(greedy, refs)} | \
+            baselines(self.corpus) | {"examples": examples}
 
     # --- reporting ---------------------------------------------------------------------------------
     def describe(self) -> str:
