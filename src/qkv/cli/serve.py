@@ -11,7 +11,7 @@ import sys
 
 from .chat import conversation_ids, end_of_turn
 from .errors import CommandError
-from .sources import add_dtype_flag, add_model_source, load_model_source, source_name
+from .sources import add_model_source, load_model_source, source_name
 from .weights import add_weights_flag, apply_weights
 
 
@@ -42,9 +42,20 @@ def add_serve(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (default: a GPU where there is one), cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
-    add_dtype_flag(p)
+    add_serve_dtype_flag(p)
     add_weights_flag(p)
     return p
+
+
+def add_serve_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """--dtype as ``add_dtype_flag`` declares it, but auto by default: a server decodes many rows a step, where
+    bf16's halved weight bytes and native products pay most (docs/serving.md)."""
+    from ..runtime import DTYPES
+
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="the weights' type, as they are loaded: auto (default: bfloat16 where the device computes it "
+                        "natively: a GPU, a CPU with AVX-512 BF16 or AMX; float32 elsewhere), float32 (answers equal "
+                        "to `qkv sample`'s in fp32), bfloat16 or float16")
 
 
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
