@@ -41,14 +41,15 @@ def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale
 
 
 class DecodeAttention(MultiHeadAttention):
-    """``MultiHeadAttention`` whose core, for one query under a prepared mask (no score bias, soft cap, dropout or
-    weights asked), is ``grouped_one_query``; anything else is the reference's."""
+    """``MultiHeadAttention`` whose core, for one query under a prepared mask (B or 1, H or 1, 1, S) (no score
+    bias, soft cap, dropout or weights asked), is ``grouped_one_query``; anything else is the reference's."""
 
     def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask, is_causal: bool, positions: Tensor | None,
                      return_weights: bool) -> tuple[Tensor, Tensor | None]:
         plain = (self.alibi is None and self.relative_bias is None and self.softcap is None
                  and not (self.training and self.dropout > 0))
-        if q.size(-2) == 1 and isinstance(mask, PreparedMask) and not (is_causal or return_weights) and plain:
+        one_query = q.size(-2) == 1 and isinstance(mask, PreparedMask) and mask.bias.dim() == 4
+        if one_query and not (is_causal or return_weights) and plain:
             scale = 1.0 / math.sqrt(q.size(-1)) if self.scale is None else self.scale
             return grouped_one_query(q, k, v, mask, scale), None
         return super().attend_heads(q, k, v, mask=mask, is_causal=is_causal, positions=positions,
