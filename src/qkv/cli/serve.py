@@ -15,7 +15,7 @@ from .sources import load_model_source, model_command, source_name
 from .weights import apply_weights
 
 
-@model_command("an OpenAI-compatible HTTP server (continuous batching)", gguf=True)
+@model_command("an OpenAI-compatible HTTP server (continuous batching)", gguf=True, dtype="auto")
 def add_serve(p: argparse.ArgumentParser) -> None:
     """Serve a run, a Hugging Face directory or a GGUF file over OpenAI's API: /v1/chat/completions (the
     checkpoint's chat template), /v1/completions, /v1/models, /health; streaming by server-sent events. Requests

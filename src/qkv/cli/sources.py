@@ -30,11 +30,13 @@ def add_model_source(p: argparse.ArgumentParser, *, gguf: bool = False) -> None:
         src.add_argument("--gguf", metavar="FILE", help=GGUF_HELP)
 
 
-def model_command(help: str, *, gguf: bool = False, loading: bool = True, epilog: str | None = None):
+def model_command(help: str, *, gguf: bool = False, loading: bool = True, epilog: str | None = None,
+                  dtype: str = "float32"):
     """Make ``add_NAME(p)``, which declares the own flags of `qkv NAME`, a command that reads a model, the
     ``add_NAME(sub) -> parser`` of ``qkv.cli.COMMANDS`` (click's manner): ``help`` is its line in `qkv --help`,
     the function's docstring its description; after its own flags a group "the model" has --run | --hf
-    (| --gguf where ``gguf``), --device and (where ``loading``) how the weights are loaded, --dtype and --weights."""
+    (| --gguf where ``gguf``), --device and (where ``loading``) how the weights are loaded, --dtype (default
+    ``dtype``) and --weights."""
     def command(flags: Callable[[argparse.ArgumentParser], None]) -> Callable[..., argparse.ArgumentParser]:
         @functools.wraps(flags)
         def add(sub) -> argparse.ArgumentParser:
@@ -46,21 +48,28 @@ def model_command(help: str, *, gguf: bool = False, loading: bool = True, epilog
             model.add_argument("--device", default="auto", help="auto (default: a GPU where there is one, else the "
                                                                 "CPU), cpu, cuda or cuda:N")
             if loading:
-                add_dtype_flag(model)
+                add_dtype_flag(model, default=dtype)
                 add_weights_flag(model)
             return p
         return add
     return command
 
 
-def add_dtype_flag(p: argparse.ArgumentParser) -> None:
-    """Declare --dtype: the weights' type as they are loaded."""
+DTYPE_HELP = {  # --dtype's help by its default
+    "float32": "the weights' type, as they are loaded: float32 (default), bfloat16 or float16 (half the bytes; "
+               "docs/speed.md gives bfloat16's speed and its cost), or auto (bfloat16 where the device computes it "
+               "natively: a GPU, a CPU with AVX-512 BF16 or AMX; float32 elsewhere)",
+    "auto": "the weights' type, as they are loaded: auto (default: bfloat16 where the device computes it natively: "
+            "a GPU, a CPU with AVX-512 BF16 or AMX; float32 elsewhere), float32 (answers equal to `qkv sample`'s "
+            "in fp32), bfloat16 or float16",
+}
+
+
+def add_dtype_flag(p: argparse.ArgumentParser, *, default: str = "float32") -> None:
+    """Declare --dtype: the weights' type as they are loaded, ``default`` float32 or auto (DTYPE_HELP)."""
     from ..runtime import DTYPES
 
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="the weights' type, as they are loaded: float32 (default), bfloat16 or float16 (half the "
-                        "bytes; docs/speed.md gives bfloat16's speed and its cost), or auto (bfloat16 where the "
-                        "device computes it natively: a GPU, a CPU with AVX-512 BF16 or AMX; float32 elsewhere)")
+    p.add_argument("--dtype", choices=DTYPES, default=default, help=DTYPE_HELP[default])
 
 
 def source_name(args: argparse.Namespace) -> str:

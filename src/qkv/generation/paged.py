@@ -17,6 +17,7 @@ from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.latent_attention import LatentCache
 from ..nn.paged_kv_cache import PageTable, PagedKVCache, PagedLatentCache
 from .blocks import BlockManager
+from .paged_attention import decode_attention
 
 BLOCK_SIZE = 16  # tokens per block (vLLM's default)
 MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.9}  # the default budget: this share of the device's free memory
@@ -110,7 +111,8 @@ class PagedModel:
         start = torch.tensor(starts, device=self.device)[:, None]  # (B, 1)
         input_pos = start + torch.arange(T, device=self.device)  # (B, T)
         written = torch.arange(self.pages.max_len, device=self.device) < start + T  # (B, S)
-        out = self.model(ids, mask=written, kv_caches=self.caches, input_pos=input_pos, logits_to_keep=1)
+        with decode_attention(self.model):  # one query a row: grouped products, not the fused kernel
+            out = self.model(ids, mask=written, kv_caches=self.caches, input_pos=input_pos, logits_to_keep=1)
         return out.logits[:, -1]
 
     def clear(self, blocks: set[int]) -> None:

@@ -1,0 +1,70 @@
+"""The paged model's decode attention: one query per row and head, over grouped key/value heads, in two batched
+products (vLLM's paged decode kernel does the same work per block).
+
+    scores = q_g Kᵀ_g · scale + bias     q_g (B, G, H/G, D): the H / G query heads that share key head g
+    out    = softmax(scores) V_g          (B, G, H/G, D) -> (B, H, 1, D)
+
+``F.scaled_dot_product_attention`` computes one query per head at a time on a CPU (its flash kernel, slower
+still in bf16); grouping the query heads that read one key head makes each head group one small matrix product.
+The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding.
+
+``DecodeAttention`` is ``MultiHeadAttention`` with this core for one query under a prepared mask (the paged
+model's steps); ``decode_attention(model)`` swaps its plain attention modules' class for the block's duration,
+as the speed layer swaps linears (``qkv.kernels.transform``).
+Shapes: B rows, H query heads, G key/value heads, D head width, S keys.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.attention import MultiHeadAttention
+from ..nn.masks import PreparedMask
+
+
+def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale: float) -> Tensor:
+    """q (B, H, 1, D) over k, v (B, G, S, D) under ``mask`` (its bias broadcastable to (B, H, 1, S)) ->
+    (B, H, 1, D); a row with no allowed key gets zeros (``mask.live``)."""
+    B, H, _, D = q.shape
+    G, S = k.size(1), k.size(2)
+    bias = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)
+    bias = bias.reshape(bias.size(0), G, H // G, S) if bias.size(1) == H else bias.reshape(bias.size(0), 1, 1, S)
+    scores = torch.matmul(q.reshape(B, G, H // G, D), k.transpose(-1, -2))  # (B, G, H/G, S)
+    scores = scores.mul_(scale).add_(bias)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(weights, v).view(B, H, 1, D)  # (B, G, H/G, D) -> (B, H, 1, D)
+    return out if mask.live is None else out * mask.live
+
+
+class DecodeAttention(MultiHeadAttention):
+    """``MultiHeadAttention`` whose core, for one query under a prepared mask (B or 1, H or 1, 1, S) (no score
+    bias, soft cap, dropout or weights asked), is ``grouped_one_query``; anything else is the reference's."""
+
+    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask, is_causal: bool, positions: Tensor | None,
+                     return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        plain = (self.alibi is None and self.relative_bias is None and self.softcap is None
+                 and not (self.training and self.dropout > 0))
+        one_query = q.size(-2) == 1 and isinstance(mask, PreparedMask) and mask.bias.dim() == 4
+        if one_query and not (is_causal or return_weights) and plain:
+            scale = 1.0 / math.sqrt(q.size(-1)) if self.scale is None else self.scale
+            return grouped_one_query(q, k, v, mask, scale), None
+        return super().attend_heads(q, k, v, mask=mask, is_causal=is_causal, positions=positions,
+                                    return_weights=return_weights)
+
+
+@contextmanager
+def decode_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``'s modules of exactly the class ``MultiHeadAttention`` compute their core as ``DecodeAttention``
+    inside the block (parameters, buffers and hooks untouched), the class restored after (also on an error)."""
+    swapped = [m for m in model.modules() if type(m) is MultiHeadAttention]
+    for m in swapped:
+        m.__class__ = DecodeAttention
+    try:
+        yield model
+    finally:
+        for m in swapped:
+            m.__class__ = MultiHeadAttention
