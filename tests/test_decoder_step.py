@@ -2,7 +2,9 @@
 KV caches and tokens, for every architecture it takes; what it refuses and why; its errors."""
 import dataclasses
 import importlib
+import platform
 import re
+import time
 import warnings
 
 import pytest
@@ -426,3 +428,50 @@ def test_every_config_field_is_declared_or_at_its_default():
     whose default value it computes."""
     fields = decoder_step.config_fields(qkv.models.ModelConfig())
     assert set(decoder_step.CONFIG) <= set(fields), set(decoder_step.CONFIG) - set(fields)
+
+
+def huge_page_bytes(address: int) -> int | None:
+    """AnonHugePages of the mapping that holds ``address`` in /proc/self/smaps, in bytes (None: no such file)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: start-end perms ...
+            start, end = (int(v, 16) for v in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@built
+def test_weights_asked_onto_huge_pages_keep_their_values_and_the_logits():
+    """The state asks for 2 MB pages under its weights and caches (in place, by a thread of its own): the same
+    values and the same logits bits as a state that does not; where Linux has MADV_COLLAPSE (6.1) and THP is
+    not off, the table of 8 MB ends up on huge pages."""
+    model = tiny(**CONFIGS["rope, GQA, swiglu, rmsnorm, no bias"], vocab_size=32768)
+    table = model.embed.tok.weight.detach()
+    kept = table.clone()
+    ids = torch.randint(0, 64, (1, 5))
+    runs = []
+    for huge in (False, True):
+        (_, cache), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
+        cache.slots[:, 5] = True
+        step = decoder_step.FusedStep(model)
+        with torch.no_grad():
+            state = matvec.MODULE.DecoderState(step.weights, [t for c in cache.layers for t in (c.k, c.v)],
+                                               step.rope_table(20), step.shape + [20] + step.experts, step.eps,
+                                               step.scale, step.scales, huge_pages=huge)
+            runs.append(state.step(logits.argmax(-1)[:, None], cache.slots, cache.slot_ids[5:6]))
+    assert torch.equal(runs[0], runs[1]) and torch.equal(table, kept)
+    release = tuple(int(v) for v in re.findall(r"\d+", platform.release())[:2])
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if huge_page_bytes(table.data_ptr()) is None or release < (6, 1) or "[never]" in open(thp).read():
+        pytest.skip("no MADV_COLLAPSE here (Linux 6.1 with THP not off)")
+    deadline = time.monotonic() + 20
+    while not huge_page_bytes(table.data_ptr()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert huge_page_bytes(table.data_ptr()) >= 2 << 20

@@ -36,7 +36,12 @@
 #include <new>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -230,6 +235,34 @@ std::vector<at::Tensor> scales_for(std::vector<at::Tensor> scales, size_t weight
   return scales.empty() ? std::vector<at::Tensor>(weights, at::empty({0}, at::kFloat)) : scales;
 }
 
+// Each 2 MB piece of memory the tensors lie in, asked to be backed by one 2 MB page (Linux's MADV_COLLAPSE: in
+// place, the same addresses and values; a piece the kernel cannot collapse, or a kernel without it, stays as it
+// is), by a thread of its own that the step does not wait for (the kernel copies each piece once; a piece already
+// collapsed returns at once). A token streams every weight matrix once: on 4 KB pages its reads take a page walk
+// every 4 KB, on 2 MB pages once in 512 times. torch's allocator asks for 2 MB pages only under
+// THP_MEM_ALLOC_ENABLE=1, and Linux's default THP setting (madvise) gives them only where asked. The pieces
+// reach past a tensor's ends into the memory around it, whose values stay as they are too.
+void huge_pages(const std::vector<std::vector<at::Tensor>>& groups) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t PAGE = uintptr_t{2} << 20;
+  constexpr int COLLAPSE = 25;  // MADV_COLLAPSE (Linux 6.1), spelt out for older headers
+  std::vector<uintptr_t> pieces;
+  for (const auto& group : groups)
+    for (const at::Tensor& t : group) {
+      if (!t.numel()) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()), end = begin + t.nbytes();
+      for (uintptr_t p = begin & ~(PAGE - 1); p < end; p += PAGE) pieces.push_back(p);
+    }
+  if (pieces.empty()) return;
+  std::sort(pieces.begin(), pieces.end());
+  pieces.erase(std::unique(pieces.begin(), pieces.end()), pieces.end());
+  // each piece its own call: one the kernel refuses (not all mapped, not anonymous) leaves the others' asked
+  std::thread([pieces = std::move(pieces)] {
+    for (uintptr_t p : pieces) madvise(reinterpret_cast<void*>(p), PAGE, COLLAPSE);
+  }).detach();
+#endif
+}
+
 // What one generate call decodes with, handed over once rather than at every step: the weights (the
 // embedding's EMBEDDING, PER_LAYER a layer, then Norm_f's two and the LM head) and an int8 matrix's scales
 // (an empty tensor for every other weight), each layer's k and v caches, RoPE's cos and sin at every slot, the
@@ -240,12 +273,14 @@ struct DecoderState {
   Shape s;
   float eps, scale;
   Kind cache;  // the caches' element type
+  // huge: the weights and caches asked to be backed by 2 MB pages (huge_pages), once checked
   DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c, at::Tensor cos_sin, std::vector<int64_t> shape,
-               double norm_eps, double embed_scale, std::vector<at::Tensor> q)
+               double norm_eps, double embed_scale, std::vector<at::Tensor> q, bool huge)
       : weights(std::move(w)), scales(scales_for(std::move(q), weights.size())), caches(std::move(c)),
         rope(std::move(cos_sin)), s(make_shape(caches, shape)), eps(static_cast<float>(norm_eps)),
         scale(static_cast<float>(embed_scale)), cache(kind_of(caches[0])) {
     check_state(weights, scales, caches, rope, s);
+    if (huge) huge_pages({weights, scales, caches});
   }
   at::Tensor step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const;
   at::Tensor greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
@@ -667,9 +702,10 @@ at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecoderState>(m, "DecoderState")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, std::vector<int64_t>, double,
-                          double, std::vector<at::Tensor>>(),
+                          double, std::vector<at::Tensor>, bool>(),
            pybind11::arg("weights"), pybind11::arg("caches"), pybind11::arg("rope"), pybind11::arg("shape"),
-           pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("scales") = std::vector<at::Tensor>())
+           pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("scales") = std::vector<at::Tensor>(),
+           pybind11::arg("huge_pages") = true)
       .def("step", &DecoderState::step, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("input_pos"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("greedy", &DecoderState::greedy, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("slot"),
