@@ -100,10 +100,30 @@ def stream_seconds(fn, repeats: int) -> float:
 
 def stream_matrix(megabytes: float = 128, dtype=torch.float32) -> torch.Tensor:
     """A random (rows, 4096) matrix of ``megabytes`` (MiB), on the GPU if there is one: at 128, large
-    enough that streaming it reads memory, not cache."""
+    enough that streaming it reads memory, not cache. On a CPU it lies on 2 MB pages where Linux collapses
+    them (``huge_pages``), as the fused decode step's weights do: the roofline reads memory as they are read."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = int(megabytes * 2**20) // (4096 * torch.tensor([], dtype=dtype).element_size())
-    return torch.randn(rows, 4096, device=device).to(dtype)
+    w = torch.randn(rows, 4096, device=device).to(dtype)
+    if device == "cpu":
+        huge_pages(w)
+    return w
+
+
+def huge_pages(t: torch.Tensor) -> bool:
+    """Ask Linux to back the whole 2 MB pieces of ``t``'s memory by 2 MB pages, now (``madvise(MADV_COLLAPSE)``,
+    Linux 6.1; what ``DecoderState(huge_pages=True)`` asks in the background) -> whether every piece took."""
+    import ctypes
+
+    PAGE, COLLAPSE = 2 << 20, 25
+    start = -(-t.data_ptr() // PAGE) * PAGE
+    end = (t.data_ptr() + t.numel() * t.element_size()) // PAGE * PAGE
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return all([libc.madvise(p, PAGE, COLLAPSE) == 0 for p in range(start, end, PAGE)]) and end > start
 
 
 def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 0.3) -> dict[str, tuple[int, object]]:
