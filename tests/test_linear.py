@@ -165,3 +165,39 @@ def test_flop_counter_counts_the_fast_path():
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
             layer(torch.randn(3, 5))
         assert counter.get_total_flops() == 2 * 3 * 7 * 5
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_give_the_unpacked_products_and_are_dropped_on_exit(dtype):
+    """Inside packed_weights a many-row product reads oneDNN's blocked copy, bit for bit the product it
+    replaces (from PACK_MIN_ROWS rows; fewer rows keep their path); a weight changed meanwhile is read as it is;
+    on exit the copy goes."""
+    if dtype == torch.bfloat16 and not qkv.runtime.native_bf16("cpu"):
+        pytest.skip("bf16 is packed only where the CPU computes it natively")
+    torch.manual_seed(0)
+    layer = Linear(576, 1024, bias=True).to(dtype).eval()
+    xs = [torch.randn(rows, 576, dtype=dtype) for rows in (1, lin.PACK_MIN_ROWS, 16, 33)] + [
+        torch.randn(2, 9, 576, dtype=dtype)]
+    with torch.no_grad():
+        want = [layer(x) for x in xs]
+        with lin.packed_weights(torch.nn.Sequential(layer)) as count, \
+                mock.patch.object(lin, "onednn_linear", wraps=lin.onednn_linear) as spy:
+            assert count == 1 and layer.packed is not None
+            assert all(torch.equal(layer(x), w) for x, w in zip(xs, want))
+            many = [c.args[1] is layer.packed for c in spy.call_args_list if c.args[0].numel() > 576]
+            assert many == [True] * 4 and len(spy.call_args_list) <= 5  # one row: its own path
+            layer.weight.mul_(2)  # changed after packing: its products read the weight itself
+            assert torch.equal(layer(xs[2]), lin.linear(xs[2], layer.weight, layer.bias))
+        assert layer.packed is None and "packed" not in vars(layer)
+
+
+@needs_onednn
+def test_only_packable_linears_are_packed(monkeypatch):
+    """Small weights, fp16, and plain nn.Linear (no speed layer) keep their weights as they are."""
+    monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 1 << 18)  # as it is outside these tests
+    model = torch.nn.Sequential(Linear(576, 1024), Linear(16, 16), torch.nn.Linear(576, 1024),
+                                Linear(576, 1024).half())
+    with lin.packed_weights(model) as count:
+        assert [m.packed is not None for m in model if isinstance(m, Linear)] == [True, False, False]
+        assert count == 1 and not hasattr(model[2], "packed")

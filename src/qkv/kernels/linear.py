@@ -12,7 +12,9 @@ core, and more rows slower than oneDNN (docs/speed.md has the measurements), so:
   kernel, ``torch.ops.qkv.matvec``, which reads each weight in one pass (``qkv.kernels.build``: built once per
   machine where it can run and pays; elsewhere the paths below serve);
 - more rows: oneDNN's inner product, which PyTorch ships and inductor's CPU fusions call
-  (``onednn_linear``), under compile kept opaque (``compiled_onednn_linear``).
+  (``onednn_linear``), under compile kept opaque (``compiled_onednn_linear``); inside ``packed_weights`` (a
+  server's steps of many rows) on a copy of the weight in oneDNN's blocked layout, made once, in fp32 and in
+  bf16 where the CPU computes it natively: the same sums, without re-blocking the weight at every call.
 
 ``F.linear`` is the reference: autograd (training), autocast (which casts the weights inside it), tensor
 subclasses (torchao's quantised weights, ``qkv.kernels.quant``, whose product is their own), other dtypes,
@@ -22,17 +24,24 @@ Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import flop_counter
 
+from ..runtime import native_bf16
 from . import build as matvec
 from .build import linear_flops, linear_shape
 
 ONEDNN = torch.backends.mkldnn.is_available()  # every official x86-64 and arm64 CPU build
 # oneDNN's call costs several times MKL's: below 512 × 512 weights (1 MB in fp32) MKL's is the faster one.
 ONEDNN_MIN_WEIGHT = 1 << 18
+# Rows from which a packed weight is read: past qkv's kernel's rows (and from 3 rows, fp32's packed sums equal
+# the unpacked call's bit for bit; tests/test_linear.py).
+PACK_MIN_ROWS = max(matvec.MAX_ROWS + 1, 3)
 
 
 def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -70,8 +79,9 @@ def plain_tensor(t: Tensor | None) -> bool:
     return t is None or type(t) in (Tensor, nn.Parameter)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, through the fast paths above at inference on a CPU."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, through the fast paths above at inference on a CPU; ``packed``: the
+    weight in oneDNN's blocked layout (``packed_weights``), read from PACK_MIN_ROWS rows on."""
     if not x.is_cpu or not x.numel() or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return F.linear(x, weight, bias)
     if not (plain_tensor(weight) and plain_tensor(bias)):  # a quantised weight: its own product
@@ -84,6 +94,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if (dense and x.dtype in matvec.DTYPES and x.numel() <= matvec.MAX_ROWS * weight.size(1)
             and (matvec.LOADED if compiling else matvec.available())):
         return torch.ops.qkv.matvec(x, weight, bias)  # a few rows: qkv's own kernel, where it is built
+    if (packed is not None and dense and not compiling and x.dtype == packed.dtype
+            and x.numel() >= PACK_MIN_ROWS * weight.size(1)):
+        return onednn_linear(x, packed, bias)  # many rows on the weight blocked once
     plain = dense and x.dtype == torch.float32
     if not plain or not ONEDNN or weight.numel() < ONEDNN_MIN_WEIGHT:  # oneDNN takes no strided operands
         return F.linear(x, weight, bias)
@@ -97,6 +110,36 @@ class KernelLinear(nn.Linear):
     ``linear`` was not built for (autograd, autocast, other devices) is ``F.linear``'s as before.
     """
 
+    packed: Tensor | None = None  # the weight in oneDNN's layout, inside ``packed_weights``
+    packed_version = -1  # the weight's version when packed: a weight changed since is read as it is
+
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""
-        return linear(x, self.weight, self.bias)
+        fresh = self.packed is not None and self.weight._version == self.packed_version
+        return linear(x, self.weight, self.bias, self.packed if fresh else None)
+
+
+def packable(m: nn.Module) -> bool:
+    """A ``KernelLinear`` whose many-row products oneDNN computes on a packed weight with the same sums: on a
+    CPU, plain and contiguous, large enough, fp32 or bf16 where the CPU computes bf16 natively."""
+    if not (isinstance(m, KernelLinear) and ONEDNN and m.weight.is_cpu and plain_tensor(m.weight)
+            and plain_tensor(m.bias) and m.weight.is_contiguous() and m.weight.numel() >= ONEDNN_MIN_WEIGHT):
+        return False
+    dtype = m.weight.dtype
+    return (dtype == torch.float32 or dtype == torch.bfloat16 and native_bf16("cpu")) and (
+        m.bias is None or m.bias.dtype == dtype)
+
+
+@contextmanager
+def packed_weights(model: nn.Module, rows: int = 16) -> Iterator[int]:
+    """Inside: every packable linear of ``model`` (after ``accelerate``) also holds its weight in oneDNN's
+    blocked layout for about ``rows`` rows (one more copy of those weights) -> how many were packed."""
+    layers = [m for m in model.modules() if packable(m)]
+    for m in layers:
+        m.packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
+        m.packed_version = m.weight._version
+    try:
+        yield len(layers)
+    finally:
+        for m in layers:
+            del m.packed, m.packed_version

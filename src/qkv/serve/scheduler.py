@@ -23,6 +23,7 @@ import torch
 
 from ..generation.paged import BLOCK_SIZE, PagedModel, paged_refuses
 from ..generation.plan import plan_serving
+from ..kernels.linear import packed_weights
 from .batch import Batch, pick
 from .request import QueueFull, Request, Settings
 from .waiting import WaitingQueue
@@ -102,7 +103,7 @@ class Scheduler:
 
     def run(self) -> None:
         """The thread: admit, prefill a chunk, decode a token, until ``stop``."""
-        with torch.no_grad(), self.plan.speed_layer(self.model):
+        with torch.no_grad(), self.plan.speed_layer(self.model), packed_weights(self.model, self.max_batch):
             while self.waiting.wait(lambda: self.active > 0):
                 self.step()
         for request in [*self.running, *self.prefilling, *self.waiting.drain()]:
