@@ -257,16 +257,14 @@ def wait_until_up(url: str, process, seconds: float = 600) -> None:
 def serve_row(model, tokenizer, files, clients: int, new: int, extra: list[str]) -> list:
     """``qkv serve`` (a subprocess, over HTTP) against llama.cpp's server (xllamacpp, -np ``clients``) on qkv's f16
     export: ``clients`` concurrent chat requests sharing a system prompt, ``new`` tokens each; tokens/s, median
-    time to first token, and their ratios (qkv / llama.cpp)."""
+    time to first token, and their ratios (qkv / llama.cpp). Each server runs alone: llama.cpp's starts once
+    qkv's has stopped (``qkv serve`` picks its threads from the cores free when it starts)."""
     import subprocess
 
     import xllamacpp
 
     from qkv.interop import to_hf
 
-    p = xllamacpp.CommonParams()
-    p.model.path, p.n_parallel, p.n_ctx, p.port = str(files["f16"]), clients, clients * 512, free_port()
-    llama = xllamacpp.Server(p)
     with tempfile.TemporaryDirectory() as folder:
         to_hf(model).save_pretrained(folder)  # the fp32 weights (transformers will not save a model it read from GGUF)
         tokenizer.save_pretrained(folder)
@@ -282,6 +280,9 @@ def serve_row(model, tokenizer, files, clients: int, new: int, extra: list[str])
         finally:
             server.terminate()
             server.wait(timeout=60)
+    p = xllamacpp.CommonParams()
+    p.model.path, p.n_parallel, p.n_ctx, p.port = str(files["f16"]), clients, clients * 512, free_port()
+    llama = xllamacpp.Server(p)
     url = f"http://127.0.0.1:{p.port}"
     wait_until_up(url, None)
     load_together(url, 2, 4)

@@ -379,3 +379,17 @@ def test_the_docs_curl_and_openai_examples_run(server, page, capsys):
     code = docs_block(page, "from openai import OpenAI").replace("http://127.0.0.1:8000", url)
     exec(compile(code, page, "exec"), {})
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize("flags, named", [(("--threads", "0"), "--threads >= 1"), (("--port", "70000"), "--port"),
+                                          (("--max-batch", "0"), "--max-batch >= 1")])
+def test_bad_serve_numbers_are_one_line_naming_them(run_dir, flags, named):
+    """A number out of range stops `qkv serve` before it loads anything: one message naming the flag and the
+    value given."""
+    from qkv.cli.errors import CommandError
+    from qkv.cli.serve import run_serve
+
+    args = serve_args("--run", str(run_dir), *flags)
+    with pytest.raises(CommandError, match=named) as raised:
+        run_serve(args)
+    assert flags[1] in str(raised.value)

@@ -36,6 +36,8 @@ def add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-tokens", type=int, default=512,
                    help="prompt tokens prefilled per step at most: a long prompt is prefilled in chunks while "
                         "the other requests keep decoding (default 512)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: the cores other processes leave free when the server starts)")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto",
                    help="auto (default: the linears through qkv's CPU kernels) or eager (the modules as written)")
 
@@ -94,17 +96,18 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..serve.app import create_app
     from ..serve.server import LOOPBACK, serve_forever
 
-    if not 0 <= args.port <= 65535 or args.max_batch < 1 or args.max_queue < 0:
-        raise CommandError(f"need 0 <= --port <= 65535, --max-batch >= 1, --max-queue >= 0, got {args.port}, "
-                           f"{args.max_batch}, {args.max_queue}")
+    if not 0 <= args.port <= 65535 or args.max_batch < 1 or args.max_queue < 0 or (args.threads is not None and args.threads < 1):
+        raise CommandError(f"need 0 <= --port <= 65535, --max-batch >= 1, --max-queue >= 0, --threads >= 1, got "
+                           f"{args.port}, {args.max_batch}, {args.max_queue}, {args.threads}")
     if resolve_device(args.device).type == "cpu":
-        torch.set_num_threads(cpu_threads())
+        torch.set_num_threads(args.threads or cpu_threads())
     served = build_served(args)
     if args.host not in LOOPBACK and not args.api_key:
         print(f"qkv serve: warning: binding {args.host} without --api-key: anyone who can reach this port can use "
               "the model", file=sys.stderr)
     print(f"qkv serve: {served.name} at http://{args.host}:{args.port}/v1 (max batch {args.max_batch}, "
-          f"queue {args.max_queue}{', API key required' if args.api_key else ''}); Ctrl-C stops", file=sys.stderr)
+          f"queue {args.max_queue}{', API key required' if args.api_key else ''}, {torch.get_num_threads()} CPU "
+          "threads); Ctrl-C stops", file=sys.stderr)
     print(f"qkv serve: {served.scheduler.plan}", file=sys.stderr)
     serve_forever(create_app(served, api_key=args.api_key), args.host, args.port)
     return 0
