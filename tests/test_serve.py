@@ -393,3 +393,21 @@ def test_bad_serve_numbers_are_one_line_naming_them(run_dir, flags, named):
     with pytest.raises(CommandError, match=named) as raised:
         run_serve(args)
     assert flags[1] in str(raised.value)
+
+
+def test_ignore_eos_decodes_to_max_tokens():
+    """``ignore_eos`` (vLLM's and llama.cpp's extension of OpenAI's fields): no id ends the answer, max_tokens
+    does; without it a completion ends at the tokenizer's eos and a reply at the end of its turn."""
+    from types import SimpleNamespace
+
+    from qkv.serve import protocol
+    from qkv.serve.app import settings
+
+    served = SimpleNamespace(scheduler=SimpleNamespace(max_len=64), eos_ids=(3,), chat_eos_ids=(5, 6))
+    body = protocol.CompletionRequest(model="m", prompt="x", max_tokens=8)
+    assert settings(served, body, 4, chat=False).eos_ids == {3}
+    assert settings(served, body, 4, chat=True).eos_ids == {5, 6}
+    ignoring = protocol.CompletionRequest(model="m", prompt="x", max_tokens=8, ignore_eos=True)
+    assert settings(served, ignoring, 4, chat=True).eos_ids == frozenset()
+    request = Request([1], settings(served, ignoring, 1, chat=False), lambda ids: "", lambda *a: None)
+    assert [request.take(3, 60) for _ in range(8)] == [False] * 7 + [True] and request.finish_reason == "length"

@@ -155,7 +155,7 @@ def settings(served: Served, body: protocol.Sampling, prompt: int, chat: bool) -
                        param="messages" if chat else "prompt", code="context_length_exceeded")
     return Settings(max_tokens=asked or M - prompt, temperature=body.temperature, top_p=body.top_p,
                     stop=body.stops, seed=body.seed,
-                    eos_ids=frozenset(served.chat_eos_ids if chat else served.eos_ids))
+                    eos_ids=frozenset(() if body.ignore_eos else served.chat_eos_ids if chat else served.eos_ids))
 
 
 class Channel:

@@ -26,6 +26,7 @@ class Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: dict | None = None
+    ignore_eos: bool = False  # vLLM's and llama.cpp's extension: decode past end-of-sequence to max_tokens
 
     @field_validator("stop")
     @classmethod
