@@ -139,7 +139,7 @@ def test_greedy_tokens_equal_the_reference_path(monkeypatch, compile):
         calls = op_calls(lambda: model.generate(ids, 3, temperature=0, compile=compile))
         assert calls > 0 if batch > 1 or not compile else calls == 1
         got = model.generate(ids, 12, temperature=0, compile=compile)
-        with mock.patch.object(lin, "linear", side_effect=lambda x, w, b=None: F.linear(x, w, b)):
+        with mock.patch.object(lin, "linear", side_effect=lambda x, w, b=None, packed=None: F.linear(x, w, b)):
             want = model.generate(ids, 12, temperature=0)
         assert torch.equal(got, want)
 

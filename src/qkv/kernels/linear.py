@@ -115,8 +115,9 @@ class KernelLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""
-        fresh = self.packed is not None and self.weight._version == self.packed_version
-        return linear(x, self.weight, self.bias, self.packed if fresh else None)
+        if self.packed is not None and self.weight._version == self.packed_version:
+            return linear(x, self.weight, self.bias, packed=self.packed)
+        return linear(x, self.weight, self.bias)
 
 
 def packable(m: nn.Module) -> bool:
