@@ -174,7 +174,8 @@ def test_packed_weights_give_the_unpacked_products_and_are_dropped_on_exit(dtype
     replaces (from PACK_MIN_ROWS rows; fewer rows keep their path); a weight changed meanwhile is read as it is;
     on exit the copy goes."""
     if dtype == torch.bfloat16 and not qkv.runtime.native_bf16("cpu"):
-        pytest.skip("bf16 is packed only where the CPU computes it natively")
+        pytest.skip("oneDNN blocks bf16 weights only on CPUs that compute bf16 natively (AVX-512 BF16, AMX); "
+                    "elsewhere qkv packs none, as test_only_packable_linears_are_packed checks")
     torch.manual_seed(0)
     layer = Linear(576, 1024, bias=True).to(dtype).eval()
     xs = [torch.randn(rows, 576, dtype=dtype) for rows in (1, lin.PACK_MIN_ROWS, 16, 33)] + [
@@ -194,10 +195,34 @@ def test_packed_weights_give_the_unpacked_products_and_are_dropped_on_exit(dtype
 
 @needs_onednn
 def test_only_packable_linears_are_packed(monkeypatch):
-    """Small weights, fp16, and plain nn.Linear (no speed layer) keep their weights as they are."""
+    """Small weights, fp16, bf16 where the CPU emulates it, and plain nn.Linear (no speed layer) keep their
+    weights as they are."""
     monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 1 << 18)  # as it is outside these tests
     model = torch.nn.Sequential(Linear(576, 1024), Linear(16, 16), torch.nn.Linear(576, 1024),
-                                Linear(576, 1024).half())
-    with lin.packed_weights(model) as count:
-        assert [m.packed is not None for m in model if isinstance(m, Linear)] == [True, False, False]
-        assert count == 1 and not hasattr(model[2], "packed")
+                                Linear(576, 1024).half(), Linear(576, 1024).bfloat16())
+    natives = (False, True) if qkv.runtime.native_bf16("cpu") else (False,)  # oneDNN cannot block bf16 elsewhere
+    for native in natives:  # bf16: only where the CPU computes it natively
+        monkeypatch.setattr(lin, "native_bf16", lambda device: native)
+        with lin.packed_weights(model) as count:
+            assert [m.packed is not None for m in model if isinstance(m, Linear)] == [True, False, False, native]
+            assert count == 1 + native and not hasattr(model[2], "packed")
+
+
+@needs_onednn
+def test_a_weight_onednn_cannot_block_is_read_as_it_was_with_a_warning(monkeypatch):
+    """A reorder that fails (a CPU or oneDNN build without that dtype's path) leaves that layer unpacked, says
+    so once per layer, and packs the others."""
+    model = torch.nn.Sequential(Linear(576, 1024), Linear(576, 1024))
+    real = lin.blocked
+
+    def blocked(weight, rows):
+        if weight.data_ptr() == model[0].weight.data_ptr():
+            raise RuntimeError("no bf16 path on this CPU")
+        return real(weight, rows)
+
+    monkeypatch.setattr(lin, "blocked", blocked)
+    monkeypatch.setattr(lin, "ONEDNN_MIN_WEIGHT", 1 << 18)
+    with pytest.warns(UserWarning, match=r"\(1024, 576\) torch.float32 weight is read unblocked: no bf16 path"):
+        with lin.packed_weights(model) as count:
+            assert count == 1 and model[0].packed is None and model[1].packed is not None
+    assert model[1].packed is None

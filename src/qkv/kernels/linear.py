@@ -24,6 +24,7 @@ Shapes: K input width, N output width, M rows.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -131,14 +132,25 @@ def packable(m: nn.Module) -> bool:
         m.bias is None or m.bias.dtype == dtype)
 
 
+def blocked(weight: Tensor, rows: int) -> Tensor:
+    """``weight`` (N, K) in oneDNN's blocked layout for products of about ``rows`` rows (``onednn_linear``'s)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
 @contextmanager
 def packed_weights(model: nn.Module, rows: int = 16) -> Iterator[int]:
     """Inside: every packable linear of ``model`` (after ``accelerate``) also holds its weight in oneDNN's
     blocked layout for about ``rows`` rows (one more copy of those weights) -> how many were packed."""
-    layers = [m for m in model.modules() if packable(m)]
-    for m in layers:
-        m.packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
+    layers = []
+    for m in (m for m in model.modules() if packable(m)):
+        try:
+            m.packed = blocked(m.weight.detach(), rows)
+        except RuntimeError as e:  # a CPU or oneDNN build that cannot block it: its products stay as they were
+            warnings.warn(f"qkv: a {tuple(m.weight.shape)} {m.weight.dtype} weight is read unblocked: {e}",
+                          stacklevel=3)
+            continue
         m.packed_version = m.weight._version
+        layers.append(m)
     try:
         yield len(layers)
     finally:
