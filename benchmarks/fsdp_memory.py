@@ -45,8 +45,8 @@ def worker(spec: dict) -> None:
 
     t = text()
     corpus = Corpus(train=t[: -len(t) // 20], val=t[-len(t) // 20:], source="benchmarks.fsdp_memory's text")
-    model = ModelConfig(d_model=spec["d_model"], num_heads=spec["num_heads"], num_layers=spec["num_layers"],
-                        max_len=spec["max_len"])
+    model = ModelConfig(d_model=spec["d_model"], attention=dict(num_heads=spec["num_heads"]),
+                        num_layers=spec["num_layers"], max_len=spec["max_len"])
     cfg = TrainConfig(model=model, tokenizer="char", max_steps=spec["steps"], batch_size=spec["batch_size"],
                       eval_interval=10**6, final_eval=False, device="cpu", seed=0, threads=spec["threads"],
                       sharding=spec["sharding"], activation_checkpointing=spec["checkpointing"], progress=False)

@@ -53,7 +53,7 @@ from qkv.kernels.linear import linear as qkv_linear
 
 from .common import bandwidths, machine_info, stream_matrix, stream_reads, table, time_interleaved
 
-CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
+CONFIG = qkv.ModelConfig.preset("gpt2", d_model=512, attention=dict(num_heads=8), num_layers=6, vocab_size=8192)
 PROMPT = 16
 
 

@@ -301,7 +301,7 @@ def step_rows(nanogpt: str | None, batch: int = 16, T: int = 1024) -> list[list]
     from .train_speed import build_nanogpt, flops_per_token, load_nanogpt, nanogpt_loss, qkv_loss
 
     torch.manual_seed(0)
-    config = qkv.ModelConfig.preset("gpt2", vocab_size=50304, activation="gelu")
+    config = qkv.ModelConfig.preset("gpt2", vocab_size=50304, feed_forward=dict(activation="gelu"))
     ours = qkv.GPT(config).cuda()
     x = torch.randint(0, config.vocab_size, (batch, T + 1), device="cuda")
     contenders = {}

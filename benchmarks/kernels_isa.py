@@ -126,7 +126,7 @@ def child(isa: str, quick: bool, fused: bool, threads: list[int], csrc: str | No
         build.HEADERS = tuple(Path(csrc) / f.name for f in build.HEADERS)
     if not build.available():
         raise SystemExit(f"qkv's kernels are not available for {isa}: {build.why_not()}")
-    config = qkv.ModelConfig.preset("gpt2", d_model=512, num_heads=8, num_layers=6, vocab_size=8192)
+    config = qkv.ModelConfig.preset("gpt2", d_model=512, attention=dict(num_heads=8), num_layers=6, vocab_size=8192)
     model, weights = model_products(config)
     runs = {}
     for n in threads:

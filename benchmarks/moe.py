@@ -122,8 +122,10 @@ def training_models(shape: tuple) -> dict:
     from qkv.models import GPT, ModelConfig
 
     C, L, F, E, k, B, T = shape
-    base = dict(vocab_size=256, d_model=C, num_heads=4, num_layers=L, max_len=T, positional="rope", norm="rmsnorm",
-                activation="swiglu", bias=False, d_ff=F)
+    base = dict(vocab_size=256, d_model=C,
+                attention=dict(num_heads=4, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False, d_ff=F),
+                normalization=dict(kind="rmsnorm"), num_layers=L, max_len=T)
     torch.manual_seed(0)
     return {"dense": GPT(ModelConfig(**base)).train(),
             "moe": GPT(ModelConfig(**base, moe=dict(num_experts=E, top_k=k, d_expert=F // k))).train()}

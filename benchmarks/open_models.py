@@ -97,7 +97,8 @@ def ring_rows(window: int = 128) -> list[list]:
     """Bytes of a Mistral-shaped model's caches at 1×, 4×, 16× the window: ring (qkv's) vs full."""
     import qkv
 
-    config = qkv.ModelConfig(vocab_size=512, d_model=256, num_layers=4, max_len=16 * window, positional="rope",
+    config = qkv.ModelConfig(vocab_size=512, d_model=256, num_layers=4, max_len=16 * window,
+                             position=dict(kind="rope"),
                              attention=dict(num_heads=4, num_kv_heads=2, sliding_window=window),
                              normalization=dict(kind="rmsnorm"), feed_forward=dict(activation="swiglu", bias=False))
     model = qkv.GPT(config)

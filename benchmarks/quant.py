@@ -27,7 +27,7 @@ import torch
 import qkv
 from qkv.kernels.quant import quantize_weights
 
-SHAPES = {"demo": {}, "d512 x 8": dict(d_model=512, num_heads=8, num_layers=8)}  # over the demo preset
+SHAPES = {"demo": {}, "d512 x 8": dict(d_model=512, attention=dict(num_heads=8), num_layers=8)}  # over the demo preset
 PROMPT = 16
 BACKENDS = ("auto", "inductor")
 

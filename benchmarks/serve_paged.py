@@ -17,9 +17,10 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-SMOLLM2 = dict(vocab_size=49152, d_model=576, num_layers=30, max_len=8192, bias=False,  # SmolLM2-135M's shape
+SMOLLM2 = dict(vocab_size=49152, d_model=576, num_layers=30, max_len=8192,  # SmolLM2-135M's shape
                position=dict(kind="rope", base=100000.0), normalization=dict(kind="rmsnorm"), head=dict(tie=True),
-               attention=dict(num_heads=9, num_kv_heads=3), feed_forward=dict(d_ff=1536, activation="swiglu"))
+               attention=dict(num_heads=9, num_kv_heads=3, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+               feed_forward=dict(d_ff=1536, activation="swiglu", bias=False))
 
 
 def resident_mib() -> float:

@@ -51,8 +51,10 @@ from .common import machine_info, matmul_peak_gflops, table, time_interleaved
 
 # GPT-2 architecture (learned positions, GELU-tanh, biases, pre-LN, tied head) at CPU-friendly sizes.
 SHAPES = {
-    "demo-size": (qkv.ModelConfig.preset("gpt2", vocab_size=256, d_model=128, num_heads=4, num_layers=4, max_len=128), 32),
-    "gpt2-mini": (qkv.ModelConfig.preset("gpt2", vocab_size=8192, d_model=384, num_heads=6, num_layers=6, max_len=256), 8),
+    "demo-size": (qkv.ModelConfig.preset("gpt2", vocab_size=256, d_model=128, attention=dict(num_heads=4),
+                                         num_layers=4, max_len=128), 32),
+    "gpt2-mini": (qkv.ModelConfig.preset("gpt2", vocab_size=8192, d_model=384, attention=dict(num_heads=6),
+                                         num_layers=6, max_len=256), 8),
 }
 
 
@@ -109,8 +111,9 @@ def demo_gpt2_config() -> qkv.ModelConfig:
     from qkv.training.tasks import task_type
 
     demo, (_, vocab) = PRESETS["demo"], task_type("lm").defaults.tokenizer_for("demo")
-    return qkv.ModelConfig.preset("gpt2", vocab_size=vocab, d_model=demo.d_model, num_heads=demo.num_heads,
-                                  num_layers=demo.num_layers, max_len=demo.max_len, activation="gelu")
+    return qkv.ModelConfig.preset("gpt2", vocab_size=vocab, d_model=demo.d_model,
+                                  attention=dict(num_heads=demo.num_heads), feed_forward=dict(activation="gelu"),
+                                  num_layers=demo.num_layers, max_len=demo.max_len)
 
 
 def load_nanogpt(path: str):

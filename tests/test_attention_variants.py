@@ -164,7 +164,7 @@ def test_the_ring_caches_static_form_places_its_keys_by_tensor_slots_alone(W, ch
 
 def test_the_ring_caches_memory_is_constant_where_a_full_caches_grows():
     """Bytes of every layer's caches of a model whose every layer slides (window 8), at 1, 4 and 16 windows."""
-    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=128, positional="rope",
+    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=128, position=dict(kind="rope"),
                          attention=dict(num_heads=4, sliding_window=8))
     model, W = qkv.GPT(config).eval(), 8
     ring = {n: cache_bytes(model.new_kv_caches(1, n * W)) for n in (1, 4, 16)}
@@ -285,7 +285,8 @@ def test_qk_norm_over_unequal_head_widths_and_bad_modules_are_refused():
 ])
 def test_the_fused_step_refuses_every_new_field_at_a_non_default_value(field, value):
     section, name = field.split(".")
-    base = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, positional="rope", num_heads=4)
+    base = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
+                       position=dict(kind="rope"))
     changed = base.replace(**{section: {**base.to_dict()[section], name: value}})
     assert fused_step.refused_field(base) is None
     assert fused_step.refused_field(changed) == f"config field {field}={value!r}, which the fused step does not declare"
@@ -298,12 +299,14 @@ def test_the_fused_step_refuses_every_new_field_at_a_non_default_value(field, va
      "config field normalization.kind='rmsnorm_plus_one' (it computes 'layernorm' or 'rmsnorm')"),
 ])
 def test_the_fused_step_takes_sliding_layers_and_refuses_the_plus_one_norm(change, reason):
-    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, positional="rope", num_heads=4)
+    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
+                         position=dict(kind="rope"))
     assert fused_step.refused_field(config.replace(**change)) == reason
 
 
 def test_a_module_set_by_hand_is_refused_by_the_fused_step():
-    model = qkv.GPT(ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, positional="rope", num_heads=4))
+    model = qkv.GPT(ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
+                                position=dict(kind="rope")))
     model.blocks[1].attn.softcap = 5.0
     assert fused_step.refused_module(model) == "blocks.1.attn: attention with QK-norm, a scale or a soft cap " \
                                                "(it computes softmax(q·k/√D) v)"
@@ -372,8 +375,8 @@ def test_qwen3_logits_equal_hugging_faces_with_qk_norm_and_a_head_dim_apart():
                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=48,
                             tie_word_embeddings=False, attn_implementation="eager")
     hf = Qwen3ForCausalLM(hf_config).eval()
-    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=48, positional="rope",
-                         rope_base=hf_config.rope_parameters["rope_theta"],
+    config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=48,
+                         position=dict(kind="rope", base=hf_config.rope_parameters["rope_theta"]),
                          attention=dict(num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, q_bias=False,
                                         k_bias=False, v_bias=False, out_bias=False),
                          feed_forward=dict(d_ff=48, activation="swiglu", bias=False),

@@ -40,7 +40,7 @@ def test_round_trip_block_torch_block():
 def test_a_parallel_block_is_not_written_as_a_sequential_torch_layer():
     from qkv.models import ModelConfig, components
 
-    cfg = ModelConfig(d_model=16, num_heads=4, num_layers=1, feed_forward=dict(parallel=True))
+    cfg = ModelConfig(d_model=16, attention=dict(num_heads=4), num_layers=1, feed_forward=dict(parallel=True))
     block = components.blocks(cfg, 1)[0]
     with pytest.raises(ValueError, match="sequential .* got a ParallelTransformerBlock"):
         encoder_layer_to_torch(block)

@@ -13,7 +13,7 @@ TEXT = "def f(x):\n    return x * 2\n"
 @pytest.fixture
 def saved(tmp_path):
     tok = CharTokenizer.train(TEXT)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, positional="rope"))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, position=dict(kind="rope")))
     ckpt.save_model(tmp_path, model, tok, step=7)
     return tmp_path, model, tok
 

@@ -171,7 +171,7 @@ def test_self_attention_check_fails_when_the_diagonal_is_masked():
 
 def diverse_gpt():
     """A GPT whose heads attend sharply and differently (large random Q/K), standing in for a trained one."""
-    cfg = qkv.ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_layers=2, max_len=32)
+    cfg = qkv.ModelConfig(vocab_size=32, d_model=32, attention=dict(num_heads=4), num_layers=2, max_len=32)
     model = qkv.GPT(cfg).eval()
     with torch.no_grad():
         for block in model.blocks:
@@ -188,7 +188,7 @@ def test_head_diversity_holds_for_diverse_heads_and_fails_against_itself():
 
 
 def test_head_distance_is_zero_for_identical_heads():
-    model = qkv.GPT(qkv.ModelConfig(vocab_size=16, d_model=16, num_heads=2, num_layers=1, max_len=8))
+    model = qkv.GPT(qkv.ModelConfig(vocab_size=16, d_model=16, attention=dict(num_heads=2), num_layers=1, max_len=8))
     with torch.no_grad():  # head 1 = head 0
         for p in (model.blocks[0].attn.q_proj, model.blocks[0].attn.k_proj):
             p.weight[8:] = p.weight[:8]

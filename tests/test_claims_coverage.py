@@ -121,8 +121,8 @@ def test_embedding_scale_correction_fails_for_unit_variance_embeddings():
 
 # --- chapter 4 -------------------------------------------------------------------------------
 def test_block_order_fails_for_a_pre_norm_model():
-    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16,
-                          positional="sinusoidal", norm_first=True)
+    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4), position=dict(kind="sinusoidal"),
+                          normalization=dict(first=True), num_layers=2, max_len=16)
     r = block_order.block_order(qkv.Encoder(cfg))
     assert not r.holds and r.measured["rel_error"] > 1e-3
 
@@ -145,7 +145,7 @@ class Leaky(qkv.Transformer):
 
 
 def test_cross_attention_check_fails_when_the_source_bypasses_it():
-    model = Leaky(qkv.ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16))
+    model = Leaky(qkv.ModelConfig(vocab_size=32, d_model=16, attention=dict(num_heads=4), num_layers=2, max_len=16))
     r = faq.cross_attention(model)
     assert not r.holds and r.measured["logits_change_with_cross_attention_cut"] > 0
 

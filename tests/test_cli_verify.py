@@ -23,7 +23,8 @@ def run_dir(tmp_path_factory):
     (d / "corpus.txt").write_text(text, encoding="utf-8")
     tok = CharTokenizer.train(text)
     torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=4, num_layers=2, max_len=32))
+    model = qkv.GPT(qkv.ModelConfig(vocab_size=tok.vocab_size, d_model=32, attention=dict(num_heads=4), num_layers=2,
+                                    max_len=32))
     with torch.no_grad():
         for block in model.blocks:
             nn.init.normal_(block.attn.q_proj.weight, std=1.0)

@@ -13,7 +13,7 @@ from qkv.generation.backends import backend_for, choose, last_logits
 
 def tiny() -> qkv.GPT:
     torch.manual_seed(0)
-    return qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope", num_kv_heads=2)).eval()
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_kv_heads=2), position=dict(kind="rope"))).eval()
 
 
 @pytest.fixture

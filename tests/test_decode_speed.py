@@ -89,8 +89,10 @@ def test_model_prepares_masks_once_per_forward(monkeypatch):
     assert len(calls) == 1  # not one per layer
 
 
-@pytest.mark.parametrize("preset", [dict(), dict(num_kv_heads=2, positional="rope", norm="rmsnorm", bias=False,
-                                                  activation="swiglu")])
+@pytest.mark.parametrize("preset", [dict(), dict(attention=dict(num_kv_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                                                 position=dict(kind="rope"),
+                                                 feed_forward=dict(bias=False, activation="swiglu"),
+                                                 normalization=dict(kind="rmsnorm"))])
 def test_every_decode_path_gives_the_reference_tokens(preset, monkeypatch):
     """Greedy tokens: full forward per token (no cache) = static cache = fused step = compiled step (graph capture)."""
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")  # dynamo's capture, without code generation

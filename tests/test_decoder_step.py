@@ -18,20 +18,26 @@ from qkv.generation.backends import last_logits, step_function
 from qkv.generation.decode import StaticCache as _StaticCache
 
 CONFIGS = {  # every norm, activation, positional encoding and head grouping the step takes
-    "gpt2": dict(activation="gelu_tanh"),
-    "rope, GQA, swiglu, rmsnorm, no bias": dict(positional="rope", num_kv_heads=2, activation="swiglu",
-                                                norm="rmsnorm", bias=False),
-    "interleaved rope, geglu": dict(positional="rope", rope_interleaved=True, activation="geglu"),
-    "sinusoidal, relu, no final norm": dict(positional="sinusoidal", activation="relu", final_norm=False),
-    "no positions, silu, multi-query": dict(positional="none", activation="silu", num_kv_heads=1),
-    "gelu, scaled embeddings": dict(activation="gelu", scale_embeddings=True, tie_embeddings=False),
-    "embedding norm, token types": dict(embedding_norm=True, type_vocab_size=2),
+    "gpt2": dict(feed_forward=dict(activation="gelu_tanh")),
+    "rope, GQA, swiglu, rmsnorm, no bias": dict(attention=dict(num_kv_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                                                position=dict(kind="rope"),
+                                                feed_forward=dict(activation="swiglu", bias=False),
+                                                normalization=dict(kind="rmsnorm")),
+    "interleaved rope, geglu": dict(position=dict(kind="rope", interleaved=True),
+                                    feed_forward=dict(activation="geglu")),
+    "sinusoidal, relu, no final norm": dict(position=dict(kind="sinusoidal"), feed_forward=dict(activation="relu"),
+                                            normalization=dict(final=False)),
+    "no positions, silu, multi-query": dict(attention=dict(num_kv_heads=1), position=dict(kind="none"),
+                                            feed_forward=dict(activation="silu")),
+    "gelu, scaled embeddings": dict(feed_forward=dict(activation="gelu"), embedding=dict(scale=True),
+                                    head=dict(tie=False)),
+    "embedding norm, token types": dict(embedding=dict(norm=True, type_vocab_size=2)),
     # dot.h's vector paths: head_dim 80 = 64 + 16 (and d_model 160), head_dim 72 = 64 + 8 left to the reference loop
-    "head_dim 80, d_model 160": dict(d_model=160, num_heads=2),
-    "head_dim 72, rope": dict(d_model=144, num_heads=2, positional="rope"),
+    "head_dim 80, d_model 160": dict(d_model=160, attention=dict(num_heads=2)),
+    "head_dim 72, rope": dict(d_model=144, attention=dict(num_heads=2), position=dict(kind="rope")),
     # the sections' own: a head width apart from d_model / heads (Qwen3, Gemma), a bias on q, k, v only (Qwen2)
     "head_dim 16 of d_model 32 at 4 heads": dict(attention=qkv.models.AttentionConfig(num_heads=4, head_dim=16)),
-    "q/k/v biased, out and MLP not, rope": dict(positional="rope", attention=qkv.models.AttentionConfig(
+    "q/k/v biased, out and MLP not, rope": dict(position=dict(kind="rope"), attention=qkv.models.AttentionConfig(
         num_heads=4, out_bias=False), feed_forward=qkv.models.FeedForwardConfig(bias=False)),
 }
 
@@ -210,8 +216,8 @@ def affine_free(model):
 
 
 @pytest.mark.parametrize("model, reason", [
-    (lambda: tiny(positional="alibi"), "config field position.kind='alibi'"),
-    (lambda: tiny(norm_first=False), "config field normalization.first=False"),
+    (lambda: tiny(position=dict(kind="alibi")), "config field position.kind='alibi'"),
+    (lambda: tiny(normalization=dict(first=False, final=False)), "config field normalization.first=False"),
     (lambda: tiny().to(torch.float16), "torch.float16 weights on cpu"),
     (lambda: hooked(tiny()), "blocks.0.ff has hooks"),
     (lambda: strided(tiny()), "a weight that is not a contiguous float32 or bfloat16 CPU tensor"),
@@ -322,7 +328,7 @@ def test_positions_past_the_table_are_refused():
 def test_activations_far_outside_exp_range_give_their_limits(activation):
     """Inner activations of ±hundreds (the vectorised exp clamps its argument): the model's tokens, and
     no inf or NaN in the logits."""
-    model = tiny(activation=activation)
+    model = tiny(feed_forward=dict(activation=activation))
     with torch.no_grad():
         for p in model.blocks[0].ff.up_proj.parameters():
             p.mul_(500)

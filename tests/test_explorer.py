@@ -46,7 +46,7 @@ class CharTokenizer:
 def _model(*, encoder: bool = False, **overrides) -> torch.nn.Module:
     """A random tiny model whose heads differ: q/k weights wide enough for sharp, distinct maps."""
     torch.manual_seed(0)
-    config = qkv.ModelConfig.preset("tiny", num_layers=3, num_heads=4, **overrides)
+    config = qkv.ModelConfig.preset("tiny", num_layers=3, attention=dict(num_heads=4), **overrides)
     model = (qkv.Encoder if encoder else qkv.GPT)(config)
     for block in model.blocks:
         torch.nn.init.normal_(block.attn.q_proj.weight, std=0.3)
@@ -99,14 +99,14 @@ def test_entropy_bits_pinned_values():
 
 
 def test_encoder_and_positional_kinds():
-    enc = _model(encoder=True, positional="sinusoidal")
+    enc = _model(encoder=True, position=dict(kind="sinusoidal"))
     d = explorer.attention_data(enc, [1, 2, 3, 4], list("abcd"))
     assert not d["model"]["causal"] and d["model"]["kind"] == "Encoder"
     pe = _decode(d["positional"]["matrix"], (4, 32))
     np.testing.assert_allclose(pe[1, :2], [np.sin(1.0), np.cos(1.0)], rtol=1e-6)  # PE(1, 0), PE(1, 1)
     sim = _decode(d["positional"]["similarity"], (4, 4))
     np.testing.assert_allclose(np.diag(sim), 1.0, rtol=1e-5)
-    rope = explorer.attention_data(_model(positional="rope"), [1, 2], ["a", "b"])["positional"]
+    rope = explorer.attention_data(_model(position=dict(kind="rope")), [1, 2], ["a", "b"])["positional"]
     assert rope["kind"] == "rope" and "matrix" not in rope and "RoPE" in rope["note"]
 
 
@@ -329,7 +329,7 @@ def test_page_in_browser_positional_section(browser, gpt, tmp_path):
     page, watch = open_page(browser, tmp_path, explorer.render_html(gpt, [1, 2, 3], list("abc")))
     assert page.locator("#pe-matrix").is_visible() and "Learned" in page.text_content("#pe-note")
     page.close()
-    rope = _model(positional="rope")
+    rope = _model(position=dict(kind="rope"))
     page, watch = open_page(browser, tmp_path, explorer.render_html(rope, [1, 2, 3], list("abc")))
     assert not page.locator("#pe-views").is_visible() and "RoPE" in page.text_content("#pe-note")
     assert watch.errors == []
@@ -375,7 +375,8 @@ def run_dir(tmp_path_factory):
 
     tok = Chars.train(CORPUS)
     torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, num_layers=3, num_heads=4))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, num_layers=3,
+                                           attention=dict(num_heads=4)))
     d = tmp_path_factory.mktemp("run")
     save_model(d, model, tok)
     return d
@@ -443,8 +444,8 @@ def hf_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(d)
     torch.manual_seed(0)
-    config = qkv.ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), num_layers=3, num_heads=4,
-                                    activation="gelu_tanh")
+    config = qkv.ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), num_layers=3,
+                                    attention=dict(num_heads=4), feed_forward=dict(activation="gelu_tanh"))
     to_hf(qkv.GPT(config)).save_pretrained(d)
     return d
 

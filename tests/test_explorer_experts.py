@@ -21,8 +21,10 @@ TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(
 
 def _train(out, moe) -> None:
     """A tiny run (2 blocks, the first dense when ``moe`` has layers) evaluated at steps 2 and 4."""
-    model = ModelConfig(d_model=16, num_heads=2, num_layers=3, max_len=32, positional="rope", norm="rmsnorm",
-                        activation="swiglu", bias=False, moe=moe)
+    model = ModelConfig(d_model=16,
+                        attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                        position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+                        normalization=dict(kind="rmsnorm"), num_layers=3, max_len=32, moe=moe)
     cfg = TrainConfig(model=model, max_steps=4, batch_size=4, eval_interval=2, eval_windows=2, lr=1e-2, threads=1,
                       warmup_steps=1, progress=False, final_eval=False, out=str(out))
     train(cfg, corpus=Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test"))

@@ -33,7 +33,7 @@ def model(tok):
     """A random tiny Transformer, 2 encoder and 3 decoder layers; wide q/k weights give distinct, sharp maps."""
     torch.manual_seed(0)
     config = qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, num_layers=2, num_decoder_layers=3,
-                                    num_heads=4)
+                                    attention=dict(num_heads=4))
     model = qkv.Transformer(config)
     attns = [b.attn for b in model.encoder.blocks] + [a for b in model.blocks for a in (b.attn, b.cross_attn)]
     for attn in attns:

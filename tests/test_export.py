@@ -41,8 +41,8 @@ def hf_load(out, text):
 
 def make_run(path, tokenizer, **shape):
     """A run directory holding a random GPT (every weight perturbed, so norms and biases count too)."""
-    model = qkv.GPT(qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, num_heads=4, num_layers=2,
-                                    max_len=64, **shape))
+    model = qkv.GPT(qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, attention=dict(num_heads=4),
+                                    num_layers=2, max_len=64, **shape))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -50,10 +50,12 @@ def make_run(path, tokenizer, **shape):
     return path
 
 
-GPT2 = dict(positional="learned", activation="gelu_tanh")
-LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
-             num_kv_heads=2)
-DEMO = dict(positional="rope", bias=False)  # the demo preset's architecture (RoPE, LayerNorm, GELU, tied), tiny
+GPT2 = dict(position=dict(kind="learned"), feed_forward=dict(activation="gelu_tanh"))
+LLAMA = dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False, num_kv_heads=2),
+             position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+             normalization=dict(kind="rmsnorm"), head=dict(tie=False))
+DEMO = dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False), position=dict(kind="rope"),
+            feed_forward=dict(bias=False))  # the demo preset's architecture (RoPE, LayerNorm, GELU, tied), tiny
 
 
 @pytest.mark.parametrize("shape, tokenizer, hf_class", [
@@ -88,24 +90,28 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(positional="rope", norm="rmsnorm"), r"no Hugging Face LLaMA counterpart for this model: "
+    (dict(position=dict(kind="rope"), normalization=dict(kind="rmsnorm")), r"no Hugging Face LLaMA counterpart for this model: "
                                               r"activation='gelu' \(needs one of \['geglu', 'geglu_tanh', 'swiglu'\]\)"),
-    (dict(positional="rope", activation="swiglu"), r"no Hugging Face GPT-NeoX counterpart for this model: "
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu")), r"no Hugging Face GPT-NeoX counterpart for this model: "
                                                    r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
-    (dict(positional="alibi"), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\) or .*; got positional='alibi'"),
-    (dict(positional="learned", norm_first=False), r"norm_first=False \(needs True\)"),
+    (dict(position=dict(kind="alibi")), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\) or .*; got positional='alibi'"),
+    (dict(position=dict(kind="learned"), normalization=dict(first=False, final=False)), r"norm_first=False \(needs True\)"),
     # what GPT-2 and LLaMA would otherwise drop or compute differently, without a word
-    (dict(positional="learned", logits_bias=True), r"GPT-2 counterpart.*logits_bias=True \(needs False\)"),
-    (dict(positional="learned", feed_forward=dict(parallel=True)), r"feed_forward.parallel=True \(GPT-2's blocks"),
-    (dict(positional="rope", norm="rmsnorm", activation="swiglu", logits_bias=True),
+    (dict(position=dict(kind="learned"), head=dict(bias=True)), r"GPT-2 counterpart.*logits_bias=True \(needs False\)"),
+    (dict(position=dict(kind="learned"), feed_forward=dict(parallel=True)), r"feed_forward.parallel=True \(GPT-2's blocks"),
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"), normalization=dict(kind="rmsnorm"),
+          head=dict(bias=True)),
      r"LLaMA counterpart.*logits_bias=True \(needs False\)"),
-    (dict(positional="rope", norm="rmsnorm", activation="swiglu", position=dict(kind="rope", rotary_dim=4)),
+    (dict(position=dict(kind="rope", rotary_dim=4), feed_forward=dict(activation="swiglu"),
+          normalization=dict(kind="rmsnorm")),
      r"Phi-3 counterpart.*attention biases .* \(Phi-3 has none\)"),  # LLaMA rotates every dimension; Phi-3 need not
-    (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, qk_norm=True)),
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"), normalization=dict(kind="rmsnorm"),
+          attention=dict(num_heads=4, qk_norm=True)),
      r"Qwen3 counterpart .*feed_forward.bias=True \(Qwen3's MLP has no bias\)"),
-    (dict(positional="rope", norm="rmsnorm", activation="swiglu", attention=dict(num_heads=4, sliding_window=8)),
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"), normalization=dict(kind="rmsnorm"),
+          attention=dict(num_heads=4, sliding_window=8)),
      r"attention.sliding_window=8 \(needs None\)"),
-    (dict(positional="learned", head=dict(softcap=30.0)), r"GPT-2 counterpart.*head.softcap=30.0 \(needs None\)"),
+    (dict(position=dict(kind="learned"), head=dict(softcap=30.0)), r"GPT-2 counterpart.*head.softcap=30.0 \(needs None\)"),
 ])
 def test_architectures_without_an_hf_counterpart_are_refused(tmp_path, capsys, shape, message):
     import re

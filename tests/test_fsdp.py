@@ -165,7 +165,7 @@ def test_a_one_process_run_resumes_under_fsdp(runs):
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
-    config = ModelConfig(vocab_size=40, d_model=32, num_heads=2, num_layers=3, max_len=16, dropout=0.2)
+    config = ModelConfig(vocab_size=40, d_model=32, attention=dict(num_heads=2), num_layers=3, max_len=16, dropout=0.2)
     ids = torch.randint(0, 40, (2, 16))
 
     def gradients(checkpointed: bool) -> dict:
@@ -297,7 +297,8 @@ def test_an_incomplete_distributed_checkpoint_is_one_line(runs, capsys):
 
 
 def test_activation_estimate_and_measured_peak():
-    c = ModelConfig(vocab_size=40, d_model=32, num_heads=2, num_layers=3, max_len=16, d_ff=64)
+    c = ModelConfig(vocab_size=40, d_model=32, attention=dict(num_heads=2), feed_forward=dict(d_ff=64), num_layers=3,
+                    max_len=16)
     per_block = 8 * 32 + 2 * 64 + 2 * 2 * 16  # floats per token: the block's tensors, the attention weights
     head = 2 * 40 + 32  # logits and log-softmax, the embeddings' output
     assert activation_bytes(c, 3, 4, 16, checkpointed=False) == 4 * 4 * 16 * (3 * per_block + head)
@@ -335,7 +336,7 @@ def test_a_distributed_checkpoint_runs_no_code_from_its_index(tmp_path):
 
     from qkv.training.sharded_checkpoint import load_sharded, save_sharded
 
-    model = GPT(ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, max_len=8))
+    model = GPT(ModelConfig(vocab_size=40, d_model=16, attention=dict(num_heads=2), num_layers=1, max_len=8))
     opt = torch.optim.AdamW(model.parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DCP: "assuming the intent is to save in a single process"

@@ -17,13 +17,15 @@ from qkv.kernels import build, fused_step
 from qkv.kernels.quant import int8_rows, quantize_weights
 
 built = pytest.mark.usefixtures("kernels")  # tests/conftest.py: skips where they cannot be built
-LLAMA = dict(positional="rope", num_kv_heads=2, activation="swiglu", norm="rmsnorm", bias=False)
-ODD = dict(d_model=72, num_heads=2)  # K = 64 + 8, D = 36: the loads' tails, left to the reference loops
+LLAMA = dict(attention=dict(num_kv_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+             position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+             normalization=dict(kind="rmsnorm"))
+ODD = dict(d_model=72, attention=dict(num_heads=2))  # K = 64 + 8, D = 36: the loads' tails, left to the reference loops
 
 
 def tiny(dtype=torch.float32, int8=False, seed=0, **overrides) -> qkv.GPT:
     torch.manual_seed(seed)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", **(LLAMA | overrides))).eval().to(dtype)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", **LLAMA).replace(**overrides)).eval().to(dtype)
     return quantize_weights(model) if int8 else model
 
 
@@ -53,7 +55,7 @@ def stepped_logits(model, steps: int = 6, batch: int = 2):
 def test_bf16_logits_are_the_bf16_forwards_within_its_rounding(qk_norm):
     """bf16 weights and caches: the step sums in fp32 where the forward rounds each op to bf16, so the logits
     agree to bf16's rounding, not bit for bit; the caches hold bf16 keys and values either way."""
-    model = tiny(torch.bfloat16, attention=qkv.models.AttentionConfig(num_heads=4, num_kv_heads=2, qk_norm=qk_norm))
+    model = tiny(torch.bfloat16, attention=dict(qk_norm=qk_norm))
     check_bf16(model)
 
 
@@ -110,7 +112,7 @@ def test_auto_fuses_a_llama_shaped_model_with_eagers_tokens():
 
 @pytest.mark.parametrize("model, reason", [
     (lambda: tiny(torch.float16), "torch.float16 weights on cpu"),
-    (lambda: tiny(positional="alibi"), "config field position.kind='alibi'"),
+    (lambda: tiny(position=dict(kind="alibi")), "config field position.kind='alibi'"),
 ])
 def test_what_it_refuses_falls_back_to_auto_saying_why(model, reason):
     """backend="fused" on a model it refuses: one warning naming why, then auto's forward (never a compile)."""

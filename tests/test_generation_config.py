@@ -195,20 +195,21 @@ def test_to_dict_from_dict_and_hf_keys():
 
 
 def test_a_model_built_without_a_checkpoint_behaves_as_before():
-    gpt = qkv.GPT(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, num_heads=2, max_len=16))
+    gpt = qkv.GPT(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, attention=dict(num_heads=2), max_len=16))
     assert gpt.generation_config is None
     ids = torch.tensor([[1, 2, 3]])
     assert gpt.generate(ids, 5, seed=0).shape == (1, 8)  # samples at temperature 1, never stops
     with pytest.raises(ValueError, match="max_new_tokens"):
         gpt.generate(ids)
-    seq2seq = qkv.Transformer(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, num_heads=2, max_len=16))
+    seq2seq = qkv.Transformer(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, attention=dict(num_heads=2),
+                                              max_len=16))
     assert seq2seq.generation_config is None
     with pytest.raises(ValueError, match="special="):
         seq2seq.generate(ids)
 
 
 def test_generate_checks_its_stop_ids():
-    gpt = qkv.GPT(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, num_heads=2, max_len=16))
+    gpt = qkv.GPT(qkv.ModelConfig(vocab_size=20, d_model=16, num_layers=1, attention=dict(num_heads=2), max_len=16))
     with pytest.raises(ValueError, match=r"eos_id must be a token id or a non-empty list of them .*got \[\]"):
         gpt.generate(torch.tensor([[1, 2]]), 3, eos_id=[])
     out = gpt.generate(torch.tensor([[1, 2]]), 6, temperature=0, suppress=list(range(1, 20)))

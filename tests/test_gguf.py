@@ -19,8 +19,9 @@ pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'
 from gguf_reference import Graph, check_metadata, check_values, expected_names, read  # noqa: E402
 
 TEXT = "def f(x):\n    return x * 2  # é ✓ 中\n" * 20
-LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
-             num_kv_heads=2)
+LLAMA = dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False, num_kv_heads=2),
+             position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+             normalization=dict(kind="rmsnorm"), head=dict(tie=False))
 DENSE_LLAMA = ("ROPE_FREQS", "ATTN_ROT_EMBD", "FFN_GATE_INP.*", ".*_EXP")  # optional, or a mixture of experts'
 
 
@@ -33,8 +34,8 @@ def perturbed(model):
 
 def make_run(path, tokenizer, **shape):
     torch.manual_seed(0)
-    config = qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, num_heads=4, num_layers=2, max_len=64,
-                             **shape)
+    config = qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, attention=dict(num_heads=4), num_layers=2,
+                             max_len=64, **shape)
     save_model(path, perturbed(qkv.GPT(config)), tokenizer)
     return path
 
@@ -152,11 +153,15 @@ def test_a_character_vocabulary_as_byte_level_bpe(tmp_path):
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(positional="learned", activation="gelu_tanh"), r"GPT-2 model: GPT-2 shape .*llama.cpp's gpt2"),
-    (dict(positional="rope", bias=False), r"GPT-NeoX model: GPT-NeoX shape .*demo preset"),
-    (dict(positional="rope", norm="rmsnorm", activation="geglu", bias=False),
+    (dict(position=dict(kind="learned"), feed_forward=dict(activation="gelu_tanh")), r"GPT-2 model: GPT-2 shape .*llama.cpp's gpt2"),
+    (dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False), position=dict(kind="rope"),
+          feed_forward=dict(bias=False)), r"GPT-NeoX model: GPT-NeoX shape .*demo preset"),
+    (dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False), position=dict(kind="rope"),
+          feed_forward=dict(activation="geglu", bias=False), normalization=dict(kind="rmsnorm")),
      r"LLaMA model: hidden_act='gelu\w*' \(llama.cpp's llama gates with silu: SwiGLU\)"),
-    (dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False, attention=dict(num_heads=4, sliding_window=8)),
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+          normalization=dict(kind="rmsnorm"),
+          attention=dict(num_heads=4, sliding_window=8, q_bias=False, k_bias=False, v_bias=False, out_bias=False)),
      r"Mistral model: sliding_window=8 < context 64 \(llama.cpp's llama attends to every key\)"),
 ])
 def test_shapes_llama_cpp_would_run_differently_are_refused_with_the_reason(tmp_path, capsys, shape, message):

@@ -238,7 +238,7 @@ def test_grouped_mm_is_taken_on_a_gpu_that_has_its_kernel(device, dtype, capabil
 def tiny_gpt():
     from qkv.models import GPT, ModelConfig
 
-    return GPT(ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, max_len=32))
+    return GPT(ModelConfig(vocab_size=64, d_model=16, attention=dict(num_heads=2), num_layers=2, max_len=32))
 
 
 def estimate_for(task, sharding="none", world=1):
@@ -366,7 +366,7 @@ def test_the_int8_rows_roofline_counts_int8_bytes():
 
     from qkv.models import GPT, ModelConfig
 
-    model = GPT(ModelConfig(vocab_size=64, d_model=128, num_heads=2, num_layers=2, max_len=32)).to(torch.bfloat16)
+    model = GPT(ModelConfig(vocab_size=64, d_model=128, attention=dict(num_heads=2), num_layers=2, max_len=32)).to(torch.bfloat16)
     plain = weight_bytes(model)
     quantised = weight_bytes(quantize_weights(model, "int8"))
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head)

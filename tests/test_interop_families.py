@@ -112,8 +112,10 @@ def test_qkv_sections_gpt2_and_marian_cannot_hold_are_refused():
         hf_config(c)
     with pytest.raises(ValueError, match=r"no q_bias, ff_bias \(GPT-2 has a bias on every projection\)"):
         hf_config(c.replace(attention=dict(num_heads=4, q_bias=False), feed_forward=dict(bias=False)))
-    marian = qkv.ModelConfig.preset("translate", vocab_size=64, d_model=32, num_layers=1, d_ff=32, norm_first=False,
-                                    sinusoidal_layout="split", attention=dict(num_heads=4, v_bias=False))
+    marian = qkv.ModelConfig.preset("translate", vocab_size=64, d_model=32, num_layers=1,
+                                    position=dict(sinusoidal_layout="split"), feed_forward=dict(d_ff=32),
+                                    normalization=dict(first=False, final=False),
+                                    attention=dict(num_heads=4, v_bias=False))
     with pytest.raises(ValueError, match=r"Marian counterpart .*no v_bias \(Marian has a bias on every projection\)"):
         hf_config(marian, qkv.Transformer)
 

@@ -152,7 +152,7 @@ def test_the_demo_architecture_exports_and_transformers_loads_it(tmp_path):
 
 
 def test_parallel_and_partial_rotary_round_trip_exactly(tmp_path):
-    config = qkv.ModelConfig(vocab_size=80, d_model=32, num_heads=4, num_layers=2, max_len=48,
+    config = qkv.ModelConfig(vocab_size=80, d_model=32, attention=dict(num_heads=4), num_layers=2, max_len=48,
                              position=dict(kind="rope", base=500.0, rotary_dim=4),
                              feed_forward=dict(d_ff=48, parallel=True), head=dict(tie=False))
     model = perturbed(qkv.GPT(config))
@@ -168,22 +168,22 @@ def test_parallel_and_partial_rotary_round_trip_exactly(tmp_path):
 
 def test_a_share_that_rounds_below_its_dims_is_written_so_transformers_gets_them_back():
     """D = 44, R = 30: 44 · (30 / 44) is 29.999…, which transformers' int() makes 29."""
-    config = qkv.ModelConfig(d_model=176, num_heads=4, position=dict(kind="rope", rotary_dim=30))
+    config = qkv.ModelConfig(d_model=176, attention=dict(num_heads=4), position=dict(kind="rope", rotary_dim=30))
     problems = []
     share = gpt_neox.export(config, problems)["rotary_pct"]
     assert problems == [] and int(44 * share) == 30 and int(44 * (30 / 44)) == 29
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(rope_interleaved=True), r"rope_interleaved=True \(needs False\)"),
-    (dict(num_kv_heads=2), r"num_kv_heads=2 \(GPT-NeoX has none\)"),
-    (dict(activation="swiglu"), r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh', 'relu', 'silu'\]\)"),
+    (dict(position=dict(interleaved=True)), r"rope_interleaved=True \(needs False\)"),
+    (dict(attention=dict(num_kv_heads=2)), r"num_kv_heads=2 \(GPT-NeoX has none\)"),
+    (dict(feed_forward=dict(activation="swiglu")), r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh', 'relu', 'silu'\]\)"),
     (dict(attention=dict(num_heads=4, out_bias=False)),
      r"attention biases \(q, k, v, out\) = \(True, True, True, False\) differ \(GPT-NeoX's attention_bias"),
-    (dict(logits_bias=True), r"logits_bias=True \(needs False\)"),
+    (dict(head=dict(bias=True)), r"logits_bias=True \(needs False\)"),
 ])
 def test_what_gpt_neox_cannot_hold_is_refused(shape, message):
-    config = qkv.ModelConfig(d_model=32, num_layers=1, positional="rope", **shape)
+    config = qkv.ModelConfig(d_model=32, num_layers=1, position=dict(kind="rope"), **shape)
     with pytest.raises(ValueError, match="no Hugging Face GPT-NeoX counterpart for this model: .*" + message):
         to_hf(qkv.GPT(config))
 
@@ -268,7 +268,7 @@ def test_partial_rope_rotates_the_first_dims_and_passes_the_rest():
 
 
 def test_the_parallel_block_adds_both_sublayers_to_its_input():
-    config = qkv.ModelConfig(d_model=16, num_heads=2, num_layers=1, feed_forward=dict(parallel=True))
+    config = qkv.ModelConfig(d_model=16, attention=dict(num_heads=2), num_layers=1, feed_forward=dict(parallel=True))
     block = qkv.GPT(config).blocks[0].eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
@@ -277,13 +277,13 @@ def test_the_parallel_block_adds_both_sublayers_to_its_input():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: qkv.ModelConfig(norm_first=False, feed_forward=dict(parallel=True)),
+    (lambda: qkv.ModelConfig(normalization=dict(first=False, final=False), feed_forward=dict(parallel=True)),
      r"feed_forward.parallel needs pre-norm blocks \(normalization.first=True\)"),
     (lambda: qkv.Transformer(qkv.ModelConfig(feed_forward=dict(parallel=True))),
      r"a parallel block is pre-norm without cross-attention, got norm_first=True, cross_attention=True"),
     (lambda: qkv.ModelConfig(position=dict(kind="learned", rotary_dim=4)),
      r"rotary_dim must be an even number of dims with positional 'rope', got rotary_dim=4 with positional 'learned'"),
-    (lambda: qkv.ModelConfig(d_model=32, num_heads=4, position=dict(kind="rope", rotary_dim=10)),
+    (lambda: qkv.ModelConfig(d_model=32, attention=dict(num_heads=4), position=dict(kind="rope", rotary_dim=10)),
      r"position.rotary_dim=10 is more than head_dim=8"),
 ])
 def test_the_components_refuse_what_they_cannot_be(build, message):

@@ -159,9 +159,11 @@ def meta_permute(w, n_heads, dim1, dim2):
 
 
 def test_rope_interleaved_equals_half_split_after_meta_permutation():
-    cfg = qkv.ModelConfig(vocab_size=50, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, max_len=32,
-                          positional="rope", rope_interleaved=True, norm="rmsnorm", activation="swiglu",
-                          bias=False, tie_embeddings=False)
+    cfg = qkv.ModelConfig(vocab_size=50, d_model=32,
+                          attention=dict(num_heads=4, num_kv_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                          position=dict(kind="rope", interleaved=True),
+                          feed_forward=dict(activation="swiglu", bias=False), normalization=dict(kind="rmsnorm"),
+                          head=dict(tie=False), num_layers=2, max_len=32)
     interleaved = randomize(qkv.GPT(cfg))
     half = qkv.GPT(qkv.ModelConfig(**{**cfg.to_dict(), "rope_interleaved": False})).eval()
     state = interleaved.state_dict()
@@ -186,18 +188,24 @@ def test_rope_interleaved_equals_half_split_after_meta_permutation():
 
 
 QKV_SHAPES = {
-    "gpt2": dict(positional="learned", activation="gelu_tanh", norm="layernorm", bias=True),
-    "gpt2-untied": dict(positional="learned", activation="gelu", norm="layernorm", bias=True, tie_embeddings=False,
-                        d_ff=48, norm_eps=1e-6),
-    "llama": dict(positional="rope", activation="swiglu", norm="rmsnorm", bias=False, num_kv_heads=2,
-                  tie_embeddings=False, d_ff=48, rope_base=500.0),
-    "llama-tied-bias": dict(positional="rope", activation="geglu", norm="rmsnorm", bias=True, tie_embeddings=True),
+    "gpt2": dict(attention=dict(q_bias=True, k_bias=True, v_bias=True, out_bias=True), position=dict(kind="learned"),
+                 feed_forward=dict(activation="gelu_tanh", bias=True), normalization=dict(kind="layernorm")),
+    "gpt2-untied": dict(attention=dict(q_bias=True, k_bias=True, v_bias=True, out_bias=True),
+                        position=dict(kind="learned"), feed_forward=dict(activation="gelu", bias=True, d_ff=48),
+                        normalization=dict(kind="layernorm", eps=1e-6), head=dict(tie=False)),
+    "llama": dict(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False, num_kv_heads=2),
+                  position=dict(kind="rope", base=500.0), feed_forward=dict(activation="swiglu", bias=False, d_ff=48),
+                  normalization=dict(kind="rmsnorm"), head=dict(tie=False)),
+    "llama-tied-bias": dict(attention=dict(q_bias=True, k_bias=True, v_bias=True, out_bias=True),
+                            position=dict(kind="rope"), feed_forward=dict(activation="geglu", bias=True),
+                            normalization=dict(kind="rmsnorm"), head=dict(tie=True)),
 }
 
 
 @pytest.mark.parametrize("shape", sorted(QKV_SHAPES))
 def test_round_trip_qkv_to_hf_to_qkv_is_exact(shape, tmp_path):
-    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=32, **QKV_SHAPES[shape])
+    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4), num_layers=2, max_len=32,
+                          **QKV_SHAPES[shape])
     model = randomize(qkv.GPT(cfg))
     hf = to_hf(model)
     ids = torch.randint(0, 64, (2, 9))
@@ -362,11 +370,13 @@ def test_from_hf_and_to_hf_reject_wrong_types():
                                          r"or .* \(OLMo2\) or .* \(Phi-3\) or .* \(Mixtral\) or .* \(Qwen2-MoE\) "
                                          r"or .* \(Qwen3-MoE\) or .* \(gpt-oss\); "
                                          r"got positional='alibi', norm='layernorm'"):
-        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
+        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="alibi"))))
     with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):
-        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", norm="rmsnorm", bias=False)))
+        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny",
+                                             attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                                             feed_forward=dict(bias=False), normalization=dict(kind="rmsnorm"))))
     with pytest.raises(ValueError, match="LLaMA counterpart .*activation='gelu'"):
-        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope", norm="rmsnorm")))
+        to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="rope"), normalization=dict(kind="rmsnorm"))))
 
 
 # --- the tokenizer beside the weights (fixture with_tokenizer: conftest.py) ----------------------------

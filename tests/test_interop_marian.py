@@ -218,9 +218,11 @@ def test_round_trip_hf_to_qkv_to_hf_is_exact(saved, shape):
 
 @pytest.mark.parametrize("logits_bias", [True, False])
 def test_round_trip_qkv_to_hf_to_qkv_is_exact(logits_bias, tmp_path):
-    cfg = qkv.ModelConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, num_decoder_layers=1, d_ff=40,
-                          max_len=32, positional="sinusoidal", sinusoidal_layout="split", norm_first=False,
-                          activation="relu", scale_embeddings=True, logits_bias=logits_bias)
+    cfg = qkv.ModelConfig(vocab_size=50, d_model=32, attention=dict(num_heads=4),
+                          position=dict(kind="sinusoidal", sinusoidal_layout="split"),
+                          feed_forward=dict(d_ff=40, activation="relu"), normalization=dict(first=False, final=False),
+                          embedding=dict(scale=True), head=dict(bias=logits_bias), num_layers=2, num_decoder_layers=1,
+                          max_len=32)
     torch.manual_seed(0)
     model = qkv.Transformer(cfg).eval()
     with torch.no_grad():
@@ -240,8 +242,8 @@ def test_round_trip_qkv_to_hf_to_qkv_is_exact(logits_bias, tmp_path):
 
 
 def test_to_hf_names_every_setting_marian_lacks():
-    cfg = qkv.ModelConfig.preset("translate", vocab_size=64, d_model=32, num_layers=1, d_ff=32, num_kv_heads=2,
-                                 activation="swiglu")
+    cfg = qkv.ModelConfig.preset("translate", vocab_size=64, d_model=32, num_layers=1, attention=dict(num_kv_heads=2),
+                                 feed_forward=dict(d_ff=32, activation="swiglu"))
     with pytest.raises(ValueError) as err:
         to_hf(qkv.Transformer(cfg))
     for part in ("no Hugging Face Marian counterpart", "sinusoidal_layout='interleaved'", "norm_first=True",

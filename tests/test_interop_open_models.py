@@ -122,8 +122,9 @@ def test_what_qkv_cannot_express_is_one_error_listing_every_problem(tmp_path):
 
 
 def test_a_model_that_fits_no_open_family_is_refused_naming_what_differs():
-    config = qkv.ModelConfig(vocab_size=96, d_model=48, num_layers=2, max_len=64, positional="rope", norm="rmsnorm",
-                             activation="swiglu", attention=dict(num_heads=6, qk_norm=True, q_bias=True, k_bias=True,
+    config = qkv.ModelConfig(vocab_size=96, d_model=48, num_layers=2, max_len=64, position=dict(kind="rope"),
+                             feed_forward=dict(activation="swiglu"), normalization=dict(kind="rmsnorm"),
+                             attention=dict(num_heads=6, qk_norm=True, q_bias=True, k_bias=True,
                                                                  v_bias=True, out_bias=False))
     with pytest.raises(ValueError, match=r"Qwen3 counterpart .*attention biases \(q, k, v, out\) = \(True, True, True, "
                                          r"False\) differ"):

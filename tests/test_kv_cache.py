@@ -27,7 +27,7 @@ def test_token_by_token_equals_full_forward(kind, kv_heads):
 
 @pytest.mark.parametrize("positional", ["rope", "alibi", "none", "learned", "sinusoidal"])
 def test_gpt_cached_logits_equal_full_forward(positional):
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional=positional, num_kv_heads=2)).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_kv_heads=2), position=dict(kind=positional))).eval()
     ids = torch.randint(0, 64, (2, 9))
     full = model(ids).logits
     caches = model.new_kv_caches(2, 9)
@@ -82,7 +82,7 @@ def test_compiled_decode_step_compiles_once_and_matches(monkeypatch):
 
     monkeypatch.setattr(gen, "COMPILE_BACKEND", "eager")  # graph capture only: fast, same guards
     torch._dynamo.reset()
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope"))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="rope")))
     ids = torch.randint(0, 64, (2, 5))
     expected = model.generate(ids, 12, temperature=0)
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -117,8 +117,8 @@ def test_reorder_takes_rows_in_place_and_reorder_kv_selects_rows():
 def test_per_row_input_pos_decodes_each_row_as_alone(positional, window):
     """Rows of different lengths in one static cache, each writing at its own end (input_pos (B, 1)): every row's
     logits equal those of its sequence decoded alone; with a window of 4, rows past it (ring caches) too."""
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional=positional, num_kv_heads=2,
-                                           attention=dict(num_heads=4, sliding_window=window))).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind=positional),
+                                           attention=dict(num_heads=4, sliding_window=window, num_kv_heads=2))).eval()
     seqs = [torch.randint(0, 64, (n,)) for n in (3, 7, 5, 9)]
     M = 10
     caches, slots = model.new_kv_caches(4, M), torch.zeros(4, M, dtype=torch.bool)

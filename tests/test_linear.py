@@ -147,7 +147,7 @@ def test_under_compile_one_row_is_a_reduction_and_more_rows_the_opaque_op(rows):
 @needs_onednn
 def test_greedy_tokens_equal_the_reference_path(monkeypatch):
     """Every product through F.linear (the reference) and through the fast paths: the same tokens."""
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_heads=2), vocab_size=61)).eval()
     ids = torch.randint(0, 61, (2, 5))
     monkeypatch.setattr(backends, "auto_fuses", lambda model, batch: False)  # auto's forward, not the fused step
     with mock.patch.object(lin, "onednn_linear", wraps=onednn_linear) as fast:

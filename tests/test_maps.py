@@ -9,8 +9,8 @@ from qkv.viz import maps
 
 
 def tiny(num_layers=3, num_heads=2, dropout=0.0):
-    cfg = qkv.ModelConfig(vocab_size=16, d_model=16, num_heads=num_heads, num_layers=num_layers, max_len=16,
-                          dropout=dropout)
+    cfg = qkv.ModelConfig(vocab_size=16, d_model=16, attention=dict(num_heads=num_heads), num_layers=num_layers,
+                          max_len=16, dropout=dropout)
     return qkv.GPT(cfg)
 
 

@@ -133,7 +133,7 @@ def test_greedy_tokens_equal_the_reference_path(monkeypatch, compile):
     through F.linear."""
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")  # capture only
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "auto_fuses", lambda m, b: False)  # forward
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", num_heads=2, vocab_size=61)).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", attention=dict(num_heads=2), vocab_size=61)).eval()
     for batch in (1, 3):
         ids = torch.randint(0, 61, (batch, 5), generator=torch.Generator().manual_seed(batch))
         calls = op_calls(lambda: model.generate(ids, 3, temperature=0, compile=compile))

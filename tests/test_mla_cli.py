@@ -118,7 +118,8 @@ def test_info_names_the_runs_latent_attention(mla_run, capsys):
 def test_qk_norm_with_latent_heads_is_modelconfigs_one_line(data, tmp_path, capsys):
     """q/k norms need heads of one width; MLA's queries and keys are [q_C; q_R] and [k_C; k_R] (no such D)."""
     with pytest.raises(ValueError) as e:
-        ModelConfig(d_model=32, positional="rope", attention=dict(kind="mla", qk_norm=True, **latent_defaults(32, 4)))
+        ModelConfig(d_model=32, position=dict(kind="rope"),
+                    attention=dict(kind="mla", qk_norm=True, **latent_defaults(32, 4)))
     out = tmp_path / "r"
     line = fails(capsys, ["train", *FAST, *MLA, "--model", "attention.qk_norm=true", "--data", str(data),
                           "--out", str(out)], "qk_norm")

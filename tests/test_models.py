@@ -11,7 +11,7 @@ def tiny(**kw):
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi", "none"])
 def test_gpt_forward_shapes_loss_and_attentions(positional):
-    model = qkv.GPT(tiny(positional=positional))
+    model = qkv.GPT(tiny(position=dict(kind=positional)))
     ids = torch.randint(0, 64, (2, 10))
     targets = torch.randint(0, 64, (2, 10))
     out = model(ids, targets=targets, return_attention=True)
@@ -42,7 +42,7 @@ def test_logits_to_keep_gives_the_last_positions_logits():
 def test_tied_embeddings():
     model = qkv.GPT(tiny())
     assert model.lm_head.weight is model.embed.tok.weight
-    assert qkv.GPT(tiny(tie_embeddings=False)).lm_head.weight is not None
+    assert qkv.GPT(tiny(head=dict(tie=False))).lm_head.weight is not None
 
 
 def test_gpt_is_causal_future_tokens_do_not_change_past_logits():
@@ -55,7 +55,7 @@ def test_gpt_is_causal_future_tokens_do_not_change_past_logits():
 
 @pytest.mark.parametrize("positional", ["learned", "rope", "alibi"])
 def test_generate_cached_equals_uncached(positional):
-    model = qkv.GPT(tiny(positional=positional, max_len=16))
+    model = qkv.GPT(tiny(position=dict(kind=positional), max_len=16))
     ids = torch.randint(0, 64, (2, 5))
     for kw in ({"temperature": 0}, {"temperature": 1.0, "top_k": 10, "top_p": 0.9, "seed": 3}):
         cached = model.generate(ids, 30, use_cache=True, **kw)  # 35 > max_len: the sliding window kicks in
@@ -65,7 +65,7 @@ def test_generate_cached_equals_uncached(positional):
 
 @pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "sinusoidal"])
 def test_left_padded_batch_gives_each_prompt_its_own_tokens(positional):
-    model = qkv.GPT(tiny(positional=positional))
+    model = qkv.GPT(tiny(position=dict(kind=positional)))
     a, b = torch.randint(1, 64, (1, 6)), torch.randint(1, 64, (1, 3))
     batch = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], dim=1)])
     mask = batch != 0
@@ -107,7 +107,8 @@ def test_token_ids_out_of_range_and_learned_positions_past_max_len():
 
 
 def test_encoder_padding_does_not_change_real_tokens():
-    model = qkv.Encoder(tiny(positional="learned", type_vocab_size=2, embedding_norm=True, norm_first=False)).eval()
+    model = qkv.Encoder(tiny(position=dict(kind="learned"), normalization=dict(first=False, final=False),
+                             embedding=dict(type_vocab_size=2, norm=True))).eval()
     ids = torch.randint(0, 64, (1, 5))
     padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[True] * 5 + [False] * 3])
@@ -117,7 +118,8 @@ def test_encoder_padding_does_not_change_real_tokens():
 
 
 def test_encoder_decoder_transformer():
-    model = qkv.Transformer(tiny(positional="sinusoidal", norm_first=False, activation="relu"))
+    model = qkv.Transformer(tiny(position=dict(kind="sinusoidal"), feed_forward=dict(activation="relu"),
+                                 normalization=dict(first=False, final=False)))
     src, tgt = torch.randint(0, 64, (2, 7)), torch.randint(0, 64, (2, 5))
     out = model(src, tgt, targets=tgt, return_attention=True)
     assert out.logits.shape == (2, 5, 64) and out.loss.item() > 0
@@ -139,7 +141,7 @@ def test_config_validation(kw, error, words):
 
 
 def test_config_round_trip_and_unknown_keys():
-    c = tiny(positional="rope")
+    c = tiny(position=dict(kind="rope"))
     assert qkv.ModelConfig.from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="unknown"):
         qkv.ModelConfig.from_dict({**c.to_dict(), "n_embd": 3})
@@ -184,7 +186,7 @@ def test_num_parameters_of_every_model():
     trunk = 2 * 12704 + 2 * 2048 + 64
     assert qkv.GPT(tiny()).num_parameters() == trunk == qkv.Encoder(tiny()).num_parameters()
     assert qkv.Transformer(tiny()).num_parameters() == trunk + 2 * (12704 + 4288) + 2048 + 64
-    assert qkv.GPT(tiny(tie_embeddings=False)).num_parameters() == trunk + 2048
+    assert qkv.GPT(tiny(head=dict(tie=False))).num_parameters() == trunk + 2048
 
 
 def test_every_model_checks_targets_and_label_smoothing_is_the_textbook_mixture():
@@ -234,7 +236,7 @@ def translation_batch(B=2, S=7, T=6):
 
 def test_forward_is_encode_then_decode_and_source_padding_changes_nothing():
     torch.manual_seed(0)
-    model = qkv.Transformer(tiny(positional="sinusoidal", norm_first=False)).eval()
+    model = qkv.Transformer(tiny(position=dict(kind="sinusoidal"), normalization=dict(first=False, final=False))).eval()
     src, src_mask, tgt = translation_batch()
     out = model(src, tgt, src_mask=src_mask, return_attention=True)
     memory = model.encode(src, src_mask=src_mask)
@@ -251,7 +253,7 @@ def test_forward_is_encode_then_decode_and_source_padding_changes_nothing():
 @pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
 def test_cached_step_by_step_decoding_equals_full_decode(positional, static):
     torch.manual_seed(0)
-    model = qkv.Transformer(tiny(positional=positional, num_kv_heads=2, num_decoder_layers=3)).eval()
+    model = qkv.Transformer(tiny(attention=dict(num_kv_heads=2), position=dict(kind=positional), num_decoder_layers=3)).eval()
     src, src_mask, tgt = translation_batch()
     memory = model.encode(src, src_mask=src_mask)
     full = model.decode(tgt, memory, src_mask=src_mask).logits  # (B, T, V), no cache
@@ -270,7 +272,7 @@ def test_cached_step_by_step_decoding_equals_full_decode(positional, static):
 
 def test_cross_kv_is_projected_once_and_gives_the_same_logits():
     torch.manual_seed(0)
-    model = qkv.Transformer(tiny(num_kv_heads=1)).eval()
+    model = qkv.Transformer(tiny(attention=dict(num_kv_heads=1))).eval()
     src, src_mask, tgt = translation_batch()
     memory = model.encode(src, src_mask=src_mask)
     cross_kv = model.cross_kv(memory)
@@ -288,7 +290,7 @@ def test_cross_kv_is_projected_once_and_gives_the_same_logits():
 def test_reordered_caches_continue_the_chosen_rows():
     """Beam search's move: after reorder, row b goes on from old row idx[b]'s prefix and source."""
     torch.manual_seed(0)
-    model = qkv.Transformer(tiny(num_kv_heads=2, positional="rope")).eval()
+    model = qkv.Transformer(tiny(attention=dict(num_kv_heads=2), position=dict(kind="rope"))).eval()
     src, src_mask, tgt = translation_batch(B=3, T=4)
     memory = model.encode(src, src_mask=src_mask)
     cross_kv, caches = model.cross_kv(memory), model.new_kv_caches(3, 4)
@@ -324,13 +326,14 @@ def test_encoder_decoder_bad_input():
 def test_embed_init_std_sets_the_token_embeddings_scale_only():
     from qkv import ModelConfig, Transformer
 
-    base = dict(vocab_size=500, d_model=64, num_heads=4, num_layers=1, positional="sinusoidal")
+    base = dict(vocab_size=500, d_model=64, attention=dict(num_heads=4), position=dict(kind="sinusoidal"),
+                num_layers=1)
     default = Transformer(ModelConfig(**base))
-    paper = Transformer(ModelConfig(**base, embed_init_std=64 ** -0.5))
+    paper = Transformer(ModelConfig(**base, embedding=dict(init_std=64 ** -0.5)))
     assert abs(float(default.encoder.embed.tok.weight.std()) - 0.02) < 0.002
     assert abs(float(paper.encoder.embed.tok.weight.std()) - 0.125) < 0.01
     assert paper.embed.tok.weight is paper.encoder.embed.tok.weight  # still one shared matrix
     assert abs(float(paper.blocks[0].attn.q_proj.weight.std()) - 0.02) < 0.003  # the rest keeps GPT-2's init
     for bad in (0, -1.0, "0.1", True):
         with pytest.raises(ValueError, match="embed_init_std"):
-            ModelConfig(**base, embed_init_std=bad)
+            ModelConfig(**base, embedding=dict(init_std=bad))

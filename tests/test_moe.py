@@ -308,8 +308,10 @@ def test_bad_input_in_one_error():
 
 
 def test_config_section_builds_and_round_trips():
-    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=3, positional="rope", norm="rmsnorm",
-                    activation="swiglu", bias=False, d_ff=20,
+    c = ModelConfig(vocab_size=40, d_model=16,
+                    attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False, d_ff=20),
+                    normalization=dict(kind="rmsnorm"), num_layers=3,
                     moe=dict(num_experts=4, d_expert=8, d_shared=12, shared_gate=True, layers=["dense", "moe", "moe"]))
     model = GPT(c)
     assert type(model.blocks[0].ff) is FeedForward and type(model.blocks[1].ff) is MixtureOfExperts
@@ -343,8 +345,11 @@ def test_model_flags_turn_experts_on():
 def test_training_loss_adds_the_router_losses():
     from qkv.models.trunk import token_cross_entropy
 
-    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, positional="rope", norm="rmsnorm",
-                    activation="swiglu", bias=False, moe=dict(num_experts=4, d_expert=8, aux_loss_coef=0.01,
+    c = ModelConfig(vocab_size=40, d_model=16,
+                    attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+                    normalization=dict(kind="rmsnorm"), num_layers=2,
+                    moe=dict(num_experts=4, d_expert=8, aux_loss_coef=0.01,
                                                               z_loss_coef=0.001))
     model = GPT(c).train()
     ids = torch.randint(0, 40, (2, 6))
@@ -364,8 +369,11 @@ def test_training_loss_adds_the_router_losses():
 
 
 def test_the_model_output_carries_each_moe_layers_router_logits_where_asked():
-    c = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=3, positional="rope", norm="rmsnorm",
-                    activation="swiglu", bias=False, moe=dict(num_experts=4, d_expert=8, layers=["dense", "moe", "moe"]))
+    c = ModelConfig(vocab_size=40, d_model=16,
+                    attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+                    normalization=dict(kind="rmsnorm"), num_layers=3,
+                    moe=dict(num_experts=4, d_expert=8, layers=["dense", "moe", "moe"]))
     model, ids = GPT(c).eval(), torch.randint(0, 40, (2, 5))
     plain, routed = model(ids), model(ids, return_router_logits=True)
     assert plain.router_logits is None and len(routed.router_logits) == 2

@@ -79,8 +79,10 @@ def test_no_hooks_for_a_dense_model_and_bias_needed():
 
 
 def cfg(moe, **kw) -> TrainConfig:
-    model = ModelConfig(d_model=16, num_heads=2, num_layers=2, max_len=32, positional="rope", norm="rmsnorm",
-                        activation="swiglu", bias=False, moe=moe)
+    model = ModelConfig(d_model=16,
+                        attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                        position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False),
+                        normalization=dict(kind="rmsnorm"), num_layers=2, max_len=32, moe=moe)
     base = dict(model=model, max_steps=4, batch_size=4, eval_interval=2, eval_windows=2, lr=1e-2, threads=1,
                 warmup_steps=1, progress=False, final_eval=False)
     return TrainConfig(**(base | kw))

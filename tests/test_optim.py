@@ -7,7 +7,7 @@ from qkv.training.muon import Muon
 from qkv.training.optim import WSD_DECAY, OptimizerPair, build_optimizer, lr_at, muon_matrices, set_lr
 from qkv.training.recipe import TrainConfig
 
-TINY = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=16)
+TINY = ModelConfig(vocab_size=40, d_model=16, attention=dict(num_heads=2), num_layers=2, max_len=16)
 CPU = torch.device("cpu")
 
 
@@ -174,7 +174,7 @@ def test_the_demo_and_translate_presets_from_scratch_train_with_muon_and_wsd_oth
     assert recipe(task="translate") == ("muon", "wsd")  # qkv train --task translate's default
     assert recipe(task="translate", preset="tiny") == ("adamw", "cosine")
     assert recipe(preset="tiny") == ("adamw", "cosine")
-    assert recipe(model=ModelConfig(vocab_size=50, d_model=16, num_heads=2, num_layers=1, max_len=16)) == \
+    assert recipe(model=ModelConfig(vocab_size=50, d_model=16, attention=dict(num_heads=2), num_layers=1, max_len=16)) == \
         ("adamw", "cosine")
     old = TrainConfig.from_dict({"task": "lm", "preset": "demo"})  # saved before either option existed
     assert (old.optimizer, old.schedule) == ("adamw", "cosine")

@@ -38,8 +38,8 @@ def test_grouped_one_query_in_bf16_stays_near_the_fp32_reference():
 
 def tiny(**attention) -> qkv.GPT:
     torch.manual_seed(0)
-    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, positional="rope", num_kv_heads=2,
-                                          attention=dict(num_heads=4, **attention))).eval()
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, position=dict(kind="rope"),
+                                          attention=dict(num_heads=4, **attention, num_kv_heads=2))).eval()
 
 
 def test_decode_attention_swaps_the_plain_attention_modules_for_the_block_only():

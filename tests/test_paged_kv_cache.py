@@ -57,8 +57,8 @@ def test_without_autograd_gathers_reuse_one_buffer_and_equal_a_fresh_gather():
 
 def test_the_paged_model_gives_the_full_forwards_logits_for_rows_at_different_lengths():
     torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, positional="rope", num_kv_heads=2,
-                                           attention=dict(num_heads=4, sliding_window=5))).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, position=dict(kind="rope"),
+                                           attention=dict(num_heads=4, sliding_window=5, num_kv_heads=2))).eval()
     a, b = torch.randint(0, 50, (1, 13)), torch.randint(0, 50, (1, 6))
     paged = PagedModel(model, 12, block_size=4)
     ta, tb = [paged.blocks.allocate() for _ in range(4)], [paged.blocks.allocate() for _ in range(2)]

@@ -44,7 +44,8 @@ def test_scaling_curves_separate_with_d_k():
 
 
 def tiny_gpt(num_layers=2, num_heads=4):
-    cfg = qkv.ModelConfig(vocab_size=16, d_model=16, num_heads=num_heads, num_layers=num_layers, max_len=16)
+    cfg = qkv.ModelConfig(vocab_size=16, d_model=16, attention=dict(num_heads=num_heads), num_layers=num_layers,
+                          max_len=16)
     return qkv.GPT(cfg).eval()
 
 
@@ -78,7 +79,7 @@ def test_chinese_title_is_the_text_as_written_and_fits(tmp_path):
     text = "狗咬人"
     bpe = BPETokenizer.train("狗咬人 人咬狗 " * 4, 260)  # byte-level: each character is 3 byte tokens, some merged
     ids, labels = readable_tokens(bpe, text)
-    cfg = qkv.ModelConfig(vocab_size=bpe.vocab_size, d_model=16, num_heads=2, num_layers=1, max_len=16)
+    cfg = qkv.ModelConfig(vocab_size=bpe.vocab_size, d_model=16, attention=dict(num_heads=2), num_layers=1, max_len=16)
     fig = plots.attention_figure(qkv.GPT(cfg).eval(), ids, labels, text=text)
     figures.save_png(fig, tmp_path / "dog.png")  # draws it (the CJK font chosen)
     heading = heading_inside(fig)

@@ -10,8 +10,8 @@ from qkv.generation.beam_search import Special, decode
 from qkv.models import ModelConfig, Transformer, token_cross_entropy
 from qkv.models.pointer import PointerTransformer, copy_attention, copy_distribution, mix_log_probs
 
-CFG = ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, max_len=32, positional="sinusoidal",
-                  activation="relu", d_ff=64)
+CFG = ModelConfig(vocab_size=40, d_model=32, attention=dict(num_heads=4), position=dict(kind="sinusoidal"),
+                  feed_forward=dict(activation="relu", d_ff=64), num_layers=2, max_len=32)
 PAD = 0
 
 

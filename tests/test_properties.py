@@ -92,7 +92,7 @@ def test_long_sequence_fused_is_finite_and_matches_reference_rows():
 
 
 def test_bf16_training_step_has_finite_loss_and_grads():
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", positional="rope"))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="rope")))
     ids = torch.randint(0, 64, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(ids, targets=ids.roll(-1, 1)).loss

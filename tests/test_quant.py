@@ -51,7 +51,7 @@ def test_the_blocks_linears_become_torchaos_int8_tensors_and_the_head_and_embedd
 def test_int8_logits_stay_close_to_fp32_and_the_float_model_copied_is_untouched():
     """Per-row absmax int8 rounds each weight by at most 1/254 of its row's largest: the logits move by well under
     2% of the largest logit (a per-tensor or 4-bit scale would not stay inside)."""
-    model, ids = tiny(d_model=64, num_heads=4), torch.randint(0, 64, (2, 16))
+    model, ids = tiny(d_model=64, attention=dict(num_heads=4)), torch.randint(0, 64, (2, 16))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     q = quantize_weights(copy.deepcopy(model), "int8")
     with torch.no_grad():
@@ -65,7 +65,7 @@ def test_int8_logits_stay_close_to_fp32_and_the_float_model_copied_is_untouched(
 @pytest.mark.parametrize("backend", ["auto", "inductor", "fused"])
 def test_every_backend_decodes_the_eager_int8_tokens(backend, batch, monkeypatch):
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
-    model = quantize_weights(tiny(scale=20.0, positional="rope"))
+    model = quantize_weights(tiny(scale=20.0, position=dict(kind="rope")))
     ids = torch.randint(0, 64, (batch, 6), generator=torch.Generator().manual_seed(1))
     want = model.generate(ids, 16, temperature=0, backend="eager")
     with warnings.catch_warnings():
@@ -75,7 +75,7 @@ def test_every_backend_decodes_the_eager_int8_tokens(backend, batch, monkeypatch
 
 
 def test_head_true_quantises_the_output_head_too_and_leaves_the_tied_embedding_as_it_was():
-    model = tiny(scale=20.0, positional="rope")
+    model = tiny(scale=20.0, position=dict(kind="rope"))
     table = model.embed.tok.weight.detach().clone()
     quantize_weights(model, "int8", head=True)
     assert type(model.lm_head.weight) is Int8Tensor and "lm_head.weight" in quantized(model)
@@ -97,7 +97,7 @@ def test_the_servers_scheduler_decodes_the_eager_int8_tokens():
     from qkv.serve.scheduler import Request, Scheduler, Settings
 
     build.available()  # qkv's C++ kernels loaded (or found missing) before the clock below starts
-    model = quantize_weights(tiny(scale=20.0, positional="rope"))
+    model = quantize_weights(tiny(scale=20.0, position=dict(kind="rope")))
     prompts = [torch.randint(0, 64, (n,)).tolist() for n in (3, 9, 5)]
     want = [model.generate(torch.tensor([p]), 10, temperature=0, backend="eager")[0, len(p):].tolist()
             for p in prompts]

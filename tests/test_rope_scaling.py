@@ -144,8 +144,10 @@ def test_length_dependent_types_follow_the_length_as_transformers(name):
 # --- the configuration ------------------------------------------------------------------------------
 
 def scaled(scaling, **settings) -> qkv.ModelConfig:
-    return qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, max_len=64, bias=False, norm="rmsnorm",
-                           activation="swiglu", position=dict(kind="rope", base=500.0, scaling=scaling), **settings)
+    return qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, max_len=64,
+                           attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                           feed_forward=dict(bias=False, activation="swiglu"), normalization=dict(kind="rmsnorm"),
+                           position=dict(kind="rope", base=500.0, scaling=scaling), **settings)
 
 
 @pytest.mark.parametrize("name", SCALINGS)
@@ -185,7 +187,8 @@ def test_bad_scalings_are_refused_naming_what_was_given(scaling, message):
 
 def test_scaling_needs_rope():
     with pytest.raises(ValueError, match=r"position.scaling scales RoPE: it needs positional 'rope', got .*'learned'"):
-        qkv.ModelConfig(d_model=32, num_heads=4, position=dict(kind="learned", scaling=dict(type="linear", factor=2)))
+        qkv.ModelConfig(d_model=32, attention=dict(num_heads=4),
+                        position=dict(kind="learned", scaling=dict(type="linear", factor=2)))
 
 
 @pytest.mark.parametrize("name", SCALINGS)
@@ -364,7 +367,7 @@ def test_a_bad_scaling_in_a_checkpoint_names_the_rope_type(saved, tmp_path):
 
 
 def test_gpt_neox_export_refuses_a_scaled_model():
-    config = qkv.ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=1, max_len=32,
+    config = qkv.ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4), num_layers=1, max_len=32,
                              position=dict(kind="rope", scaling=dict(type="linear", factor=2.0)))
     with pytest.raises(ValueError, match=r"GPT-NeoX counterpart.*position.scaling type 'linear' \(GPT-NeoX is "
                                          r"written with plain RoPE\)"):

@@ -33,7 +33,7 @@ ARGS = ["--preset", "tiny", "--tokenizer", "char", "--context", "32", "--batch-s
 
 
 def cfg(**kw) -> TrainConfig:
-    model = ModelConfig(d_model=32, num_heads=2, num_layers=2, max_len=32, positional="rope")
+    model = ModelConfig(d_model=32, attention=dict(num_heads=2), position=dict(kind="rope"), num_layers=2, max_len=32)
     base = dict(model=model, max_steps=6, batch_size=4, eval_interval=2, eval_windows=4, progress=False,
                 final_eval=False, threads=1)
     return TrainConfig(**(base | kw))

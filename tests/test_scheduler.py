@@ -15,8 +15,8 @@ from qkv.serve.scheduler import QueueFull, Request, Scheduler, Settings
 def tiny_gpt(vocab_size: int, max_len: int = 96, **change) -> qkv.GPT:
     """A random GPT whose weights are scaled up: its greedy answers vary (a freshly initialised one repeats)."""
     torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab_size, max_len=max_len, positional="rope",
-                                           num_kv_heads=2, **change)).eval()
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab_size, max_len=max_len,
+                                           attention=dict(num_kv_heads=2), position=dict(kind="rope"), **change)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -183,7 +183,7 @@ def test_a_131072_position_llama_shaped_model_starts_and_answers_in_little_memor
     """Llama 3's context (131 072 positions, 8 query heads over 2 key/value heads, RoPE θ 500 000) at a tiny width:
     at the default 32 rows its cache would span 32 × 131 072 tokens; blocks are touched only as tokens come."""
     torch.manual_seed(0)
-    config = qkv.ModelConfig(vocab_size=128, d_model=64, num_layers=2, max_len=131072, d_ff=128,
+    config = qkv.ModelConfig(vocab_size=128, d_model=64, num_layers=2, max_len=131072, feed_forward=dict(d_ff=128),
                              position=dict(kind="rope", base=500000.0), normalization=dict(kind="rmsnorm"),
                              attention=dict(num_heads=8, num_kv_heads=2))
     model = qkv.GPT(config).eval()

@@ -39,8 +39,8 @@ GREEDY = dict(temperature=0, max_tokens=24)
 def trained_gpt(tok, steps: int = 150) -> qkv.GPT:
     """A tiny GPT trained for a few seconds on TEXT: its greedy answers look like the text."""
     torch.manual_seed(0)
-    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=96, positional="rope",
-                                           num_kv_heads=2))
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=96,
+                                           attention=dict(num_kv_heads=2), position=dict(kind="rope")))
     ids, opt = torch.tensor(tok.encode(TEXT)), torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(steps):
         starts = torch.randint(0, len(ids) - 65, (16,)).tolist()
@@ -121,7 +121,7 @@ def test_mla_and_moe_models_are_served_as_alone(change):
 
 def test_the_scheduler_refuses_what_it_cannot_page():
     with pytest.raises(ValueError, match="position.kind alibi is a bias .*not served"):
-        Scheduler(qkv.GPT(qkv.ModelConfig.preset("tiny", positional="alibi")))
+        Scheduler(qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="alibi"))))
     naive = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, position=dict(kind="rope"),
                                     attention=dict(MLA, latent_cache="naive")))
     with pytest.raises(ValueError, match=r"keeps DecompressedKVCache \(attention.kind mla\): not served"):

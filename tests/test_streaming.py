@@ -26,7 +26,7 @@ class Recorder:
 
 def tiny_gpt(vocab: int, max_len: int = 16, positional: str = "learned") -> qkv.GPT:
     torch.manual_seed(0)
-    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab, max_len=max_len, positional=positional)).eval()
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab, max_len=max_len, position=dict(kind=positional))).eval()
 
 
 def fed_token_by_token(tokenizer, text: str, **kwargs) -> list[str]:

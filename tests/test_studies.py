@@ -84,8 +84,8 @@ def test_position_losses_agree_with_train_evaluate(corpus):
     """The study's per-position scorer and train.evaluate give the same mean loss on the same windows."""
     tok = train_tokenizer("char", corpus.train + corpus.val)
     ids = tok.encode_tensor(corpus.val)
-    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=2, num_layers=1, max_len=64,
-                            positional="rope")).eval()
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=32, attention=dict(num_heads=2),
+                            position=dict(kind="rope"), num_layers=1, max_len=64)).eval()
     starts = pe.chunk_starts(len(ids), 64, 3)
     per_pos = pe.position_losses(model, ids, starts, 64, 16)  # (16,)
     windows = [s + k for s in starts for k in range(0, 64, 16)]
@@ -171,7 +171,8 @@ def test_cli_study_errors_are_one_line(capsys, tmp_path):
 
 def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
     """ModelConfig.scale_embeddings (added for these studies): x = √C · tok(ids) + PE(pos), Vaswani §3.4."""
-    conf = ModelConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, positional="sinusoidal")
+    conf = ModelConfig(vocab_size=11, d_model=16, attention=dict(num_heads=2), position=dict(kind="sinusoidal"),
+                       num_layers=1)
     plain, scaled = GPT(conf), GPT(ModelConfig(**{**conf.to_dict(), "scale_embeddings": True}))
     scaled.load_state_dict(plain.state_dict())
     ids = torch.tensor([[1, 5, 7]])
@@ -182,7 +183,8 @@ def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
     from qkv.interop.hf import hf_config
 
     with pytest.raises(ValueError, match="scale_embeddings"):
-        hf_config(ModelConfig(positional="rope", norm="rmsnorm", activation="swiglu", scale_embeddings=True))
+        hf_config(ModelConfig(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"),
+                              normalization=dict(kind="rmsnorm"), embedding=dict(scale=True)))
 
 
 def test_cli_study_pe_quick_end_to_end_on_the_embedded_corpus(capsys, tmp_path):

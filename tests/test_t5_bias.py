@@ -16,7 +16,7 @@ SIZES = [(32, 128), (8, 16), (16, 20), (6, 7), (4, 3)]  # (num_buckets, max_dist
 
 
 def t5_config(**position) -> ModelConfig:
-    return ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, max_len=64,
+    return ModelConfig(vocab_size=40, d_model=32, attention=dict(num_heads=4), num_layers=2, max_len=64,
                        position={"kind": "t5", "num_buckets": 8, "max_distance": 20, **position})
 
 
@@ -148,7 +148,7 @@ def test_fused_decode_step_refuses_t5():
 ])
 def test_bad_config_one_clear_error_each(position, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig(d_model=32, num_heads=4, position=position)
+        ModelConfig(d_model=32, attention=dict(num_heads=4), position=position)
 
 
 def test_bad_module_arguments():
@@ -166,8 +166,7 @@ def test_bad_module_arguments():
     with pytest.raises(ValueError, match="not both"):
         MultiHeadAttention(32, 2, alibi=qkv.ALiBi(2), relative_bias=bias)
     with pytest.raises(ValueError, match="sliding_attention layers with T5's relative bias are not supported"):
-        ModelConfig(d_model=32, num_heads=4, max_len=16, position=dict(kind="t5"),
-                    attention=dict(sliding_window=4))
+        ModelConfig(d_model=32, max_len=16, position=dict(kind="t5"), attention=dict(sliding_window=4, num_heads=4))
 
 
 def test_cli_trains_t5_and_samples_from_the_run(data, tmp_path, capsys):

@@ -11,7 +11,8 @@ from qkv.training.recipe import TrainConfig, compressor_bpc, eval_starts, evalua
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
 CORPUS = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")
-TINY = ModelConfig(d_model=32, num_heads=2, num_layers=2, max_len=32, positional="rope", dropout=0.1)
+TINY = ModelConfig(d_model=32, attention=dict(num_heads=2), position=dict(kind="rope"), num_layers=2, max_len=32,
+                   dropout=0.1)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,12 +15,15 @@ from qkv.models import ModelConfig
 from qkv.training.recipe import TrainConfig, train
 
 VARIANTS = {  # ModelConfig.preset("tiny", **kw): what the model families build
-    "GPT-2 (biases, learned positions)": dict(positional="learned", bias=True),
-    "LLaMA (RoPE, grouped-query heads)": dict(positional="rope", num_kv_heads=2, norm="rmsnorm"),
-    "Qwen2 (q/k/v biases only)": dict(positional="rope", num_kv_heads=2,
+    "GPT-2 (biases, learned positions)": dict(attention=dict(q_bias=True, k_bias=True, v_bias=True, out_bias=True),
+                                              position=dict(kind="learned"), feed_forward=dict(bias=True)),
+    "LLaMA (RoPE, grouped-query heads)": dict(attention=dict(num_kv_heads=2), position=dict(kind="rope"),
+                                              normalization=dict(kind="rmsnorm")),
+    "Qwen2 (q/k/v biases only)": dict(position=dict(kind="rope"),
                                       attention=dict(num_heads=4, num_kv_heads=2, q_bias=True, k_bias=True,
                                                      v_bias=True, out_bias=False)),
-    "Qwen3 (QK-norm)": dict(positional="rope", norm="rmsnorm", attention=dict(num_heads=4, head_dim=8, qk_norm=True)),
+    "Qwen3 (QK-norm)": dict(position=dict(kind="rope"), normalization=dict(kind="rmsnorm"),
+                            attention=dict(num_heads=4, head_dim=8, qk_norm=True)),
 }
 
 
@@ -85,7 +88,7 @@ def test_under_bf16_autocast_the_core_runs_in_fp32_no_further_from_fp32_than_the
 
 
 def test_a_gpt_under_bf16_autocast_takes_the_fp32_core_in_every_layer(monkeypatch):
-    ref = gpt(positional="rope")
+    ref = gpt(position=dict(kind="rope"))
     fast = accelerate_training(copy.deepcopy(ref))
     ids, cores, real = torch.randint(0, 64, (4, 33)), [], tr.fp32_core
     monkeypatch.setattr(tr, "fp32_core", lambda q, k: cores.append(real(q, k)) or cores[-1])
@@ -115,7 +118,8 @@ class Adapted(nn.Linear):
 
 
 def test_projections_it_cannot_pack_are_the_references_three_products():
-    model = gpt(bias=False)
+    model = gpt(attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                feed_forward=dict(bias=False))
     attn = model.blocks[0].attn
     attn.q_proj = Adapted(32, 32, bias=False)
     model.blocks[1].attn.k_proj.register_forward_hook(lambda m, i, o: o + 1)
@@ -130,7 +134,7 @@ def test_projections_it_cannot_pack_are_the_references_three_products():
 
 
 def test_a_module_with_hooks_is_not_swapped_and_cached_decoding_answers_as_the_reference():
-    model = gpt(positional="rope").eval()
+    model = gpt(position=dict(kind="rope")).eval()
     model.blocks[0].attn.register_forward_pre_hook(lambda m, args: None)
     prompt = torch.randint(0, 64, (1, 5))
     want = model.generate(prompt, 6, temperature=0)
@@ -142,7 +146,7 @@ def test_a_module_with_hooks_is_not_swapped_and_cached_decoding_answers_as_the_r
 
 def test_cross_attention_and_padding_masks_answer_as_the_reference():
     torch.manual_seed(0)
-    ref = qkv.Transformer(ModelConfig.preset("tiny", norm_first=True)).train()
+    ref = qkv.Transformer(ModelConfig.preset("tiny", normalization=dict(first=True))).train()
     fast = accelerate_training(copy.deepcopy(ref))
     src, tgt = torch.randint(1, 64, (2, 7)), torch.randint(1, 64, (2, 6))
     src_mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])

@@ -10,8 +10,8 @@ from qkv.training.recipe import TrainConfig, train
 
 WORDS = ["file", "open", "save", "close", "error", "print", "copy", "delete", "network", "user"]
 ZH = ["文件", "打开", "保存", "关闭", "错误", "打印", "复制", "删除", "网络", "用户"]
-TINY = ModelConfig(d_model=32, num_heads=2, num_layers=2, max_len=32, positional="sinusoidal", d_ff=64,
-                   activation="relu", dropout=0.0)
+TINY = ModelConfig(d_model=32, attention=dict(num_heads=2), position=dict(kind="sinusoidal"),
+                   feed_forward=dict(d_ff=64, activation="relu"), num_layers=2, max_len=32, dropout=0.0)
 
 
 @pytest.fixture(scope="module")

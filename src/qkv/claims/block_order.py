@@ -33,8 +33,9 @@ def by_the_picture(model: nn.Module, ids: Tensor) -> Tensor:
 def block_order(model: nn.Module | None = None):
     """``model``: a qkv Encoder with sinusoidal PE; it must equal the diagram written by hand."""
     if model is None:
-        model = Encoder(ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16,
-                                    positional="sinusoidal", norm_first=False))
+        model = Encoder(ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4),
+                                    position=dict(kind="sinusoidal"), normalization=dict(first=False, final=False),
+                                    num_layers=2, max_len=16))
     ids = torch.randint(0, model.config.vocab_size, (2, 12))
     with torch.no_grad():
         err = rel_err(model.eval()(ids).last_hidden_state, by_the_picture(model, ids))

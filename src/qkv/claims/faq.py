@@ -65,7 +65,7 @@ def attends_to_itself(weights: dict | None = None):
     """``weights``: name -> a function returning (…, T, T) attention weights."""
     if weights is None:
         sa = SelfAttention(16)
-        gpt = GPT(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16)).eval()
+        gpt = GPT(ModelConfig(vocab_size=32, d_model=16, attention=dict(num_heads=4), num_layers=2, max_len=16)).eval()
         ids = torch.randint(0, 32, (2, 8))
         weights = {"SelfAttention": lambda: sa(torch.randn(2, 8, 16), return_weights=True)[1],
                    "GPT (causal)": lambda: attention_weights(gpt, ids)}  # (N, B, H, T, T)
@@ -109,7 +109,8 @@ def cross_attention(model: nn.Module | None = None, *, S: int = 9, T: int = 5):
     """``model``: a qkv Transformer (encoder-decoder). Two sources, one target; then the same with every
     cross-attention output zeroed: the sources must then give identical logits."""
     if model is None:
-        model = Transformer(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16))
+        model = Transformer(ModelConfig(vocab_size=32, d_model=16, attention=dict(num_heads=4), num_layers=2,
+                                        max_len=16))
     V = model.config.vocab_size
     src_a, src_b, tgt = torch.randint(0, V, (1, S)), torch.randint(0, V, (1, S)), torch.randint(0, V, (1, T))
     with torch.no_grad():

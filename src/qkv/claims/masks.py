@@ -52,7 +52,7 @@ def causal_no_future(causal: dict | None = None):
     """``causal``: name -> (f, x) with x (1, T, C); output t must not depend on inputs after t."""
     if causal is None:
         mha = MultiHeadAttention(16, 4)
-        gpt = GPT(ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, max_len=16)).eval()
+        gpt = GPT(ModelConfig(vocab_size=32, d_model=16, attention=dict(num_heads=4), num_layers=2, max_len=16)).eval()
         ids = torch.randint(0, 32, (1, 8))
         causal = {
             "MHA (fused)": (lambda x: mha(x, is_causal=True), torch.randn(1, 8, 16)),

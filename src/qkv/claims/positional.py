@@ -33,7 +33,8 @@ def position_variants(d: int = 32, h: int = 4, T: int = 10) -> tuple[dict, dict]
     alibi_mha = MultiHeadAttention(d, h, alibi=ALiBi(h))
 
     def encoder(p):
-        model = Encoder(ModelConfig(vocab_size=64, d_model=d, num_heads=h, num_layers=2, max_len=T, positional=p))
+        model = Encoder(ModelConfig(vocab_size=64, d_model=d, attention=dict(num_heads=h), position=dict(kind=p),
+                                    num_layers=2, max_len=T))
         return lambda i: model.eval()(i).last_hidden_state
 
     without = {"MHA": (mha, x), "Encoder": (encoder("none"), ids)}
@@ -144,11 +145,11 @@ def learned_max_len(learned: Callable | None = None, sinusoidal: Callable | None
     with torch.no_grad():
         table = sinusoidal(far)
     sin_ok = table.shape[0] == far and bool(torch.isfinite(table).all())
-    cfg = dict(vocab_size=32, d_model=16, num_heads=2, num_layers=1, max_len=max_len)
+    cfg = dict(vocab_size=32, d_model=16, attention=dict(num_heads=2), num_layers=1, max_len=max_len)
     ids = torch.randint(0, 32, (1, max_len + 1))
-    gpt_learned = error_of(lambda: GPT(ModelConfig(**cfg, positional="learned"))(ids))
+    gpt_learned = error_of(lambda: GPT(ModelConfig(**cfg, position=dict(kind="learned")))(ids))
     with torch.no_grad():
-        logits = GPT(ModelConfig(**cfg, positional="sinusoidal"))(torch.randint(0, 32, (1, 4 * max_len))).logits
+        logits = GPT(ModelConfig(**cfg, position=dict(kind="sinusoidal")))(torch.randint(0, 32, (1, 4 * max_len))).logits
     clear = beyond.startswith("ValueError") and str(max_len) in beyond and gpt_learned.startswith("ValueError")
     holds = inside == "no error" and clear and sin_ok and bool(torch.isfinite(logits).all())
     summary = say("learned-max-len", max_len=max_len, beyond_n=max_len + 1, beyond=beyond, far=far, finite=sin_ok,

@@ -12,7 +12,7 @@ case for the kind.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from ..checks import check_positive_int
 from ..nn.layers import check_softcap
@@ -37,8 +37,10 @@ class AttentionConfig:
 
     kind: str = "mha"  # the class the factory builds: mha = qkv.MultiHeadAttention (grouped heads included); sink =
     #                    qkv.nn.sink_attention.SinkAttention (MHA with a learned sink logit per head: gpt-oss)
-    num_heads: int = 4  # H
-    num_kv_heads: int | None = None  # G, dividing H; None: H (no grouping)
+    num_heads: int = field(default=4, metadata={  # H
+        "flag": "--heads", "help": "attention heads (must divide --d-model)"})
+    num_kv_heads: int | None = field(default=None, metadata={  # G, dividing H; None: H (no grouping)
+        "flag": "--kv-heads", "help": "key/value heads: grouped-query attention (must divide --heads)"})
     head_dim: int | None = None  # D; None: d_model / H
     q_bias: bool = True
     k_bias: bool = True

@@ -16,16 +16,18 @@
 
 ``layer_types`` says what each block is (Hugging Face's ``layer_types``: full_attention | sliding_attention);
 None: every block the same (sliding where attention.sliding_window is set, as Mistral's).
-Flat names. Each name in ``FLAT`` (``num_heads``, ``positional``, ``d_ff``, …) is one field of one section, and
-``bias`` / ``final_norm`` set several; they are read in one place, ``read_flat``, which both the keyword arguments
-(``ModelConfig(d_model=64, num_heads=4, positional="rope")``) and ``from_dict`` (a config.json with top-level
-names) go through. The rule: a flat name sets its section's field over the section given beside it; ``bias``
-every projection's bias; ``final_norm`` None or absent: as normalization.first. ``config.num_heads`` reads it back.
+
+One spelling: a setting is its section's field (``attention=AttentionConfig(num_heads=4)`` or
+``attention={"num_heads": 4}``; ``config.attention.num_heads``). A config.json may hold the flat names of
+``FLAT`` (``num_heads``, ``positional``, ``d_ff``, …; ``bias`` and ``final_norm`` set several fields): only
+``from_dict`` reads them (``read_flat``), saying once which section field each is; elsewhere a flat name is a
+TypeError that names its section field.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, fields
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 
 from ..checks import check_fraction
 from ..nn.layers import NORMS, check_softcap, get_activation
@@ -44,7 +46,9 @@ LAYER_TYPES = ("full_attention", "sliding_attention")  # what a block may be (Hu
 class PositionConfig:
     """How order enters: added to the embeddings (sinusoidal, learned) or inside attention (rope, alibi, t5)."""
 
-    kind: str = "learned"  # sinusoidal | learned | rope | alibi | t5 (Raffel et al.'s bucketed bias) | none
+    kind: str = field(default="learned", metadata={  # sinusoidal | learned | rope | alibi | t5 (Raffel et al.'s
+        "flag": "--positional",                       # bucketed bias) | none
+        "help": "positional encoding: sinusoidal, learned, rope, alibi, t5 or none"})
     base: float = 10000.0  # RoPE's θ base, and the sinusoids' (the paper's 10000)
     interleaved: bool = False  # RoPE rotates pairs (x_2i, x_2i+1) (RoFormer, GPT-J); False: halves (LLaMA, NeoX)
     sinusoidal_layout: str = "interleaved"  # the paper's sin/cos per pair | split: sines, then cosines (Marian)
@@ -165,7 +169,8 @@ class HeadConfig:
 
 SECTIONS = {"attention": AttentionConfig, "position": PositionConfig, "feed_forward": FeedForwardConfig,
             "normalization": NormConfig, "embedding": EmbeddingConfig, "head": HeadConfig, "moe": MoEConfig}
-# The flat names: each is one field of a section ("bias" and "final_norm" set several: read_flat).
+# The flat names a config.json may hold: each is one field of a section ("bias" and "final_norm" set several:
+# read_flat). Only from_dict reads them.
 FLAT = {
     "num_heads": ("attention", "num_heads"), "num_kv_heads": ("attention", "num_kv_heads"),
     "positional": ("position", "kind"), "rope_base": ("position", "base"),
@@ -176,18 +181,20 @@ FLAT = {
     "scale_embeddings": ("embedding", "scale"), "embed_init_std": ("embedding", "init_std"),
     "type_vocab_size": ("embedding", "type_vocab_size"), "embedding_norm": ("embedding", "norm"),
 }
-FLAT_APART = ("bias", "final_norm")  # bias: every projection's; final_norm: None meant "as norm_first"
+FLAT_APART = {"bias": "attention.q_bias, k_bias, v_bias, out_bias and feed_forward.bias",  # every projection's
+              "final_norm": "normalization.final"}  # None or absent: as normalization.first
 
 
 @dataclass(frozen=True, init=False)
 class ModelConfig:
     """Everything that defines a model's shape: sizes, then one section per component. Validated on
-    construction. Sections may be given as their dataclass or a dict; flat names (``FLAT``, ``read_flat``) set
-    one field of a section and read it back (``config.num_heads`` is ``config.attention.num_heads``)."""
+    construction. A section is given as its dataclass or as a dict of its fields (over the defaults; in
+    ``replace``, over the config's section)."""
 
     vocab_size: int
-    d_model: int  # C
-    num_layers: int  # blocks (the encoder's, in the encoder-decoder)
+    d_model: int = field(metadata={"flag": "--d-model", "help": "model width"})  # C
+    num_layers: int = field(metadata={"flag": "--layers", "help": "number of Transformer blocks"})  # blocks (the
+    #                                                                   encoder's, in the encoder-decoder)
     max_len: int  # positions the model takes
     dropout: float
     num_decoder_layers: int | None  # encoder-decoder only; None: num_layers
@@ -206,12 +213,12 @@ class ModelConfig:
                  attention: AttentionConfig | LatentAttentionConfig | dict | None = None, position: PositionConfig | dict | None = None,
                  feed_forward: FeedForwardConfig | dict | None = None, normalization: NormConfig | dict | None = None,
                  embedding: EmbeddingConfig | dict | None = None, head: HeadConfig | dict | None = None,
-                 moe: MoEConfig | dict | None = None, **flat) -> None:
+                 moe: MoEConfig | dict | None = None, **unknown) -> None:
+        refuse_flat("ModelConfig", unknown)
         given = dict(attention=attention, position=position, feed_forward=feed_forward,
                      normalization=normalization, embedding=embedding, head=head, moe=moe)
-        sections = {name: section_of(SECTIONS[name], value) for name, value in given.items()}
-        for name, section in read_flat(sections, flat).items():
-            object.__setattr__(self, name, section)
+        for name, value in given.items():
+            object.__setattr__(self, name, section_of(SECTIONS[name], value))
         top = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, max_len=max_len, dropout=dropout,
                    num_decoder_layers=num_decoder_layers,
                    layer_types=None if layer_types is None else tuple(layer_types))
@@ -295,18 +302,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown layer_types {unknown}; a layer is one of {LAYER_TYPES}")
 
-    def __getattr__(self, name: str):
-        """A flat name (``FLAT``, ``final_norm``, ``bias``), read from its section."""
-        if name in FLAT:
-            section, key = FLAT[name]
-            return getattr(object.__getattribute__(self, section), key)
-        if name == "final_norm":  # None meant "as norm_first"; a value, the exception
-            n = self.normalization
-            return None if n.final == n.first else n.final
-        if name == "bias":
-            return uniform_bias(self.attention, self.feed_forward)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     @property
     def head_dim(self) -> int:
         """D: attention.head_dim, or d_model / num_heads."""
@@ -344,7 +339,12 @@ class ModelConfig:
         return self.moe.enabled and (self.moe.layers is None or self.moe.layers[i] == "moe")
 
     def replace(self, **changes) -> "ModelConfig":
-        """A copy with ``changes`` (sections, or flat names) applied, validated again."""
+        """A copy with ``changes`` applied, validated again: sizes, and sections (a section's dataclass replaces
+        it; a dict sets those of its fields over this config's section)."""
+        refuse_flat("ModelConfig.replace", {k: v for k, v in changes.items() if k in FLAT or k in FLAT_APART})
+        for name, value in changes.items():
+            if name in SECTIONS and isinstance(value, dict):
+                changes[name] = replace_section(name, getattr(self, name), value)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -363,8 +363,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a dict (config.json: sections, or flat names read by ``read_flat``), refusing unknown keys
-        and values of the wrong type."""
+        """Build from a dict (config.json: sections, or the flat names of ``FLAT``, read by ``read_flat`` and
+        said once), refusing unknown keys and values of the wrong type."""
         if not isinstance(d, dict):
             raise TypeError(f"a model config must be a JSON object, got {type(d).__name__}")
         top = {f.name for f in fields(cls)} - set(SECTIONS)
@@ -379,10 +379,16 @@ class ModelConfig:
                 check_type(f"ModelConfig.{key}", value, getattr(SECTIONS[section](), name))
             elif key == "bias":
                 check_type("ModelConfig.bias", value, True)
-        return cls(**d)
+        flat = {k: d[k] for k in d if k in FLAT or k in FLAT_APART}
+        if flat:
+            say_flat(flat)
+        given = {k: v for k, v in d.items() if k not in flat}
+        sections = {name: section_of(SECTIONS[name], given.pop(name, None)) for name in SECTIONS}
+        return cls(**given, **read_flat(sections, flat))
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModelConfig":
+        """Preset ``name`` with ``overrides`` applied as ``replace`` applies them."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return PRESETS[name].replace(**overrides)
@@ -402,12 +408,56 @@ def section_of(cls: type, value):
     raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
 
 
+def replace_section(name: str, section, changes: dict):
+    """``section`` (ModelConfig's section ``name``) with the fields of ``changes`` set over it."""
+    if name == "attention":  # the attention section's kind decides its fields
+        return replace_attention(section, **changes)
+    return dataclasses.replace(section, **changes)
+
+
+def section_spelling(key: str, value) -> str:
+    """How flat name ``key`` = ``value`` is spelled in sections."""
+    if key == "bias":
+        return (f"bias sets attention.q_bias, k_bias, v_bias, out_bias and feed_forward.bias: pass "
+                f"attention={{'q_bias': {value!r}, 'k_bias': {value!r}, 'v_bias': {value!r}, 'out_bias': {value!r}}}"
+                f" and feed_forward={{'bias': {value!r}}}")
+    section, name = FLAT.get(key, ("normalization", "final"))
+    cls = "AttentionConfig" if section == "attention" else SECTIONS[section].__name__
+    return (f"{key} is {section}.{name}: pass {section}={cls}({name}={value!r}) or "
+            f"{section}={{{name!r}: {value!r}}}")
+
+
+def refuse_flat(where: str, given: dict) -> None:
+    """TypeError for keywords that are not ModelConfig's: a flat name, with its section spelling."""
+    if not given:
+        return
+    flat = [section_spelling(k, v) for k, v in given.items() if k in FLAT or k in FLAT_APART]
+    others = sorted(k for k in given if k not in FLAT and k not in FLAT_APART)
+    if others:
+        raise TypeError(f"{where} got unexpected keyword arguments {others}")
+    raise TypeError(f"{where} takes each setting in its section: " + "; ".join(flat))
+
+
+SAID_FLAT: set[str] = set()  # the flat names from_dict has said the section spelling of, in this process
+
+
+def say_flat(flat: dict) -> None:
+    """One warning per flat name a process reads (``from_dict``), naming its section field."""
+    new = [k for k in flat if k not in SAID_FLAT]
+    if new:
+        SAID_FLAT.update(new)
+        where = ", ".join(f"{k} -> {FLAT_APART.get(k) or '.'.join(FLAT[k])}" for k in new)
+        warnings.warn(f"a model config with flat names, read as their section fields ({where}); saving the "
+                      f"config again writes the sections", FlatConfigNames, stacklevel=3)
+
+
+class FlatConfigNames(UserWarning):
+    """A model config (config.json) held flat names: read, and said once per name (``say_flat``)."""
+
+
 def read_flat(sections: dict, flat: dict) -> dict:
-    """The sections with the flat names applied, by the module's rule: a ``FLAT`` name sets its section's field,
-    ``bias`` every projection's, ``final_norm`` the final norm (None: as normalization.first)."""
-    unknown = sorted(set(flat) - set(FLAT) - set(FLAT_APART))
-    if unknown:
-        raise TypeError(f"ModelConfig got unexpected keyword arguments {unknown}")
+    """The sections with the flat names of a config.json applied: a ``FLAT`` name sets its section's field,
+    ``bias`` every projection's, ``final_norm`` the final norm (None or absent: as normalization.first)."""
     changes = {name: {} for name in sections}
     for key, value in flat.items():
         if key in FLAT:
@@ -421,18 +471,7 @@ def read_flat(sections: dict, flat: dict) -> dict:
         first = changes["normalization"].get("first", sections["normalization"].first)
         final = flat.get("final_norm")
         changes["normalization"]["final"] = first if final is None else final
-    replace = {"attention": replace_attention}  # the attention section's kind decides its fields
-    return {name: replace.get(name, dataclasses.replace)(sections[name], **c) if c else sections[name]
-            for name, c in changes.items()}
-
-
-def uniform_bias(attention: AttentionConfig | LatentAttentionConfig, feed_forward: FeedForwardConfig) -> bool:
-    """The flat ``bias``: one setting for every projection, where the sections agree."""
-    values = {*attention.biases, feed_forward.bias}
-    if len(values) > 1:
-        raise AttributeError("the projections' biases differ: read config.attention (q/k/v/out_bias) and "
-                             "config.feed_forward.bias")
-    return values.pop()
+    return {name: replace_section(name, sections[name], c) if c else sections[name] for name, c in changes.items()}
 
 
 def check_type(where: str, value, default) -> None:

@@ -114,8 +114,9 @@ class KVStudyConfig:
                      "mla": dict(kind="mla", num_heads=self.num_heads, kv_lora_rank=self.latent_rank,
                                  qk_rope_head_dim=self.rope_dim, qk_nope_head_dim=D - self.rope_dim, v_head_dim=D)}[variant]
         return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_layers=self.num_layers,
-                           max_len=max(self.contexts[-1] + 1, self.train_len), positional="rope", bias=False,
-                           d_ff=d_ff or self.d_ff or 4 * self.d_model, attention=attention)
+                           max_len=max(self.contexts[-1] + 1, self.train_len), position=dict(kind="rope"),
+                           attention=attention | dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                           feed_forward=dict(d_ff=d_ff or self.d_ff or 4 * self.d_model, bias=False))
 
 
 @dataclass

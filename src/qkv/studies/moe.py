@@ -75,9 +75,10 @@ class MoEStudyConfig:
 
     def model_config(self, name: str, vocab_size: int) -> ModelConfig:
         """The GPT of ``name`` (MODELS): one trunk, the feed-forward as the module notes say."""
-        base = dict(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers,
-                    max_len=self.context, positional="rope", norm="rmsnorm", activation="swiglu", bias=False,
-                    d_ff=self.d_ff)
+        base = dict(vocab_size=vocab_size, d_model=self.d_model,
+                    attention=dict(num_heads=self.num_heads, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False, d_ff=self.d_ff),
+                    normalization=dict(kind="rmsnorm"), num_layers=self.num_layers, max_len=self.context)
         if name == "dense":
             return ModelConfig(**base)
         width = self.d_ff // self.num_experts if name == "moe-total" else self.d_ff // self.top_k

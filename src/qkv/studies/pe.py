@@ -92,8 +92,10 @@ class PEStudyConfig:
 def study_model_config(scheme: str, vocab_size: int, *, d_model: int, num_heads: int, num_layers: int,
                        max_len: int) -> ModelConfig:
     """The studies' GPT: no biases, token embeddings × √d_model (Vaswani §3.4), position kind ``scheme``."""
-    return ModelConfig(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
-                       max_len=max_len, positional=scheme, bias=False, scale_embeddings=True)
+    return ModelConfig(vocab_size=vocab_size, d_model=d_model,
+                       attention=dict(num_heads=num_heads, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                       position=dict(kind=scheme), feed_forward=dict(bias=False), embedding=dict(scale=True),
+                       num_layers=num_layers, max_len=max_len)
 
 
 @dataclass

@@ -181,7 +181,7 @@ def _is_causal(att: Tensor) -> bool:
 def _model_facts(model: nn.Module, *, causal: bool) -> dict[str, Any]:
     config = getattr(model, "config", None)
     return {"kind": type(model).__name__, "causal": causal, "d_model": getattr(config, "d_model", None),
-            "positional": getattr(config, "positional", None),
+            "positional": None if config is None else config.position.kind,
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
