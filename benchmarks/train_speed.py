@@ -112,7 +112,7 @@ def demo_gpt2_config() -> qkv.ModelConfig:
 
     demo, (_, vocab) = PRESETS["demo"], task_type("lm").defaults.tokenizer_for("demo")
     return qkv.ModelConfig.preset("gpt2", vocab_size=vocab, d_model=demo.d_model,
-                                  attention=dict(num_heads=demo.num_heads), feed_forward=dict(activation="gelu"),
+                                  attention=dict(num_heads=demo.attention.num_heads), feed_forward=dict(activation="gelu"),
                                   num_layers=demo.num_layers, max_len=demo.max_len)
 
 
@@ -151,7 +151,7 @@ def build_nanogpt(module, ours: qkv.GPT) -> torch.nn.Module:
     """nanoGPT's GPT at ``ours``' shape holding its weights."""
     c = ours.config
     config = module.GPTConfig(block_size=c.max_len, vocab_size=c.vocab_size, n_layer=c.num_layers,
-                              n_head=c.num_heads, n_embd=c.d_model, dropout=0.0, bias=True)
+                              n_head=c.attention.num_heads, n_embd=c.d_model, dropout=0.0, bias=True)
     with contextlib.redirect_stdout(io.StringIO()):  # its constructor prints the parameter count
         theirs = module.GPT(config)
     theirs.load_state_dict(nanogpt_weights(ours))
@@ -330,7 +330,7 @@ def speed_tables(args: argparse.Namespace) -> str:
     print(out)
     print("median of interleaved optimizer steps; identical weights and batch (first losses asserted equal)")
     c = demo_gpt2_config()
-    print(f"\nthe demo's shape with nanoGPT's choices (d_model {c.d_model}, {c.num_layers} layers, {c.num_heads} "
+    print(f"\nthe demo's shape with nanoGPT's choices (d_model {c.d_model}, {c.num_layers} layers, {c.attention.num_heads} "
           f"heads, context {c.max_len}, vocabulary {c.vocab_size}; learned positions, LayerNorm, GELU, biases), "
           "AdamW, batch 16:")
     budget = args.budget_s or (10.0 if args.quick else 180.0)

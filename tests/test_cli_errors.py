@@ -140,7 +140,7 @@ def test_train_help_lists_every_preset_with_a_line(capsys):
     assert [ln.split()[0] for ln in table] == list(PRESETS)
     for name, c in PRESETS.items():
         row = next(ln for ln in table if ln.split()[0] == name).split()
-        assert row[1:6] == [str(c.num_layers), str(c.num_heads), str(c.d_model), str(c.max_len), c.positional]
+        assert row[1:6] == [str(c.num_layers), str(c.attention.num_heads), str(c.d_model), str(c.max_len), c.position.kind]
         assert len(row) > 6  # what it is for
 
 

@@ -33,9 +33,9 @@ def test_variants_combine_and_a_typo_is_named():
 
 def test_the_demo_shape_with_nanogpts_choices():
     c, demo = train_speed.demo_gpt2_config(), PRESETS["demo"]
-    assert (c.d_model, c.num_layers, c.num_heads, c.max_len) == (demo.d_model, demo.num_layers, demo.num_heads,
+    assert (c.d_model, c.num_layers, c.attention.num_heads, c.max_len) == (demo.d_model, demo.num_layers, demo.attention.num_heads,
                                                                  demo.max_len)
-    assert (c.positional, c.normalization.kind, c.feed_forward.activation, c.feed_forward.bias) == \
+    assert (c.position.kind, c.normalization.kind, c.feed_forward.activation, c.feed_forward.bias) == \
         ("learned", "layernorm", "gelu", True)
     contenders, x = train_speed.demo_contenders(None, batch=2)  # asserts the first losses equal
     assert set(contenders) == {"qkv", "qkv + speed layer", "HF"} and x.shape == (2, c.max_len + 1)

@@ -144,7 +144,7 @@ def test_a_demo_preset_run_exports_as_gpt_neox(tmp_path, capsys):
                  "--quiet", "--sample-tokens", "0"]) == 0
     loaded = load_run(run)
     c = loaded.model.config
-    assert (c.positional, c.norm, c.activation, c.bias, c.head.tie) == ("rope", "layernorm", "gelu", False, True)
+    assert (c.position.kind, c.normalization.kind, c.feed_forward.activation, c.bias, c.head.tie) == ("rope", "layernorm", "gelu", False, True)
     assert main(["export", "--run", str(run), "--hf", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     text = "def f(x):\n    return x * 2"

@@ -142,7 +142,7 @@ def test_a_4x_config_json_loads_as_its_5x_spelling(saved, kind, version, tmp_pat
     (tmp_path / "config.json").write_text(json.dumps(as_4x(config, version=version)))
     (tmp_path / "model.safetensors").write_bytes((saved[kind] / "model.safetensors").read_bytes())
     old, new = from_hf(tmp_path), from_hf(saved[kind])
-    assert old.config == new.config and old.config.rope_base == 500.0
+    assert old.config == new.config and old.config.position.base == 500.0
     assert same_state(old.state_dict(), new.state_dict())
 
 

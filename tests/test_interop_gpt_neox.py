@@ -106,7 +106,7 @@ def test_the_config_says_what_the_checkpoint_said(saved):
         2, True, False, (True,) * 4)  # int(8 × 0.25) dims rotated
     assert (sequential.position.rotary_dim, sequential.feed_forward.parallel, sequential.head.tie,
             sequential.attention.biases, sequential.feed_forward.bias) == (None, False, True, (False,) * 4, True)
-    assert (half.position.rotary_dim, half.position.base, half.norm, half.activation) == (4, 500.0, "layernorm",
+    assert (half.position.rotary_dim, half.position.base, half.normalization.kind, half.feed_forward.activation) == (4, 500.0, "layernorm",
                                                                                           "gelu")
 
 
@@ -130,7 +130,7 @@ def test_query_key_value_rows_go_by_head():
 
 def test_the_demo_architecture_exports_and_transformers_loads_it(tmp_path):
     demo = qkv.ModelConfig.preset("demo", vocab_size=80, d_model=32, num_layers=2, max_len=48)
-    assert (demo.positional, demo.norm, demo.activation, demo.bias, demo.head.tie) == (
+    assert (demo.position.kind, demo.normalization.kind, demo.feed_forward.activation, demo.bias, demo.head.tie) == (
         "rope", "layernorm", "gelu", False, True)  # the preset's architecture at a tiny size
     model = perturbed(qkv.GPT(demo))
     to_hf(model).save_pretrained(tmp_path)

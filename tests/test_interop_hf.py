@@ -137,9 +137,9 @@ def test_batched_left_padded_generation_matches_hf(saved, kind):
 def test_llama_grouped_query_attention_is_kept(saved):
     model = from_hf(saved["llama"])
     c = model.config
-    assert (c.num_heads, c.num_kv_heads, c.positional, c.norm, c.activation, c.bias, c.tie_embeddings) == (
+    assert (c.attention.num_heads, c.attention.num_kv_heads, c.position.kind, c.normalization.kind, c.feed_forward.activation, c.bias, c.head.tie) == (
         4, 2, "rope", "rmsnorm", "swiglu", False, False)
-    assert c.rope_base == 500.0 and c.norm_eps == 1e-5
+    assert c.position.base == 500.0 and c.normalization.eps == 1e-5
     assert model.blocks[0].attn.k_proj.weight.shape == (2 * 8, 32)  # (G·D, C)
     assert model.new_kv_caches(1, 4)[0].k.shape == (1, 2, 4, 8)  # the cache holds G heads, not H
 
@@ -148,7 +148,7 @@ def test_bert_maps_to_a_post_ln_encoder(saved):
     model = from_hf(saved["bert"])
     c = model.config
     assert isinstance(model, qkv.Encoder)
-    assert (c.norm_first, c.embedding_norm, c.type_vocab_size, c.norm_eps, c.activation) == (
+    assert (c.normalization.first, c.embedding.norm, c.embedding.type_vocab_size, c.normalization.eps, c.feed_forward.activation) == (
         False, True, 3, 1e-12, "gelu")
     assert model.final_norm is None
 
@@ -217,7 +217,7 @@ def test_round_trip_qkv_to_hf_to_qkv_is_exact(shape, tmp_path):
         ours, theirs = model.state_dict(), back.state_dict()
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-        assert (back.lm_head.weight is back.embed.tok.weight) == cfg.tie_embeddings
+        assert (back.lm_head.weight is back.embed.tok.weight) == cfg.head.tie
         with torch.no_grad():
             assert torch.equal(back(ids).logits, model(ids).logits)
 

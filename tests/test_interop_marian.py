@@ -135,11 +135,11 @@ def test_encoder_states_logits_and_attention_match_hf_on_a_padded_batch(saved, s
 
 def test_marian_settings_become_model_config_fields(saved):
     c = from_hf(saved["opus"]).config
-    assert (c.positional, c.sinusoidal_layout, c.norm_first, c.activation, c.scale_embeddings, c.logits_bias,
-            c.tie_embeddings, c.num_layers, c.num_decoder_layers) == ("sinusoidal", "split", False, "silu", True,
+    assert (c.position.kind, c.position.sinusoidal_layout, c.normalization.first, c.feed_forward.activation, c.embedding.scale, c.head.bias,
+            c.head.tie, c.num_layers, c.num_decoder_layers) == ("sinusoidal", "split", False, "silu", True,
                                                                       True, True, 2, 2)
     u = from_hf(saved["untied"])
-    assert (u.config.tie_embeddings, u.config.num_layers, u.config.num_decoder_layers) == (False, 1, 3)
+    assert (u.config.head.tie, u.config.num_layers, u.config.num_decoder_layers) == (False, 1, 3)
     assert u.lm_head.weight is not u.embed.tok.weight and u.embed.tok.weight is not u.encoder.embed.tok.weight
 
 

@@ -136,7 +136,7 @@ def local_configs() -> dict[str, dict[str, tuple[int, int]]]:
     found = {name: {} for name in PUBLISHED}
     for model, preset in (("Transformer base", "paper-base"), ("GPT-2 small", "gpt2")):
         c = ModelConfig.preset(preset)
-        found[model][f"qkv preset {preset}"] = (c.d_model, c.num_heads)
+        found[model][f"qkv preset {preset}"] = (c.d_model, c.attention.num_heads)
     try:
         from transformers import BertConfig, GPT2Config
     except ImportError:

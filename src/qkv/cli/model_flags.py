@@ -1,7 +1,8 @@
 """The model's shape from the command line, nanoGPT-style: a few named flags and `--model KEY=VALUE`
-for any ModelConfig field (a section's as ``attention.head_dim``, or a flat name such as ``d_ff``), applied
-over the preset and validated as config.json is (``ModelConfig.from_dict``: unknown keys and wrong types
-refused, then the config's own checks).
+for any ModelConfig field (a size as ``d_model``, a section's field as ``attention.head_dim``), applied over the
+preset and validated as config.json is (``ModelConfig.from_dict``: unknown keys and wrong types refused, then the
+config's own checks). A named flag is declared once, on the field it sets (``metadata={"flag": …, "help": …}``,
+as ``AttentionConfig.num_heads``'s ``--heads``): ``model_flags`` finds them.
 
 Multi-head latent attention is ``--model attention=mla`` (short for ``attention.kind=mla``); its widths
 (``attention.kv_lora_rank`` …) default to DeepSeek-V2's proportions of the head width (``latent_defaults``)."""
@@ -12,16 +13,8 @@ from dataclasses import fields
 
 from ..models import ModelConfig
 from ..models.attention_config import LATENT_FIELDS
-from ..models.config import FLAT, SECTIONS, section_fields
+from ..models.config import FLAT, FLAT_APART, SECTIONS, section_fields
 from .errors import CommandError
-
-MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help); a new shape flag is one line here
-    "--positional": ("positional", str, "positional encoding: sinusoidal, learned, rope, alibi, t5 or none"),
-    "--d-model": ("d_model", int, "model width"),
-    "--layers": ("num_layers", int, "number of Transformer blocks"),
-    "--heads": ("num_heads", int, "attention heads (must divide --d-model)"),
-    "--kv-heads": ("num_kv_heads", int, "key/value heads: grouped-query attention (must divide --heads)"),
-}
 
 
 def kinds(annotation) -> set[str]:
@@ -29,19 +22,35 @@ def kinds(annotation) -> set[str]:
     return {t.strip().split("[")[0] for t in str(annotation).split("|")}
 
 
-def field_types() -> dict[str, set[str]]:
-    """Every key --model takes: the sizes, each section's fields as "section.field", and the flat names."""
+def model_fields() -> dict:
+    """Every key --model takes, with its dataclass field: the sizes ("d_model") and each section's fields
+    ("attention.num_heads")."""
     out = {}
     for f in fields(ModelConfig):
         if f.name in SECTIONS:
-            out |= {f"{f.name}.{g.name}": kinds(g.type) for g in section_fields(f.name)}
+            out |= {f"{f.name}.{g.name}": g for g in section_fields(f.name)}
         else:
-            out[f.name] = kinds(f.type)
-    out |= {flat: out[f"{section}.{name}"] for flat, (section, name) in FLAT.items()}
-    return out | {"bias": {"bool"}, "final_norm": {"bool", "None"}}
+            out[f.name] = f
+    return out
 
 
-FIELD_TYPES = field_types()
+FIELDS = model_fields()
+FIELD_TYPES = {key: kinds(f.type) for key, f in FIELDS.items()}  # key -> {"int", "None"}, …
+CASTS = {"int": int, "float": float, "str": str}
+
+
+def model_flags() -> dict[str, tuple[str, type, str]]:
+    """flag -> (the --model key it sets, its type, its help), for each field that declares one
+    (``metadata={"flag": "--heads", "help": …}``)."""
+    flags = {}
+    for key, f in FIELDS.items():
+        if "flag" in f.metadata:
+            cast = next(CASTS[k] for k in sorted(FIELD_TYPES[key]) if k in CASTS)
+            flags[f.metadata["flag"]] = (key, cast, f.metadata["help"])
+    return flags
+
+
+MODEL_FLAGS = model_flags()
 ALIASES = {"attention": "attention.kind"}  # --model attention=mla
 NOT_A_FLAG = {"vocab_size": "the vocabulary size comes from the tokenizer (--vocab-size sets BPE's)"}
 
@@ -51,7 +60,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     for flag, (_, typ, text) in MODEL_FLAGS.items():
         p.add_argument(flag, type=typ, default=None, help=f"{text} (default: the preset's)")
     p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                   help="set any ModelConfig field over the preset, e.g. --model d_ff=512 --model norm=rmsnorm; "
+                   help="set any ModelConfig field over the preset, a section's as SECTION.FIELD, e.g. --model "
+                        "feed_forward.d_ff=512 --model normalization.kind=rmsnorm; "
                         "--model attention=mla: multi-head latent attention (with --positional rope), its "
                         "attention.kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim derived from the "
                         "head width unless given; a mixture of experts: --model moe.enabled=true --model "
@@ -65,6 +75,8 @@ def parse_value(key: str, text: str) -> object:
     """``text`` read as ModelConfig field ``key``'s type: int, float, bool (true/false), str, or None."""
     if key == "moe.enabled":
         return parse_bool(key, text)
+    if key in FLAT or key in FLAT_APART:
+        raise CommandError(flat_key(key, text))
     if key not in FIELD_TYPES:
         known = ", ".join([*FIELD_TYPES, *ALIASES])
         raise CommandError(f"--model {key}=…: unknown ModelConfig field {key!r} (known: {known})")
@@ -85,6 +97,15 @@ def parse_value(key: str, text: str) -> object:
                 raise CommandError(f"--model {key}={text}: expected {'an' if name == 'int' else 'a'} {name}"
                                    + (" or none" if "None" in types else "")) from None
     return text
+
+
+def flat_key(key: str, text: str) -> str:
+    """What --model says of a flat name (a config.json's, ``qkv.models.config.FLAT``): the field to set."""
+    if key == "bias":
+        return (f"--model bias={text}: the biases are {FLAT_APART['bias']}: set each, e.g. --model "
+                f"attention.q_bias={text} --model feed_forward.bias={text}")
+    field = FLAT_APART.get(key) or ".".join(FLAT[key])
+    return f"--model {key}={text}: {key} is {field}: pass --model {field}={text}"
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
@@ -136,8 +157,6 @@ def apply_overrides(base: ModelConfig, overrides: dict) -> ModelConfig:
     d = base.to_dict()
     for key, value in overrides.items():
         section, dot, name = key.partition(".")
-        if key in FLAT:  # a flat name is its section's field, so that section's checks see it with the others
-            (section, name), dot = FLAT[key], "."
         if dot:
             d[section] = {**d.get(section, {}), name: value}  # moe: absent from to_dict while off
         else:
@@ -153,7 +172,7 @@ def settled_attention(d: dict, overrides: dict) -> dict:
     unset = [k for k in (*LATENT_FIELDS, "latent_cache") if f"attention.{k}" not in overrides]
     if a.get("kind") != "mla":
         return {k: v for k, v in a.items() if k not in unset}
-    heads = d.get("num_heads", a.get("num_heads"))
+    heads = a.get("num_heads")
     derived = latent_defaults(d["d_model"], heads) if isinstance(heads, int) and heads > 0 else {}
     return a | {k: v for k, v in derived.items() if k in unset and a.get(k) is None}
 

@@ -119,8 +119,8 @@ def presets_help() -> str:
     lines = ["presets (--preset NAME; why each is shaped so: docs/design-notes.md):",
              f"  {'name':<11} {'layers':>6} {'heads':>5} {'d_model':>7} {'max_len':>7}  {'PE':<11} for"]
     for name, c in PRESETS.items():
-        lines.append(f"  {name:<11} {c.num_layers:>6} {c.num_heads:>5} {c.d_model:>7} {c.max_len:>7}  "
-                     f"{c.positional:<11} {PRESET_NOTES.get(name, 'a preset of qkv.models.PRESETS')}")
+        lines.append(f"  {name:<11} {c.num_layers:>6} {c.attention.num_heads:>5} {c.d_model:>7} {c.max_len:>7}  "
+                     f"{c.position.kind:<11} {PRESET_NOTES.get(name, 'a preset of qkv.models.PRESETS')}")
     return "\n".join(lines)
 
 

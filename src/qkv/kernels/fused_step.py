@@ -326,9 +326,9 @@ class FusedStep:
         tensors = embedding_weights(model.embed, c.max_len) + layer_weights(model)
         self.weights = [t[0] if isinstance(t, tuple) else t for t in tensors]
         self.scales = [t[1] if isinstance(t, tuple) else torch.empty(0) for t in tensors]  # int8's, a row each
-        self.eps, self.scale = c.norm_eps, model.embed.scale
+        self.eps, self.scale = c.normalization.eps, model.embed.scale
         self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
-        self.shape = [c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
+        self.shape = [c.d_model, c.attention.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,
                       NORMS[type(model.blocks[0].attn_norm)], ACTS[act.base], int(act.gated),
                       0 if rope is None else 2 if rope.interleaved else 1]  # decoder_step.cpp's Shape and Rope
         self.experts = experts_shape(c.moe, c.ff_width)

@@ -207,7 +207,7 @@ def _score(model, val_ids: Tensor, starts: list[int], chunk: int, T: int) -> Ten
     try:
         return position_losses(model, val_ids, starts, chunk, T)
     except ValueError:
-        if model.config.positional == "learned" and T > model.config.max_len:
+        if model.config.position.kind == "learned" and T > model.config.max_len:
             return None  # n/a: no embedding exists for those positions
         raise
 

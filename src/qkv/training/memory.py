@@ -42,7 +42,7 @@ def estimated_bytes(model: nn.Module, sharding: str, world: int) -> int:
 def activation_bytes(config, blocks: int, rows: int, T: int, *, checkpointed: bool, bf16: bool = False,
                      attention_weights: bool = True) -> int:
     """What the backward keeps of one micro-batch of ``rows`` × ``T`` tokens (see the module's notes)."""
-    weights = 2 * config.num_heads * T if attention_weights else 0
+    weights = 2 * config.attention.num_heads * T if attention_weights else 0
     block = 8 * config.d_model + 2 * config.ff_width + weights  # floats per token
     kept = blocks * config.d_model + block if checkpointed else blocks * block
     size = 2 if bf16 else 4

@@ -27,7 +27,7 @@ class Not:
 
 
 def config_value(c: ModelConfig, name: str):
-    """A flat ModelConfig name ("norm") or a section's field ("attention.qk_norm")."""
+    """A ModelConfig field: a size ("d_model") or a section's field ("attention.qk_norm")."""
     section, _, field = name.rpartition(".")
     return getattr(getattr(c, section), field) if section else getattr(c, name)
 
@@ -74,7 +74,7 @@ class Family:
     special: Callable[[Path], Special] | None = None  # an encoder-decoder's decoding tokens, from its directory
 
     def export_conditions(self) -> tuple[tuple[str, object], ...]:
-        """``export_when`` as (flat ModelConfig name, value) pairs, all of which a model must meet."""
+        """``export_when`` as (ModelConfig field, value) pairs, all of which a model must meet."""
         when = self.export_when
         if when is None:
             return ()

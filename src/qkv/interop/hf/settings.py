@@ -19,6 +19,7 @@ from ...models import ModelConfig
 from ...nn.layers import ACTIVATIONS
 from ...nn.rope_scaling import FIELDS as ROPE_SCALING_FIELDS
 from ...nn.rope_scaling import RopeScaling
+from .family import config_value
 
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "silu": "silu", "swish": "silu"}  # HF's ACT2FN name -> the function's qkv name (Activation.base)
@@ -184,9 +185,10 @@ def uniform_biases(bias: bool) -> dict[str, bool]:
 
 # --- writing: a ModelConfig's settings that a family has no counterpart for --------------------------
 
-def expect(c: ModelConfig, problems: list[str], **needed) -> None:
-    """Flat ModelConfig names (``norm_first=True``) that must have these values."""
-    problems += [f"{k}={getattr(c, k)!r} (needs {want!r})" for k, want in needed.items() if getattr(c, k) != want]
+def expect(c: ModelConfig, problems: list[str], needed: dict[str, object]) -> None:
+    """ModelConfig fields, "section.field" (``{"normalization.first": True}``), that must have these values."""
+    problems += [f"{k}={config_value(c, k)!r} (needs {want!r})" for k, want in needed.items()
+                 if config_value(c, k) != want]
 
 
 # Variants of today's open models (QK-norm, windows, soft caps, Gemma's norms): a classic family has none, so a
@@ -248,7 +250,7 @@ def expect_sequential_blocks(c: ModelConfig, problems: list[str], family: str) -
 def expect_whole_heads(c: ModelConfig, problems: list[str], family: str) -> None:
     """No grouped K/V heads and D = C / H: a family whose attention has neither."""
     if c.kv_heads != c.attention.num_heads:
-        problems.append(f"num_kv_heads={c.attention.num_kv_heads} ({family} has none)")
+        problems.append(f"attention.num_kv_heads={c.attention.num_kv_heads} ({family} has none)")
     if c.head_dim * c.attention.num_heads != c.d_model:
         problems.append(f"head_dim={c.head_dim} with {c.attention.num_heads} heads (needs d_model / num_heads = "
                         f"{c.d_model // c.attention.num_heads} in {family})")
@@ -273,7 +275,7 @@ def expect_no_mlp_bias(c: ModelConfig, problems: list[str], family: str) -> None
 def export_activation(c: ModelConfig, problems: list[str], *, gated: bool, prefer: tuple[str, ...] = ()) -> str:
     """The HF name a family writes for ``c``'s activation (see ``qkv_to_hf``); a problem when it has none."""
     names = qkv_to_hf(gated=gated, prefer=prefer)
-    if c.activation not in names:
-        problems.append(f"activation={c.activation!r} (needs one of {sorted(names)})")
+    if c.feed_forward.activation not in names:
+        problems.append(f"feed_forward.activation={c.feed_forward.activation!r} (needs one of {sorted(names)})")
         return ""
-    return names[c.activation]
+    return names[c.feed_forward.activation]

@@ -307,7 +307,7 @@ class DecoderTask(Task):
         """The training context T: ``--context``, else the model's max_len; ValueError where learned positions
         end before it."""
         T = cfg.context or mconf.max_len
-        if T > mconf.max_len and mconf.positional == "learned":
+        if T > mconf.max_len and mconf.position.kind == "learned":
             raise ValueError(f"context {T} exceeds max_len {mconf.max_len} of learned positions")
         return T
 

@@ -59,5 +59,5 @@ FAMILY = Family(
     model_type="gemma2", name="Gemma2", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("Gemma2Config", "Gemma2ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm_plus_one")),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm_plus_one")),
 )

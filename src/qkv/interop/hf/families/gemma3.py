@@ -105,7 +105,7 @@ FAMILY = Family(
     model_type="gemma3_text", name="Gemma3", model=GPT, base="model", config=config,
     rules=llama.rules, ignored=llama.IGNORED, hf_classes=("Gemma3TextConfig", "Gemma3ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm_plus_one"), ("attention.qk_norm", True)),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm_plus_one"), ("attention.qk_norm", True)),
 )
 MULTIMODAL = dataclasses.replace(FAMILY, model_type="gemma3", name="Gemma3 (multimodal)", config=multimodal_config,
                                  hf_classes=("Gemma3Config", "Gemma3ForConditionalGeneration"), export=None)

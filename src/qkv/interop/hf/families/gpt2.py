@@ -48,9 +48,9 @@ def rules(c: ModelConfig) -> list[Rule]:
 
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> GPT2Config fields, appending whatever GPT-2 has no counterpart for."""
-    expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, scale_embeddings=False,
-           norm="layernorm", logits_bias=False)
-    problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
+    expect(c, problems, {"normalization.first": True, "embedding.type_vocab_size": 0, "embedding.norm": False,
+                         "embedding.scale": False, "normalization.kind": "layernorm", "head.bias": False})
+    problems += [] if c.has_final_norm else ["normalization.final=False (needs a final norm)"]
     expect_plain_blocks(c, problems)
     expect_sequential_blocks(c, problems, "GPT-2")
     expect_biases(c, problems, "GPT-2")
@@ -67,5 +67,5 @@ FAMILY = Family(
     model_type="gpt2", name="GPT-2", model=GPT, base="transformer", config=config, rules=rules,
     ignored=re.compile(r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"),  # old causal-mask buffers
     hf_classes=("GPT2Config", "GPT2LMHeadModel"), copies=tied_head("wte.weight"),
-    export=export, export_when=("positional", "learned"),
+    export=export, export_when=("position.kind", "learned"),
 )

@@ -114,9 +114,10 @@ def rotary_share(c: ModelConfig, problems: list[str]) -> float:
 
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> GPTNeoXConfig fields, appending whatever GPT-NeoX has no counterpart for."""
-    expect(c, problems, norm_first=True, type_vocab_size=0, embedding_norm=False, scale_embeddings=False,
-           norm="layernorm", rope_interleaved=False, logits_bias=False)
-    problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
+    expect(c, problems, {"normalization.first": True, "embedding.type_vocab_size": 0, "embedding.norm": False,
+                         "embedding.scale": False, "normalization.kind": "layernorm", "position.interleaved": False,
+                         "head.bias": False})
+    problems += [] if c.has_final_norm else ["normalization.final=False (needs a final norm)"]
     expect_plain_blocks(c, problems)
     expect_whole_heads(c, problems, "GPT-NeoX")
     expect_plain_rope(c, problems, "GPT-NeoX")
@@ -143,5 +144,5 @@ FAMILY = Family(
     ignored=re.compile(r"(gpt_neox\.)?(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)"
                        r"|rotary_emb\.inv_freq)"),  # 4.x's causal-mask and RoPE buffers
     hf_classes=("GPTNeoXConfig", "GPTNeoXForCausalLM"), copies=tied_head("embed_in.weight"), rename=modern_name,
-    export=export, export_when=(("positional", "rope"), ("norm", "layernorm")),
+    export=export, export_when=(("position.kind", "rope"), ("normalization.kind", "layernorm")),
 )

@@ -95,10 +95,11 @@ def decoder_export(c: ModelConfig, problems: list[str], family: str, *, norm: st
     """The HF config fields LLaMA and the families built on it share (attention biases apart); ``allowed``: the
     variants the family has (``expect_plain_blocks``)."""
     post = "normalization.post_sublayer" in allowed and c.normalization.post_sublayer  # OLMo-2: norms after, not first
-    expect(c, problems, norm_first=not post, type_vocab_size=0, embedding_norm=False, norm=norm, logits_bias=False)
+    expect(c, problems, {"normalization.first": not post, "embedding.type_vocab_size": 0, "embedding.norm": False,
+                         "normalization.kind": norm, "head.bias": False})
     if "embedding.scale_in_dtype" not in allowed:
-        expect(c, problems, scale_embeddings=False)
-    problems += [] if c.has_final_norm else ["final_norm=False (needs a final norm)"]
+        expect(c, problems, {"embedding.scale": False})
+    problems += [] if c.has_final_norm else ["normalization.final=False (needs a final norm)"]
     act = export_activation(c, problems, gated=True, prefer=prefer)
     expect_plain_blocks(c, problems, allowed)
     expect_sequential_blocks(c, problems, family)
@@ -119,5 +120,5 @@ FAMILY = Family(
     model_type="llama", name="LLaMA", model=GPT, base="model", config=config, rules=rules,
     ignored=IGNORED,
     hf_classes=("LlamaConfig", "LlamaForCausalLM"), copies=tied_head("embed_tokens.weight"),
-    export=export, export_when=(("positional", "rope"), ("norm", "rmsnorm")),
+    export=export, export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm")),
 )

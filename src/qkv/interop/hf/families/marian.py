@@ -95,11 +95,11 @@ def copies(c: ModelConfig) -> dict[str, str]:
 
 def export(c: ModelConfig, problems: list[str]) -> dict:
     """ModelConfig -> MarianConfig fields, appending whatever Marian has no counterpart for."""
-    expect(c, problems, positional="sinusoidal", sinusoidal_layout="split", norm_first=False, norm="layernorm",
-           norm_eps=1e-5)
+    expect(c, problems, {"position.kind": "sinusoidal", "position.sinusoidal_layout": "split",
+                         "normalization.first": False, "normalization.kind": "layernorm", "normalization.eps": 1e-5})
     expect_biases(c, problems, "Marian")
-    expect(c, problems, type_vocab_size=0, embedding_norm=False)
-    problems += ["final_norm=True (Marian has none)"] if c.has_final_norm else []
+    expect(c, problems, {"embedding.type_vocab_size": 0, "embedding.norm": False})
+    problems += ["normalization.final=True (Marian has none)"] if c.has_final_norm else []
     expect_plain_blocks(c, problems)
     expect_whole_heads(c, problems, "Marian")
     activation = export_activation(c, problems, gated=False, prefer=("swish",))

@@ -33,6 +33,6 @@ FAMILY = Family(
     model_type="mistral", name="Mistral", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("MistralConfig", "MistralForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("attention.qk_norm", False),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.qk_norm", False),
                  ("attention.biases", (False, False, False, False)), ("attention.sliding_window", Not(None))),
 )

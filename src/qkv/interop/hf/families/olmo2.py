@@ -42,5 +42,5 @@ FAMILY = Family(
     model_type="olmo2", name="OLMo2", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("Olmo2Config", "Olmo2ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("normalization.post_sublayer", True)),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("normalization.post_sublayer", True)),
 )

@@ -81,7 +81,7 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
                         f"{c.feed_forward.bias} (Phi-3 has none)")
     if c.layer_types and set(c.layer_types) != {"sliding_attention"}:
         problems.append(f"layer_types={sorted(set(c.layer_types))} (Phi-3 slides in every layer or none)")
-    expect(c, problems, rope_interleaved=False)
+    expect(c, problems, {"position.interleaved": False})
     fields = llama.decoder_export(c, problems, "Phi-3", allowed=(
         "attention.sliding_window", "layer_types", "position.rotary_dim"))
     fields.pop("mlp_bias")
@@ -97,5 +97,5 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
 FAMILY = Family(
     model_type="phi3", name="Phi-3", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("Phi3Config", "Phi3ForCausalLM"), copies=tied_head("embed_tokens.weight"),
-    export=export, export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("position.rotary_dim", Not(None))),
+    export=export, export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("position.rotary_dim", Not(None))),
 )

@@ -51,6 +51,6 @@ FAMILY = Family(
     model_type="qwen2", name="Qwen2", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("Qwen2Config", "Qwen2ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("attention.qk_norm", False),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.qk_norm", False),
                  ("attention.biases", (True, True, True, False)), ("feed_forward.bias", False)),
 )

@@ -32,5 +32,5 @@ FAMILY = Family(
     model_type="qwen3", name="Qwen3", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("Qwen3Config", "Qwen3ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("attention.qk_norm", True)),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.qk_norm", True)),
 )

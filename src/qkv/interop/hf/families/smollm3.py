@@ -62,5 +62,5 @@ FAMILY = Family(
     model_type="smollm3", name="SmolLM3", model=GPT, base="model", config=config, rules=llama.rules,
     ignored=llama.IGNORED, hf_classes=("SmolLM3Config", "SmolLM3ForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("positional", "rope"), ("norm", "rmsnorm"), ("position.nope_layers", Not(None))),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("position.nope_layers", Not(None))),
 )
