@@ -94,14 +94,14 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
                                               r"activation='gelu' \(needs one of \['geglu', 'geglu_tanh', 'swiglu'\]\)"),
     (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu")), r"no Hugging Face GPT-NeoX counterpart for this model: "
                                                    r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
-    (dict(position=dict(kind="alibi")), r"positional='learned' \(GPT-2\) or .* \(GPT-NeoX\) or .*; got positional='alibi'"),
-    (dict(position=dict(kind="learned"), normalization=dict(first=False, final=False)), r"norm_first=False \(needs True\)"),
+    (dict(position=dict(kind="alibi")), r"position.kind='learned' \(GPT-2\) or .* \(GPT-NeoX\) or .*; got position.kind='alibi'"),
+    (dict(position=dict(kind="learned"), normalization=dict(first=False, final=False)), r"normalization.first=False \(needs True\)"),
     # what GPT-2 and LLaMA would otherwise drop or compute differently, without a word
-    (dict(position=dict(kind="learned"), head=dict(bias=True)), r"GPT-2 counterpart.*logits_bias=True \(needs False\)"),
+    (dict(position=dict(kind="learned"), head=dict(bias=True)), r"GPT-2 counterpart.*head.bias=True \(needs False\)"),
     (dict(position=dict(kind="learned"), feed_forward=dict(parallel=True)), r"feed_forward.parallel=True \(GPT-2's blocks"),
     (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"), normalization=dict(kind="rmsnorm"),
           head=dict(bias=True)),
-     r"LLaMA counterpart.*logits_bias=True \(needs False\)"),
+     r"LLaMA counterpart.*head.bias=True \(needs False\)"),
     (dict(position=dict(kind="rope", rotary_dim=4), feed_forward=dict(activation="swiglu"),
           normalization=dict(kind="rmsnorm")),
      r"Phi-3 counterpart.*attention biases .* \(Phi-3 has none\)"),  # LLaMA rotates every dimension; Phi-3 need not
@@ -144,7 +144,8 @@ def test_a_demo_preset_run_exports_as_gpt_neox(tmp_path, capsys):
                  "--quiet", "--sample-tokens", "0"]) == 0
     loaded = load_run(run)
     c = loaded.model.config
-    assert (c.position.kind, c.normalization.kind, c.feed_forward.activation, c.bias, c.head.tie) == ("rope", "layernorm", "gelu", False, True)
+    assert (c.position.kind, c.normalization.kind, c.feed_forward.activation, c.attention.biases, c.feed_forward.bias,
+            c.head.tie) == ("rope", "layernorm", "gelu", (False,) * 4, False, True)
     assert main(["export", "--run", str(run), "--hf", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     text = "def f(x):\n    return x * 2"

@@ -169,7 +169,7 @@ def test_gemma_embedding_scale_copies_nothing_to_the_device(dtype):
     from qkv.models import ModelConfig
     from qkv.models.trunk import Embeddings
 
-    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "num_heads": 2, "num_layers": 1,
+    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "attention": {"num_heads": 2}, "num_layers": 1,
                                     "max_len": 16, "embedding": {"scale": True, "scale_in_dtype": True}})
     embeddings = Embeddings(config).to(dtype)
     ids = torch.randint(0, 50, (2, 5))
@@ -461,7 +461,7 @@ def test_gemma_embeddings_build_on_the_meta_device():
     from qkv.models import ModelConfig
     from qkv.models.trunk import Embeddings
 
-    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "num_heads": 2, "num_layers": 1,
+    config = ModelConfig.from_dict({"vocab_size": 50, "d_model": 40, "attention": {"num_heads": 2}, "num_layers": 1,
                                     "max_len": 16, "embedding": {"scale": True, "scale_in_dtype": True}})
     with torch.device("meta"):
         embeddings = Embeddings(config)

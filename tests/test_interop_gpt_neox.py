@@ -130,8 +130,8 @@ def test_query_key_value_rows_go_by_head():
 
 def test_the_demo_architecture_exports_and_transformers_loads_it(tmp_path):
     demo = qkv.ModelConfig.preset("demo", vocab_size=80, d_model=32, num_layers=2, max_len=48)
-    assert (demo.position.kind, demo.normalization.kind, demo.feed_forward.activation, demo.bias, demo.head.tie) == (
-        "rope", "layernorm", "gelu", False, True)  # the preset's architecture at a tiny size
+    assert (demo.position.kind, demo.normalization.kind, demo.feed_forward.activation, demo.attention.biases,
+            demo.feed_forward.bias, demo.head.tie) == ("rope", "layernorm", "gelu", (False,) * 4, False, True)  # the preset's architecture at a tiny size
     model = perturbed(qkv.GPT(demo))
     to_hf(model).save_pretrained(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -175,12 +175,12 @@ def test_a_share_that_rounds_below_its_dims_is_written_so_transformers_gets_them
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(position=dict(interleaved=True)), r"rope_interleaved=True \(needs False\)"),
+    (dict(position=dict(interleaved=True)), r"position.interleaved=True \(needs False\)"),
     (dict(attention=dict(num_kv_heads=2)), r"num_kv_heads=2 \(GPT-NeoX has none\)"),
     (dict(feed_forward=dict(activation="swiglu")), r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh', 'relu', 'silu'\]\)"),
     (dict(attention=dict(num_heads=4, out_bias=False)),
      r"attention biases \(q, k, v, out\) = \(True, True, True, False\) differ \(GPT-NeoX's attention_bias"),
-    (dict(head=dict(bias=True)), r"logits_bias=True \(needs False\)"),
+    (dict(head=dict(bias=True)), r"head.bias=True \(needs False\)"),
 ])
 def test_what_gpt_neox_cannot_hold_is_refused(shape, message):
     config = qkv.ModelConfig(d_model=32, num_layers=1, position=dict(kind="rope"), **shape)

@@ -137,8 +137,9 @@ def test_batched_left_padded_generation_matches_hf(saved, kind):
 def test_llama_grouped_query_attention_is_kept(saved):
     model = from_hf(saved["llama"])
     c = model.config
-    assert (c.attention.num_heads, c.attention.num_kv_heads, c.position.kind, c.normalization.kind, c.feed_forward.activation, c.bias, c.head.tie) == (
-        4, 2, "rope", "rmsnorm", "swiglu", False, False)
+    assert (c.attention.num_heads, c.attention.num_kv_heads, c.position.kind, c.normalization.kind,
+            c.feed_forward.activation, c.attention.biases, c.feed_forward.bias, c.head.tie) == (
+        4, 2, "rope", "rmsnorm", "swiglu", (False,) * 4, False, False)
     assert c.position.base == 500.0 and c.normalization.eps == 1e-5
     assert model.blocks[0].attn.k_proj.weight.shape == (2 * 8, 32)  # (G·D, C)
     assert model.new_kv_caches(1, 4)[0].k.shape == (1, 2, 4, 8)  # the cache holds G heads, not H
@@ -165,7 +166,7 @@ def test_rope_interleaved_equals_half_split_after_meta_permutation():
                           feed_forward=dict(activation="swiglu", bias=False), normalization=dict(kind="rmsnorm"),
                           head=dict(tie=False), num_layers=2, max_len=32)
     interleaved = randomize(qkv.GPT(cfg))
-    half = qkv.GPT(qkv.ModelConfig(**{**cfg.to_dict(), "rope_interleaved": False})).eval()
+    half = qkv.GPT(cfg.replace(position={"interleaved": False})).eval()
     state = interleaved.state_dict()
     half.load_state_dict(state)  # same weights, q/k rows not yet permuted
     ids = torch.randint(0, 50, (2, 10))
@@ -363,13 +364,13 @@ def test_from_hf_and_to_hf_reject_wrong_types():
         from_hf("anywhere", dtype=torch.int64)
     with pytest.raises(TypeError, match="converts a qkv.GPT"):
         to_hf(qkv.Encoder(qkv.PRESETS["tiny"]))
-    with pytest.raises(ValueError, match=r"positional='learned' \(GPT-2\) or positional='rope' and norm='rmsnorm' "
-                                         r"\(LLaMA\) or positional='rope' and norm='layernorm' \(GPT-NeoX\) or .* \(Mistral\) "
-                                         r"or positional='rope' and norm='rmsnorm_plus_one' \(Gemma2\) or .* "
+    with pytest.raises(ValueError, match=r"position.kind='learned' \(GPT-2\) or position.kind='rope' and normalization.kind='rmsnorm' "
+                                         r"\(LLaMA\) or position.kind='rope' and normalization.kind='layernorm' \(GPT-NeoX\) or .* \(Mistral\) "
+                                         r"or position.kind='rope' and normalization.kind='rmsnorm_plus_one' \(Gemma2\) or .* "
                                          r"\(Gemma3\) or .* \(DeepSeek-V3\) or .* \(DeepSeek-V2\) or .* \(SmolLM3\) "
                                          r"or .* \(OLMo2\) or .* \(Phi-3\) or .* \(Mixtral\) or .* \(Qwen2-MoE\) "
                                          r"or .* \(Qwen3-MoE\) or .* \(gpt-oss\); "
-                                         r"got positional='alibi', norm='layernorm'"):
+                                         r"got position.kind='alibi', normalization.kind='layernorm'"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="alibi"))))
     with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny",

@@ -131,9 +131,10 @@ def test_encoder_decoder_transformer():
 
 @pytest.mark.parametrize(
     "kw,error,words",
-    [({"d_model": 30, "num_heads": 4}, ValueError, "divisible"), ({"positional": "xpos"}, ValueError, "positional"),
-     ({"num_kv_heads": 3}, ValueError, "multiple"), ({"d_model": 10**9}, ValueError, "absurd"),
-     ({"vocab_size": 0}, ValueError, "vocab_size"), ({"norm": "batchnorm"}, ValueError, "norm")],
+    [({"d_model": 30, "attention": {"num_heads": 4}}, ValueError, "divisible"),
+     ({"position": {"kind": "xpos"}}, ValueError, "positional"),
+     ({"attention": {"num_kv_heads": 3}}, ValueError, "multiple"), ({"d_model": 10**9}, ValueError, "absurd"),
+     ({"vocab_size": 0}, ValueError, "vocab_size"), ({"normalization": {"kind": "batchnorm"}}, ValueError, "norm")],
 )
 def test_config_validation(kw, error, words):
     with pytest.raises(error, match=words):

@@ -173,7 +173,7 @@ def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
     """ModelConfig.scale_embeddings (added for these studies): x = √C · tok(ids) + PE(pos), Vaswani §3.4."""
     conf = ModelConfig(vocab_size=11, d_model=16, attention=dict(num_heads=2), position=dict(kind="sinusoidal"),
                        num_layers=1)
-    plain, scaled = GPT(conf), GPT(ModelConfig(**{**conf.to_dict(), "scale_embeddings": True}))
+    plain, scaled = GPT(conf), GPT(conf.replace(embedding={"scale": True}))
     scaled.load_state_dict(plain.state_dict())
     ids = torch.tensor([[1, 5, 7]])
     pos = torch.arange(3)
