@@ -20,7 +20,7 @@ def model(seed: int = 0, arch: type[Transformer] = Transformer, **kw) -> Transfo
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=V, d_model=16, attention=dict(num_heads=2), position=dict(kind="sinusoidal"),
                       feed_forward=dict(activation="relu"), normalization=dict(first=False, final=False),
-                      num_layers=2, max_len=16, dropout=0.0, **kw)
+                      num_layers=2, max_len=16, dropout=0.0).replace(**kw)
     m = arch(cfg).eval()
     with torch.no_grad():  # sharper distributions than N(0, 0.02) gives, so that searches differ
         m.lm_head.weight.mul_(40)

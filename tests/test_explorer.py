@@ -46,7 +46,7 @@ class CharTokenizer:
 def _model(*, encoder: bool = False, **overrides) -> torch.nn.Module:
     """A random tiny model whose heads differ: q/k weights wide enough for sharp, distinct maps."""
     torch.manual_seed(0)
-    config = qkv.ModelConfig.preset("tiny", num_layers=3, attention=dict(num_heads=4), **overrides)
+    config = qkv.ModelConfig.preset("tiny", num_layers=3, attention=dict(num_heads=4)).replace(**overrides)
     model = (qkv.Encoder if encoder else qkv.GPT)(config)
     for block in model.blocks:
         torch.nn.init.normal_(block.attn.q_proj.weight, std=0.3)

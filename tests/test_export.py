@@ -42,7 +42,7 @@ def hf_load(out, text):
 def make_run(path, tokenizer, **shape):
     """A run directory holding a random GPT (every weight perturbed, so norms and biases count too)."""
     model = qkv.GPT(qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, attention=dict(num_heads=4),
-                                    num_layers=2, max_len=64, **shape))
+                                    num_layers=2, max_len=64).replace(**shape))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

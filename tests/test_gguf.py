@@ -35,7 +35,7 @@ def perturbed(model):
 def make_run(path, tokenizer, **shape):
     torch.manual_seed(0)
     config = qkv.ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, attention=dict(num_heads=4), num_layers=2,
-                             max_len=64, **shape)
+                             max_len=64).replace(**shape)
     save_model(path, perturbed(qkv.GPT(config)), tokenizer)
     return path
 

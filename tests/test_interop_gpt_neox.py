@@ -183,7 +183,7 @@ def test_a_share_that_rounds_below_its_dims_is_written_so_transformers_gets_them
     (dict(head=dict(bias=True)), r"head.bias=True \(needs False\)"),
 ])
 def test_what_gpt_neox_cannot_hold_is_refused(shape, message):
-    config = qkv.ModelConfig(d_model=32, num_layers=1, position=dict(kind="rope"), **shape)
+    config = qkv.ModelConfig(d_model=32, num_layers=1, position=dict(kind="rope")).replace(**shape)
     with pytest.raises(ValueError, match="no Hugging Face GPT-NeoX counterpart for this model: .*" + message):
         to_hf(qkv.GPT(config))
 

@@ -205,8 +205,8 @@ QKV_SHAPES = {
 
 @pytest.mark.parametrize("shape", sorted(QKV_SHAPES))
 def test_round_trip_qkv_to_hf_to_qkv_is_exact(shape, tmp_path):
-    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4), num_layers=2, max_len=32,
-                          **QKV_SHAPES[shape])
+    cfg = qkv.ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=4), num_layers=2,
+                          max_len=32).replace(**QKV_SHAPES[shape])
     model = randomize(qkv.GPT(cfg))
     hf = to_hf(model)
     ids = torch.randint(0, 64, (2, 9))

@@ -12,7 +12,7 @@ from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 
 def tiny(positional="rope", **change):
     torch.manual_seed(0)
-    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=40, max_len=32, position=dict(kind=positional), **change)).eval()
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=40, max_len=32, position=dict(kind=positional)).replace(**change)).eval()
 
 
 def moe_layer(**experts) -> MixtureOfExperts:

@@ -13,7 +13,7 @@ from qkv.kernels import fused_step
 
 def tiny(**change) -> qkv.GPT:
     torch.manual_seed(0)
-    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=40, max_len=32, position=dict(kind="rope"), **change)).eval()
+    return qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=40, max_len=32, position=dict(kind="rope")).replace(**change)).eval()
 
 
 def test_generate_chooses_its_backend_once_and_a_given_plan_is_not_chosen_again(monkeypatch):

@@ -147,7 +147,7 @@ def scaled(scaling, **settings) -> qkv.ModelConfig:
     return qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=1, max_len=64,
                            attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
                            feed_forward=dict(bias=False, activation="swiglu"), normalization=dict(kind="rmsnorm"),
-                           position=dict(kind="rope", base=500.0, scaling=scaling), **settings)
+                           position=dict(kind="rope", base=500.0, scaling=scaling)).replace(**settings)
 
 
 @pytest.mark.parametrize("name", SCALINGS)

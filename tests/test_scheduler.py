@@ -16,7 +16,7 @@ def tiny_gpt(vocab_size: int, max_len: int = 96, **change) -> qkv.GPT:
     """A random GPT whose weights are scaled up: its greedy answers vary (a freshly initialised one repeats)."""
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=vocab_size, max_len=max_len,
-                                           attention=dict(num_kv_heads=2), position=dict(kind="rope"), **change)).eval()
+                                           attention=dict(num_kv_heads=2), position=dict(kind="rope")).replace(**change)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

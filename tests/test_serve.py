@@ -111,7 +111,7 @@ def test_mla_and_moe_models_are_served_as_alone(change):
     """A DeepSeek-shaped latent cache (attention.kind mla), and a mixture of experts: rows as alone."""
     torch.manual_seed(0)
     model = qkv.GPT(qkv.ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=96, position=dict(kind="rope"),
-                                    normalization=dict(kind="rmsnorm"), **change)).eval()
+                                    normalization=dict(kind="rmsnorm")).replace(**change)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2 and "embed" not in name:
