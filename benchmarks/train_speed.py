@@ -111,9 +111,9 @@ def demo_gpt2_config() -> qkv.ModelConfig:
     from qkv.training.tasks import task_type
 
     demo, (_, vocab) = PRESETS["demo"], task_type("lm").defaults.tokenizer_for("demo")
-    return qkv.ModelConfig.preset("gpt2", vocab_size=vocab, d_model=demo.d_model,
-                                  attention=dict(num_heads=demo.attention.num_heads), feed_forward=dict(activation="gelu"),
-                                  num_layers=demo.num_layers, max_len=demo.max_len)
+    return qkv.ModelConfig.preset("gpt2", vocab_size=vocab, d_model=demo.d_model, num_layers=demo.num_layers,
+                                  max_len=demo.max_len, attention=dict(num_heads=demo.attention.num_heads),
+                                  feed_forward=dict(activation="gelu"))
 
 
 def load_nanogpt(path: str):
@@ -330,8 +330,8 @@ def speed_tables(args: argparse.Namespace) -> str:
     print(out)
     print("median of interleaved optimizer steps; identical weights and batch (first losses asserted equal)")
     c = demo_gpt2_config()
-    print(f"\nthe demo's shape with nanoGPT's choices (d_model {c.d_model}, {c.num_layers} layers, {c.attention.num_heads} "
-          f"heads, context {c.max_len}, vocabulary {c.vocab_size}; learned positions, LayerNorm, GELU, biases), "
+    print(f"\nthe demo's shape with nanoGPT's choices (d_model {c.d_model}, {c.num_layers} layers, "
+          f"{c.attention.num_heads} heads, context {c.max_len}, vocabulary {c.vocab_size}; learned positions, LayerNorm, GELU, biases), "
           "AdamW, batch 16:")
     budget = args.budget_s or (10.0 if args.quick else 180.0)
     if torch.cuda.is_available():  # the demo-shape contenders run on the CPU: their fraction is of the CPU's peak

@@ -149,7 +149,8 @@ def learned_max_len(learned: Callable | None = None, sinusoidal: Callable | None
     ids = torch.randint(0, 32, (1, max_len + 1))
     gpt_learned = error_of(lambda: GPT(ModelConfig(**cfg, position=dict(kind="learned")))(ids))
     with torch.no_grad():
-        logits = GPT(ModelConfig(**cfg, position=dict(kind="sinusoidal")))(torch.randint(0, 32, (1, 4 * max_len))).logits
+        far_ids = torch.randint(0, 32, (1, 4 * max_len))
+        logits = GPT(ModelConfig(**cfg, position=dict(kind="sinusoidal")))(far_ids).logits
     clear = beyond.startswith("ValueError") and str(max_len) in beyond and gpt_learned.startswith("ValueError")
     holds = inside == "no error" and clear and sin_ok and bool(torch.isfinite(logits).all())
     summary = say("learned-max-len", max_len=max_len, beyond_n=max_len + 1, beyond=beyond, far=far, finite=sin_ok,

@@ -33,6 +33,7 @@ from ..checks import check_positive_int
 from ..fileio import atomic_write
 from ..generation.timing import decode_step_seconds, fill_random
 from ..models import GPT, ModelConfig
+from ..models.config import NO_BIAS
 from ..training.recipe import LN2, TrainConfig, eval_starts, evaluate, train
 from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
@@ -115,7 +116,7 @@ class KVStudyConfig:
                                  qk_rope_head_dim=self.rope_dim, qk_nope_head_dim=D - self.rope_dim, v_head_dim=D)}[variant]
         return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_layers=self.num_layers,
                            max_len=max(self.contexts[-1] + 1, self.train_len), position=dict(kind="rope"),
-                           attention=attention | dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                           attention=attention | NO_BIAS,
                            feed_forward=dict(d_ff=d_ff or self.d_ff or 4 * self.d_model, bias=False))
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..checks import check_positive_int
 from ..models import ModelConfig
+from ..models.config import NO_BIAS
 from ..training.recipe import TrainConfig, train
 from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
@@ -76,7 +77,7 @@ class MoEStudyConfig:
     def model_config(self, name: str, vocab_size: int) -> ModelConfig:
         """The GPT of ``name`` (MODELS): one trunk, the feed-forward as the module notes say."""
         base = dict(vocab_size=vocab_size, d_model=self.d_model,
-                    attention=dict(num_heads=self.num_heads, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    attention=dict(num_heads=self.num_heads, **NO_BIAS),
                     position=dict(kind="rope"), feed_forward=dict(activation="swiglu", bias=False, d_ff=self.d_ff),
                     normalization=dict(kind="rmsnorm"), num_layers=self.num_layers, max_len=self.context)
         if name == "dense":

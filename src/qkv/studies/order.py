@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..checks import check_positive_int
 from ..fileio import atomic_json, atomic_write
 from ..models import Encoder, ModelConfig
+from ..models.config import NO_BIAS
 from ..runtime import machine, resolve_device
 from ..training.recipe import TrainConfig, build_optimizer, lr_at
 from .pe import DEFAULT_SCHEMES, SCHEMES
@@ -128,10 +129,10 @@ def accuracy(model: nn.Module, ids: Tensor, targets: Tensor, *, batch_size: int 
 def train_one(cfg: OrderStudyConfig, task: str, scheme: str, test: Tensor) -> tuple[float, float]:
     """Train an OrderModel on ``task`` with positional scheme ``scheme``; (test accuracy, last training loss)."""
     device = resolve_device(cfg.device)
-    mconf = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model,
-                        attention=dict(num_heads=cfg.num_heads, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
-                        position=dict(kind=scheme), feed_forward=dict(bias=False), embedding=dict(scale=True),
-                        num_layers=cfg.num_layers, max_len=cfg.seq_len)  # as in study pe: sinusoids must not drown the tokens
+    mconf = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, num_layers=cfg.num_layers, max_len=cfg.seq_len,
+                        attention=dict(num_heads=cfg.num_heads, **NO_BIAS), position=dict(kind=scheme),
+                        feed_forward=dict(bias=False),
+                        embedding=dict(scale=True))  # as in study pe: sinusoids must not drown the tokens
     torch.manual_seed(cfg.seed)
     model = OrderModel(mconf).to(device)
     # The training issue's optimizer (AdamW, decay on matrices only) and warmup + cosine schedule.

@@ -31,6 +31,7 @@ from torch import Tensor
 from ..checks import check_positive_int
 from ..fileio import atomic_write
 from ..models import POSITIONAL, ModelConfig
+from ..models.config import NO_BIAS
 from ..training.recipe import LN2, TrainConfig, train
 from .pages import RESULTS, csv_bytes, finished_summary, localized, say, write_results, write_summary
 from .progress import models_bar
@@ -93,7 +94,7 @@ def study_model_config(scheme: str, vocab_size: int, *, d_model: int, num_heads:
                        max_len: int) -> ModelConfig:
     """The studies' GPT: no biases, token embeddings × √d_model (Vaswani §3.4), position kind ``scheme``."""
     return ModelConfig(vocab_size=vocab_size, d_model=d_model,
-                       attention=dict(num_heads=num_heads, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                       attention=dict(num_heads=num_heads, **NO_BIAS),
                        position=dict(kind=scheme), feed_forward=dict(bias=False), embedding=dict(scale=True),
                        num_layers=num_layers, max_len=max_len)
 

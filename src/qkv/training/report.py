@@ -43,7 +43,8 @@ def run_info(path: str | os.PathLike) -> dict:
     c, n = loaded.config, sum(p.numel() for p in loaded.model.parameters())
     info = {"run": str(run), "model": f"{type(loaded.model).__name__}, {n / 1e6:.3f} M parameters: "
             f"d_model={c.d_model}, num_heads={c.attention.num_heads}, num_layers={c.num_layers}, d_ff={c.ff_width}, "
-            f"max_len={c.max_len}, positional={c.position.kind}, norm_first={c.normalization.first}, activation={c.feed_forward.activation}, "
+            f"max_len={c.max_len}, positional={c.position.kind}, norm_first={c.normalization.first}, "
+            f"activation={c.feed_forward.activation}, "
             f"attention={attention_words(c)}",
             "tokenizer": f"{loaded.tokenizer.kind}, {loaded.tokenizer.vocab_size} tokens",
             "step": int(run.weights_metadata().get("step", 0))}

@@ -129,9 +129,10 @@ def export_moe(c: ModelConfig, problems: list[str], family: str, **fixed) -> dic
     needed = PLAIN_ROUTER | fixed
     problems += [f"moe.{k}={getattr(m, k)!r} ({family} needs {v!r})" for k, v in needed.items() if getattr(m, k) != v]
     sparse = any(c.moe_layer(i) for i in range(c.num_layers))
-    if needed["activation"] == "swiglu" and c.feed_forward.activation != "swiglu" and sparse:  # hidden_act: experts' and MLPs' alike
-        problems.append(f"feed_forward.activation={c.feed_forward.activation!r} with a mixture of experts ({family}'s hidden_act is the experts' "
-                        "too, and qkv's experts are 'swiglu')")
+    act = c.feed_forward.activation
+    if needed["activation"] == "swiglu" and act != "swiglu" and sparse:  # hidden_act: experts' and MLPs' alike
+        problems.append(f"feed_forward.activation={act!r} with a mixture of experts ({family}'s hidden_act is the "
+                        "experts' too, and qkv's experts are 'swiglu')")
     losses = dict(router_aux_loss_coef=m.aux_loss_coef, output_router_logits=True) if m.aux_loss_coef else {}
     return dict(num_experts_per_tok=m.top_k, norm_topk_prob=m.norm_topk_prob, decoder_sparse_step=1,
                 mlp_only_layers=[i for i in range(c.num_layers) if not c.moe_layer(i)]) | losses

@@ -246,7 +246,8 @@ def export_v2_experts(c: ModelConfig, problems: list[str]) -> dict:
                 routed_scaling_factor=m.routed_scaling_factor, num_experts_per_tok=routing.get("num_experts_per_tok"))
 
 
-MLA = (("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.kind", "mla"))  # LLaMA's pairs and one more
+MLA = (("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+       ("attention.kind", "mla"))  # LLaMA's pairs and one more
 V3 = Family(
     model_type="deepseek_v3", name="DeepSeek-V3", model=GPT, base="model", config=config_v3, rules=rules,
     ignored=llama.IGNORED, hf_classes=("DeepseekV3Config", "DeepseekV3ForCausalLM"),

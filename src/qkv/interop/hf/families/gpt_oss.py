@@ -119,5 +119,6 @@ FAMILY = Family(
     model_type="gpt_oss", name="gpt-oss", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("GptOssConfig", "GptOssForCausalLM"),
     copies=tied_head("embed_tokens.weight"), export=export,
-    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.kind", "sink"), ("moe.enabled", True)),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+                 ("attention.kind", "sink"), ("moe.enabled", True)),
 )

@@ -64,6 +64,7 @@ FAMILY = Family(
     model_type="mixtral", name="Mixtral", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("MixtralConfig", "MixtralForCausalLM"),
     copies=tied_head("embed_tokens.weight"), rename=rename, merge=fuse_experts, export=export,
-    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.kind", "mha"), ("attention.qk_norm", False),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+                 ("attention.kind", "mha"), ("attention.qk_norm", False),
                  ("attention.biases", (False, False, False, False)), ("moe.enabled", True), ("moe.d_shared", None)),
 )

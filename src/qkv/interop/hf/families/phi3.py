@@ -97,5 +97,6 @@ def export(c: ModelConfig, problems: list[str]) -> dict:
 FAMILY = Family(
     model_type="phi3", name="Phi-3", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("Phi3Config", "Phi3ForCausalLM"), copies=tied_head("embed_tokens.weight"),
-    export=export, export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("position.rotary_dim", Not(None))),
+    export=export, export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+                                ("position.rotary_dim", Not(None))),
 )

@@ -67,6 +67,7 @@ FAMILY = Family(
     model_type="qwen2_moe", name="Qwen2-MoE", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     copies=tied_head("embed_tokens.weight"), merge=fuse_experts, export=export,
-    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.kind", "mha"), ("attention.qk_norm", False),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+                 ("attention.kind", "mha"), ("attention.qk_norm", False),
                  ("feed_forward.bias", False), ("moe.enabled", True), ("moe.shared_gate", True)),  # more than Qwen2's
 )

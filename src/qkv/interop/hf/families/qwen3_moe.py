@@ -59,6 +59,7 @@ FAMILY = Family(
     model_type="qwen3_moe", name="Qwen3-MoE", model=GPT, base="model", config=config, rules=rules,
     ignored=llama.IGNORED, hf_classes=("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     copies=tied_head("embed_tokens.weight"), merge=fuse_experts, export=export,
-    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"), ("attention.kind", "mha"), ("attention.qk_norm", True),
+    export_when=(("position.kind", "rope"), ("normalization.kind", "rmsnorm"),
+                 ("attention.kind", "mha"), ("attention.qk_norm", True),
                  ("moe.enabled", True), ("moe.d_shared", None)),
 )
