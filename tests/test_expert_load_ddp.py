@@ -33,8 +33,9 @@ ExpertLoad.after_step = spy
 speed, steps = float(sys.argv[2]), int(sys.argv[3])
 text = "".join(f"def f{i}(x):\\n    return x * {i} + {i % 7}\\n\\n" for i in range(300))
 moe = dict(num_experts=4, d_expert=16, bias_update_speed=speed, layers=("dense", "moe", "moe"))
-model = ModelConfig(d_model=16, num_heads=2, num_layers=3, max_len=32, positional="rope", norm="rmsnorm",
-                    activation="swiglu", bias=False, moe=moe)
+model = ModelConfig(d_model=16, num_layers=3, max_len=32, moe=moe, position=dict(kind="rope"),
+                    attention=dict(num_heads=2, q_bias=False, k_bias=False, v_bias=False, out_bias=False),
+                    feed_forward=dict(activation="swiglu", bias=False), normalization=dict(kind="rmsnorm"))
 cfg = TrainConfig(model=model, max_steps=steps, batch_size=8, context=32, eval_interval=100, eval_windows=2,
                   lr=1e-2, threads=1, warmup_steps=1, progress=False, final_eval=False, device="cpu", seed=5)
 result = train(cfg, corpus=Corpus(train=text[:-2000], val=text[-2000:], source="test"))

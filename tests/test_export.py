@@ -90,10 +90,12 @@ def test_out_is_refused_when_taken_unless_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shape, message", [
-    (dict(position=dict(kind="rope"), normalization=dict(kind="rmsnorm")), r"no Hugging Face LLaMA counterpart for this model: "
-                                              r"activation='gelu' \(needs one of \['geglu', 'geglu_tanh', 'swiglu'\]\)"),
-    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu")), r"no Hugging Face GPT-NeoX counterpart for this model: "
-                                                   r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh'"),
+    (dict(position=dict(kind="rope"), normalization=dict(kind="rmsnorm")),
+     r"no Hugging Face LLaMA counterpart for this model: "
+     r"feed_forward.activation='gelu' \(needs one of \['geglu', 'geglu_tanh', 'swiglu'\]\)"),
+    (dict(position=dict(kind="rope"), feed_forward=dict(activation="swiglu")),
+     r"no Hugging Face GPT-NeoX counterpart for this model: feed_forward.activation='swiglu' \(needs one of "
+     r"\['gelu', 'gelu_tanh'"),
     (dict(position=dict(kind="alibi")), r"position.kind='learned' \(GPT-2\) or .* \(GPT-NeoX\) or .*; got position.kind='alibi'"),
     (dict(position=dict(kind="learned"), normalization=dict(first=False, final=False)), r"normalization.first=False \(needs True\)"),
     # what GPT-2 and LLaMA would otherwise drop or compute differently, without a word

@@ -44,7 +44,7 @@ def outside_shards(recipe):
 
 
 torch.distributed.init_process_group("gloo")
-model = GPT(ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=2, max_len=32))
+model = GPT(ModelConfig(vocab_size=64, d_model=32, attention=dict(num_heads=2), num_layers=2, max_len=32))
 whole = sum(p.numel() * p.element_size() for p in model.parameters())
 shard_model(model, torch.device("cpu"), 2)
 out = sys.argv[1]

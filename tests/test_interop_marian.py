@@ -235,7 +235,7 @@ def test_round_trip_qkv_to_hf_to_qkv_is_exact(logits_bias, tmp_path):
                                    atol=1e-4, rtol=1e-4)
     hf.save_pretrained(tmp_path)
     back = from_hf(tmp_path)
-    assert back.config.logits_bias and back.config.num_decoder_layers == 1  # no bias = a zero final_logits_bias
+    assert back.config.head.bias and back.config.num_decoder_layers == 1  # no bias = a zero final_logits_bias
     ours, theirs = model.state_dict(), back.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert logits_bias or not back.lm_head.bias.any()

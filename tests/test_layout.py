@@ -104,7 +104,8 @@ def test_the_models_generate_methods_stay_public_and_work():
         assert "max_new_tokens" in inspect.signature(Transformer.generate).parameters
         assert "sampling" in GPT.generate.__doc__ and "beam search" in Transformer.generate.__doc__
         torch.manual_seed(0)
-        config = ModelConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=16)
+        config = ModelConfig(vocab_size=11, d_model=8, attention=dict(num_heads=2), num_layers=1, feed_forward=dict(d_ff=16),
+                             max_len=16)
         out = GPT(config).eval().generate(torch.tensor([[1, 2]]), 3, temperature=0.0)
         assert out.shape == (1, 5) and out[0, :2].tolist() == [1, 2], out
         from qkv.generation.beam_search import Special

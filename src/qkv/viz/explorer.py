@@ -59,6 +59,11 @@ def _b64_float32(t: Tensor) -> str:
     return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
+def position_kind(model: nn.Module) -> str | None:
+    """The model's ``config.position.kind``; None for a model without a qkv config."""
+    return getattr(getattr(getattr(model, "config", None), "position", None), "kind", None)
+
+
 def _positional(model: nn.Module, T: int, device: torch.device) -> dict[str, Any]:
     """The additive PE rows 0 … T−1 as (T, C) plus their cosine similarity (T, T), or a note why none."""
     from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -69,7 +74,7 @@ def _positional(model: nn.Module, T: int, device: torch.device) -> dict[str, Any
     elif isinstance(pos, LearnedPositionalEmbedding):
         kind, pe = "learned", pos.weight[:T]  # (T, C)
     else:
-        name = getattr(getattr(model, "config", None), "positional", "none")
+        name = position_kind(model) or "none"
         return {"kind": name, "note": _POSITION_NOTES.get(name, f"no additive positional matrix ({name})")}
     pe = pe.detach().float()
     unit = pe / pe.norm(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -181,7 +186,7 @@ def _is_causal(att: Tensor) -> bool:
 def _model_facts(model: nn.Module, *, causal: bool) -> dict[str, Any]:
     config = getattr(model, "config", None)
     return {"kind": type(model).__name__, "causal": causal, "d_model": getattr(config, "d_model", None),
-            "positional": None if config is None else config.position.kind,
+            "positional": position_kind(model),
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
