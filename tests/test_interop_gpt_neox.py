@@ -176,8 +176,8 @@ def test_a_share_that_rounds_below_its_dims_is_written_so_transformers_gets_them
 
 @pytest.mark.parametrize("shape, message", [
     (dict(position=dict(interleaved=True)), r"position.interleaved=True \(needs False\)"),
-    (dict(attention=dict(num_kv_heads=2)), r"num_kv_heads=2 \(GPT-NeoX has none\)"),
-    (dict(feed_forward=dict(activation="swiglu")), r"activation='swiglu' \(needs one of \['gelu', 'gelu_tanh', 'relu', 'silu'\]\)"),
+    (dict(attention=dict(num_kv_heads=2)), r"attention.num_kv_heads=2 \(GPT-NeoX has none\)"),
+    (dict(feed_forward=dict(activation="swiglu")), r"feed_forward.activation='swiglu' \(needs one of \['gelu', 'gelu_tanh', 'relu', 'silu'\]\)"),
     (dict(attention=dict(num_heads=4, out_bias=False)),
      r"attention biases \(q, k, v, out\) = \(True, True, True, False\) differ \(GPT-NeoX's attention_bias"),
     (dict(head=dict(bias=True)), r"head.bias=True \(needs False\)"),

@@ -214,7 +214,7 @@ def test_round_trip_qkv_to_hf_to_qkv_is_exact(shape, tmp_path):
         torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-4, rtol=1e-4)
     hf.save_pretrained(tmp_path)
     for back in (from_hf(hf), from_hf(tmp_path)):
-        assert replace(back.config, d_ff=back.config.ff_width) == replace(cfg, d_ff=cfg.ff_width)  # LLaMA spells 4·C out
+        assert back.config.replace(feed_forward={"d_ff": back.config.ff_width}) == cfg.replace(feed_forward={"d_ff": cfg.ff_width})  # LLaMA spells 4·C out
         ours, theirs = model.state_dict(), back.state_dict()
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -372,7 +372,7 @@ def test_from_hf_and_to_hf_reject_wrong_types():
                                          r"or .* \(Qwen3-MoE\) or .* \(gpt-oss\); "
                                          r"got position.kind='alibi', normalization.kind='layernorm'"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny", position=dict(kind="alibi"))))
-    with pytest.raises(ValueError, match="GPT-2 counterpart .*norm='rmsnorm' .*bias=False"):
+    with pytest.raises(ValueError, match="GPT-2 counterpart .*normalization.kind='rmsnorm' .*bias=False"):
         to_hf(qkv.GPT(qkv.ModelConfig.preset("tiny",
                                              attention=dict(q_bias=False, k_bias=False, v_bias=False, out_bias=False),
                                              feed_forward=dict(bias=False), normalization=dict(kind="rmsnorm"))))

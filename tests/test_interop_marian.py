@@ -246,8 +246,9 @@ def test_to_hf_names_every_setting_marian_lacks():
                                  feed_forward=dict(d_ff=32, activation="swiglu"))
     with pytest.raises(ValueError) as err:
         to_hf(qkv.Transformer(cfg))
-    for part in ("no Hugging Face Marian counterpart", "sinusoidal_layout='interleaved'", "norm_first=True",
-                 "final_norm=True", "num_kv_heads=2", "activation='swiglu'"):
+    for part in ("no Hugging Face Marian counterpart", "position.sinusoidal_layout='interleaved'",
+                 "normalization.first=True", "normalization.final=True", "attention.num_kv_heads=2",
+                 "feed_forward.activation='swiglu'"):
         assert part in str(err.value)
 
 

@@ -195,7 +195,7 @@ def test_what_a_family_lacks_is_refused_on_export(pair):
             to_hf(biased)
     if c.moe.activation == "swiglu":  # HF's experts gate with hidden_act, the dense MLPs' too
         gelu = type(model)(c.replace(feed_forward=dataclasses.replace(c.feed_forward, activation="geglu")))
-        with pytest.raises(ValueError, match=r"activation='geglu' with a mixture of experts \(\S+'s hidden_act is "
+        with pytest.raises(ValueError, match=r"feed_forward.activation='geglu' with a mixture of experts \(\S+'s hidden_act is "
                                              r"the experts' too, and qkv's experts are 'swiglu'\)"):
             to_hf(gelu)
 

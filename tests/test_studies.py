@@ -182,7 +182,7 @@ def test_scale_embeddings_multiplies_token_vectors_by_sqrt_d():
     torch.testing.assert_close(plain.embed(ids, pos), plain.embed.tok(ids) + plain.embed.pos(pos))
     from qkv.interop.hf import hf_config
 
-    with pytest.raises(ValueError, match="scale_embeddings"):
+    with pytest.raises(ValueError, match="embedding.scale"):
         hf_config(ModelConfig(position=dict(kind="rope"), feed_forward=dict(activation="swiglu"),
                               normalization=dict(kind="rmsnorm"), embedding=dict(scale=True)))
 

@@ -133,5 +133,5 @@ def test_ddp_two_processes_match_one_process(pairs_file, ddp_matches_one_process
     one, two = ddp_matches_one_process(
         ["train", "--task", "translate", "--pairs", str(pairs_file), "--max-steps", "3", "--eval-interval", "1",
          "--batch-size", "8", "--vocab-size", "300", "--d-model", "32", "--layers", "2", "--heads", "2", "--model",
-         "d_ff=64", "--model", "max_len=32", "--num-beams", "2", "--quiet", "--device", "cpu"])
+         "feed_forward.d_ff=64", "--model", "max_len=32", "--num-beams", "2", "--quiet", "--device", "cpu"])
     assert two["world_size"] == 2 and two["architecture"] == one["architecture"] == "PointerTransformer"

@@ -261,7 +261,7 @@ def expect_biases(c: ModelConfig, problems: list[str], family: str) -> None:
     named = dict(zip(("q_bias", "k_bias", "v_bias", "out_bias"), c.attention.biases), ff_bias=c.feed_forward.bias)
     missing = [name for name, has in named.items() if not has]
     if len(missing) == len(named):
-        problems.append(f"bias=False ({family} has biases)")
+        problems.append(f"attention.q_bias, k_bias, v_bias, out_bias and feed_forward.bias=False ({family} has biases)")
     elif missing:
         problems.append(f"no {', '.join(missing)} ({family} has a bias on every projection)")
 
