@@ -391,6 +391,7 @@ class ModelConfig:
         """Preset ``name`` with ``overrides`` applied as ``replace`` applies them."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        refuse_flat("ModelConfig.preset", {k: v for k, v in overrides.items() if k in FLAT or k in FLAT_APART})
         return PRESETS[name].replace(**overrides)
 
 
