@@ -133,6 +133,19 @@ def test_a_flat_run_of_before_resumes_and_refuses_a_changed_run(tmp_path):
             TrainConfig.for_resume(run, **change)
 
 
+def test_the_flags_of_a_resumed_flat_run_fill_its_own_tasks_options(tmp_path):
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "train_config.json").write_text((DATA / "train_config_flat_translate.json").read_text())
+    resume = ["train", "--resume", "--out", str(run)]
+    command = lambda *argv: train_config(build_parser().parse_args([*resume, *argv]))  # noqa: E731
+    assert command("--num-beams", "3").task_options == TranslationOptions(num_beams=3)  # no --task: the run's
+    with pytest.raises(ValueError, match=r"--resume with a changed config \(copy: True -> False\)"):
+        command("--no-copy")
+    with pytest.raises(ValueError, match="beta is an option of --task dpo, not of --task translate"):
+        command("--beta", "0.2")
+
+
 @pytest.mark.parametrize("task", ["lm", "translate"])
 def test_a_run_with_a_flat_train_config_of_before_resumes_and_shows_its_info(task, pairs_file, tmp_path, capsys):
     data = pairs_file if task == "translate" else tmp_path / "corpus.txt"
