@@ -24,11 +24,11 @@ import torch
 from ..generation.paged import BLOCK_SIZE, PagedModel, paged_refuses
 from ..generation.plan import plan_serving
 from ..kernels.linear import packed_weights
-from .batch import Batch, pick
+from .batch import Batch, next_tokens
 from .request import QueueFull, Request, Settings
 from .waiting import WaitingQueue
 
-__all__ = ["QueueFull", "Request", "Scheduler", "Settings", "check_servable", "pick"]
+__all__ = ["QueueFull", "Request", "Scheduler", "Settings", "check_servable", "next_tokens"]
 
 
 def check_servable(model) -> None:
