@@ -4,7 +4,8 @@ chosen once, each with its reason, for ``generate`` (and ``qkv sample``/``chat``
     plan_decode   generate: the backend ``backends.backend_for`` chooses for the batch; a static cache (B rows × M
                   slots, contiguous: what the fused, inductor and CUDA-graph steps read), or none
     plan_beams    the encoder-decoder's greedy and beam search: auto or eager over a static cache
-    plan_serving  the server: auto or eager over a paged cache sized by a memory budget (``qkv.generation.paged``)
+    plan_serving  the server: auto or eager over a paged cache sized by a memory budget (``qkv.generation.paged``),
+                  where the registry's "paged" entry (``qkv.generation.paths``) accepts the model
 
 ``str(plan)`` says it all in one line (``qkv serve`` prints it at startup).
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends
+from . import backends, paths
 from .fallback import BackendFallback
 from .paged import BLOCK_SIZE, plan_blocks
 
@@ -86,10 +87,15 @@ def plan_beams(model, rows: int, capacity: int, backend: str = "auto", *, use_ca
 
 def plan_serving(model, *, backend: str = "auto", max_batch: int, max_model_len: int,
                  memory: int | None = None, block_size: int = BLOCK_SIZE) -> Plan:
-    """The server's plan: ``backend`` auto or eager (rows of different lengths in one forward), a paged cache of
-    as many blocks as ``memory`` holds (``paged.plan_blocks``)."""
+    """The server's plan: ``backend`` auto or eager (rows of different lengths in one forward: no fused, compiled
+    or CUDA-graph step reads a paged cache), a paged cache of as many blocks as ``memory`` holds
+    (``paged.plan_blocks``), where the registry's "paged" entry accepts the model (else ValueError, its reason)."""
     if backend not in ("auto", "eager"):
         raise ValueError(f"the server's backend must be auto or eager, got {backend!r}")
+    reason = paths.refuses("paged", model)
+    if reason is not None:
+        raise ValueError(f"{reason}: not served")
     num_blocks, note = plan_blocks(model, max_batch=max_batch, max_model_len=max_model_len, memory=memory,
                                    block_size=block_size)
-    return Plan(backend, None, cache_dtype(model), "paged", note, num_blocks)
+    return Plan(backend, None, cache_dtype(model), "paged", f"{note} (rows of different lengths, one forward)",
+                num_blocks)
