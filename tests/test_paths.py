@@ -6,7 +6,7 @@ import torch
 import qkv
 from qkv.generation import backends, cuda_graph, paged, paths
 from qkv.generation.plan import plan_serving
-from qkv.kernels import fused_step, moe, moe_training, quant
+from qkv.kernels import fused_step, linear, moe, moe_training, quant
 from qkv.kernels.moe_training import TrainingMixtureOfExperts
 from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 
@@ -22,7 +22,8 @@ def moe_layer(**experts) -> MixtureOfExperts:
 
 
 def test_every_path_is_one_entry_that_says_what_it_accepts():
-    assert set(paths.PATHS) == {"fused", "inductor", "cudagraph", "moe_kernel", "grouped_mm", "int8", "paged"}
+    assert set(paths.PATHS) == {"fused", "inductor", "cudagraph", "moe_kernel", "grouped_mm", "int8", "paged",
+                                "packed"}
     assert all(p.name == name and p.accepts for name, p in paths.PATHS.items())
     with pytest.raises(ValueError, match=r"path must be one of \('fused'.*got 'flash'"):
         paths.refuses("flash", tiny())
@@ -127,4 +128,21 @@ def test_the_paged_entry_is_the_servers_one_question():
     assert paths.refuses("paged", tiny()) is None
     with pytest.raises(ValueError, match="position.kind alibi is a bias over shared key places: not served"):
         plan_serving(tiny(positional="alibi"), max_batch=1, max_model_len=32)
-    assert "rows of different lengths, one forward" in str(plan_serving(tiny(), max_batch=1, max_model_len=32))
+
+
+
+def test_the_servers_plan_says_whether_its_linears_read_blocked_weights_and_why_not():
+    small, large = tiny(), tiny(d_model=512)  # the tiny preset's linears: under ONEDNN_MIN_WEIGHT
+    for model, backend in ((small, "auto"), (large, "auto"), (large, "eager")):
+        plan = plan_serving(model, backend=backend, max_batch=4, max_model_len=32)
+        assert plan.weights and f"; {plan.weights}; a paged cache" in str(plan)
+    assert plan.weights == "weights as they are (eager)"
+    assert plan_serving(small, max_batch=4, max_model_len=32).weights == (
+        f"weights as they are: {paths.refuses('packed', small)}")
+    with qkv.kernels.accelerated(large):
+        packs = any(linear.packable(m) for m in large.modules())
+    assert (paths.refuses("packed", large) is None) == packs
+    if packs:
+        assert plan_serving(large, max_batch=4, max_model_len=32).weights == (
+            "large linears' weights also in oneDNN's blocked layout for 4 rows")
+    assert paths.refuses("packed", small).startswith("no linear it packs") or not linear.ONEDNN

@@ -9,6 +9,8 @@ tested for (``accepts``) and gives the one reason it refuses a subject (``refuse
     grouped_mm  MoE layer, x=           training's expert products as torch._grouped_mm (``qkv.kernels.moe_training``)
     int8        model                   int8 linear weights through torchao (``qkv.kernels.quant``)
     paged       model                   the server's paged KV cache (``qkv.generation.paged``)
+    packed      model                   the server's linears on weights in oneDNN's blocked layout
+                                        (``qkv.kernels.linear.packed_weights``)
 
 Each path's module names its check ``refuses`` and the check's parts ``refuses_<what>`` (``fused_step.refuses``,
 ``moe.refuses``, ``moe_training.refuses``, ``paged.refuses``, ``cuda_graph.refuses_device``/``refuses_model``);
@@ -16,10 +18,10 @@ the entries here are ``refuses_<path>``. Callers ask once and say the reason whe
 beam search and ``qkv sample``/``chat`` through the decode plan (``qkv.generation.plan``;
 ``backends.backend_for`` turns the answers into a backend), training through ``grouped_mm_refusals(model)``
 before its first step, the server's plan (``plan.plan_serving``: auto or eager, no fast step here decodes a
-paged cache's rows) through "paged". The MoE layers' own forwards call the same checks (the functions named
-here) for each input, where the answer depends on the tokens' dtype, device and grad mode; the reference layer
-(``qkv.nn.moe``) asks only its own ``refuses_fast_dispatch``. The tables a check reads stay with its path (the
-fused step's allow-lists beside its packing).
+paged cache's rows) through "paged" and, for auto, "packed". The MoE layers' own forwards call the same checks
+(the functions named here) for each input, where the answer depends on the tokens' dtype, device and grad mode;
+the reference layer (``qkv.nn.moe``) asks only its own ``refuses_fast_dispatch``. The tables a check reads stay
+with its path (the fused step's allow-lists beside its packing).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels import fused_step, moe, moe_training, quant
+from ..kernels import accelerated, fused_step, linear, moe, moe_training, quant
 from ..nn.moe import MixtureOfExperts
 from . import cuda_graph, paged
 
@@ -101,6 +103,20 @@ def refuses_paged(model) -> str | None:
     return paged.refuses(model)
 
 
+def refuses_packed(model) -> str | None:
+    """Why none of ``model``'s linears would read its weight in oneDNN's blocked layout under the speed layer
+    (``linear.packed_weights`` packs the ones ``linear.packable`` takes), or None where one would."""
+    if not linear.ONEDNN:
+        return "this torch has no oneDNN"
+    device = model_device(model)
+    if device.type != "cpu":
+        return f"the model is on {device}: the blocked layout is oneDNN's for a CPU"
+    with accelerated(model):
+        packs = any(linear.packable(m) for m in model.modules())
+    return None if packs else (f"no linear it packs (plain fp32, or bf16 where the CPU computes it natively, of at "
+                               f"least {linear.ONEDNN_MIN_WEIGHT} numbers)")
+
+
 PATHS = {p.name: p for p in (
     FastPath("fused", "a qkv.GPT whose every module and config field the step declares, at most MAX_ROWS rows, "
              "float32, bfloat16 or int8 weights on a CPU, where qkv's C++ kernels are built", refuses_fused),
@@ -114,6 +130,8 @@ PATHS = {p.name: p for p in (
     FastPath("int8", "a float model with linear layers, where torchao is installed", refuses_int8),
     FastPath("paged", "a decoder each of whose layers keeps a KVCache, RingKVCache or LatentCache, its positions not "
              "a bias over shared key places (not ALiBi or T5)", refuses_paged),
+    FastPath("packed", "linears under the speed layer on a CPU with oneDNN, plain fp32 or bf16 where the CPU "
+             "computes it natively, of at least ONEDNN_MIN_WEIGHT numbers", refuses_packed),
 )}
 
 
