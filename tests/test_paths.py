@@ -114,12 +114,14 @@ def test_training_says_in_one_line_which_layers_keep_their_own_dispatch_and_why(
     if not hasattr(torch, "_grouped_mm"):
         return
     assert expert_products_line(model) is None
+    said = "qkv: mixture-of-experts layers train through their own dispatch, not the speed layer's grouped products: "
     assert expert_products_line(model, compiled=True) == (
-        "qkv: the layers' own expert dispatch trains these, not grouped products: blocks.0.ff, blocks.1.ff: inside "
-        "torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)")
+        f"{said}blocks.0.ff, blocks.1.ff (inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only))")
     model.blocks[1].ff.dispatch = "reference"
-    assert expert_products_line(model) == ("qkv: the layers' own expert dispatch trains these, not grouped products: "
-                                           "blocks.1.ff: the layer asks for the reference dispatch")
+    assert expert_products_line(model) == f"{said}blocks.1.ff (the layer asks for the reference dispatch)"
+    model.blocks[0].ff.experts.gate_bias = torch.nn.Parameter(torch.zeros(4, 8))
+    assert expert_products_line(model) == (f"{said}blocks.0.ff (biased experts); blocks.1.ff (the layer asks for the "
+                                           "reference dispatch)")
 
 
 def test_the_paged_entry_is_the_servers_one_question():

@@ -39,8 +39,9 @@ def expert_products_line(model, *, autocast=nullcontext, compiled: bool = False)
     layers: dict[str, list[str]] = {}
     for name, reason in refusals.items():
         layers.setdefault(reason, []).append(name)
-    said = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in layers.items())
-    return f"qkv: the layers' own expert dispatch trains these, not grouped products: {said}" if said else None
+    said = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in layers.items())
+    return (f"qkv: mixture-of-experts layers train through their own dispatch, not the speed layer's grouped "
+            f"products: {said}") if said else None
 
 
 def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
