@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.kernels import fused_step
+from qkv.generation import paths
 from qkv.kernels import build as matvec
 from qkv.generation.backends import unguarded
 from qkv.interop import to_hf
@@ -117,7 +117,7 @@ def contenders(model, hf, ids: torch.Tensor, new: int, compile: bool) -> dict:
     at batch 1 "qkv eager" (the reference modules as written) and "qkv no cache"."""
     calls = {"qkv auto": lambda: model.generate(ids, new, temperature=0)}
     if compile:
-        fused = fused_step.unsupported(model, ids.size(0)) is None
+        fused = paths.refuses("fused", model, batch=ids.size(0)) is None
         calls["qkv compiled"] = lambda: model.generate(ids, new, temperature=0,
                                                        backend="fused" if fused else "inductor")
         if fused:

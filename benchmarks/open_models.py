@@ -25,7 +25,7 @@ import tempfile
 import torch
 
 from qkv.interop import from_hf
-from qkv.generation.backends import pick
+from qkv.generation.backends import backend_for
 from qkv.nn.kv_cache import KVCache
 
 from .common import machine_info, table, time_interleaved
@@ -62,7 +62,7 @@ def pair(kind: str):
 
 def contenders(model, hf, ids: torch.Tensor, new: int) -> dict:
     """{name: one greedy decode of ``new`` tokens after ``ids``}."""
-    fastest, _ = pick(model, 1, "fused")
+    fastest, _ = backend_for(model, 1, "fused")
     return {
         "qkv eager": lambda: model.generate(ids, new, temperature=0, backend="eager"),
         "qkv auto": lambda: model.generate(ids, new, temperature=0),
@@ -83,7 +83,7 @@ def decode_row(kind: str, new: int, repeats: int) -> list:
         seconds = time_interleaved(calls, repeats=repeats, warmup=0)
     hf_rate = new / seconds["HF generate"]
     cells = [f"{new / s:.0f} ({new / s / hf_rate:.2f}×)" for s in seconds.values()]
-    chosen, why = pick(model, 1, "fused")
+    chosen, why = backend_for(model, 1, "fused")
     if why:
         print(f"{kind}: {why}")
     return [kind, f"{model.num_parameters() / 1e6:.1f} M", *cells, "yes" if same else "NO", chosen], list(seconds)

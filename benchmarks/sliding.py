@@ -18,7 +18,7 @@ import argparse
 import torch
 
 import qkv
-from qkv.generation.backends import pick
+from qkv.generation.backends import backend_for
 
 from .common import publish, table, time_interleaved
 
@@ -40,7 +40,7 @@ def measure(new: int, repeats: int) -> dict:
     ids = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT), generator=torch.Generator().manual_seed(1))
     ran, why = {}, {}
     for backend in ("eager", "auto", "inductor", "fused"):
-        ran[backend], reason = pick(m, 1, backend)
+        ran[backend], reason = backend_for(m, 1, backend)
         if reason:
             why[backend] = reason
     calls = {b: (lambda b=b: m.generate(ids, new, temperature=0, backend=ran[b])) for b in ran}

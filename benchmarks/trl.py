@@ -246,8 +246,8 @@ def real_logps(model_dir: Path, files: dict, n: int = 16) -> tuple[list, tuple]:
     from qkv.training.tasks.dpo import DPOTask, answer_logps, pair_batch
     from qkv.training.tasks.rows import targets_trained
 
-    cfg = TrainConfig(task="dpo", init_from_hf=str(model_dir), data=files["dpo_val"], val_data=files["dpo_val"],
-                      max_steps=0, context=CONTEXT, mask_end_of_turn_newline=True, device="cpu")
+    cfg = TrainConfig(task="dpo", init_from_hf=str(model_dir), data=files["dpo_val"], max_steps=0, context=CONTEXT,
+                      task_options={"val_data": files["dpo_val"], "mask_end_of_turn_newline": True}, device="cpu")
     task = DPOTask()
     task.prepare(cfg, None, SimpleNamespace(is_main=True, world=1, rank=0, device=torch.device("cpu")))
     task.T, task.device, model = CONTEXT, torch.device("cpu"), task.base.model.eval()

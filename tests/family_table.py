@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hf_models  # noqa: E402  (beside this file)
 
 from qkv.interop import from_hf, to_hf  # noqa: E402
-from qkv.kernels import fused_step  # noqa: E402
+from qkv.generation import paths  # noqa: E402
 
 
 def cases() -> dict:
@@ -44,7 +44,7 @@ def row(name: str, hf) -> list[str]:
     greedy = torch.equal(theirs, model.generate(prompt, 32, temperature=0, backend="eager")[:, -32:])
     back = to_hf(model).state_dict()
     exact = all(torch.equal(back[k], v) for k, v in hf.state_dict().items() if k in back)
-    reason = fused_step.unsupported(model, 1)
+    reason = paths.refuses("fused", model)
     return [name, f"{err:.1e}", "yes" if greedy else "NO", "yes" if exact else "NO",
             "accepted" if reason is None else reason.split(" (")[0][:60]]
 

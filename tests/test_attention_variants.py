@@ -288,8 +288,8 @@ def test_the_fused_step_refuses_every_new_field_at_a_non_default_value(field, va
     base = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
                        position=dict(kind="rope"))
     changed = base.replace(**{section: {**base.to_dict()[section], name: value}})
-    assert fused_step.refused_field(base) is None
-    assert fused_step.refused_field(changed) == f"config field {field}={value!r}, which the fused step does not declare"
+    assert fused_step.refuses_field(base) is None
+    assert fused_step.refuses_field(changed) == f"config field {field}={value!r}, which the fused step does not declare"
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -301,14 +301,14 @@ def test_the_fused_step_refuses_every_new_field_at_a_non_default_value(field, va
 def test_the_fused_step_takes_sliding_layers_and_refuses_the_plus_one_norm(change, reason):
     config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
                          position=dict(kind="rope"))
-    assert fused_step.refused_field(config.replace(**change)) == reason
+    assert fused_step.refuses_field(config.replace(**change)) == reason
 
 
 def test_a_module_set_by_hand_is_refused_by_the_fused_step():
     model = qkv.GPT(ModelConfig(vocab_size=64, d_model=32, num_layers=2, max_len=64, attention=dict(num_heads=4),
                                 position=dict(kind="rope")))
     model.blocks[1].attn.softcap = 5.0
-    assert fused_step.refused_module(model) == "blocks.1.attn: attention with QK-norm, a scale or a soft cap " \
+    assert fused_step.refuses_module(model) == "blocks.1.attn: attention with QK-norm, a scale or a soft cap " \
                                                "(it computes softmax(q·k/√D) v)"
 
 

@@ -24,15 +24,15 @@ def on_a_gpu(monkeypatch):
 
 
 def test_refuses_names_the_device():
-    assert cuda_graph.refuses("cpu") == "the model is on the CPU; CUDA graphs need a CUDA device"
-    assert cuda_graph.refuses(torch.device("meta")).startswith("the model is on the meta;")
+    assert cuda_graph.refuses_device("cpu") == "the model is on the CPU; CUDA graphs need a CUDA device"
+    assert cuda_graph.refuses_device(torch.device("meta")).startswith("the model is on the meta;")
 
 
 def test_refuses_cuda_only_where_the_machine_has_none(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cuda_graph.refuses("cuda:0") == "CUDA is not available on this machine"
+    assert cuda_graph.refuses_device("cuda:0") == "CUDA is not available on this machine"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cuda_graph.refuses("cuda:0") is None and cuda_graph.refuses("cuda") is None
+    assert cuda_graph.refuses_device("cuda:0") is None and cuda_graph.refuses_device("cuda") is None
 
 
 def test_a_cpu_model_falls_back_to_auto_saying_why():
@@ -56,7 +56,7 @@ def test_auto_on_a_gpu_is_the_cuda_graph(on_a_gpu):
 
 
 def test_a_model_the_recorded_step_cannot_read_stays_on_auto(on_a_gpu, monkeypatch):
-    monkeypatch.setattr(paths, "compiled_step_refuses", lambda model: "a position kept in a Python int")
+    monkeypatch.setattr(paths, "refuses_compiled_step", lambda model: "a position kept in a Python int")
     assert backend_for(tiny(), 1, "auto") == ("auto", None)
     assert backend_for(tiny(), 1, "cudagraph") == ("auto", "the CUDA-graph step cannot decode this model: "
                                                     "a position kept in a Python int")

@@ -229,7 +229,7 @@ def test_what_it_refuses_is_named_and_decoded_the_reference_way(model, reason, m
     saying why in one warning."""
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     model = model()
-    assert reason in decoder_step.unsupported(model, 1)
+    assert reason in decoder_step.refuses(model, 1)
     if isinstance(model, qkv.GPT):
         ids = torch.randint(0, 64, (1, 4))
         with pytest.warns(BackendFallback, match=re.escape(reason)) as said:
@@ -243,7 +243,7 @@ def test_without_the_kernels_compile_true_falls_back(monkeypatch):
     monkeypatch.setattr(importlib.import_module("qkv.generation.backends"), "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(matvec, "LOADED", False)
     model = tiny()
-    assert decoder_step.unsupported(model, 1) == "qkv's C++ kernels are not available here (the warning said why)"
+    assert decoder_step.refuses(model, 1) == "qkv's C++ kernels are not available here (the warning said why)"
     ids = torch.randint(0, 64, (1, 4))
     with pytest.warns(BackendFallback, match="C\\+\\+ kernels are not available") as said:
         got = model.generate(ids, 4, temperature=0, compile=True)
@@ -402,12 +402,12 @@ def test_a_module_it_does_not_know_falls_back_to_the_reference_tokens(change, re
     torch._dynamo.reset()  # a model of an earlier case may have had this one's id: dynamo would reuse its graph
     plain, model = tiny(), change(tiny())
     ids = torch.randint(0, 64, (1, 5))
-    assert decoder_step.unsupported(model, 1) == reason
+    assert decoder_step.refuses(model, 1) == reason
     want = model.generate(ids, 12, temperature=0)
     assert change is extra_module or not torch.equal(want, plain.generate(ids, 12, temperature=0))  # really another model
     with pytest.warns(BackendFallback, match=re.escape(reason)):
         assert torch.equal(model.generate(ids, 12, temperature=0, compile=True), want)
-    assert decoder_step.unsupported(plain, 1) is None
+    assert decoder_step.refuses(plain, 1) is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,12 +420,12 @@ class AttentionWithANewField(qkv.models.AttentionConfig):
 @built
 def test_a_config_field_it_does_not_declare_is_refused_until_it_does(monkeypatch):
     new = qkv.models.ModelConfig.preset("tiny", attention=AttentionWithANewField(num_heads=4, future_option=True))
-    assert decoder_step.unsupported(qkv.GPT(new), 1) == (
+    assert decoder_step.refuses(qkv.GPT(new), 1) == (
         "config field attention.future_option=True, which the fused step does not declare")
     at_default = new.replace(attention=AttentionWithANewField(num_heads=4))
-    assert decoder_step.unsupported(qkv.GPT(at_default), 1) is None  # its default: what the step computes
+    assert decoder_step.refuses(qkv.GPT(at_default), 1) is None  # its default: what the step computes
     monkeypatch.setitem(decoder_step.CONFIG, "attention.future_option", {True})
-    assert decoder_step.unsupported(qkv.GPT(new), 1) is None  # declared: accepted
+    assert decoder_step.refuses(qkv.GPT(new), 1) is None  # declared: accepted
 
 
 @built

@@ -77,7 +77,8 @@ def test_at_the_start_the_policy_is_the_reference(tmp_path):
 @pytest.mark.parametrize("precompute", [False, True])
 def test_training_raises_reward_accuracy(tmp_path, precompute):
     data = write_jsonl(tmp_path / "p.jsonl", pairs(96))
-    s = train(dpo_config(data, max_steps=40, warmup_steps=10, precompute_ref=precompute, beta=0.5)).summary
+    options = {"precompute_ref": precompute, "beta": 0.5}
+    s = train(dpo_config(data, max_steps=40, warmup_steps=10, task_options=options)).summary
     assert s["val_loss"] < math.log(2) and s["val_reward_margin"] > 0 and s["val_reward_accuracy"] > 0.5, s
 
 
@@ -117,7 +118,7 @@ def dpo_step_gradients(data: str, accum: int, kind: str) -> tuple[float, dict]:
     from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe
 
-    r = Recipe(dpo_config(data, max_steps=1, batch_size=4, grad_accum=accum, dpo_loss=kind), Dist())
+    r = Recipe(dpo_config(data, max_steps=1, batch_size=4, grad_accum=accum, task_options={"dpo_loss": kind}), Dist())
     r.setup()
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -80,7 +80,7 @@ def test_int8_logits_equal_torchaos_product(dtype, shape):
     """int8 weights as quantize_weights makes them (torchao's Int8Tensor): the step reads Q and the scales, and
     gives the quantised model's forward (torchao's product) to the float type's rounding."""
     model = tiny(dtype, int8=True, **shape)
-    assert int8_rows(model.blocks[0].attn.q_proj.weight) is not None and fused_step.unsupported(model, 1) is None
+    assert int8_rows(model.blocks[0].attn.q_proj.weight) is not None and fused_step.refuses(model, 1) is None
     got, want = stepped_logits(model)
     tol = 1e-4 if dtype == torch.float32 else 0.05
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -128,7 +128,7 @@ def test_what_it_refuses_falls_back_to_auto_saying_why(model, reason):
 
 def test_bf16_mixture_of_experts_is_refused_by_name():
     model = tiny(torch.bfloat16, moe=dict(num_experts=4, top_k=2))
-    assert "decodes those in float32 only" in fused_step.unsupported(model, 1)
+    assert "decodes those in float32 only" in fused_step.refuses(model, 1)
 
 
 @built

@@ -70,7 +70,7 @@ def prompt(batch: int, length: int = 7, seed: int = 0) -> tuple[torch.Tensor, to
 @built
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_fused_step_accepts_the_family(family):
-    assert fused_step.unsupported(model_of(FAMILIES[family]), 1) is None
+    assert fused_step.refuses(model_of(FAMILIES[family]), 1) is None
 
 
 @built
@@ -159,7 +159,7 @@ def falls_back_to_the_reference(model, reason: str, new: int = 12) -> None:
 def test_rope_whose_table_follows_the_length_is_refused(scaling, eager_compile):
     """dynamic NTK and longrope change θ with the current length: one table for every slot would be wrong."""
     model = model_of(config(position=dict(scaling=LENGTH_DEPENDENT[scaling])))
-    reason = fused_step.unsupported(model, 1)
+    reason = fused_step.refuses(model, 1)
     assert reason.startswith(f"config field position.scaling=RopeScaling(type={scaling!r}")
     assert "'dynamic' and 'longrope', whose θ follow the current length" in reason
     falls_back_to_the_reference(model, "config field position.scaling=")
@@ -170,7 +170,7 @@ def test_a_length_dependent_scaling_set_on_the_module_is_refused():
     """The config says plain RoPE but the model's RotaryEmbedding was given dynamic scaling by hand."""
     model = model_of(config())
     model.blocks[0].attn.rope.scaling = qkv.nn.rope_scaling.RopeScaling(**LENGTH_DEPENDENT["dynamic"])
-    assert fused_step.unsupported(model, 1) == (
+    assert fused_step.refuses(model, 1) == (
         "its RotaryEmbedding's dynamic scaling follows the current length (its table is not fixed)")
 
 
@@ -200,7 +200,7 @@ def test_what_it_still_refuses_names_the_field_and_decodes_the_reference_way(nam
     """unsupported names the field; backend="auto" gives the eager tokens."""
     model_config, field = REFUSED[name]
     model = model_of(model_config)
-    reason = fused_step.unsupported(model, 1)
+    reason = fused_step.refuses(model, 1)
     assert reason is not None and reason.startswith(f"config field {field}"), reason
     ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(1))
     want = generate(model, ids, 12, temperature=0, backend="eager")
@@ -222,12 +222,12 @@ def test_qk_norm_the_config_lacks_is_refused_by_the_module_check():
     model = model_of(config())
     model.blocks[1].attn.q_norm = torch.nn.RMSNorm(16, eps=1e-6)
     model.blocks[1].attn.k_norm = torch.nn.RMSNorm(16, eps=1e-6)
-    assert fused_step.unsupported(model, 1) == (
+    assert fused_step.refuses(model, 1) == (
         "blocks.1.attn: attention with QK-norm, a scale or a soft cap (it computes softmax(q·k/√D) v)")
     model = model_of(FAMILIES["qwen3 (qk-norm, no biases)"])
     model.blocks[0].attn.k_norm = None
-    assert fused_step.unsupported(model, 1) == (
+    assert fused_step.refuses(model, 1) == (
         "blocks.0.attn: attention with QK-norm, a scale or a soft cap (it computes softmax(QKNorm(q)·QKNorm(k)/√D) v)")
     model = model_of(FAMILIES["qwen3 (qk-norm, no biases)"])
     model.blocks[0].attn.q_norm.eps = 1e-3
-    assert fused_step.unsupported(model, 1) == "blocks.0.attn.q_norm has eps 0.001 where the config says 1e-06"
+    assert fused_step.refuses(model, 1) == "blocks.0.attn.q_norm has eps 0.001 where the config says 1e-06"

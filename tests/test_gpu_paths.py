@@ -230,9 +230,9 @@ def test_the_grouped_dispatch_compiles_once_whatever_the_experts_loads():
     ("mps", torch.float32, None, "a mps torch.float32 product, not a CPU or CUDA one"),
 ])
 def test_grouped_mm_is_taken_on_a_gpu_that_has_its_kernel(device, dtype, capability, refusal):
-    from qkv.kernels.moe_training import device_refusal
+    from qkv.kernels.moe_training import refuses_device
 
-    assert device_refusal(device, dtype, capability) == refusal
+    assert refuses_device(device, dtype, capability) == refusal
 
 
 def tiny_gpt():

@@ -17,7 +17,7 @@ import qkv
 from qkv.interop import from_hf, to_hf
 from qkv.interop.hf.families import gpt_neox
 from qkv.interop.hf.rules import packed_qkv_per_head
-from qkv.kernels.fused_step import unsupported
+from qkv.kernels.fused_step import refuses as fused_refuses
 from qkv.nn.block import ParallelTransformerBlock
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
@@ -295,7 +295,7 @@ def test_the_components_refuse_what_they_cannot_be(build, message):
                                      dict(position=dict(kind="rope", rotary_dim=4))])
 def test_the_fused_step_refuses_both_until_it_declares_them(section):
     model = qkv.GPT(qkv.ModelConfig.preset("tiny").replace(**section))
-    assert "which the fused step does not declare" in unsupported(model, 1)
+    assert "which the fused step does not declare" in fused_refuses(model, 1)
     prompt = torch.randint(0, 64, (1, 4))
     assert model.generate(prompt, 5, temperature=0).tolist() == model.generate(
         prompt, 5, temperature=0, use_cache=False).tolist()

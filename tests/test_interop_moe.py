@@ -167,14 +167,14 @@ FUSED = {"mixtral", "qwen3_moe", "qwen2_moe"}  # softmax top-k routing, SwiGLU e
 
 def test_the_fused_step_decodes_or_refuses_and_gguf_exports_or_refuses_in_one_line(pair):
     hf, model, _ = pair
-    reason = fused_step.unsupported(model, 1)
+    reason = fused_step.refuses(model, 1)
     if hf.config.model_type in FUSED:
         assert reason is None
     else:
         assert reason is not None and "\n" not in reason
         c = model.config  # without its window and sinks, an experts' setting is the reason
         full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None, kind="mha"))
-        assert fused_step.refused_field(full).startswith("config field moe.")
+        assert fused_step.refuses_field(full).startswith("config field moe.")
     if hf.config.model_type == "mixtral" and hf.config.sliding_window is None:  # llama.cpp's llama with experts
         assert check_exportable(model)[1].member == "LLAMA"
         return
@@ -227,7 +227,7 @@ def test_fused_step_refuses_gpt_oss_naming_its_sinks():
     model = from_hf(hf_model("gpt_oss"))
     c = model.config
     full = c.replace(layer_types=None, attention=dataclasses.replace(c.attention, sliding_window=None))
-    reason = fused_step.refused_field(full)
+    reason = fused_step.refuses_field(full)
     assert reason.startswith("config field attention.kind='sink'") and "\n" not in reason
 
 

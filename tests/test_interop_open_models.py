@@ -64,10 +64,10 @@ def test_the_fused_step_decodes_each_family_past_its_window_with_hugging_faces_t
 
     family, hf, model, _ = pair
     if family.startswith("gemma"):
-        reason = fused_step.unsupported(model, 1)
+        reason = fused_step.refuses(model, 1)
         assert reason.startswith("config field ") and "sliding" not in reason and "layer_types" not in reason
         return
-    assert fused_step.unsupported(model, 1) is None
+    assert fused_step.refuses(model, 1) is None
     ids = torch.randint(0, 96, (1, 5))
     with torch.no_grad():
         want = hf.generate(ids, max_new_tokens=20, do_sample=False)

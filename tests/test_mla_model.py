@@ -124,7 +124,7 @@ def test_the_speed_layer_keeps_the_tokens_and_the_fused_step_refuses_with_a_reas
     m, (ids, mask) = model(), padded_batch()
     eager = m.generate(ids, 12, temperature=0, mask=mask, backend="eager")
     assert torch.equal(m.generate(ids, 12, temperature=0, mask=mask, backend="auto"), eager)
-    reason = fused_step.unsupported(m, 1)
+    reason = fused_step.refuses(m, 1)
     assert reason is not None and "attention.kind='mla'" in reason
     with pytest.raises(ValueError, match=r"fused decode step cannot run this model: .*attention.kind='mla'"):
         fused_step.FusedStep(m)

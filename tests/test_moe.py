@@ -101,17 +101,17 @@ def test_grouped_training_casts_each_stacked_weight_once_under_autocast():
 
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
-def test_grouped_mm_refusal_names_why():
-    from qkv.kernels.moe_training import grouped_mm_refusal
+def test_the_grouped_products_say_why_they_refuse_experts():
+    from qkv.kernels.moe_training import refuses_experts
 
     x, experts = torch.randn(2, 8), SwiGLUExperts(4, 8, 8)
-    assert grouped_mm_refusal(x, experts) is None
-    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 8, bias=True)) == "biased experts"
-    assert grouped_mm_refusal(x, SwiGLUExperts(4, 8, 6)) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
-    assert grouped_mm_refusal(x.bfloat16(), experts) == "tokens in torch.bfloat16, weights in torch.float32"
-    assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
+    assert refuses_experts(experts, x) is None
+    assert refuses_experts(SwiGLUExperts(4, 8, 8, bias=True), x) == "biased experts"
+    assert refuses_experts(SwiGLUExperts(4, 8, 6), x) == "rows not 16-byte aligned"  # 6 fp32 = 24 bytes
+    assert refuses_experts(experts, x.bfloat16()) == "tokens in torch.bfloat16, weights in torch.float32"
+    assert refuses_experts(experts.double(), x.double()) == "a cpu torch.float64 product, not a CPU fp32 or bf16 one"
     with torch.autocast("cpu", torch.bfloat16):  # autocast leaves float64 to F.linear: its products stay float64
-        assert grouped_mm_refusal(x.double(), experts.double()) == "a cpu torch.float64 product, not a CPU fp32 or " \
+        assert refuses_experts(experts.double(), x.double()) == "a cpu torch.float64 product, not a CPU fp32 or " \
             "bf16 one"
 
 

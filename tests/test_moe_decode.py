@@ -14,7 +14,8 @@ from hf_models import hf_model
 from qkv.generation.backends import BackendFallback, backend_for
 from qkv.interop.hf import from_hf
 from qkv.kernels import accelerated, build
-from qkv.kernels.moe import kernel_dispatch, kernel_refuses
+from qkv.kernels import moe as moe_kernel
+from qkv.kernels.moe import kernel_dispatch
 from qkv.nn.moe import Router, SwiGLUExperts, reference_dispatch
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
@@ -102,17 +103,17 @@ def test_the_moe_kernel_equals_the_reference_and_says_why_it_refuses():
     x = torch.randn(3, 16)
     with torch.no_grad():
         routing = router(x)
-        assert kernel_refuses(experts, x) is None
+        assert moe_kernel.refuses(experts, x) is None
         torch.testing.assert_close(kernel_dispatch(x, routing, experts), reference_dispatch(x, routing, experts),
                                    rtol=1e-5, atol=1e-6)
-        assert "at most 4 tokens, got 5" in kernel_refuses(experts, torch.randn(5, 16))
+        assert "at most 4 tokens, got 5" in moe_kernel.refuses(experts, torch.randn(5, 16))
         clamped = SwiGLUExperts(6, 16, 8, activation="swiglu_clamped")
-        assert "swiglu experts, got swiglu_clamped" in kernel_refuses(clamped, x)
-        assert "without biases" in kernel_refuses(SwiGLUExperts(6, 16, 8, bias=True), x)
-    assert kernel_refuses(experts, x).endswith("got grad mode on")  # not x's dtype and device, which fit
+        assert "swiglu experts, got swiglu_clamped" in moe_kernel.refuses(clamped, x)
+        assert "without biases" in moe_kernel.refuses(SwiGLUExperts(6, 16, 8, bias=True), x)
+    assert moe_kernel.refuses(experts, x).endswith("got grad mode on")  # not x's dtype and device, which fit
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        assert kernel_refuses(experts, x).endswith("got CPU autocast on")
-    assert kernel_refuses(experts, x.double()).endswith("got torch.float64 on cpu")
+        assert moe_kernel.refuses(experts, x).endswith("got CPU autocast on")
+    assert moe_kernel.refuses(experts, x.double()).endswith("got torch.float64 on cpu")
     with pytest.raises(RuntimeError, match=r"experts must lie in \[0, 6\), got 6"):
         torch.ops.qkv.moe_swiglu(x, torch.full((3, 2), 6), routing.weights, experts.gate_proj.detach(),
                                  experts.up_proj.detach(), experts.down_proj.detach())

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import qkv
-from qkv.generation import backends, cuda_graph, paths
-from qkv.kernels import fused_step, moe, moe_training, quant
+from qkv.generation import backends, cuda_graph, paged, paths
+from qkv.generation.plan import plan_serving
+from qkv.kernels import fused_step, linear, moe, moe_training, quant
 from qkv.kernels.moe_training import TrainingMixtureOfExperts
 from qkv.nn.moe import MixtureOfExperts, Router, SwiGLUExperts
 
@@ -21,7 +22,8 @@ def moe_layer(**experts) -> MixtureOfExperts:
 
 
 def test_every_path_is_one_entry_that_says_what_it_accepts():
-    assert set(paths.PATHS) == {"fused", "inductor", "cudagraph", "moe_kernel", "grouped_mm", "int8"}
+    assert set(paths.PATHS) == {"fused", "inductor", "cudagraph", "moe_kernel", "grouped_mm", "int8", "paged",
+                                "packed"}
     assert all(p.name == name and p.accepts for name, p in paths.PATHS.items())
     with pytest.raises(ValueError, match=r"path must be one of \('fused'.*got 'flash'"):
         paths.refuses("flash", tiny())
@@ -30,27 +32,27 @@ def test_every_path_is_one_entry_that_says_what_it_accepts():
 @pytest.mark.parametrize("batch", [1, fused_step.MAX_ROWS + 1])
 def test_the_fused_entry_gives_the_fused_steps_reason(batch):
     for model in (tiny(), tiny(positional="alibi"), qkv.Encoder(qkv.ModelConfig.preset("tiny", vocab_size=40))):
-        assert paths.refuses("fused", model, batch=batch) == fused_step.unsupported(model, batch)
+        assert paths.refuses("fused", model, batch=batch) == fused_step.refuses(model, batch)
     assert paths.refuses("fused", tiny(positional="alibi")).startswith("config field position.kind='alibi'")
 
 
 def test_the_cuda_graph_entry_gives_the_device_then_the_model_reason(monkeypatch):
     model = tiny()
-    assert paths.refuses("cudagraph", model) == cuda_graph.refuses("cpu")
+    assert paths.refuses("cudagraph", model) == cuda_graph.refuses_device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(paths, "model_device", lambda model: torch.device("cuda:0"))
     assert paths.refuses("cudagraph", model) is None and paths.refuses("inductor", model) is None
     layer = moe_layer()
     model.blocks[0].ff = layer
-    assert paths.refuses("cudagraph", model) == cuda_graph.model_refuses(model) == (
+    assert paths.refuses("cudagraph", model) == cuda_graph.refuses_model(model) == (
         "its mixture-of-experts layers count each expert's tokens on the host")
 
 
 def test_the_moe_entries_give_their_layers_reasons():
     layer, x = moe_layer(), torch.randn(1, 3, 16)
     with torch.no_grad():
-        assert paths.refuses("moe_kernel", layer, x=x) == moe.kernel_refuses(layer.experts, x.reshape(3, 16))
-        assert paths.refuses("grouped_mm", layer, x=x) == moe_training.why_not_grouped_mm(layer, x) == (
+        assert paths.refuses("moe_kernel", layer, x=x) == moe.refuses(layer.experts, x.reshape(3, 16))
+        assert paths.refuses("grouped_mm", layer, x=x) == moe_training.refuses(layer, x) == (
             "autograd is not recording (the layer's own grouped dispatch serves inference)")
     assert paths.refuses("moe_kernel", layer, x=torch.randn(1, 3, 16, dtype=torch.float64)) == (
         "it runs fp32 tokens on a CPU, got torch.float64 on cpu")
@@ -102,3 +104,47 @@ def test_training_asks_once_which_mixture_of_experts_layers_keep_their_own_dispa
     assert paths.grouped_mm_refusals(model) == {}
     model.blocks[1].ff.dispatch = "reference"
     assert paths.grouped_mm_refusals(model) == {"blocks.1.ff": "the layer asks for the reference dispatch"}
+
+
+def test_training_says_in_one_line_which_layers_keep_their_own_dispatch_and_why():
+    from qkv.training.loop import expert_products_line
+
+    model = tiny(moe=dict(num_experts=4, top_k=2, d_expert=8))
+    assert expert_products_line(tiny()) is None
+    if not hasattr(torch, "_grouped_mm"):
+        return
+    assert expert_products_line(model) is None
+    said = "qkv: mixture-of-experts layers train through their own dispatch, not the speed layer's grouped products: "
+    assert expert_products_line(model, compiled=True) == (
+        f"{said}blocks.0.ff, blocks.1.ff (inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only))")
+    model.blocks[1].ff.dispatch = "reference"
+    assert expert_products_line(model) == f"{said}blocks.1.ff (the layer asks for the reference dispatch)"
+    model.blocks[0].ff.experts.gate_bias = torch.nn.Parameter(torch.zeros(4, 8))
+    assert expert_products_line(model) == (f"{said}blocks.0.ff (biased experts); blocks.1.ff (the layer asks for the "
+                                           "reference dispatch)")
+
+
+def test_the_paged_entry_is_the_servers_one_question():
+    for model in (tiny(), tiny(positional="alibi")):
+        assert paths.refuses("paged", model) == paged.refuses(model)
+    assert paths.refuses("paged", tiny()) is None
+    with pytest.raises(ValueError, match="position.kind alibi is a bias over shared key places: not served"):
+        plan_serving(tiny(positional="alibi"), max_batch=1, max_model_len=32)
+
+
+
+def test_the_servers_plan_says_whether_its_linears_read_blocked_weights_and_why_not():
+    small, large = tiny(), tiny(d_model=512)  # the tiny preset's linears: under ONEDNN_MIN_WEIGHT
+    for model, backend in ((small, "auto"), (large, "auto"), (large, "eager")):
+        plan = plan_serving(model, backend=backend, max_batch=4, max_model_len=32)
+        assert plan.weights and f"; {plan.weights}; a paged cache" in str(plan)
+    assert plan.weights == "weights as they are (eager)"
+    assert plan_serving(small, max_batch=4, max_model_len=32).weights == (
+        f"weights as they are: {paths.refuses('packed', small)}")
+    with qkv.kernels.accelerated(large):
+        packs = any(linear.packable(m) for m in large.modules())
+    assert (paths.refuses("packed", large) is None) == packs
+    if packs:
+        assert plan_serving(large, max_batch=4, max_model_len=32).weights == (
+            "large linears' weights also in oneDNN's blocked layout for 4 rows")
+    assert paths.refuses("packed", small).startswith("no linear it packs") or not linear.ONEDNN

@@ -31,7 +31,7 @@ def test_generate_chooses_its_backend_once_and_a_given_plan_is_not_chosen_again(
 def test_the_plan_says_what_it_chose_and_why():
     model = tiny()
     plan = plan_decode(model, 2, "auto", capacity=20)  # on a CPU, auto is the fused step where it accepts the model
-    fuses = fused_step.unsupported(model, 2) is None
+    fuses = fused_step.refuses(model, 2) is None
     assert (plan.backend, plan.cache, plan.dtype) == ("fused" if fuses else "auto", "static", torch.float32)
     assert str(plan).startswith(f"the {plan.backend} backend (") and "2 rows × 20 slots" in str(plan)
     with pytest.warns(BackendFallback, match="the CUDA-graph step cannot decode this model: the model is on the CPU"):

@@ -74,17 +74,13 @@ def test_rope_bad_positions_are_refused():
         rope(x, torch.zeros(3))
 
 
-def test_old_position_keywords_still_work_with_a_deprecation_warning():
+def test_positions_have_one_keyword():
     rope, alibi = qkv.RotaryEmbedding(8), qkv.ALiBi(2)
     x = torch.randn(1, 2, 3, 8)
-    with pytest.warns(DeprecationWarning, match="offset= is deprecated.*positions="):
-        old = rope(x, offset=5)
-    torch.testing.assert_close(old, rope(x, positions=5))
-    with pytest.warns(DeprecationWarning, match="q_positions= is deprecated.*positions="):
-        old = alibi(2, 6, q_positions=torch.tensor([1, 4]))
-    torch.testing.assert_close(old, alibi(2, 6, positions=torch.tensor([1, 4])))
-    with pytest.raises(TypeError, match="both"):
-        rope(x, 1, offset=1)
+    with pytest.raises(TypeError, match="offset"):
+        rope(x, offset=5)
+    with pytest.raises(TypeError, match="q_positions"):
+        alibi(2, 6, q_positions=torch.tensor([1, 4]))
 
 
 def test_rope_interleaved_equals_half_split_after_permuting_features():

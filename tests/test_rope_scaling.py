@@ -197,12 +197,12 @@ def test_the_fused_step_takes_the_static_scalings_and_refuses_the_length_depende
     static scalings (tests/test_fused_step_families.py compares its tokens), wrong for dynamic NTK and longrope,
     whose θ follow the current length, so those are refused (generate falls back to the reference step)."""
     model = qkv.GPT(scaled(qkv_scaling(SCALINGS[name]))).eval()
-    reason = fused_step.unsupported(model, 1)
+    reason = fused_step.refuses(model, 1)
     if SCALINGS[name]["rope_type"] in ("dynamic", "longrope"):
         assert reason.startswith("config field position.scaling=RopeScaling(type=") and "table is fixed" in reason
     else:
         assert reason is None
-    assert fused_step.unsupported(qkv.GPT(scaled(None)).eval(), 1) is None
+    assert fused_step.refuses(qkv.GPT(scaled(None)).eval(), 1) is None
 
 
 # --- LLaMA checkpoints --------------------------------------------------------------------------------

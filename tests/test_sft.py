@@ -334,7 +334,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
     data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(40))
     totals = {}
     for packing in (False, True):
-        r = Recipe(sft_config(data, packing=packing, context=64), Dist())
+        r = Recipe(sft_config(data, task_options={"packing": packing}, context=64), Dist())
         r.setup()
         rows = r.task.train_rows
         inputs, targets, docs, _ = batch(rows, list(range(len(rows))), r.task.device)
@@ -353,7 +353,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path):
 
 def test_a_packed_run_trains(tmp_path):
     data = write_jsonl(tmp_path / "chat.jsonl", arithmetic(60))
-    s = train(sft_config(data, packing=True, max_steps=3, final_eval=True, batch_size=2)).summary
+    s = train(sft_config(data, task_options={"packing": True}, max_steps=3, final_eval=True, batch_size=2)).summary
     assert s["packed_rows"] < s["conversations"] and s["val_loss"] > 0
 
 

@@ -134,8 +134,8 @@ def test_encoder_decoder_has_a_bidirectional_encoder_and_a_one_sided_decoder():
 
 
 def test_fused_decode_step_refuses_t5():
-    from qkv.kernels.fused_step import unsupported
-    reason = unsupported(qkv.GPT(t5_config()), 1)
+    from qkv.kernels.fused_step import refuses as fused_refuses
+    reason = fused_refuses(qkv.GPT(t5_config()), 1)
     assert reason is not None and "t5" in reason
 
 

@@ -1,7 +1,7 @@
 """Each task owns its settings: ``TrainConfig.task_options`` (the task's options dataclass) and the task's
-defaults; the flat names of before still construct and read a config, and every train_config.json written
-flat before (tests/data/train_config_flat_*.json, by 2-step ``qkv train`` runs of the code of then) loads,
-resumes and refuses a changed run."""
+defaults; an option is given and read there only (by its own name TrainConfig refuses it, naming
+``task_options``), and every train_config.json written flat before (tests/data/train_config_flat_*.json, by
+2-step ``qkv train`` runs of the code of then) loads, resumes and refuses a changed run."""
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,12 +39,15 @@ def test_each_task_brings_its_options_and_defaults():
     assert command().max_minutes == 3.0 and command("--task", "translate").max_minutes == 10.0
 
 
-def test_options_are_set_and_read_by_their_own_names():
-    cfg = TrainConfig(task="translate", target_lang="de", label_smoothing=0.2, copy=False, max_steps=1)
+def test_options_are_given_and_read_in_task_options():
+    given = TranslationOptions(target_lang="de", label_smoothing=0.2, copy=False)
+    cfg = TrainConfig(task="translate", task_options=given, max_steps=1)
     assert cfg.task_options == TranslationOptions(target_lang="de", label_smoothing=0.2, copy=False)
-    assert (cfg.target_lang, cfg.label_smoothing, cfg.copy, cfg.num_beams) == ("de", 0.2, False, 4)
-    cfg.num_beams = 2  # replaces the (frozen) options, checked again
-    assert cfg.task_options.num_beams == 2 and "num_beams" not in vars(cfg)
+    opts = cfg.task_options
+    assert (opts.target_lang, opts.label_smoothing, opts.copy, opts.num_beams) == ("de", 0.2, False, 4)
+    assert not hasattr(cfg, "num_beams")  # one spelling: cfg.task_options.num_beams
+    cfg.task_options = replace(cfg.task_options, num_beams=2)  # the options are frozen: a copy, checked again
+    assert cfg.task_options.num_beams == 2
     assert replace(cfg, lr=1e-3).task_options == cfg.task_options
     as_dict = TrainConfig(task="translate", task_options={"copy": False}, max_steps=1)
     assert as_dict.task_options == TranslationOptions(copy=False)
@@ -54,14 +57,26 @@ def test_options_are_set_and_read_by_their_own_names():
     assert not {"target_lang", "copy"} & set(saved) and TrainConfig.from_dict(saved) == cfg
 
 
-def test_another_tasks_option_is_refused_unless_it_asks_for_nothing():
-    with pytest.raises(ValueError, match="copy is an option of --task translate, not of --task lm"):
+def test_an_option_by_its_own_name_is_refused_naming_task_options():
+    with pytest.raises(TypeError, match=r"task's options go in task_options, not by their own names: "
+                                        r"TrainConfig\(task='translate', task_options=\{'label_smoothing': 0.2\}\)"):
+        TrainConfig(task="translate", label_smoothing=0.2, max_steps=1)
+    with pytest.raises(TypeError, match=r"copy is an option of --task translate, not of --task lm \(a task's "
+                                        r"options go in task_options\)"):
         TrainConfig(task="lm", copy=True, max_steps=1)
-    lm = TrainConfig(task="lm", copy=False, max_steps=1)  # --task lm --no-copy: nothing to switch off
-    with pytest.raises(AttributeError, match="label_smoothing is an option of --task translate"):
-        lm.label_smoothing
+    with pytest.raises(TypeError, match="label_smoothing is an option of --task translate or dpo, not of --task sft"):
+        TrainConfig(task="sft", label_smoothing=0.1, max_steps=1)
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['beams'\]"):
         TrainConfig(task="translate", beams=2, max_steps=1)
+
+
+def test_another_tasks_option_is_refused_unless_it_asks_for_nothing():
+    command = lambda *argv: train_config(build_parser().parse_args(["train", *argv]))  # noqa: E731
+    with pytest.raises(ValueError, match="copy is an option of --task translate, not of --task lm"):
+        command("--task", "lm", "--copy")
+    assert command("--task", "lm", "--no-copy").task_options == TaskOptions()  # nothing to switch off
+    with pytest.raises(ValueError, match=r"unknown options of task 'lm': \['copy'\]; it has none"):
+        TrainConfig(task="lm", task_options={"copy": True}, max_steps=1)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -72,12 +87,12 @@ def test_another_tasks_option_is_refused_unless_it_asks_for_nothing():
     (dict(length_penalty="long"), "length_penalty must be a finite number, got 'long'"),
     (dict(target_lang=3), "target_lang must be a str, got 3"),
     (dict(target_lang=""), "target_lang must name a locale such as 'zh_CN', got ''"),
-    (dict(task_options={"beam": 3}), r"unknown options of task 'translate': \['beam'\]; it takes \['target_lang'"),
-    (dict(task_options=[1]), "must be a TranslationOptions or a dict of its fields, got list"),
+    (dict(beam=3), r"unknown options of task 'translate': \['beam'\]; it takes \['target_lang'"),
+    ([1], "must be a TranslationOptions or a dict of its fields, got list"),
 ])
 def test_bad_options_name_the_expected_and_the_actual(bad, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(task="translate", max_steps=1, **bad)
+        TrainConfig(task="translate", max_steps=1, task_options=bad)
 
 
 def test_the_command_turns_a_bad_option_into_one_line(tmp_path, capsys):
@@ -91,9 +106,11 @@ def test_the_command_turns_a_bad_option_into_one_line(tmp_path, capsys):
 def test_a_flat_train_config_of_before_loads(task):
     flat = json.loads((DATA / f"train_config_flat_{task}.json").read_text())
     cfg = TrainConfig.from_dict(flat)
-    assert cfg.task_options == task_options(task, flat={k: flat[k] for k in cfg.task_options.names()})
+    assert cfg.task_options == task_options(task, {k: flat[k] for k in cfg.task_options.names()})
     for name, value in flat.items():  # every flat value reads back the same, the other task's options aside
-        if task == "translate" or name not in TranslationOptions.names():
+        if name in cfg.task_options.names():
+            assert getattr(cfg.task_options, name) == value, name
+        elif name not in TranslationOptions.names():
             # the model section: the same config (sections gain fields at their defaults as qkv grows)
             expected = ModelConfig.from_dict(value) if name == "model" and value else value
             assert getattr(cfg, name) == expected, name
@@ -104,14 +121,29 @@ def test_a_flat_run_of_before_resumes_and_refuses_a_changed_run(tmp_path):
     run = tmp_path / "old"
     run.mkdir()
     (run / "train_config.json").write_text((DATA / "train_config_flat_translate.json").read_text())
-    assert TrainConfig.for_resume(run).copy is True
-    assert TrainConfig.for_resume(run, num_beams=3, length_penalty=1.0).num_beams == 3  # they only score
-    for change, message in [(dict(copy=False), r"copy: True -> False"), (dict(lr=0.5), r"lr: 0.002 -> 0.5"),
-                            (dict(label_smoothing=0.0, target_lang="de"),
+    assert TrainConfig.for_resume(run).task_options.copy is True
+    scoring = {"num_beams": 3, "length_penalty": 1.0}  # they only score
+    assert TrainConfig.for_resume(run, task_options=scoring).task_options.num_beams == 3
+    for change, message in [(dict(task_options={"copy": False}), r"copy: True -> False"),
+                            (dict(lr=0.5), r"lr: 0.002 -> 0.5"),
+                            (dict(task_options={"label_smoothing": 0.0, "target_lang": "de"}),
                              r"target_lang: 'zh_CN' -> 'de'; label_smoothing: 0.1 -> 0.0"),
                             (dict(task_options=TranslationOptions(copy=False, num_beams=2)), r"copy: True -> False\)")]:
         with pytest.raises(ValueError, match=r"--resume with a changed config \(" + message):
             TrainConfig.for_resume(run, **change)
+
+
+def test_the_flags_of_a_resumed_flat_run_fill_its_own_tasks_options(tmp_path):
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "train_config.json").write_text((DATA / "train_config_flat_translate.json").read_text())
+    resume = ["train", "--resume", "--out", str(run)]
+    command = lambda *argv: train_config(build_parser().parse_args([*resume, *argv]))  # noqa: E731
+    assert command("--num-beams", "3").task_options == TranslationOptions(num_beams=3)  # no --task: the run's
+    with pytest.raises(ValueError, match=r"--resume with a changed config \(copy: True -> False\)"):
+        command("--no-copy")
+    with pytest.raises(ValueError, match="beta is an option of --task dpo, not of --task translate"):
+        command("--beta", "0.2")
 
 
 @pytest.mark.parametrize("task", ["lm", "translate"])
@@ -166,16 +198,16 @@ def scaled():
 def test_a_registered_task_brings_its_options_and_defaults(scaled, tmp_path):
     corpus = Corpus(train=TEXT[:-2000], val=TEXT[-2000:], source="test")
     run = dict(task="scaled", context=32, max_steps=1, eval_interval=1, final_eval=False, progress=False)
-    cfg = TrainConfig(**run, loss_scale=2.0, out=str(tmp_path / "r"))
-    assert (cfg.preset, cfg.batch_size, cfg.tokenizer, cfg.loss_scale) == ("tiny", 4, "char", 2.0)
+    cfg = TrainConfig(**run, task_options={"loss_scale": 2.0}, out=str(tmp_path / "r"))
+    assert (cfg.preset, cfg.batch_size, cfg.tokenizer, cfg.task_options.loss_scale) == ("tiny", 4, "char", 2.0)
     twice, once = train(cfg, corpus=corpus), train(TrainConfig(**run), corpus=corpus)
     assert twice.metrics[0]["train_loss"] == pytest.approx(2 * once.metrics[0]["train_loss"], rel=1e-5)
     assert json.loads((tmp_path / "r" / "train_config.json").read_text())["task_options"] == {"loss_scale": 2.0}
     with pytest.raises(ValueError, match=r"changed config \(loss_scale: 2.0 -> 3.0\)"):
-        TrainConfig.for_resume(tmp_path / "r", loss_scale=3.0)
+        TrainConfig.for_resume(tmp_path / "r", task_options={"loss_scale": 3.0})
     with pytest.raises(ValueError, match="loss_scale must be > 0, got 0"):
-        TrainConfig(task="scaled", loss_scale=0, max_steps=1)
-    with pytest.raises(ValueError, match="copy is an option of --task translate, not of --task scaled"):
+        TrainConfig(task="scaled", task_options={"loss_scale": 0}, max_steps=1)
+    with pytest.raises(TypeError, match="copy is an option of --task translate, not of --task scaled"):
         TrainConfig(task="scaled", copy=True, max_steps=1)
 
 
@@ -191,10 +223,10 @@ def test_a_registered_tasks_option_is_a_flag_of_qkv_train_with_its_help(scaled, 
     assert flags["--copy"].negatable and not flags["--packing"].negatable
     args = build_parser().parse_args(["train", "--task", "scaled", "--loss-scale", "2.5", "--max-steps", "1",
                                       "--out", str(tmp_path / "r")])
-    assert train_config(args).loss_scale == 2.5
+    assert train_config(args).task_options.loss_scale == 2.5
     args = build_parser().parse_args(["train", "--task", "translate", "--no-copy", "--max-steps", "1",
                                       "--out", str(tmp_path / "t")])
-    assert train_config(args).copy is False
+    assert train_config(args).task_options.copy is False
 
 
 def test_register_refuses_what_is_not_a_task():

@@ -24,8 +24,8 @@ def pairs_file(tmp_path_factory):
 
 def cfg(pairs, **kw) -> TrainConfig:
     base = dict(task="translate", data=str(pairs), model=TINY, vocab_size=300, max_steps=4, batch_size=8,
-                eval_interval=2, progress=False, final_eval=False, threads=1, num_beams=2)
-    return TrainConfig(**(base | kw))
+                eval_interval=2, progress=False, final_eval=False, threads=1)
+    return TrainConfig(**(base | kw | {"task_options": {"num_beams": 2} | kw.get("task_options", {})}))
 
 
 def test_translation_run_writes_a_transformer_run_and_scores_it(pairs_file, tmp_path):
@@ -59,7 +59,7 @@ def test_the_loss_is_label_smoothed_cross_entropy(pairs_file):
     from qkv.training.loop import step_batches
     from qkv.training.recipe import Recipe
 
-    recipe = Recipe(cfg(pairs_file, label_smoothing=0.3), Dist())
+    recipe = Recipe(cfg(pairs_file, task_options={"label_smoothing": 0.3}), Dist())
     recipe.setup()
     (micro,), (divisor,) = step_batches(recipe.task, torch.Generator().manual_seed(0), 0, recipe.cfg, recipe.dist)
     src, src_mask, tgt_in, targets, tokens = micro
@@ -106,24 +106,24 @@ def test_the_copy_mechanism_is_the_default_and_can_be_switched_off(pairs_file, t
     from qkv.models.pointer import PointerTransformer
 
     train(cfg(pairs_file, out=str(tmp_path / "on"), max_steps=1))
-    train(cfg(pairs_file, out=str(tmp_path / "off"), max_steps=1, copy=False))
+    train(cfg(pairs_file, out=str(tmp_path / "off"), max_steps=1, task_options={"copy": False}))
     assert type(ckpt.load_run(tmp_path / "on").model) is PointerTransformer
     assert type(ckpt.load_run(tmp_path / "off").model) is Transformer
     with pytest.raises(ValueError, match="copy"):
-        TrainConfig(task="lm", copy=True, max_steps=1)
+        TrainConfig(task="lm", task_options={"copy": True}, max_steps=1)
     with pytest.raises(ValueError, match="copy"):  # a run keeps its architecture
-        TrainConfig.for_resume(tmp_path / "off", copy=True)
+        TrainConfig.for_resume(tmp_path / "off", task_options={"copy": True})
 
 
 def test_a_run_saved_before_the_copy_mechanism_resumes_without_it(pairs_file, tmp_path):
     import json
 
-    train(cfg(pairs_file, out=str(tmp_path / "old"), copy=False), stop_at=2)
+    train(cfg(pairs_file, out=str(tmp_path / "old"), task_options={"copy": False}), stop_at=2)
     path = tmp_path / "old" / "train_config.json"
     saved = json.loads(path.read_text())  # written flat then, without the copy option
     flat = {k: v for k, v in saved.items() if k != "task_options"} | saved["task_options"]
     path.write_text(json.dumps({k: v for k, v in flat.items() if k != "copy"}))
-    assert TrainConfig.for_resume(tmp_path / "old").copy is False
+    assert TrainConfig.for_resume(tmp_path / "old").task_options.copy is False
     assert type(train(TrainConfig.for_resume(tmp_path / "old", progress=False)).model) is Transformer
 
 

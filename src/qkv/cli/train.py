@@ -169,13 +169,12 @@ def train_config(args: argparse.Namespace):
     from ..training.config import TrainConfig
     from ..training.tasks import task_type
 
-    given: dict = {}
-    for flag, f in all_flags().items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and given.get(f.name, value) != value:
-            raise CommandError(f"{flag} and another flag for {f.name} disagree ({given[f.name]!r} vs {value!r})")
-        if value is not None:
-            given[f.name] = value
+    if args.resume and not args.out:
+        raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
+    given, options = flag_values(args)
+    if options:  # a resumed run's task is its own
+        task = given.get("task") or (TrainConfig.for_resume(args.out).task if args.resume else "lm")
+        given["task_options"] = given_options(task, options)
     overrides = model_overrides(args)
     if given.get("init_from") and overrides:
         raise CommandError(f"--init-from takes the model's shape from the run; drop the shape flags (they set "
@@ -187,8 +186,6 @@ def train_config(args: argparse.Namespace):
         check_directory_kind(run, "--init-from-hf",
                              hint=f"fine-tune it with --init-from {run}, or continue it with --resume --out {run}")
     if args.resume:
-        if not args.out:
-            raise CommandError("--resume needs --out RUN_DIR (the run to continue)")
         if overrides:
             given["model"] = shaped(TrainConfig.for_resume(args.out, **given), overrides)
         return TrainConfig.for_resume(args.out, progress=not args.quiet, **given)
@@ -200,6 +197,31 @@ def train_config(args: argparse.Namespace):
     name = cfg.preset if cfg.task in ("lm", "translate") else cfg.task  # runs/sft, runs/dpo: not runs/demo
     cfg.out = args.out or fresh_run_dir(Path(cfg.base_source.path).name if cfg.base_source else name)
     return cfg
+
+
+def flag_values(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The TrainConfig settings and the task options the flags give (name -> value; a flag not given: absent)."""
+    given: dict = {}
+    options: dict = {}
+    for flag, f in all_flags().items():
+        value, into = getattr(args, flag[2:].replace("-", "_")), options if f.group == "options" else given
+        if value is not None and into.get(f.name, value) != value:
+            raise CommandError(f"{flag} and another flag for {f.name} disagree ({into[f.name]!r} vs {value!r})")
+        if value is not None:
+            into[f.name] = value
+    return given, options
+
+
+def given_options(task: str, options: dict) -> dict:
+    """The options of ``task`` among those the flags give; another task's option is refused unless it asks
+    for nothing (``--task lm --no-copy``)."""
+    from ..training.tasks import option_owners, task_type
+
+    names = task_type(task).options_type.names()
+    for name, value in options.items():
+        if name not in names and value is not False:
+            raise ValueError(f"{name} is an option of --task {' or '.join(option_owners(name))}, not of --task {task}")
+    return {k: v for k, v in options.items() if k in names}
 
 
 def shaped(cfg, overrides: dict):

@@ -15,7 +15,7 @@
     (int8 weights, ``qkv.kernels.quant``: the fused step reads their Q and scales, the forward and inductor
     compute torchao's own product for those linears)
 
-``compile=`` is the older name: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
+``compile=`` (DESIGN.md's API) names a backend too: True is "fused", "inductor" is "inductor", and "fused" is "fused" that
 raises instead of falling back.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def resolve(backend: str, compile: bool | str) -> tuple[str, bool]:
     if compile is False:
         return backend, False
     if backend != "auto":
-        raise ValueError(f"pass backend= or its older name compile=, not both (got {backend!r} and {compile!r})")
+        raise ValueError(f"pass backend= or compile= (the same choice), not both (got {backend!r} and {compile!r})")
     return ("inductor", False) if compile == "inductor" else ("fused", compile == "fused")
 
 

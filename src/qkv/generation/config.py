@@ -5,7 +5,7 @@
 and ``Transformer.generate`` take their defaults from it, so that a loaded checkpoint decodes as Hugging
 Face's ``generate`` does with no argument (Marian: beam search with its num_beams, length penalty, start,
 EOS and suppressed pad; Llama 3: stop at any of its end-of-turn ids). Arguments given to ``generate`` still
-win. A model built without a checkpoint has ``generation_config = None`` and decodes as before.
+win. A model built without a checkpoint has ``generation_config = None`` and decodes with generate's own defaults.
 
 The field defaults are ``transformers.GenerationConfig``'s (greedy, one beam, length penalty 1.0, top-k 50
 when sampling). Settings qkv cannot apply (repetition penalty, n-gram blocking, …) are kept as text in

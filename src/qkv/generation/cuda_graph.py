@@ -32,7 +32,7 @@ from .fallback import BackendFallback
 WARMUP_STEPS = 2  # eager steps on a side stream before recording: lazy inits and allocator pools settle first
 
 
-def refuses(device: torch.device | str) -> str | None:
+def refuses_device(device: torch.device | str) -> str | None:
     """Why a CUDA graph cannot decode on ``device`` (a torch.device or its name), or None."""
     kind = torch.device(device).type
     if kind != "cuda":
@@ -42,7 +42,7 @@ def refuses(device: torch.device | str) -> str | None:
     return None
 
 
-def model_refuses(model) -> str | None:
+def refuses_model(model) -> str | None:
     """Why a recorded step would not be ``model``'s step, or None: what reads a tensor's value on the host
     (which a recording cannot wait for) or changes Python state from token to token."""
     from ..nn.moe import MixtureOfExperts

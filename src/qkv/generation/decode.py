@@ -122,7 +122,7 @@ def generate(
             served by qkv's CPU kernels), "eager" (the forward as written), "inductor" (``torch.compile``'s
             step), "fused" (qkv's C++ step; other models fall back to auto with a warning saying why) or
             "cudagraph" (the step replayed as a CUDA graph: what "auto" runs for a model on a CUDA GPU).
-        compile: the older name of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
+        compile: DESIGN.md's spelling of ``backend``: True is "fused", "inductor" is "inductor", "fused" insists.
         streamer: Hugging Face's protocol (``qkv.generation.streaming``): ``put(ids)`` with the prompt (B, T),
             then each step's new tokens (B, k) as they are chosen, and ``end()`` when done (not after an
             exception: Ctrl-C leaves it as it was); ``TextStreamer`` writes the text as it grows. The tokens

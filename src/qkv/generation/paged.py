@@ -23,7 +23,7 @@ BLOCK_SIZE = 16  # tokens per block (vLLM's default)
 MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.9}  # the default budget: this share of the device's free memory
 
 
-def paged_refuses(model) -> str | None:
+def refuses(model) -> str | None:
     """Why a paged cache cannot hold ``model``'s keys, or None: each layer must keep a KVCache, RingKVCache
     or LatentCache (MLA's naive cache and others are not paged), and positions must not be a bias over
     shared key places (ALiBi, T5)."""
@@ -85,7 +85,7 @@ class PagedModel:
     block holds what, ``forward`` runs rows over their block tables."""
 
     def __init__(self, model, num_blocks: int, *, block_size: int = BLOCK_SIZE, dtype=None) -> None:
-        reason = paged_refuses(model)
+        reason = refuses(model)
         if reason is not None:
             raise ValueError(reason)
         self.model, self.pages = model, PageTable(block_size)

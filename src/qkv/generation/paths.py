@@ -8,13 +8,20 @@ tested for (``accepts``) and gives the one reason it refuses a subject (``refuse
     moe_kernel  MoE layer, x=           decoding's C++ expert op (``qkv.kernels.moe``)
     grouped_mm  MoE layer, x=           training's expert products as torch._grouped_mm (``qkv.kernels.moe_training``)
     int8        model                   int8 linear weights through torchao (``qkv.kernels.quant``)
+    paged       model                   the server's paged KV cache (``qkv.generation.paged``)
+    packed      model                   the server's linears on weights in oneDNN's blocked layout
+                                        (``qkv.kernels.linear.packed_weights``)
 
-Callers ask once and say the reason where they fall back: ``generate``, beam search and ``qkv sample``/``chat``
-through the decode plan (``qkv.generation.plan``; ``backends.backend_for`` turns the answers into a backend),
-training through ``grouped_mm_refusals(model)``. The server's plan runs auto or eager (no fast path here decodes
-a paged cache's rows). The MoE layers' own forwards call the same checks (the functions named here) for each
-input, where the answer depends on the tokens' dtype, device and grad mode. The tables a check reads stay with
-its path (the fused step's allow-lists beside its packing).
+Each path's module names its check ``refuses`` and the check's parts ``refuses_<what>`` (``fused_step.refuses``,
+``moe.refuses``, ``moe_training.refuses``, ``paged.refuses``, ``cuda_graph.refuses_device``/``refuses_model``);
+the entries here are ``refuses_<path>``. Callers ask once and say the reason where they fall back: ``generate``,
+beam search and ``qkv sample``/``chat`` through the decode plan (``qkv.generation.plan``;
+``backends.backend_for`` turns the answers into a backend), training through ``grouped_mm_refusals(model)``
+before its first step, the server's plan (``plan.plan_serving``: auto or eager, no fast step here decodes a
+paged cache's rows) through "paged" and, for auto, "packed". The MoE layers' own forwards call the same checks
+(the functions named here) for each input, where the answer depends on the tokens' dtype, device and grad mode;
+the reference layer (``qkv.nn.moe``) asks only its own ``refuses_fast_dispatch``. The tables a check reads stay
+with its path (the fused step's allow-lists beside its packing).
 """
 from __future__ import annotations
 
@@ -24,9 +31,9 @@ from typing import Callable
 
 import torch
 
-from ..kernels import fused_step, moe, moe_training, quant
+from ..kernels import accelerated, fused_step, linear, moe, moe_training, quant
 from ..nn.moe import MixtureOfExperts
-from . import cuda_graph
+from . import cuda_graph, paged
 
 
 @dataclass(frozen=True)
@@ -48,36 +55,38 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def fused_refuses(model, *, batch: int = 1) -> str | None:
+def refuses_fused(model, *, batch: int = 1) -> str | None:
     """The fused step's reason (``fused_step.unsupported``) for ``batch`` rows."""
-    return fused_step.unsupported(model, batch)
+    return fused_step.refuses(model, batch)
 
 
-def compiled_step_refuses(model) -> str | None:
+def refuses_compiled_step(model) -> str | None:
     """Why inductor's compiled step cannot decode ``model``, or None. It is compiled once and then runs
     without its guards, so everything a step reads must be a tensor: every cache's static form is (a sliding
     layer's ring cache places its keys by the step's ``input_pos`` tensor alone), so none is refused today."""
     return None
 
 
-def graph_refuses(model) -> str | None:
+def refuses_graph(model) -> str | None:
     """Why the CUDA-graph step cannot decode ``model``, or None: it must sit on a CUDA device, and it is
     recorded once, so (as inductor's step) everything a step reads must be a tensor."""
-    return cuda_graph.refuses(model_device(model)) or compiled_step_refuses(model) or cuda_graph.model_refuses(model)
+    return (cuda_graph.refuses_device(model_device(model)) or refuses_compiled_step(model)
+            or cuda_graph.refuses_model(model))
 
 
-def moe_kernel_refuses(layer: MixtureOfExperts, *, x: torch.Tensor) -> str | None:
-    """Why decoding's expert op cannot run ``layer`` on x (..., C) (``moe.kernel_refuses``), or None."""
-    return layer.grouped_refusal() or moe.kernel_refuses(layer.experts, x.reshape(-1, x.size(-1)))
+def refuses_moe_kernel(layer: MixtureOfExperts, *, x: torch.Tensor) -> str | None:
+    """Why decoding's expert op cannot run ``layer`` on x (..., C) (``moe.refuses``), or None."""
+    return layer.refuses_fast_dispatch() or moe.refuses(layer.experts, x.reshape(-1, x.size(-1)))
 
 
-def grouped_mm_refuses(layer: MixtureOfExperts, *, x: torch.Tensor) -> str | None:
-    """Why training's grouped products cannot run ``layer`` on x (B, T, C) now (the layer's dispatch, grad mode,
-    torch.compile, then ``moe_training.grouped_mm_refusal``), or None."""
-    return moe_training.why_not_grouped_mm(layer, x)
+def refuses_grouped_mm(layer: MixtureOfExperts, *, x: torch.Tensor, compiling: bool | None = None) -> str | None:
+    """Why training's grouped products cannot run ``layer`` on x (B, T, C) now (``moe_training.refuses``: the
+    layer's dispatch, grad mode, torch.compile (``compiling``; None: whether it runs inside it now), then the
+    experts and the device), or None."""
+    return moe_training.refuses(layer, x, compiling=compiling)
 
 
-def int8_refuses(model) -> str | None:
+def refuses_int8(model) -> str | None:
     """Why ``quant.quantize_weights(model, "int8")`` would not quantise ``model``, or None."""
     done = quant.quantized(model)
     if done:
@@ -89,17 +98,40 @@ def int8_refuses(model) -> str | None:
     return None
 
 
+def refuses_paged(model) -> str | None:
+    """Why a paged cache cannot hold ``model``'s keys (``paged.refuses``), or None."""
+    return paged.refuses(model)
+
+
+def refuses_packed(model) -> str | None:
+    """Why none of ``model``'s linears would read its weight in oneDNN's blocked layout under the speed layer
+    (``linear.packed_weights`` packs the ones ``linear.packable`` takes), or None where one would."""
+    if not linear.ONEDNN:
+        return "this torch has no oneDNN"
+    device = model_device(model)
+    if device.type != "cpu":
+        return f"the model is on {device}: the blocked layout is oneDNN's for a CPU"
+    with accelerated(model):
+        packs = any(linear.packable(m) for m in model.modules())
+    return None if packs else (f"no linear it packs (plain fp32, or bf16 where the CPU computes it natively, of at "
+                               f"least {linear.ONEDNN_MIN_WEIGHT} numbers)")
+
+
 PATHS = {p.name: p for p in (
     FastPath("fused", "a qkv.GPT whose every module and config field the step declares, at most MAX_ROWS rows, "
-             "float32, bfloat16 or int8 weights on a CPU, where qkv's C++ kernels are built", fused_refuses),
-    FastPath("inductor", "every model whose step reads only tensors (every static cache)", compiled_step_refuses),
+             "float32, bfloat16 or int8 weights on a CPU, where qkv's C++ kernels are built", refuses_fused),
+    FastPath("inductor", "every model whose step reads only tensors (every static cache)", refuses_compiled_step),
     FastPath("cudagraph", "a model on a CUDA device whose step reads only tensors and syncs with no host value",
-             graph_refuses),
+             refuses_graph),
     FastPath("moe_kernel", "SwiGLU experts without biases, at most MAX_ROWS fp32 tokens on a CPU, at inference",
-             moe_kernel_refuses),
+             refuses_moe_kernel),
     FastPath("grouped_mm", "SwiGLU experts without biases, rows 16-byte aligned, where autograd records, eagerly: "
-             "fp32 or bf16 on a CPU, bf16 on a GPU of compute capability 9.0 or more", grouped_mm_refuses),
-    FastPath("int8", "a float model with linear layers, where torchao is installed", int8_refuses),
+             "fp32 or bf16 on a CPU, bf16 on a GPU of compute capability 9.0 or more", refuses_grouped_mm),
+    FastPath("int8", "a float model with linear layers, where torchao is installed", refuses_int8),
+    FastPath("paged", "a decoder each of whose layers keeps a KVCache, RingKVCache or LatentCache, its positions not "
+             "a bias over shared key places (not ALiBi or T5)", refuses_paged),
+    FastPath("packed", "linears under the speed layer on a CPU with oneDNN, plain fp32 or bf16 where the CPU "
+             "computes it natively, of at least ONEDNN_MIN_WEIGHT numbers", refuses_packed),
 )}
 
 
@@ -110,17 +142,18 @@ def refuses(path: str, subject, **context) -> str | None:
     return PATHS[path].refuses(subject, **context)
 
 
-def grouped_mm_refusals(model, *, x: torch.Tensor | None = None) -> dict[str, str]:
+def grouped_mm_refusals(model, *, x: torch.Tensor | None = None, compiling: bool = False) -> dict[str, str]:
     """Training's question, asked once before it runs: for each mixture-of-experts layer of ``model`` (by name), why
     training's grouped products will not run it on tokens like ``x`` (default: an empty batch in its experts'
-    dtype) with autograd recording, where they will not. Empty: every layer runs them (or there is none)."""
+    dtype; autocast as it is on) with autograd recording, inside torch.compile where ``compiling``, where they
+    will not. Empty: every layer runs them (or there is none)."""
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, MixtureOfExperts):
             weight = next(m.experts.parameters())
             probe = x if x is not None else weight.new_empty(1, 0, m.router.weight.size(1))  # (B, T, C)
             with torch.enable_grad():
-                reason = refuses("grouped_mm", m, x=probe)
+                reason = refuses("grouped_mm", m, x=probe, compiling=compiling)
             if reason is not None:
                 out[name] = reason
     return out

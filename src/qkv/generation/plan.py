@@ -4,7 +4,9 @@ chosen once, each with its reason, for ``generate`` (and ``qkv sample``/``chat``
     plan_decode   generate: the backend ``backends.backend_for`` chooses for the batch; a static cache (B rows × M
                   slots, contiguous: what the fused, inductor and CUDA-graph steps read), or none
     plan_beams    the encoder-decoder's greedy and beam search: auto or eager over a static cache
-    plan_serving  the server: auto or eager over a paged cache sized by a memory budget (``qkv.generation.paged``)
+    plan_serving  the server: auto or eager over a paged cache sized by a memory budget (``qkv.generation.paged``),
+                  where the registry's "paged" entry (``qkv.generation.paths``) accepts the model, its linears'
+                  weights packed where "packed" accepts them
 
 ``str(plan)`` says it all in one line (``qkv serve`` prints it at startup).
 """
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends
+from . import backends, paths
 from .fallback import BackendFallback
 from .paged import BLOCK_SIZE, plan_blocks
 
@@ -23,7 +25,8 @@ from .paged import BLOCK_SIZE, plan_blocks
 @dataclass(frozen=True)
 class Plan:
     """backend (one of ``backends.BACKENDS``), ``why`` it and not the one asked (None: the one asked), the cache's
-    ``dtype``, ``cache`` "static", "paged" or "none", ``cache_note`` its size and why, and ``num_blocks`` (paged)."""
+    ``dtype``, ``cache`` "static", "paged" or "none", ``cache_note`` its size and why, ``num_blocks`` (paged), and
+    ``weights``: how the server's linears read their weights, and why (empty: as the backend says)."""
 
     backend: str
     why: str | None
@@ -31,6 +34,7 @@ class Plan:
     cache: str
     cache_note: str
     num_blocks: int = 0
+    weights: str = ""
 
     @property
     def backend_line(self) -> str:
@@ -40,8 +44,9 @@ class Plan:
 
     def __str__(self) -> str:
         why = f" ({self.why})" if self.why else ""
-        return (f"the {self.backend} backend ({backends.BACKEND_NOTES[self.backend]}){why}; a {self.cache} cache in "
-                f"{str(self.dtype).removeprefix('torch.')}: {self.cache_note}")
+        weights = f"; {self.weights}" if self.weights else ""
+        return (f"the {self.backend} backend ({backends.BACKEND_NOTES[self.backend]}){why}{weights}; a {self.cache} "
+                f"cache in {str(self.dtype).removeprefix('torch.')}: {self.cache_note}")
 
     def speed_layer(self, model):
         """The context the steps run in (``backends.speed_layer``)."""
@@ -86,10 +91,24 @@ def plan_beams(model, rows: int, capacity: int, backend: str = "auto", *, use_ca
 
 def plan_serving(model, *, backend: str = "auto", max_batch: int, max_model_len: int,
                  memory: int | None = None, block_size: int = BLOCK_SIZE) -> Plan:
-    """The server's plan: ``backend`` auto or eager (rows of different lengths in one forward), a paged cache of
-    as many blocks as ``memory`` holds (``paged.plan_blocks``)."""
+    """The server's plan: ``backend`` auto or eager (rows of different lengths in one forward: no fused, compiled
+    or CUDA-graph step reads a paged cache), a paged cache of as many blocks as ``memory`` holds
+    (``paged.plan_blocks``), where the registry's "paged" entry accepts the model (else ValueError, its reason);
+    auto's linears on weights in oneDNN's blocked layout where "packed" accepts them (``weights`` says which)."""
     if backend not in ("auto", "eager"):
         raise ValueError(f"the server's backend must be auto or eager, got {backend!r}")
+    reason = paths.refuses("paged", model)
+    if reason is not None:
+        raise ValueError(f"{reason}: not served")
     num_blocks, note = plan_blocks(model, max_batch=max_batch, max_model_len=max_model_len, memory=memory,
                                    block_size=block_size)
-    return Plan(backend, None, cache_dtype(model), "paged", note, num_blocks)
+    return Plan(backend, None, cache_dtype(model), "paged", note, num_blocks, packing(model, backend, max_batch))
+
+
+def packing(model, backend: str, rows: int) -> str:
+    """How the server's linears read their weights under ``backend``: the registry's "packed" entry, asked once."""
+    if backend == "eager":
+        return "weights as they are (eager)"
+    reason = paths.refuses("packed", model)
+    return (f"weights as they are: {reason}" if reason is not None
+            else f"large linears' weights also in oneDNN's blocked layout for {rows} rows")

@@ -30,7 +30,7 @@ Weights: float32, bfloat16 (the model's own memory, each weight widened to fp32 
 norms, biases and position tables go in as fp32 copies, the caches are the model's (fp32 or bf16), the sums fp32.
 A bf16 model's answer is the fp32 sums' over its weights, not its eager forward's bf16 roundings: logits close,
 tokens mostly the same. Mixture-of-experts layers decode in float32 only; other weight types are refused.
-``unsupported`` says what it refuses (the check ``qkv.generation.paths`` lists as "fused"), and ``generate`` then
+``refuses`` says what it refuses (the check ``qkv.generation.paths`` lists as "fused"), and ``generate`` then
 falls back to the next backend, saying why.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def config_fields(config, prefix: str = "") -> dict[str, tuple[object, object]]:
     return out
 
 
-def refused_field(config: ModelConfig) -> str | None:
+def refuses_field(config: ModelConfig) -> str | None:
     """The first config field whose value the step was not built for, described; None when all are accepted."""
     for name, (value, default) in config_fields(config).items():
         accepts = CONFIG.get(name, "default")
@@ -151,7 +151,7 @@ def skeleton(config: ModelConfig) -> dict[str, type]:
         return {name: type(m) for name, m in GPT(config).named_modules()}
 
 
-def refused_module(model: GPT) -> str | None:
+def refuses_module(model: GPT) -> str | None:
     """The first module not exactly as a GPT of its config holds it (another type, an extra or a missing one,
     hooks, settings apart from the config); None when all pass."""
     c, rope, expected = model.config, model.blocks[0].attn.rope, skeleton(model.config)
@@ -173,7 +173,7 @@ def refused_module(model: GPT) -> str | None:
         if type(m) is MultiHeadAttention and (m.scale, m.softcap, m.q_norm is None, m.k_norm is None) != (
                 None, None, not qk_norm, not qk_norm):
             return f"{where}: attention with QK-norm, a scale or a soft cap (it computes softmax({scores}/√D) v)"
-        if (reason := refused_experts(m, c)) is not None:
+        if (reason := refuses_experts(m, c)) is not None:
             return f"{where}: {reason}"
     if rope is not None and not fixed_rope_table(rope.scaling):  # set on the module, whatever the config says
         return f"its RotaryEmbedding's {rope.scaling.type} scaling follows the current length (its table is not fixed)"
@@ -190,7 +190,7 @@ def same_kind(got: type, want: type) -> bool:
 SWAPPED = ((nn.Linear, KernelLinear), (MixtureOfExperts, DecodeMixtureOfExperts))
 
 
-def refused_experts(m: nn.Module, c: ModelConfig) -> str | None:
+def refuses_experts(m: nn.Module, c: ModelConfig) -> str | None:
     """Why a router or experts module differs from what the step computes (its config's, which CONFIG checked)."""
     if type(m) is Router and (m.num_experts, m.top_k, m.score, m.top_k_first, m.norm_topk_prob, m.scaling) != (
             c.moe.num_experts, c.moe.top_k, "softmax", c.moe.top_k_first, c.moe.norm_topk_prob, 1.0):
@@ -207,11 +207,11 @@ def refused_experts(m: nn.Module, c: ModelConfig) -> str | None:
     return None
 
 
-def unsupported(model, batch: int) -> str | None:
+def refuses(model, batch: int) -> str | None:
     """Why the fused step cannot decode ``model`` at ``batch`` rows, or None where it can."""
     if type(model) is not GPT:
         return f"it decodes qkv.GPT models, not {type(model).__name__}"
-    reason = refused_field(model.config) or refused_module(model) or refused_parameter(model)
+    reason = refuses_field(model.config) or refuses_module(model) or refuses_parameter(model)
     if reason is not None:
         return reason
     weight = model.embed.tok.weight
@@ -229,7 +229,7 @@ def unsupported(model, batch: int) -> str | None:
     return None
 
 
-def refused_parameter(model: GPT) -> str | None:
+def refuses_parameter(model: GPT) -> str | None:
     """The first parameter that is neither a plain tensor nor, in a block's dense linear, an int8 weight it reads
     (``int8_rows``), described; None when all pass."""
     for name, p in model.named_parameters():
@@ -319,7 +319,7 @@ class FusedStep:
     signature as ``qkv.generation.decode.last_logits(model)``, whose answer it gives (to fp32's rounding)."""
 
     def __init__(self, model) -> None:
-        reason = unsupported(model, 1)
+        reason = refuses(model, 1)
         if reason is not None:
             raise ValueError(f"the fused decode step cannot run this model: {reason}")
         c, act = model.config, ACTIVATIONS[model.config.feed_forward.activation]
@@ -337,7 +337,7 @@ class FusedStep:
 
     def rope_table(self, capacity: int) -> Tensor:
         """cos and sin (2, M, D/2) of every slot's angles, as the model's RotaryEmbedding computes them (its own θ
-        and attention factor: a scaling's, which ``unsupported`` has checked does not follow the length)."""
+        and attention factor: a scaling's, which ``refuses`` has checked does not follow the length)."""
         if self.rotary is None:
             return torch.empty(0)
         return torch.stack(self.rotary.angles(torch.arange(capacity))).float().contiguous()

@@ -16,7 +16,7 @@ break, so inside it the gathered path runs where the kernel does not.
 
 Every dispatch gives one answer (tests/test_moe.py, tests/test_moe_decode.py); a layer whose experts the fast
 dispatches were not built for (not ``SwiGLUExperts``, or hooked), that asked for "reference", or in training keeps
-its own forward, which says why where it falls back. ``kernel_refuses`` says why the kernel does not run (the check
+its own forward, which says why where it falls back. ``refuses`` says why the kernel does not run (the check
 ``qkv.generation.paths`` lists as "moe_kernel").
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def gathers() -> bool:
     return torch.compiler.is_compiling()
 
 
-def kernel_refuses(experts: SwiGLUExperts, x: Tensor) -> str | None:
+def refuses(experts: SwiGLUExperts, x: Tensor) -> str | None:
     """Why ``kernel_dispatch`` cannot run ``experts`` on x (N, C), or None: it was built and tested for a few fp32
     tokens on a CPU at inference, through plain SwiGLU experts without biases, where qkv's kernels are built."""
     if not x.is_cpu or x.dtype != torch.float32:
@@ -71,8 +71,8 @@ class DecodeMixtureOfExperts(MixtureOfExperts):
     def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C) -> (B, T, C) [, router logits (B·T, E)], as ``MixtureOfExperts.forward``."""
         logits = return_router_logits
-        if self.training or self.dispatch == "reference" or self.grouped_refusal() is not None:
+        if self.training or self.dispatch == "reference" or self.refuses_fast_dispatch() is not None:
             return super().forward(x, return_router_logits=logits)
-        if kernel_refuses(self.experts, x.reshape(-1, x.size(-1))) is None:
+        if refuses(self.experts, x.reshape(-1, x.size(-1))) is None:
             return self.run(x, kernel_dispatch, logits)
         return self.run(x, gathered_dispatch, logits) if gathers() else super().forward(x, return_router_logits=logits)

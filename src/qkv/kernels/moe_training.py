@@ -14,7 +14,7 @@ kernel per matrix shape, and the experts' loads change every step. It is built a
 bf16 products, SwiGLU experts without biases and rows 16-byte aligned, run eagerly; on a GPU of compute
 capability 9.0 or more it takes bf16 products (torch's CUTLASS kernel; rows unpadded, so no host sync).
 Elsewhere, in eval, without autograd or inside torch.compile the layer keeps its own dispatch;
-``why_not_grouped_mm`` says why (the check ``qkv.generation.paths`` lists as "grouped_mm") and
+``refuses`` says why (the check ``qkv.generation.paths`` lists as "grouped_mm") and
 ``grouped_mm_fallback`` holds the last forward's reason.
 Tests: tests/test_moe.py (outputs and every gradient equal the reference loop's).
 """
@@ -42,14 +42,14 @@ def segment_rows(x: Tensor) -> int:
     return SEGMENT_ROWS if product_dtype(x) == torch.bfloat16 and x.device.type == "cpu" else 1
 
 
-def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
+def refuses_experts(experts: SwiGLUExperts, x: Tensor) -> str | None:
     """Why ``torch._grouped_mm`` cannot run these experts' products on x (built and tested here for a CPU, fp32 or
     bf16 (autocast's included), no biases, rows 16-byte aligned), or None."""
     if not hasattr(torch, "_grouped_mm"):
         return "this torch has no _grouped_mm"
     dtype, device = product_dtype(x), x.device
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    if (reason := device_refusal(device.type, dtype, capability)) is not None:
+    if (reason := refuses_device(device.type, dtype, capability)) is not None:
         return reason
     if not torch.is_autocast_enabled(device.type) and x.dtype != experts.gate_proj.dtype:
         return f"tokens in {x.dtype}, weights in {experts.gate_proj.dtype}"
@@ -60,7 +60,7 @@ def grouped_mm_refusal(x: Tensor, experts: SwiGLUExperts) -> str | None:
     return None if (I * size) % 16 == 0 == (C * size) % 16 else "rows not 16-byte aligned"
 
 
-def device_refusal(device: str, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
+def refuses_device(device: str, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
     """Why ``torch._grouped_mm`` has no kernel for ``dtype`` products on ``device`` (cpu | cuda of compute
     ``capability``), or None: a CPU's takes fp32 and bf16; CUDA's (CUTLASS, Hopper and later) bf16."""
     if device == "cpu":
@@ -94,16 +94,17 @@ def grouped_mm_dispatch(x: Tensor, routing: Routing, experts: SwiGLUExperts) -> 
     return combine(y, order, routing.weights.to(x.dtype))
 
 
-def why_not_grouped_mm(layer: MixtureOfExperts, x: Tensor) -> str | None:
+def refuses(layer: MixtureOfExperts, x: Tensor, *, compiling: bool | None = None) -> str | None:
     """Why a forward of ``layer`` on x (B, T, C) keeps the layer's own dispatch rather than ``grouped_mm_dispatch``,
-    or None (``qkv.generation.paths`` names this check "grouped_mm")."""
+    or None (``qkv.generation.paths`` names this check "grouped_mm"). ``compiling``: whether it runs inside
+    torch.compile (None: whether it does now)."""
     if layer.dispatch != "grouped":
         return f"the layer asks for the {layer.dispatch} dispatch"
     if not torch.is_grad_enabled():
         return "autograd is not recording (the layer's own grouped dispatch serves inference)"
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() if compiling is None else compiling:
         return "inside torch.compile (whose fake _grouped_mm on a CPU takes bf16 only)"
-    return layer.grouped_refusal() or grouped_mm_refusal(x, layer.experts)
+    return layer.refuses_fast_dispatch() or refuses_experts(layer.experts, x)
 
 
 class TrainingMixtureOfExperts(MixtureOfExperts):
@@ -115,7 +116,7 @@ class TrainingMixtureOfExperts(MixtureOfExperts):
 
     def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C) -> (B, T, C) [, router logits (B·T, E)], as ``MixtureOfExperts.forward``."""
-        self.grouped_mm_fallback = why_not_grouped_mm(self, x)
+        self.grouped_mm_fallback = refuses(self, x)
         if self.grouped_mm_fallback is not None:
             return super().forward(x, return_router_logits=return_router_logits)
         return self.run(x, grouped_mm_dispatch, return_router_logits)

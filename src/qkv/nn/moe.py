@@ -323,7 +323,7 @@ class MixtureOfExperts(nn.Module):
         self.dispatch, self.fallback = dispatch, None  # fallback: why the grouped path was not taken
         self.expert_counts: Tensor | None = None
 
-    def grouped_refusal(self) -> str | None:
+    def refuses_fast_dispatch(self) -> str | None:
         """Why the grouped (or gathered) path cannot run these experts (built and tested for SwiGLUExperts), or None."""
         if type(self.experts) is not SwiGLUExperts:
             return f"experts are a {type(self.experts).__name__}, the fast dispatches run SwiGLUExperts"
@@ -334,7 +334,7 @@ class MixtureOfExperts(nn.Module):
     def forward(self, x: Tensor, *, return_router_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C) -> (B, T, C) [, the router's logits (B·T, E) where ``return_router_logits``]."""
         dispatch = self.dispatch
-        if dispatch != "reference" and (reason := self.grouped_refusal()) is not None:
+        if dispatch != "reference" and (reason := self.refuses_fast_dispatch()) is not None:
             if self.fallback != reason:
                 warnings.warn(f"MixtureOfExperts runs the reference dispatch: {reason}", stacklevel=2)
             self.fallback, dispatch = reason, "reference"

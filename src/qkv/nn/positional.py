@@ -11,7 +11,6 @@ Positions: ``positions`` is always a token's absolute position, an integer tenso
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import Tensor, nn
@@ -29,18 +28,6 @@ def _range_if_length(positions: Tensor | int, device=None) -> Tensor:
     if not isinstance(positions, Tensor) or positions.is_floating_point():
         raise TypeError(f"positions must be an int length or an integer Tensor, got {positions!r:.60}")
     return positions
-
-
-def _renamed(old: str, old_value, new: str, new_value):
-    """The value of a keyword renamed from ``old`` to ``new``; ``old`` still works for one release, with a warning."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise TypeError(f"pass {new}= only ({old}= is its deprecated name), got both")
-    # stacklevel 5 names the caller's line: caller → Module.__call__ → _call_impl → forward → here
-    warnings.warn(f"{old}= is deprecated (removed in the next release); pass {new}= instead",
-                  DeprecationWarning, stacklevel=5)
-    return old_value
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -173,18 +160,16 @@ class RotaryEmbedding(nn.Module):
         elif length < top < self.max_seq_len_cached:  # back within the trained context
             self.inv_freq, self.max_seq_len_cached = self.original_inv_freq, top
 
-    def forward(self, x: Tensor, positions: Tensor | int | None = None, *, offset: int | Tensor | None = None
-                ) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | int | None = None) -> Tensor:
         """x (B, H, T, D) -> rotated (B, H, T, D).
 
         ``positions``: each row's position, an integer tensor (T,) or (B, T); or an int p, the
-        first position (rows at p … p+T−1; cached decoding). None: 0 … T−1. ``offset`` is the
-        deprecated name of ``positions``.
+        first position (rows at p … p+T−1; cached decoding). None: 0 … T−1.
         """
         if not isinstance(x, Tensor) or x.dim() != 4 or x.size(-1) != self.head_dim:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected x of shape (B, H, T, {self.head_dim}), got {shape}")
-        pos = self._row_positions(_renamed("offset", offset, "positions", positions), x)
+        pos = self._row_positions(positions, x)
         cos, sin = self.angles(pos)  # (…, T, R/2)
         xf = x.float() if self.rotary_dim == self.head_dim else x[..., :self.rotary_dim].float()  # (B, H, T, R)
         if self.interleaved:
@@ -249,15 +234,12 @@ class ALiBi(nn.Module):
         lower = 2 ** math.floor(math.log2(n))
         return power_of_two(lower) + power_of_two(2 * lower)[0::2][: n - lower]
 
-    def forward(self, q_len: int, k_len: int, *, positions: Tensor | None = None,
-                q_positions: Tensor | None = None) -> Tensor:
+    def forward(self, q_len: int, k_len: int, *, positions: Tensor | None = None) -> Tensor:
         """Bias (H, L, S): −m_h · |i' − j|, where key j sits at position j and query i at i'.
 
         ``positions`` (L,): the queries' positions i' on that key axis (a static KV cache, where
         S is the capacity, passes its slots). None: bottom-right, i' = i + S − L.
-        ``q_positions`` is the deprecated name of ``positions``.
         """
-        positions = _renamed("q_positions", q_positions, "positions", positions)
         i = query_places(q_len, k_len, positions, self.slopes.device)[:, None]  # (L, 1)
         j = torch.arange(k_len, device=self.slopes.device)  # (S,)
         dist = (i - j).abs().float()  # (L, S)

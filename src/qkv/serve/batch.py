@@ -155,7 +155,7 @@ class Batch:
 
     def advance(self, rows: list[Request], logits: Tensor) -> None:
         """The rows take their tokens from logits (k, V); the finished ones leave."""
-        tokens = pick(rows, logits).tolist()  # (k,)
+        tokens = next_tokens(rows, logits).tolist()  # (k,)
         for request, token in zip(rows, tokens):
             if request.take(token, self.max_len - len(request.context)):
                 self.leave(request)
@@ -174,7 +174,7 @@ class Batch:
         return request in self.running or request in self.prefilling
 
 
-def pick(rows: list[Request], logits: Tensor) -> Tensor:
+def next_tokens(rows: list[Request], logits: Tensor) -> Tensor:
     """Each row's next token from logits (k, V): greedy rows by argmax at once, sampled ones each with its own
     temperature, top_p and generator -> (k,)."""
     tokens = logits.float().argmax(-1)  # (k,); fp32: argmax over bf16 is many times slower, its answer the same

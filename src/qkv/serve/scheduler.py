@@ -21,25 +21,23 @@ import threading
 
 import torch
 
-from ..generation.paged import BLOCK_SIZE, PagedModel, paged_refuses
+from ..generation.paged import BLOCK_SIZE, PagedModel
 from ..generation.plan import plan_serving
 from ..kernels.linear import packed_weights
-from .batch import Batch, pick
+from .batch import Batch, next_tokens
 from .request import QueueFull, Request, Settings
 from .waiting import WaitingQueue
 
-__all__ = ["QueueFull", "Request", "Scheduler", "Settings", "check_servable", "pick"]
+__all__ = ["QueueFull", "Request", "Scheduler", "Settings", "check_servable", "next_tokens"]
 
 
 def check_servable(model) -> None:
-    """ValueError unless ``model`` is a decoder whose keys a paged cache holds (``paged_refuses``)."""
+    """ValueError unless ``model`` is a decoder (whose keys a paged cache may hold: the plan asks the registry's
+    "paged" entry, ``plan_serving``)."""
     from ..models import GPT
 
     if not isinstance(model, GPT):
         raise ValueError(f"serving needs a decoder (qkv.GPT), got {type(model).__name__}")
-    reason = paged_refuses(model)
-    if reason is not None:
-        raise ValueError(f"{reason}: not served")
 
 
 class Scheduler:

@@ -16,7 +16,7 @@ from ..models import PRESETS, ModelConfig
 from ..runtime import device_type, native_bf16
 from .optim import OPTIMIZERS, SCHEDULES, check_optimizer_options, default_warmup, ratio_warmup
 from .sharding import check_sharding
-from .tasks import TASKS, Task, TaskOptions, option_owner, task_options, task_type
+from .tasks import TASKS, Task, TaskOptions, option_owners, task_options, task_type
 from .tasks.base import NATIVE, RECIPE
 
 
@@ -44,9 +44,9 @@ class TrainConfig:
     (the first reached ends the run; the schedule follows whichever is furthest along).
 
     What only one task uses lives in ``task_options``, that task's ``options_type`` (e.g.
-    ``TranslationOptions``), validated by it. Its options' own names also construct and read a config:
-    ``TrainConfig(task="translate", copy=False).copy`` is ``cfg.task_options.copy``. Fields are keywords; those
-    made by ``setting`` are also `qkv train`'s flags, their help said once, here.
+    ``TranslationOptions``), validated by it: given as that dataclass or a dict of its fields
+    (``TrainConfig(task="translate", task_options={"copy": False})``), read as ``cfg.task_options.copy``.
+    Fields are keywords; those made by ``setting`` are also `qkv train`'s flags, their help said once, here.
     """
 
     task: str = setting("lm", "lm (a GPT learns the next token; default), translate (the paper's encoder-decoder "
@@ -141,30 +141,16 @@ class TrainConfig:
     progress: bool = True  # progress on stderr, rank 0 (qkv.training.progress: a bar, or lines in a log)
 
     def __init__(self, **given) -> None:
-        """Every field by keyword, and the task's options by their own names (``label_smoothing=0.2``)."""
+        """Every field by keyword; the task's options in ``task_options`` (TypeError for one by its own name)."""
         names = {f.name for f in fields(TrainConfig)}
-        flat = {k: v for k, v in given.items() if k not in names}
+        stray = [k for k in given if k not in names]
+        if stray:
+            raise keyword_error(given.get("task", "lm"), {k: given[k] for k in stray})
         for f in fields(TrainConfig):
-            object.__setattr__(self, f.name, given.get(f.name, f.default))
+            setattr(self, f.name, given.get(f.name, f.default))
         task = task_type(self.task)
-        self.task_options = task_options(self.task, self.task_options, flat)
+        self.task_options = task_options(self.task, self.task_options)
         self.validate(task)
-
-    def __getattr__(self, name: str):
-        """An option of the task, read by its own name (``cfg.copy`` is ``cfg.task_options.copy``)."""
-        options = self.__dict__.get("task_options")
-        if isinstance(options, TaskOptions) and name in options.names():
-            return getattr(options, name)
-        owner = option_owner(name) if not name.startswith("__") else None
-        hint = f" ({name} is an option of --task {owner}, not of --task {self.__dict__.get('task')})" if owner else ""
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{hint}")
-
-    def __setattr__(self, name: str, value) -> None:
-        """An option set by its own name replaces ``task_options`` with a copy, validated again."""
-        options = self.__dict__.get("task_options")
-        if isinstance(options, TaskOptions) and name in options.names():
-            name, value = "task_options", replace(options, **{name: value})
-        object.__setattr__(self, name, value)
 
     def validate(self, task: type[Task] | None = None) -> None:
         """Fill in the task's defaults, then check every field (the options checked themselves)."""
@@ -243,15 +229,16 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """Build from a saved train_config.json: the task's options in ``task_options``, or flat beside the
-        general fields (this task's options are read, any other task's dropped). An option the file lacks takes
-        its ``SAVED_BEFORE`` value, a recipe setting the file lacks its ``RECIPE`` value."""
+        """Build from a saved train_config.json: the task's options in ``task_options``. The one place a config
+        is read with them flat beside the general fields, as qkv wrote it before ``task_options`` (this task's
+        options are read, any other task's dropped). An option the file lacks takes its ``SAVED_BEFORE`` value,
+        a recipe setting the file lacks its ``RECIPE`` value."""
         if not isinstance(d, dict):
             raise TypeError(f"a train config must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         options_type = task_type(d.get("task", "lm")).options_type
         flat = {k: v for k, v in d.items() if k not in known}
-        stray = [k for k in flat if option_owner(k) is None or "task_options" in d]
+        stray = [k for k in flat if not option_owners(k) or "task_options" in d]
         if stray:
             raise ValueError(f"unknown TrainConfig keys: {sorted(stray)}")
         saved = d.get("task_options") or {k: v for k, v in flat.items() if k in options_type.names()}
@@ -263,7 +250,8 @@ class TrainConfig:
     @classmethod
     def for_resume(cls, out: str | os.PathLike, **overrides) -> "TrainConfig":
         """The saved config of run ``out`` with ``overrides`` applied (train() refuses changes
-        to the fields that define the run; the budget and the device may change)."""
+        to the fields that define the run; the budget and the device may change). A dict ``task_options``
+        changes the saved options it names; an options dataclass replaces them."""
         run = RunDir(out)
         path = run / run.TRAIN_CONFIG
         if not path.is_file():
@@ -273,7 +261,10 @@ class TrainConfig:
             saved = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TypeError, ValueError) as e:
             raise ValueError(f"{path} is corrupt: {e}") from None
-        saved.__dict__.update(out=str(out), resume=True, overwrite=False)
+        saved.out, saved.resume, saved.overwrite = str(out), True, False
+        given = overrides.get("task_options")
+        if isinstance(given, dict) and overrides.get("task", saved.task) == saved.task:
+            overrides["task_options"] = task_options(saved.task, asdict(saved.task_options) | given)
         check_same_run(saved, overrides)
         return replace(saved, **overrides)
 
@@ -334,14 +325,28 @@ def check_lora(cfg: TrainConfig) -> None:
     cfg.lora_targets = cfg.lora_targets or DEFAULT_LORA_TARGETS
 
 
+def keyword_error(task: str, stray: dict) -> TypeError:
+    """What TrainConfig says of keywords that are none of its fields: a task's option is pointed to
+    ``task_options`` (and, another task's, to the task that has it)."""
+    unknown = sorted(k for k in stray if not option_owners(k))
+    words = [f"TrainConfig got unexpected keyword arguments {unknown}"] if unknown else []
+    own = {k: v for k, v in stray.items() if task in option_owners(k)}
+    if own:
+        words.append(f"a task's options go in task_options, not by their own names: "
+                     f"TrainConfig(task={task!r}, task_options={own!r})")
+    words += [f"{k} is an option of --task {' or '.join(option_owners(k))}, not of --task {task} (a task's "
+              f"options go in task_options)" for k in stray if option_owners(k) and k not in own]
+    return TypeError("; ".join(words))
+
+
 def run_changes(saved: TrainConfig, new: dict | TrainConfig) -> list[tuple[str, Any, Any]]:
     """(name, saved value, new value) of each field of RESUME_FIXED that ``new`` changes: the model's fields
-    that differ, the task's options by their own names (a dict ``new`` may name them so, as ``copy=True``)."""
+    that differ, the task's options one by one."""
     new = new if isinstance(new, dict) else {k: getattr(new, k) for k in RESUME_FIXED}
     changes = []
     for k in RESUME_FIXED:
         if k == "task_options":
-            changes += option_changes(saved.task_options, new)
+            changes += option_changes(saved.task_options, new.get("task_options"))
         elif k in new and new[k] != getattr(saved, k):
             old, cur = getattr(saved, k), new[k]
             if k == "model" and old is not None and cur is not None:
@@ -352,14 +357,12 @@ def run_changes(saved: TrainConfig, new: dict | TrainConfig) -> list[tuple[str, 
     return changes
 
 
-def option_changes(saved: TaskOptions, new: dict) -> list[tuple[str, Any, Any]]:
-    """The options ``new`` changes (its ``task_options``, then options by name), but for the free ones;
-    none when ``new`` holds another task's options (the task's change says it)."""
-    given = new.get("task_options")
+def option_changes(saved: TaskOptions, given: TaskOptions | dict | None) -> list[tuple[str, Any, Any]]:
+    """The options ``given`` (the task's options, or a dict of some) changes, but for the free ones; none
+    when it holds another task's options (the task's change says it)."""
     if is_dataclass(given) and type(given) is not type(saved):
         return []
     cur = asdict(given) if is_dataclass(given) else dict(given or {})
-    cur |= {k: v for k, v in new.items() if k in saved.names() and v is not None}
     return [(k, getattr(saved, k), cur[k]) for k in saved.names()
             if k in cur and k not in saved.FREE_ON_RESUME and cur[k] != getattr(saved, k)]
 

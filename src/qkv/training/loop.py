@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..generation import paths
 from .evaluator import validate
 from .optim import lr_at, set_lr
 from .memory import memory_line
@@ -27,6 +28,20 @@ from .state import Diverged, StopRequest, TrainState, parameter_counts
 
 PEAK_STEPS = 3  # the measured peak memory is reported after this many steps (on a GPU: at the next reading)
 SYNC_STEPS = 25  # on a GPU the losses are read back (the host waits for the device) every this many steps
+
+
+def expert_products_line(model, *, autocast=nullcontext, compiled: bool = False) -> str | None:
+    """Where the speed layer will not run a mixture-of-experts layer's expert products as ``torch._grouped_mm``:
+    one line, each reason with its layers (the registry's "grouped_mm" entry, asked once before the first step,
+    under the run's ``autocast`` and ``compiled`` or not); None where every layer runs them (or there is none)."""
+    with autocast():
+        refusals = paths.grouped_mm_refusals(model, compiling=compiled)
+    layers: dict[str, list[str]] = {}
+    for name, reason in refusals.items():
+        layers.setdefault(reason, []).append(name)
+    said = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in layers.items())
+    return (f"qkv: mixture-of-experts layers train through their own dispatch, not the speed layer's grouped "
+            f"products: {said}") if said else None
 
 
 def train_step(model, opt, micros, loss_fn: Callable[[nn.Module, Any], Tensor], *, grad_clip: float = 0.0,
@@ -199,6 +214,9 @@ class Loop:
 
         print(self.header(), file=sys.stderr)
         print(memory_line(self.engine.estimate), file=sys.stderr)
+        e = self.engine
+        if e.speed_layer and (line := expert_products_line(e.model, autocast=e.autocast, compiled=self.cfg.compile)):
+            print(line, file=sys.stderr)
         return progress_bar(100.0, initial=percent_done(self.progress()), desc="qkv train", unit="%",
                             bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
 

@@ -37,17 +37,13 @@ from .state import Interrupted, StopRequest, TrainResult, TrainState, parameter_
 
 # What the studies, benchmarks and tests import from the recipe: its parts' public names, in one place.
 from ..runtime import cpu_threads  # noqa: E402
-from .config import RESUME_FIXED, TASK_DEFAULTED, check_same_run, option_changes, run_changes  # noqa: E402
-from .loop import PEAK_STEPS, SYNC_STEPS, train_step  # noqa: E402
+from .loop import train_step  # noqa: E402
 from .optim import build_optimizer, lr_at  # noqa: E402
-from .report import attention_words, data_info, run_info  # noqa: E402
-from .state import Diverged  # noqa: E402
+from .report import data_info, run_info  # noqa: E402
 from .tasks.language_model import LN2, compressor_bpc, eval_starts, evaluate  # noqa: E402
 
-__all__ = ["LN2", "PEAK_STEPS", "RESUME_FIXED", "SYNC_STEPS", "TASK_DEFAULTED", "Diverged", "Interrupted", "Recipe",
-           "StopRequest", "TrainConfig", "TrainResult", "TrainState", "attention_words", "build_optimizer",
-           "check_same_run", "compressor_bpc", "cpu_threads", "data_info", "eval_starts", "evaluate", "lr_at",
-           "option_changes", "parameter_counts", "plot_losses", "run_changes", "run_info", "train", "train_step"]
+__all__ = ["LN2", "Recipe", "TrainConfig", "TrainResult", "build_optimizer", "compressor_bpc", "cpu_threads",
+           "data_info", "eval_starts", "evaluate", "lr_at", "run_info", "train", "train_step"]
 
 
 class Recipe:

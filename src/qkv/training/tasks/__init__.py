@@ -10,7 +10,7 @@ nothing else; a new task plugs in by ``register``-ing its class.
 """
 from __future__ import annotations
 
-from dataclasses import is_dataclass, replace
+from dataclasses import is_dataclass
 
 from .base import Task, TaskDefaults, TaskOptions
 from .dpo import DPOOptions, DPOTask
@@ -46,28 +46,17 @@ def make_task(name: str, **inputs) -> Task:
     return task_type(name)(**inputs)
 
 
-def option_owner(name: str) -> str | None:
-    """The first task with an option called ``name`` (None: no task has one)."""
-    return next((task for task, cls in TASKS.items() if name in cls.options_type.names()), None)
+def option_owners(name: str) -> list[str]:
+    """The tasks with an option called ``name`` (none: no task has one)."""
+    return [task for task, cls in TASKS.items() if name in cls.options_type.names()]
 
 
-def task_options(task: str, given=None, flat: dict | None = None) -> TaskOptions:
-    """The options of ``task``: ``given`` (its options, a dict of their fields, or None: the defaults) with
-    ``flat`` applied, options by their own names (``copy=False``). A None value keeps the default; another
-    task's option is refused unless None or False (it then asks for nothing)."""
-    cls, flat = task_type(task).options_type, flat or {}
-    unknown = sorted(k for k in flat if option_owner(k) is None)
-    if unknown:
-        raise TypeError(f"TrainConfig got unexpected keyword arguments {unknown}")
-    for name, value in flat.items():
-        if name not in cls.names() and value is not None and value is not False:
-            raise ValueError(f"{name} is an option of --task {option_owner(name)}, not of --task {task}")
-    changes = {k: v for k, v in flat.items() if k in cls.names() and v is not None}
-    options = cls.of(given, task=task)
-    return replace(options, **changes) if changes else options
+def task_options(task: str, given=None) -> TaskOptions:
+    """The options of ``task`` from ``given``: its options dataclass, a dict of their fields (validated against
+    it: an unknown name is refused, naming the options it takes) or None (the defaults)."""
+    return task_type(task).options_type.of(given, task=task)
 
 
 __all__ = ["TASKS", "Task", "TaskDefaults", "TaskOptions", "DPOOptions", "DPOTask", "LanguageModelTask", "SFTOptions",
-           "SFTTask",
-           "TranslationOptions",
-           "TranslationTask", "make_task", "option_owner", "register", "task_options", "task_type"]
+           "SFTTask", "TranslationOptions", "TranslationTask", "make_task", "option_owners", "register", "task_options",
+           "task_type"]

@@ -78,7 +78,8 @@ class TaskOptions:
         if isinstance(value, dict):
             unknown = sorted(set(value) - set(cls.names()))
             if unknown:
-                raise ValueError(f"unknown options of task {task!r}: {unknown}; it takes {list(cls.names())}")
+                takes = f"it takes {list(cls.names())}" if cls.names() else "it has none"
+                raise ValueError(f"unknown options of task {task!r}: {unknown}; {takes}")
             return cls(**value)
         raise ValueError(f"task_options of task {task!r} must be a {cls.__name__} or a dict of its fields, "
                          f"got {type(value).__name__}")
