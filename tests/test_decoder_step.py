@@ -477,3 +477,21 @@ def test_weights_moved_onto_huge_pages_keep_their_values_ties_and_logits(dtype, 
     if int(fields["AnonHugePages"].split()[0]) == 0:
         pytest.skip("Linux gave no 2 MB page for the mapping asked for them (its free memory too fragmented)")
     assert int(fields["AnonHugePages"].split()[0]) * 1024 >= table.numel() * table.element_size() - (4 << 20)
+
+
+@built
+def test_huge_pages_fall_back_silently_where_thp_is_off_and_warn_once_where_linux_refuses(monkeypatch, tmp_path):
+    """THP "never" (or no THP file): nothing moved, nothing asked, no warning; a mapping Linux refuses (-1):
+    nothing moved, one warning however many steps ask."""
+    calls, weight = [], torch.ones(1 << 16)
+    monkeypatch.setattr(matvec.MODULE, "onto_huge_pages", lambda tensors, least: calls.append(least) or -1)
+    monkeypatch.setattr(decoder_step, "WARNED", set())
+    thp = tmp_path / "enabled"
+    for mode, said in (("always madvise [never]", 0), ("always [madvise] never", 1)):
+        thp.write_text(mode)
+        monkeypatch.setattr(decoder_step, "THP", thp)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert decoder_step.onto_huge_pages([weight]) == 0 and decoder_step.onto_huge_pages([weight]) == 0
+        assert len(caught) == said and (not said or "refused" in str(caught[0].message)), [str(w.message) for w in caught]
+    assert calls == [decoder_step.HUGE_MIN_BYTES] * 2
