@@ -241,7 +241,10 @@ std::vector<at::Tensor> scales_for(std::vector<at::Tensor> scales, size_t weight
 // storages, 2 MB-aligned, asked for (madvise(MADV_HUGEPAGE)) while untouched, each storage copied in and its
 // data pointer swapped (StorageImpl::set_data_ptr): every tensor that shares a storage (a view, a tied weight, an
 // int8 tensor's data) reads the same values at the new address, and the old memory goes back where nothing else
-// holds it, one storage after the other. The mapping goes back when the last storage in it is freed.
+// holds it, one storage after the other. The mapping goes back when the last storage in it is freed. The copy
+// takes about as long as the weights' bytes take to be written, unless Linux must first compact memory to find
+// free 2 MB pages (THP's defrag setting "madvise": the fault waits for it), which on a host whose memory other
+// jobs keep churning can take seconds, once.
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 struct HugeMapping {
   void* start;
