@@ -100,8 +100,8 @@ def stream_seconds(fn, repeats: int) -> float:
 
 def stream_matrix(megabytes: float = 128, dtype=torch.float32) -> torch.Tensor:
     """A random (rows, 4096) matrix of ``megabytes`` (MiB), on the GPU if there is one: at 128, large
-    enough that streaming it reads memory, not cache. On a CPU it lies on 2 MB pages where Linux collapses
-    them (``huge_pages``), as the fused decode step's weights do: the roofline reads memory as they are read."""
+    enough that streaming it reads memory, not cache. On a CPU it lies on 2 MB pages where Linux gives them
+    (``huge_pages``), as the fused decode step's weights do: the roofline reads memory as they are read."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = int(megabytes * 2**20) // (4096 * torch.tensor([], dtype=dtype).element_size())
     w = torch.randn(rows, 4096, device=device).to(dtype)
@@ -111,19 +111,11 @@ def stream_matrix(megabytes: float = 128, dtype=torch.float32) -> torch.Tensor:
 
 
 def huge_pages(t: torch.Tensor) -> bool:
-    """Ask Linux to back the whole 2 MB pieces of ``t``'s memory by 2 MB pages, now (``madvise(MADV_COLLAPSE)``,
-    Linux 6.1; what ``DecoderState(huge_pages=True)`` asks in the background) -> whether every piece took."""
-    import ctypes
+    """Move ``t``'s memory onto 2 MB pages as the fused decode step moves its weights' (``qkv.kernels.fused_step.
+    onto_huge_pages``: a mapping asked for them before it is touched) -> whether it moved."""
+    from qkv.kernels.fused_step import onto_huge_pages
 
-    PAGE, COLLAPSE = 2 << 20, 25
-    start = -(-t.data_ptr() // PAGE) * PAGE
-    end = (t.data_ptr() + t.numel() * t.element_size()) // PAGE * PAGE
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return False
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return all([libc.madvise(p, PAGE, COLLAPSE) == 0 for p in range(start, end, PAGE)]) and end > start
+    return onto_huge_pages([t]) > 0
 
 
 def stream_reads(megabytes: float = 128, compile: bool = True, seconds: float = 0.3) -> dict[str, tuple[int, object]]:

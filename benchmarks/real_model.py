@@ -12,8 +12,9 @@ Sections, each in one process, its contenders called round-robin (medians of the
 same rounds):
 - decode: batch 1, greedy, 128 new tokens after a chat prompt (eos ignored), at each thread count: qkv ``auto``
   in fp32, bf16 and bf16 with int8 weights (``quantize_weights``), llama.cpp on the f16 and q8_0 exports, transformers
-  ``generate`` (fp32); and the fp32 roofline, the best read rate ``benchmarks.common.bandwidths`` measures in the
-  same run over the fp32 model's bytes. The decoding steps alone: each contender's whole call less its one-token
+  ``generate`` (fp32); and the fp32 roofline, the fp32 model's bytes a token at the best read rate of a 128 MB matrix
+  (``benchmarks.common.stream_reads``: on 2 MB pages, as the fused step's weights), its reads timed in the same
+  rounds as the decoders (medians alike). The decoding steps alone: each contender's whole call less its one-token
   call (the prompt's prefill and first token), both timed in the same rounds, alike for all.
 - prefill: one 1 000-token prompt, qkv's forward (fp32, bf16) against llama.cpp's (f16: one token generated).
 - serve: 16 concurrent streamed chat requests sharing a system prompt, 128 tokens each (32 with --quick): ``qkv
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from .common import (bandwidths, inductor_cache_per_capability, isa_profile, machine_info, smollm2_gguf, table,
+from .common import (inductor_cache_per_capability, isa_profile, machine_info, smollm2_gguf, stream_reads, table,
                      time_interleaved, write_generated)
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU cache is.",
              "Give three tips for learning a language.", "What is 17 times 23?",
@@ -137,11 +138,12 @@ def decode_row(models, hf, files, ids, new: int, threads: int, repeats: int) -> 
                                                     do_sample=False, pad_token_id=0)
         return calls
     whole, first = contenders(new), contenders(1)
+    reads = stream_reads(128, seconds=0.5)  # the roofline's reads, timed in the same rounds (common.stream_reads)
     with torch.inference_mode():
-        seconds = time_interleaved(whole | {f"{name} (1)": fn for name, fn in first.items()}, repeats=repeats,
-                                   warmup=1)
+        seconds = time_interleaved(whole | {f"{name} (1)": fn for name, fn in first.items()}
+                                   | {name: fn for name, (_, fn) in reads.items()}, repeats=repeats, warmup=1)
         rate = {name: decode_rate(new, seconds[name], seconds[f"{name} (1)"]) for name in whole}
-        roofline = max(bandwidths(repeats=5).values()) * 1e9 / model_bytes(models["fp32"])
+        roofline = max(size / seconds[name] for name, (size, _) in reads.items()) / model_bytes(models["fp32"])
     del cpp
     r = lambda a, b: f"{rate[a] / rate[b]:.2f}×"  # noqa: E731
     return [threads, *[f"{v:.1f}" for v in rate.values()], f"{roofline:.1f}", r("qkv bf16", "llama.cpp f16"),
@@ -332,11 +334,11 @@ NOTE = {"en": "SmolLM2-135M-Instruct ({params} M parameters), {new} new tokens a
               "tokens (decode: the {steps} steps after the first token, a whole call's time less a one-token call's, for every "
               "contender alike); medians of {repeats} round-robin rounds in one process; int8 is bf16 with int8 weights "
               "(qkv.kernels.quant); the roofline is the fp32 model's {mb:.0f} MB a token at the best read rate "
-              "measured in the same run.",
+              "of a 128 MB matrix on 2 MB pages (as the weights), its reads timed in the same rounds.",
         "zh": "SmolLM2-135M-Instruct（{params} M 参数），对话提示 {prompt} 个 token 之后生成 {new} 个（解码：首个 token 之后的 {steps} 步，即整次调用的时间减去只生成一个 "
               "token 的调用的时间，每个参与者都如此）；"
               "同一进程内轮流调用 {repeats} 轮的中位数；int8 为 bf16 模型加 int8 权重（qkv.kernels.quant）；屋顶线为 fp32 模型每 token "
-              "{mb:.0f} MB 按同次运行测得的最高读取速率。"}
+              "{mb:.0f} MB 按 128 MB 矩阵（与权重一样位于 2 MB 页上）的最高读取速率，其读取与解码在同样的轮次中计时。"}
 
 
 def markdown(saved: dict, lang: str) -> str:

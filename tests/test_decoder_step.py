@@ -2,9 +2,8 @@
 KV caches and tokens, for every architecture it takes; what it refuses and why; its errors."""
 import dataclasses
 import importlib
-import platform
+import pathlib
 import re
-import time
 import warnings
 
 import pytest
@@ -436,48 +435,69 @@ def test_every_config_field_is_declared_or_at_its_default():
     assert set(decoder_step.CONFIG) <= set(fields), set(decoder_step.CONFIG) - set(fields)
 
 
-def huge_page_bytes(address: int) -> int | None:
-    """AnonHugePages of the mapping that holds ``address`` in /proc/self/smaps, in bytes (None: no such file)."""
+def mapping_of(address: int) -> dict[str, str] | None:
+    """The /proc/self/smaps fields of the mapping that holds ``address`` ({"AnonHugePages": "8192 kB", "VmFlags":
+    "rd wr mr mw me ac hg", ...}); None where there is no such file or mapping."""
     try:
         lines = open("/proc/self/smaps").read().splitlines()
     except OSError:
         return None
-    inside = False
+    fields = None
     for line in lines:
-        head = line.split()[0]
+        head, _, rest = line.partition(" ")
         if "-" in head and ":" not in head:  # a mapping's first line: start-end perms ...
+            if fields is not None:
+                return fields
             start, end = (int(v, 16) for v in head.split("-"))
-            inside = start <= address < end
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1]) * 1024
-    return 0
+            fields = {} if start <= address < end else None
+        elif fields is not None:
+            fields[head.rstrip(":")] = rest.strip()
+    return fields
 
 
 @built
-def test_weights_asked_onto_huge_pages_keep_their_values_and_the_logits():
-    """The state asks for 2 MB pages under its weights and caches (in place, by a thread of its own): the same
-    values and the same logits bits as a state that does not; where Linux has MADV_COLLAPSE (6.1) and THP is
-    not off, the table of 8 MB ends up on huge pages."""
-    model = tiny(**CONFIGS["rope, GQA, swiglu, rmsnorm, no bias"], vocab_size=32768)
-    table = model.embed.tok.weight.detach()
-    kept = table.clone()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_moved_onto_huge_pages_keep_their_values_ties_and_logits(dtype, monkeypatch):
+    """A FusedStep moves the model's weights onto a mapping asked for 2 MB pages before it was touched: the same
+    parameters, values and ties, the same logits bits as a step on the memory as it was, nothing moved again by
+    the next step; where THP is not off, the 8 MB token table lies on 2 MB pages at once (no waiting)."""
+    model = tiny(**CONFIGS["rope, GQA, swiglu, rmsnorm, no bias"], vocab_size=32768).to(dtype)
+    table, head = model.embed.tok.weight, model.lm_head.weight
+    kept, before = {n: t.clone() for n, t in model.state_dict().items()}, table.data_ptr()
     ids = torch.randint(0, 64, (1, 5))
     runs = []
-    for huge in (False, True):
+    for thp in ("/nonexistent", decoder_step.THP):  # no THP to read: nothing moves
+        monkeypatch.setattr(decoder_step, "THP", pathlib.Path(thp))
         (_, cache), logits = two_caches(model, ids, torch.ones_like(ids, dtype=torch.bool))
         cache.slots[:, 5] = True
-        step = decoder_step.FusedStep(model)
-        with torch.no_grad():
-            state = matvec.MODULE.DecoderState(step.weights, [t for c in cache.layers for t in (c.k, c.v)],
-                                               step.rope_table(20), step.shape + [20] + step.experts, step.eps,
-                                               step.scale, step.scales, huge_pages=huge)
-            runs.append(state.step(logits.argmax(-1)[:, None], cache.slots, cache.slot_ids[5:6]))
-    assert torch.equal(runs[0], runs[1]) and torch.equal(table, kept)
-    release = tuple(int(v) for v in re.findall(r"\d+", platform.release())[:2])
-    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
-    if huge_page_bytes(table.data_ptr()) is None or release < (6, 1) or "[never]" in open(thp).read():
-        pytest.skip("no MADV_COLLAPSE here (Linux 6.1 with THP not off)")
-    deadline = time.monotonic() + 20
-    while not huge_page_bytes(table.data_ptr()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert huge_page_bytes(table.data_ptr()) >= 2 << 20
+        runs.append(decoder_step.FusedStep(model)(logits.argmax(-1)[:, None], cache.slots, cache.layers,
+                                                 cache.slot_ids[5:6]))
+        assert table.data_ptr() == before or decoder_step.thp_mode() not in (None, "never")
+    assert torch.equal(runs[0], runs[1]) and model.lm_head.weight is head and head is table
+    assert all(torch.equal(t, kept[n]) for n, t in model.state_dict().items())
+    assert decoder_step.onto_huge_pages(decoder_step.FusedStep(model).weights) == 0  # moved once, kept there
+    mode, fields = decoder_step.thp_mode(), mapping_of(table.data_ptr())
+    if mode in (None, "never") or fields is None:
+        pytest.skip(f"no transparent huge pages here (THP {mode!r}, /proc/self/smaps {fields is not None})")
+    assert table.data_ptr() != before and "hg" in fields["VmFlags"].split()  # asked for 2 MB pages
+    if int(fields["AnonHugePages"].split()[0]) == 0:
+        pytest.skip("Linux gave no 2 MB page for the mapping asked for them (its free memory too fragmented)")
+    assert int(fields["AnonHugePages"].split()[0]) * 1024 >= table.numel() * table.element_size() - (4 << 20)
+
+
+@built
+def test_huge_pages_fall_back_silently_where_thp_is_off_and_warn_once_where_linux_refuses(monkeypatch, tmp_path):
+    """THP "never" (or no THP file): nothing moved, nothing asked, no warning; a mapping Linux refuses (-1):
+    nothing moved, one warning however many steps ask."""
+    calls, weight = [], torch.ones(1 << 16)
+    monkeypatch.setattr(matvec.MODULE, "onto_huge_pages", lambda tensors, least: calls.append(least) or -1)
+    monkeypatch.setattr(decoder_step, "WARNED", set())
+    thp = tmp_path / "enabled"
+    for mode, said in (("always madvise [never]", 0), ("always [madvise] never", 1)):
+        thp.write_text(mode)
+        monkeypatch.setattr(decoder_step, "THP", thp)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert decoder_step.onto_huge_pages([weight]) == 0 and decoder_step.onto_huge_pages([weight]) == 0
+        assert len(caught) == said and (not said or "refused" in str(caught[0].message)), [str(w.message) for w in caught]
+    assert calls == [decoder_step.HUGE_MIN_BYTES] * 2

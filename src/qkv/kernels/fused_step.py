@@ -28,6 +28,8 @@ RoPE whose θ follow the current length (dynamic NTK, longrope) is refused.
 Weights: float32, bfloat16 (the model's own memory, each weight widened to fp32 in registers) or int8 as
 ``qkv.kernels.quant`` makes them (torchao's ``Int8Tensor``: the step reads its Q and its scale a row, ``int8_rows``);
 norms, biases and position tables go in as fp32 copies, the caches are the model's (fp32 or bf16), the sums fp32.
+The weights' memory (the model's own) is moved once onto 2 MB pages where Linux gives them (``onto_huge_pages``):
+the same tensors and values, at new addresses.
 A bf16 model's answer is the fp32 sums' over its weights, not its eager forward's bf16 roundings: logits close,
 tokens mostly the same. Mixture-of-experts layers decode in float32 only; other weight types are refused.
 ``refuses`` says what it refuses (the check ``qkv.generation.paths`` lists as "fused"), and ``generate`` then
@@ -38,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import warnings
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -314,6 +318,36 @@ def experts_shape(moe, ff_width: int) -> list[int]:
     return [moe.num_experts, moe.top_k, moe.d_expert or ff_width, routing, moe.d_shared or 0]
 
 
+HUGE_MIN_BYTES = 64 << 10  # a smaller storage is read in a few 4 KB pages: its copy would buy nothing
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # Linux's transparent huge pages: always [madvise] never
+WARNED = set()  # the fallbacks already warned of (once a process)
+
+
+def thp_mode() -> str | None:
+    """Linux's THP setting ("always", "madvise" or "never"), None where there is none to read (another system,
+    a kernel without THP)."""
+    try:
+        return re.search(r"\[(\w+)\]", THP.read_text()).group(1)
+    except (OSError, AttributeError):
+        return None
+
+
+def onto_huge_pages(tensors: list[Tensor]) -> int:
+    """Moves the CPU memory under ``tensors`` (each storage of at least HUGE_MIN_BYTES, once: one moved before stays)
+    onto 2 MB pages, same values, same tensors (``onto_huge_pages`` in decoder_step.cpp: a fresh mapping asked for
+    2 MB pages before it is touched, each storage copied in and its data pointer swapped) -> the bytes moved. A
+    token streams every weight once: on 4 KB pages its reads take a page walk every 4 KB. Where THP is off or
+    absent nothing moves, silently; where Linux refuses the mapping, nothing moves, with one warning."""
+    if thp_mode() in (None, "never") or not matvec.available():
+        return 0
+    moved = matvec.MODULE.onto_huge_pages(tensors, HUGE_MIN_BYTES)
+    if moved < 0 and "refused" not in WARNED:
+        WARNED.add("refused")
+        warnings.warn(f"Linux refused a mapping on 2 MB pages (THP {thp_mode()!r}): the fused step reads its "
+                      "weights on 4 KB pages, slower", stacklevel=3)
+    return max(moved, 0)
+
+
 class FusedStep:
     """``generate``'s one-token step for ``model`` through ``DecoderState.step``: the same
     signature as ``qkv.generation.decode.last_logits(model)``, whose answer it gives (to fp32's rounding)."""
@@ -326,6 +360,7 @@ class FusedStep:
         tensors = embedding_weights(model.embed, c.max_len) + layer_weights(model)
         self.weights = [t[0] if isinstance(t, tuple) else t for t in tensors]
         self.scales = [t[1] if isinstance(t, tuple) else torch.empty(0) for t in tensors]  # int8's, a row each
+        onto_huge_pages(self.weights + self.scales)  # the model's own memory, moved once (the next step's stays)
         self.eps, self.scale = c.normalization.eps, model.embed.scale
         self.rotary = rope = model.blocks[0].attn.rope  # one RotaryEmbedding, shared by the blocks
         self.shape = [c.d_model, c.attention.num_heads, c.kv_heads, c.head_dim, c.ff_width, c.vocab_size,

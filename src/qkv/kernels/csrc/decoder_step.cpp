@@ -36,7 +36,6 @@
 #include <new>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #if defined(__linux__)
@@ -235,33 +234,77 @@ std::vector<at::Tensor> scales_for(std::vector<at::Tensor> scales, size_t weight
   return scales.empty() ? std::vector<at::Tensor>(weights, at::empty({0}, at::kFloat)) : scales;
 }
 
-// Each 2 MB piece of memory the tensors lie in, asked to be backed by one 2 MB page (Linux's MADV_COLLAPSE: in
-// place, the same addresses and values; a piece the kernel cannot collapse, or a kernel without it, stays as it
-// is), by a thread of its own that the step does not wait for (the kernel copies each piece once; a piece already
-// collapsed returns at once). A token streams every weight matrix once: on 4 KB pages its reads take a page walk
-// every 4 KB, on 2 MB pages once in 512 times. torch's allocator asks for 2 MB pages only under
-// THP_MEM_ALLOC_ENABLE=1, and Linux's default THP setting (madvise) gives them only where asked. The pieces
-// reach past a tensor's ends into the memory around it, whose values stay as they are too.
-void huge_pages(const std::vector<std::vector<at::Tensor>>& groups) {
+// 2 MB pages under the weights a token streams. On 4 KB pages its reads take a page walk every 4 KB, on 2 MB pages
+// once in 512 times. Linux backs memory by 2 MB pages where it was asked before the memory is touched (THP
+// "madvise", its default; torch's allocator asks only under THP_MEM_ALLOC_ENABLE=1, and a model's weights were
+// touched when they were loaded). So the memory is moved, not asked for in place: one mapping for all the
+// storages, 2 MB-aligned, asked for (madvise(MADV_HUGEPAGE)) while untouched, each storage copied in and its
+// data pointer swapped (StorageImpl::set_data_ptr): every tensor that shares a storage (a view, a tied weight, an
+// int8 tensor's data) reads the same values at the new address, and the old memory goes back where nothing else
+// holds it, one storage after the other. The mapping goes back when the last storage in it is freed. The copy
+// takes about as long as the weights' bytes take to be written, unless Linux must first compact memory to find
+// free 2 MB pages (THP's defrag setting "madvise": the fault waits for it), which on a host whose memory other
+// jobs keep churning can take seconds, once.
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t PAGE = uintptr_t{2} << 20;
-  constexpr int COLLAPSE = 25;  // MADV_COLLAPSE (Linux 6.1), spelt out for older headers
-  std::vector<uintptr_t> pieces;
-  for (const auto& group : groups)
-    for (const at::Tensor& t : group) {
-      if (!t.numel()) continue;
-      const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr()), end = begin + t.nbytes();
-      for (uintptr_t p = begin & ~(PAGE - 1); p < end; p += PAGE) pieces.push_back(p);
-    }
-  if (pieces.empty()) return;
-  std::sort(pieces.begin(), pieces.end());
-  pieces.erase(std::unique(pieces.begin(), pieces.end()), pieces.end());
-  // each piece its own call: one the kernel refuses (not all mapped, not anonymous) leaves the others' asked
-  std::thread([pieces = std::move(pieces)] {
-    for (uintptr_t p : pieces) madvise(reinterpret_cast<void*>(p), PAGE, COLLAPSE);
-  }).detach();
-#endif
+struct HugeMapping {
+  void* start;
+  size_t bytes;
+  ~HugeMapping() { munmap(start, bytes); }
+};
+
+void release_huge(void* held) { delete static_cast<std::shared_ptr<HugeMapping>*>(held); }
+
+constexpr size_t HUGE_PAGE = size_t{2} << 20, STORAGE_ALIGN = 4096;  // a storage keeps its offset in its 4 KB page
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// ``bytes`` (a multiple of 2 MB) of fresh anonymous memory starting on a 2 MB boundary, asked to be backed by 2 MB
+// pages; nullptr where Linux refuses the mapping or the advice (a kernel without THP).
+void* huge_mapping(size_t bytes) {
+  void* raw = mmap(nullptr, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(raw), start = round_up(begin, HUGE_PAGE);
+  if (start > begin) munmap(raw, start - begin);  // the mapping's head and tail past the 2 MB-aligned piece
+  munmap(reinterpret_cast<void*>(start + bytes), begin + HUGE_PAGE - start);
+  void* out = reinterpret_cast<void*>(start);
+  if (madvise(out, bytes, MADV_HUGEPAGE) != 0) {
+    munmap(out, bytes);
+    return nullptr;
+  }
+  return out;
 }
+
+// Moves the CPU storages under ``tensors`` (each once, those of at least ``min_bytes`` and not moved before) into
+// one mapping asked to be backed by 2 MB pages, same values -> the bytes moved, or -1 where Linux gave no such
+// mapping (nothing moved).
+int64_t onto_huge_pages(const std::vector<at::Tensor>& tensors, int64_t min_bytes) {
+  std::vector<c10::StorageImpl*> storages;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage() || !t.is_cpu()) continue;
+    c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    if (static_cast<int64_t>(s->nbytes()) < std::max<int64_t>(min_bytes, 1) || !s->data() ||
+        s->data_ptr().get_deleter() == &release_huge || std::count(storages.begin(), storages.end(), s))
+      continue;
+    storages.push_back(s);
+  }
+  size_t total = 0;
+  for (const c10::StorageImpl* s : storages) total += round_up(s->nbytes(), STORAGE_ALIGN);
+  if (!total) return 0;
+  const size_t bytes = round_up(total, HUGE_PAGE);
+  void* start = huge_mapping(bytes);
+  if (!start) return -1;
+  const std::shared_ptr<HugeMapping> mapping(new HugeMapping{start, bytes});  // no temporary to unmap it
+  char* to = static_cast<char*>(start);
+  for (c10::StorageImpl* s : storages) {
+    std::memcpy(to, s->data(), s->nbytes());
+    s->set_data_ptr(at::DataPtr(to, new std::shared_ptr<HugeMapping>(mapping), &release_huge, at::Device(at::kCPU)));
+    to += round_up(s->nbytes(), STORAGE_ALIGN);
+  }
+  return static_cast<int64_t>(total);
+}
+#else
+int64_t onto_huge_pages(const std::vector<at::Tensor>&, int64_t) { return -1; }  // no transparent huge pages
+#endif
 
 // What one generate call decodes with, handed over once rather than at every step: the weights (the
 // embedding's EMBEDDING, PER_LAYER a layer, then Norm_f's two and the LM head) and an int8 matrix's scales
@@ -273,14 +316,12 @@ struct DecoderState {
   Shape s;
   float eps, scale;
   Kind cache;  // the caches' element type
-  // huge: the weights and caches asked to be backed by 2 MB pages (huge_pages), once checked
   DecoderState(std::vector<at::Tensor> w, std::vector<at::Tensor> c, at::Tensor cos_sin, std::vector<int64_t> shape,
-               double norm_eps, double embed_scale, std::vector<at::Tensor> q, bool huge)
+               double norm_eps, double embed_scale, std::vector<at::Tensor> q)
       : weights(std::move(w)), scales(scales_for(std::move(q), weights.size())), caches(std::move(c)),
         rope(std::move(cos_sin)), s(make_shape(caches, shape)), eps(static_cast<float>(norm_eps)),
         scale(static_cast<float>(embed_scale)), cache(kind_of(caches[0])) {
     check_state(weights, scales, caches, rope, s);
-    if (huge) huge_pages({weights, scales, caches});
   }
   at::Tensor step(const at::Tensor& ids, const at::Tensor& slots, const at::Tensor& input_pos) const;
   at::Tensor greedy(const at::Tensor& ids, const at::Tensor& slots, int64_t slot, int64_t n, int64_t eos,
@@ -702,13 +743,15 @@ at::Tensor DecoderState::greedy(const at::Tensor& ids, const at::Tensor& slots, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecoderState>(m, "DecoderState")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, std::vector<int64_t>, double,
-                          double, std::vector<at::Tensor>, bool>(),
+                          double, std::vector<at::Tensor>>(),
            pybind11::arg("weights"), pybind11::arg("caches"), pybind11::arg("rope"), pybind11::arg("shape"),
-           pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("scales") = std::vector<at::Tensor>(),
-           pybind11::arg("huge_pages") = true)
+           pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("scales") = std::vector<at::Tensor>())
       .def("step", &DecoderState::step, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("input_pos"),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("greedy", &DecoderState::greedy, pybind11::arg("ids"), pybind11::arg("slots"), pybind11::arg("slot"),
            pybind11::arg("n"), pybind11::arg("eos"), pybind11::arg("finished"),
            pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("onto_huge_pages", &onto_huge_pages, pybind11::arg("tensors"), pybind11::arg("min_bytes") = 0,
+        "The CPU storages under tensors (those of at least min_bytes, not moved before) moved, same values, into one "
+        "mapping asked to be backed by 2 MB pages -> the bytes moved, or -1 where Linux gave none (nothing moved)");
 }
