@@ -19,7 +19,8 @@ same rounds):
 - prefill: one 1 000-token prompt, qkv's forward (fp32, bf16) against llama.cpp's (f16: one token generated).
 - serve: 16 concurrent streamed chat requests sharing a system prompt, 128 tokens each (32 with --quick): ``qkv
   serve`` (a subprocess: whatever the CLI serves, over HTTP; ``--serve-flags`` adds flags) against llama.cpp's
-  server (``-np 16``, the f16 export): completion tokens a second over the whole, median time to first token.
+  server (``-np 16``, the f16 export, a subprocess too): completion tokens a second over the whole, median time to
+  first token, and each server process's peak resident memory (VmHWM).
 - compile once: inductor's first call (the compile) on one prompt, then a prompt of another length: its first
   two tokens' time and dynamo's graph count.
 - agreement: 64-token greedy answers to a few chat prompts: qkv fp32 against transformers fp32 (equal), and the
@@ -256,42 +257,62 @@ def wait_until_up(url: str, process, seconds: float = 600) -> None:
     raise TimeoutError(f"{url} did not answer /health within {seconds:.0f} s")
 
 
-def serve_row(model, tokenizer, files, clients: int, new: int, extra: list[str]) -> list:
-    """``qkv serve`` (a subprocess, over HTTP) against llama.cpp's server (xllamacpp, -np ``clients``) on qkv's f16
-    export: ``clients`` concurrent chat requests sharing a system prompt, ``new`` tokens each; tokens/s, median
-    time to first token, and their ratios (qkv / llama.cpp). Each server runs alone: llama.cpp's starts once
-    qkv's has stopped (``qkv serve`` picks its threads from the cores free when it starts)."""
+def peak_resident(pid: int) -> int:
+    """A live process's peak resident memory in bytes (VmHWM in Linux's /proc/PID/status); 0 where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+LLAMA_SERVER = """import sys, time, xllamacpp
+p = xllamacpp.CommonParams()
+p.model.path, p.n_parallel, p.n_ctx, p.port = sys.argv[1], int(sys.argv[2]), int(sys.argv[2]) * 512, int(sys.argv[3])
+server = xllamacpp.Server(p)
+while True:
+    time.sleep(60)
+"""
+
+
+def measured_server(command: list[str], port: int, clients: int, new: int) -> tuple[float, float, int]:
+    """Start ``command`` (a server on ``port``), warm it, load it with ``clients`` chats of ``new`` tokens, stop it
+    -> (tokens/s, median first-token s, its peak resident bytes)."""
     import subprocess
 
-    import xllamacpp
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, server)
+        load_together(url, 2, 4)  # warm: the kernels loaded, the first steps run
+        rate, first = load_together(url, clients, new)
+        return rate, first, peak_resident(server.pid)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
+
+def serve_row(model, tokenizer, files, clients: int, new: int, extra: list[str]) -> list:
+    """``qkv serve`` against llama.cpp's server (xllamacpp, -np ``clients``) on qkv's f16 export, each a subprocess
+    over HTTP: ``clients`` concurrent chat requests sharing a system prompt, ``new`` tokens each; tokens/s, median
+    time to first token, their ratio (qkv / llama.cpp), and each server's peak resident memory (VmHWM). Each
+    server runs alone: llama.cpp's starts once qkv's has stopped (``qkv serve`` picks its threads from the cores
+    free when it starts)."""
     from qkv.interop import to_hf
 
     with tempfile.TemporaryDirectory() as folder:
         to_hf(model).save_pretrained(folder)  # the fp32 weights (transformers will not save a model it read from GGUF)
         tokenizer.save_pretrained(folder)
         port = free_port()
-        command = [sys.executable, "-m", "qkv", "serve", "--hf", folder, "--port", str(port), "--model-name", "m",
-                   *extra]
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_until_up(url, server)
-            load_together(url, 2, 4)  # warm: the kernels loaded, the first steps run
-            qkv_rate, qkv_first = load_together(url, clients, new)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-    p = xllamacpp.CommonParams()
-    p.model.path, p.n_parallel, p.n_ctx, p.port = str(files["f16"]), clients, clients * 512, free_port()
-    llama = xllamacpp.Server(p)
-    url = f"http://127.0.0.1:{p.port}"
-    wait_until_up(url, None)
-    load_together(url, 2, 4)
-    cpp_rate, cpp_first = load_together(url, clients, new)
-    del llama
+        qkv_rate, qkv_first, qkv_peak = measured_server(
+            [sys.executable, "-m", "qkv", "serve", "--hf", folder, "--port", str(port), "--model-name", "m", *extra],
+            port, clients, new)
+    port = free_port()
+    cpp_rate, cpp_first, cpp_peak = measured_server(
+        [sys.executable, "-c", LLAMA_SERVER, str(files["f16"]), str(clients), str(port)], port, clients, new)
     return [clients, new, " ".join(extra) or "-", f"{qkv_rate:.1f}", f"{cpp_rate:.1f}", f"{qkv_rate / cpp_rate:.2f}×",
-            f"{qkv_first:.2f}", f"{cpp_first:.2f}"]
+            f"{qkv_first:.2f}", f"{cpp_first:.2f}", f"{qkv_peak / 2**20:.0f}", f"{cpp_peak / 2**20:.0f}"]
 
 
 def free_port() -> int:
@@ -317,9 +338,11 @@ HEADERS = {
                        "graphs compiled"],
                 "zh": ["线程", "首次调用（编译）秒", "第二个提示的前两个 token 秒", "编译的图数"]},
     "serve": {"en": ["clients", "tokens each", "qkv serve flags", "qkv serve tok/s", "llama.cpp server tok/s",
-                     "qkv / llama.cpp", "qkv median first token s", "llama.cpp median first token s"],
+                     "qkv / llama.cpp", "qkv median first token s", "llama.cpp median first token s",
+                     "qkv peak RSS MiB", "llama.cpp peak RSS MiB"],
               "zh": ["客户端", "每个 token 数", "qkv serve 参数", "qkv serve tok/s", "llama.cpp server tok/s",
-                     "qkv / llama.cpp", "qkv 首个 token 中位数（秒）", "llama.cpp 首个 token 中位数（秒）"]},
+                     "qkv / llama.cpp", "qkv 首个 token 中位数（秒）", "llama.cpp 首个 token 中位数（秒）",
+                     "qkv 峰值常驻内存 MiB", "llama.cpp 峰值常驻内存 MiB"]},
     "agreement": {"en": ["prompts", "tokens each", "qkv fp32 = transformers", "qkv bf16 = transformers fp32",
                          "qkv int8 = transformers fp32"],
                   "zh": ["提示数", "每个 token 数", "qkv fp32 = transformers", "qkv bf16 = transformers fp32",

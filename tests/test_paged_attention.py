@@ -76,3 +76,62 @@ def test_the_paged_models_steps_equal_the_reference_attentions(attention, monkey
     fast = steps()
     monkeypatch.setattr(paged_module, "decode_attention", contextlib.nullcontext)
     torch.testing.assert_close(fast, steps(), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_one_query_reads_gathered_strided_keys_as_the_reference():
+    """Keys and values as the paged cache gathers them, a (B, S, G, D) copy viewed as (B, G, S, D): the reference's."""
+    torch.manual_seed(0)
+    B, H, G, S, D = 3, 6, 3, 10, 4
+    q = torch.randn(B, H, 1, D)
+    k, v = torch.randn(B, S, G, D).transpose(1, 2), torch.randn(B, S, G, D).transpose(1, 2)  # (B, G, S, D) views
+    allowed = torch.rand(B, 1, 1, S) < 0.7
+    allowed[..., 0] = True
+    want, _ = reference_attention(q, k.contiguous(), v.contiguous(), allowed, None, 0.5, 0.0)
+    torch.testing.assert_close(grouped_one_query(q, k, v, prepare_mask(allowed), 0.5), want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_rotary_angles_of_a_step_are_computed_once_for_every_layer(monkeypatch):
+    """Inside decode_attention the rotary modules are StepRotary: a second call (another layer, or another module of
+    the same frequencies) for the same positions takes the first's angles; a new or changed positions tensor, or
+    other frequencies, compute again; the class is restored."""
+    from qkv.generation.paged_attention import StepRotary
+    from qkv.nn.positional import RotaryEmbedding
+
+    ropes = torch.nn.ModuleList([RotaryEmbedding(8), RotaryEmbedding(8), RotaryEmbedding(8, base=500.0)])
+    calls = []
+    computed = RotaryEmbedding.angles
+    monkeypatch.setattr(RotaryEmbedding, "angles", lambda self, p: calls.append(p) or computed(self, p))
+    positions = torch.tensor([[3], [7]])
+    with decode_attention(ropes):
+        assert all(type(r) is StepRotary for r in ropes)
+        first = ropes[0].angles(positions)
+        assert ropes[0].angles(positions) is first and ropes[1].angles(positions) is first and len(calls) == 1
+        other = ropes[2].angles(positions)  # other frequencies
+        assert len(calls) == 2 and not torch.equal(other[0], first[0])
+        positions.add_(1)  # changed in place: computed again
+        again = ropes[1].angles(positions)
+        assert len(calls) == 3 and torch.equal(again[0], computed(ropes[1], torch.tensor([[4], [8]]))[0])
+        ropes[0].angles(torch.tensor([[4], [8]]))  # another tensor: computed again
+        assert len(calls) == 4
+    assert all(type(r) is RotaryEmbedding and not hasattr(r, "shared") for r in ropes)
+
+
+def test_the_paged_model_swaps_once_inside_decoding(monkeypatch):
+    """PagedModel.decoding swaps the modules once for every forward inside (a server's run), and restores them."""
+    import qkv.generation.paged as paged_module
+
+    model = tiny()
+    swaps = []
+    swap = paged_module.decode_attention
+    monkeypatch.setattr(paged_module, "decode_attention", lambda m: swaps.append(m) or swap(m))
+    paged = PagedModel(model, 8, block_size=4)
+    table = [paged.blocks.allocate() for _ in range(2)]
+    with torch.no_grad():
+        alone = paged.forward(torch.tensor([[1, 2, 3]]), [0], [table])
+        assert len(swaps) == 1
+        with paged.decoding():
+            inside = paged.forward(torch.tensor([[1, 2, 3]]), [0], [table])
+            paged.forward(torch.tensor([[4]]), [3], [table])
+            assert all(type(m) is DecodeAttention for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert len(swaps) == 2 and torch.equal(alone, inside)
+    assert not any(type(m) is DecodeAttention for m in model.modules())

@@ -16,3 +16,18 @@ def test_both_notes_say_how_many_steps_the_decode_rate_counts():
     fields = dict(params=135, new=32, steps=31, prompt=37, repeats=2, mb=538.0)
     for lang, text in real_model.NOTE.items():
         assert "31" in text.format(**fields), lang
+
+
+def test_a_servers_peak_resident_memory_is_read_from_proc_and_zero_when_it_is_gone():
+    import os
+
+    peak = real_model.peak_resident(os.getpid())
+    if os.path.exists("/proc/self/status"):
+        assert 10 * 2**20 < peak < 2**40
+    assert real_model.peak_resident(2**22 + 12345) == 0  # no such process
+
+
+def test_the_serve_row_names_each_servers_peak_memory():
+    for lang in ("en", "zh"):
+        assert len(real_model.HEADERS["serve"][lang]) == 10
+        assert "MiB" in real_model.HEADERS["serve"][lang][-1]

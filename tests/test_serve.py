@@ -411,3 +411,25 @@ def test_ignore_eos_decodes_to_max_tokens():
     assert settings(served, ignoring, 4, chat=True).eos_ids == frozenset()
     request = Request([1], settings(served, ignoring, 1, chat=False), lambda ids: "", lambda *a: None)
     assert [request.take(3, 60) for _ in range(8)] == [False] * 7 + [True] and request.finish_reason == "length"
+
+
+def test_a_llama3_shaped_checkpoint_of_131072_positions_starts_and_answers_at_the_defaults(tmp_path):
+    """Llama 3.1's shape (131 072 positions, RoPE θ 500 000 with its llama3 scaling, grouped heads) at tiny widths,
+    served by the command's own startup at its defaults (32 rows, the cache's budget from the free memory): it
+    starts without touching a cache for 32 × 131 072 tokens, and answers as `generate` one at a time."""
+    pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    from hf_models import save_with_tokenizer
+    from test_scheduler import alone, resident_bytes
+
+    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8192)
+    save_with_tokenizer("llama3", tmp_path, max_position_embeddings=131072, rope_parameters=rope)
+    before = resident_bytes()
+    served = build_served(cli.build_parser().parse_args(["serve", "--hf", str(tmp_path), "--model-name", "m"]))
+    assert served.scheduler.max_len == 131072 and served.scheduler.max_batch == 32
+    assert resident_bytes() - before < 200 * 2**20  # the model is tiny; the pools are untouched
+    with running(create_app(served)) as url:
+        answer = client(url).completions.create(model="m", prompt="the dog", temperature=0, max_tokens=8)
+    model = served.scheduler.model
+    assert answer.usage.completion_tokens == 8
+    assert answer.choices[0].text == served.decode(alone(model, [served.encode("the dog")], [8])[0])

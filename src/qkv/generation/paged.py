@@ -9,6 +9,8 @@ applied by the model's mask: the same answers, without the ring's saving of memo
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -98,6 +100,7 @@ class PagedModel:
             elif isinstance(cache, (KVCache, RingKVCache)):
                 self.caches.append(PagedKVCache(num_blocks, cache.k.size(1), cache.k.size(3), **kw))
         self.blocks = BlockManager(num_blocks, block_size)
+        self.swapped = False  # inside ``decoding``
         self.cleared: set[int] = set()  # blocks zeroed once: a masked key's value must be finite (0 · NaN is NaN)
 
     def forward(self, ids: Tensor, starts: list[int], tables: list[list[int]]) -> Tensor:
@@ -111,9 +114,23 @@ class PagedModel:
         start = torch.tensor(starts, device=self.device)[:, None]  # (B, 1)
         input_pos = start + torch.arange(T, device=self.device)  # (B, T)
         written = torch.arange(self.pages.max_len, device=self.device) < start + T  # (B, S)
-        with decode_attention(self.model):  # one query a row: grouped products, not the fused kernel
+        with self.decoding():  # one query a row: grouped products, not the fused kernel
             out = self.model(ids, mask=written, kv_caches=self.caches, input_pos=input_pos, logits_to_keep=1)
         return out.logits[:, -1]
+
+    @contextmanager
+    def decoding(self) -> Iterator[None]:
+        """Inside: the model's attention and rotary modules are the paged steps' (``decode_attention``), swapped
+        once for every forward inside (a server's run) rather than at each."""
+        if self.swapped:
+            yield
+            return
+        with decode_attention(self.model):
+            self.swapped = True
+            try:
+                yield
+            finally:
+                self.swapped = False
 
     def clear(self, blocks: set[int]) -> None:
         """Zero ``blocks`` in every layer, on their first use (the pools start as ``torch.empty``)."""

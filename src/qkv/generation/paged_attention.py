@@ -6,11 +6,15 @@ products (vLLM's paged decode kernel does the same work per block).
 
 ``F.scaled_dot_product_attention`` computes one query per head at a time on a CPU (its flash kernel, slower
 still in bf16); grouping the query heads that read one key head makes each head group one small matrix product.
-The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding.
+The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. The
+paged cache's gathered keys and values are a strided view (B, G, S, D) whose (B, G) cannot be merged into one
+batch axis, which a batched product over both would copy first; one product per key head reads them in place.
 
 ``DecodeAttention`` is ``MultiHeadAttention`` with this core for one query under a prepared mask (the paged
-model's steps); ``decode_attention(model)`` swaps its plain attention modules' class for the block's duration,
-as the speed layer swaps linears (``qkv.kernels.transform``).
+model's steps); ``StepRotary`` is ``RotaryEmbedding`` whose cos and sin, the same for every layer of a step, are
+computed by the first layer and reused by the others (the same values: the answer is unchanged).
+``decode_attention(model)`` swaps its plain attention and rotary modules' classes for the block's duration, as the
+speed layer swaps linears (``qkv.kernels.transform``): a server enters it once for its run.
 Shapes: B rows, H query heads, G key/value heads, D head width, S keys.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.masks import PreparedMask
+from ..nn.positional import RotaryEmbedding
 
 
 def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale: float) -> Tensor:
@@ -33,10 +38,13 @@ def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale
     G, S = k.size(1), k.size(2)
     bias = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)
     bias = bias.reshape(bias.size(0), G, H // G, S) if bias.size(1) == H else bias.reshape(bias.size(0), 1, 1, S)
-    scores = torch.matmul(q.reshape(B, G, H // G, D), k.transpose(-1, -2))  # (B, G, H/G, S)
-    scores = scores.mul_(scale).add_(bias)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(weights, v).view(B, H, 1, D)  # (B, G, H/G, D) -> (B, H, 1, D)
+    q = q.reshape(B, G, H // G, D)  # the H / G query heads of each key head
+    out = q.new_empty(B, G, H // G, D)
+    for g in range(G):  # (B, H/G, D) · (B, D, S) -> (B, H/G, S), k and v read where they lie
+        scores = torch.bmm(q[:, g], k[:, g].transpose(-1, -2)).mul_(scale).add_(bias[:, g if bias.size(1) > 1 else 0])
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[:, g] = torch.bmm(weights, v[:, g])  # (B, H/G, D)
+    out = out.view(B, H, 1, D)
     return out if mask.live is None else out * mask.live
 
 
@@ -56,15 +64,55 @@ class DecodeAttention(MultiHeadAttention):
                                     return_weights=return_weights)
 
 
+class StepRotary(RotaryEmbedding):
+    """``RotaryEmbedding`` whose ``angles`` come from ``shared`` (one dict for the rotary modules of equal
+    frequencies) when the last call there had the same positions: the same tensor, unchanged (its version), so
+    the same values; its tensor is held, so its memory cannot be another's meanwhile."""
+
+    shared: dict
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if positions.is_inference():  # no version counter: computed each time
+            return super().angles(positions)
+        key = (positions.data_ptr(), positions.shape, positions.stride(), positions._version, positions.dtype,
+               self.inv_freq._version)
+        last = self.shared.get("last")
+        if last is None or last[0] != key:
+            last = self.shared["last"] = (key, positions, super().angles(positions))
+        return last[2]
+
+
+def rotary_groups(model: nn.Module) -> dict[tuple, list[RotaryEmbedding]]:
+    """``model``'s modules of exactly the class ``RotaryEmbedding`` whose table does not follow the length, grouped
+    by what their angles depend on (frequencies, attention factor, device)."""
+    groups: dict[tuple, list[RotaryEmbedding]] = {}
+    for m in model.modules():
+        if type(m) is RotaryEmbedding and not m.follows_length:
+            key = (tuple(m.inv_freq.tolist()), m.attention_factor, m.inv_freq.device)
+            groups.setdefault(key, []).append(m)
+    return groups
+
+
 @contextmanager
 def decode_attention(model: nn.Module) -> Iterator[nn.Module]:
     """``model``'s modules of exactly the class ``MultiHeadAttention`` compute their core as ``DecodeAttention``
-    inside the block (parameters, buffers and hooks untouched), the class restored after (also on an error)."""
+    inside the block, and those of exactly ``RotaryEmbedding`` (a fixed table) are ``StepRotary``, one shared dict
+    for equal frequencies (parameters, buffers and hooks untouched); the classes restored after (also on an
+    error)."""
     swapped = [m for m in model.modules() if type(m) is MultiHeadAttention]
+    groups = rotary_groups(model)
+    rotary = [m for group in groups.values() for m in group]
     for m in swapped:
         m.__class__ = DecodeAttention
+    for group in groups.values():
+        shared: dict = {}
+        for m in group:
+            m.__class__, m.shared = StepRotary, shared
     try:
         yield model
     finally:
         for m in swapped:
             m.__class__ = MultiHeadAttention
+        for m in rotary:
+            m.__class__ = RotaryEmbedding
+            del m.shared

@@ -101,7 +101,8 @@ class Scheduler:
 
     def run(self) -> None:
         """The thread: admit, prefill a chunk, decode a token, until ``stop``."""
-        with torch.no_grad(), self.plan.speed_layer(self.model), packed_weights(self.model, self.max_batch):
+        with (torch.no_grad(), self.plan.speed_layer(self.model), packed_weights(self.model, self.max_batch),
+              self.paged.decoding()):
             while self.waiting.wait(lambda: self.active > 0):
                 self.step()
         for request in [*self.running, *self.prefilling, *self.waiting.drain()]:
