@@ -7,8 +7,9 @@ products (vLLM's paged decode kernel does the same work per block).
 ``F.scaled_dot_product_attention`` computes one query per head at a time on a CPU (its flash kernel, slower
 still in bf16); grouping the query heads that read one key head makes each head group one small matrix product.
 The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. The
-paged cache's gathered keys and values are a strided view (B, G, S, D) whose (B, G) cannot be merged into one
-batch axis, which a batched product over both would copy first; one product per key head reads them in place.
+paged cache's gathered keys and values are a strided view (B, G, S, D); they are copied once into that order, so
+that each product is one batched call over (B, G) (in bf16, oneDNN's batched product is then several times
+faster than one call per key head on the strided view).
 
 ``DecodeAttention`` is ``MultiHeadAttention`` with this core for one query under a prepared mask (the paged
 model's steps); ``StepRotary`` is ``RotaryEmbedding`` whose cos and sin, the same for every layer of a step, are
@@ -39,11 +40,10 @@ def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale
     bias = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)
     bias = bias.reshape(bias.size(0), G, H // G, S) if bias.size(1) == H else bias.reshape(bias.size(0), 1, 1, S)
     q = q.reshape(B, G, H // G, D)  # the H / G query heads of each key head
-    out = q.new_empty(B, G, H // G, D)
-    for g in range(G):  # (B, H/G, D) · (B, D, S) -> (B, H/G, S), k and v read where they lie
-        scores = torch.bmm(q[:, g], k[:, g].transpose(-1, -2)).mul_(scale).add_(bias[:, g if bias.size(1) > 1 else 0])
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out[:, g] = torch.bmm(weights, v[:, g])  # (B, H/G, D)
+    k, v = k.contiguous(), v.contiguous()  # (B, G, S, D): one batched product over (B, G), not one per key head
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)  # (B, G, H/G, S)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(weights, v)  # (B, G, H/G, D)
     out = out.view(B, H, 1, D)
     return out if mask.live is None else out * mask.live
 
