@@ -1,6 +1,7 @@
 """The codebase's own rules, checked: which layer may import which (above all, nothing in the reference layers
 imports the kernels or decoding), no import circle in src/qkv counting every import, no private name imported from
-another module, no function longer than 60 lines, and the leaf modules import nothing from qkv."""
+another module, no function longer than 60 lines, no module longer than 500 lines, no class outside nn/ and
+models/ with more than 12 methods, and the leaf modules import nothing from qkv."""
 import ast
 import subprocess
 import sys
@@ -131,6 +132,20 @@ def test_no_function_is_longer_than_60_lines():
             for p in SRC.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
     assert not long, long
+
+
+def test_no_module_is_longer_than_500_lines():
+    long = [f"{p.relative_to(SRC)} ({n} lines)" for p in SRC.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500]
+    assert not long, long
+
+
+def test_no_class_outside_nn_and_models_defines_more_than_12_methods():
+    wide = [f"{p.relative_to(SRC)}:{c.lineno} {c.name} ({n} methods)"
+            for p in SRC.rglob("*.py") if p.relative_to(SRC).parts[0] not in ("nn", "models")
+            for c in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(c, ast.ClassDef)
+            if (n := sum(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in c.body)) > 12]
+    assert not wide, wide
 
 
 

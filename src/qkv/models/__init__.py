@@ -4,6 +4,7 @@ that builds each block's parts from it.
 
     config.py           ModelConfig and its sections, PRESETS
     attention_config.py its attention section: AttentionConfig (multi-head) or LatentAttentionConfig (latent)
+    sections.py         the position, feed-forward, norm, embedding and head sections; moe_config.py, the experts'
     components.py       the factory: position, attention (a registry of kinds), feed-forward, blocks
     trunk.py            embeddings → blocks → final norm, shared by the three models
     gpt.py, encoder.py, encoder_decoder.py, pointer.py (the encoder-decoder with a copy mechanism)
