@@ -203,7 +203,7 @@ def test_sample_says_which_backend_ran_and_why_it_fell_back(run, capsys, monkeyp
         assert any(err.strip().splitlines()[-1].startswith(f"qkv: decoded with the {b} backend (") for b in ran), err
     assert len(set(texts.values())) == 1
     fused = importlib.import_module("qkv.kernels.fused_step")
-    monkeypatch.setattr(fused, "unsupported", lambda model, batch: "a reason the test gives")
+    monkeypatch.setattr(fused, "refuses", lambda model, batch: "a reason the test gives")
     assert main([*argv, "--backend", "fused"]) == 0
     out, err = capsys.readouterr()
     assert out == texts["auto"]

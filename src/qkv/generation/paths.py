@@ -56,7 +56,7 @@ def model_device(model) -> torch.device:
 
 
 def refuses_fused(model, *, batch: int = 1) -> str | None:
-    """The fused step's reason (``fused_step.unsupported``) for ``batch`` rows."""
+    """The fused step's reason (``fused_step.refuses``) for ``batch`` rows."""
     return fused_step.refuses(model, batch)
 
 
