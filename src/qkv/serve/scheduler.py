@@ -18,6 +18,7 @@ The collaborators: ``WaitingQueue`` (waiting.py: submitted requests under the lo
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 
 import torch
 
@@ -101,8 +102,9 @@ class Scheduler:
 
     def run(self) -> None:
         """The thread: admit, prefill a chunk, decode a token, until ``stop``."""
-        with (torch.no_grad(), self.plan.speed_layer(self.model), packed_weights(self.model, self.max_batch),
-              self.paged.decoding()):
+        rows = self.plan.packed_rows  # the plan's answer: 0 where the registry's "packed" refused
+        with (torch.no_grad(), self.plan.speed_layer(self.model),
+              packed_weights(self.model, rows) if rows else nullcontext(), self.paged.decoding()):
             while self.waiting.wait(lambda: self.active > 0):
                 self.step()
         for request in [*self.running, *self.prefilling, *self.waiting.drain()]:
