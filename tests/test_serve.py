@@ -349,7 +349,7 @@ def test_the_command_binds_loopback_unless_told_and_warns_without_a_key(run_dir,
     import qkv.serve.server
 
     calls = []
-    monkeypatch.setattr(qkv.serve.server, "serve_forever", lambda app, host, port: calls.append((host, port)))
+    monkeypatch.setattr(qkv.serve.server, "serve_forever", lambda app, host, port, scheduler: calls.append((host, port)))
     monkeypatch.delenv("QKV_API_KEY", raising=False)
     assert cli.main(["serve", "--run", str(run_dir), "--device", "cpu"]) == 0
     assert calls[-1] == ("127.0.0.1", 8000) and "warning" not in capsys.readouterr().err
@@ -357,6 +357,41 @@ def test_the_command_binds_loopback_unless_told_and_warns_without_a_key(run_dir,
     assert calls[-1] == ("0.0.0.0", 9) and "without --api-key" in capsys.readouterr().err
     assert cli.main(["serve", "--run", str(run_dir), "--host", "0.0.0.0", "--api-key", "k", "--device", "cpu"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_command_steps_the_model_in_the_thread_that_called_it_and_stops_with_the_scheduler(run_dir):
+    """``serve_forever(…, scheduler=)`` (what `qkv serve` calls): uvicorn in a thread of its own, every step in the
+    caller's thread (the one that loaded the model), no second scheduler thread; ``stop`` ends both."""
+    import socket
+    import threading
+
+    from qkv.serve.server import serve_forever
+
+    served = build_served(serve_args("--run", str(run_dir), "--max-batch", "4"))
+    stepped, step = set(), served.scheduler.step
+    served.scheduler.step = lambda: (stepped.add(threading.get_ident()), step())[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    caller = threading.Thread(target=serve_forever, args=(create_app(served), "127.0.0.1", port),
+                              kwargs={"scheduler": served.scheduler, "log_level": "warning"})
+    caller.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, _ = call(url + "/health")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the server did not answer /health"
+            time.sleep(0.05)
+    status, body = call(url + "/v1/completions", "POST", {"model": "demo", "prompt": "def f1", "max_tokens": 5,
+                                                          "temperature": 0})
+    assert status == 200 and body["usage"]["completion_tokens"] == 5
+    assert stepped == {caller.ident}
+    served.scheduler.stop()
+    caller.join(30)
+    assert not caller.is_alive() and served.scheduler.stopped.is_set()
 
 
 # --- the docs' examples ------------------------------------------------------------------------------------------

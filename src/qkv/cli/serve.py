@@ -109,5 +109,5 @@ def run_serve(args: argparse.Namespace) -> int:
           f"queue {args.max_queue}{', API key required' if args.api_key else ''}, {torch.get_num_threads()} CPU "
           "threads); Ctrl-C stops", file=sys.stderr)
     print(f"qkv serve: {served.scheduler.plan}", file=sys.stderr)
-    serve_forever(create_app(served, api_key=args.api_key), args.host, args.port)
+    serve_forever(create_app(served, api_key=args.api_key), args.host, args.port, scheduler=served.scheduler)
     return 0

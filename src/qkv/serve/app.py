@@ -52,11 +52,12 @@ class APIError(Exception):
 
 
 def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
-    """The application; its lifespan starts and stops ``served.scheduler``'s thread. ``api_key``: /v1/* then need
+    """The application; its lifespan starts ``served.scheduler``'s thread unless the scheduler runs already (or a
+    caller claimed it: ``serve_forever``), and stops it. ``api_key``: /v1/* then need
     ``Authorization: Bearer KEY``."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if served.scheduler.thread is None:
+        if not served.scheduler.started:
             served.scheduler.start()
         yield
         served.scheduler.stop()

@@ -70,7 +70,8 @@ class Scheduler:
                            max_prefill_tokens=max_prefill_tokens)
         self.blocks, self.stats = self.paged.blocks, self.batch.stats
         self.running, self.prefilling = self.batch.running, self.batch.prefilling
-        self.thread = None
+        self.thread: threading.Thread | None = None  # the one running the loop
+        self.stopped = threading.Event()  # the loop has ended
 
     @property
     def active(self) -> int:
@@ -90,27 +91,45 @@ class Scheduler:
         request.cancelled = True
 
     def start(self) -> "Scheduler":
+        """Run the loop (``run``) in a thread of its own (tests, benchmarks, a notebook's server)."""
         self.thread = threading.Thread(target=self.run, name="qkv-serve-scheduler", daemon=True)
         self.thread.start()
         return self
 
+    def claim(self) -> "Scheduler":
+        """The calling thread will run the loop (``run``): no other starts it (the app's lifespan)."""
+        self.thread = threading.current_thread()
+        return self
+
+    @property
+    def started(self) -> bool:
+        """Whether the loop runs (or ran), in its own thread (``start``) or in a caller's (``run``)."""
+        return self.thread is not None
+
     def stop(self) -> None:
-        """End the thread; requests still in fail with "the server is stopping"."""
+        """End the loop, wherever it runs, and wait for it; requests still in fail with "the server is
+        stopping"."""
         self.waiting.close()
-        if self.thread is not None:
-            self.thread.join()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.stopped.wait()
 
     def run(self) -> None:
-        """The thread: admit, prefill a chunk, decode a token, until ``stop``."""
+        """The loop: admit, prefill a chunk, decode a token, until ``stop`` (or an exception such as Ctrl-C's).
+        ``qkv serve`` runs it in the thread that loaded the model (``qkv.serve.server.serve_forever``)."""
+        self.thread = self.thread or threading.current_thread()
         rows = self.plan.packed_rows  # the plan's answer: 0 where the registry's "packed" refused
-        with (torch.no_grad(), self.plan.speed_layer(self.model),
-              packed_weights(self.model, rows) if rows else nullcontext(), self.paged.decoding()):
-            while self.waiting.wait(lambda: self.active > 0):
-                self.step()
-        for request in [*self.running, *self.prefilling, *self.waiting.drain()]:
-            request.fail("the server is stopping")
-        self.running.clear()
-        self.prefilling.clear()
+        try:
+            with (torch.no_grad(), self.plan.speed_layer(self.model),
+                  packed_weights(self.model, rows) if rows else nullcontext(), self.paged.decoding()):
+                while self.waiting.wait(lambda: self.active > 0):
+                    self.step()
+        finally:
+            self.waiting.close()
+            for request in [*self.running, *self.prefilling, *self.waiting.drain()]:
+                request.fail("the server is stopping")
+            self.running.clear()
+            self.prefilling.clear()
+            self.stopped.set()
 
     def step(self) -> None:
         """One scheduling step: admit, prefill, decode (each failure fails the requests it touched)."""

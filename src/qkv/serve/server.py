@@ -11,11 +11,30 @@ from typing import Iterator
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def serve_forever(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
-    """Serve ``app`` until Ctrl-C."""
+def serve_forever(app, host: str = "127.0.0.1", port: int = 8000, *, scheduler=None, log_level: str = "info") -> None:
+    """Serve ``app`` until Ctrl-C (or ``scheduler.stop()``). With ``scheduler`` (the app's), its steps run in this
+    thread, the HTTP server in another: the thread that loaded the model owns the OpenMP threads the steps use,
+    where a second thread's team would leave two teams on the cores and every step slower (docs/serving.md)."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    if scheduler is None:
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        return
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    http = threading.Thread(target=server.run, name="qkv-serve-http", daemon=True)
+    scheduler.claim()  # before the app's lifespan asks
+    http.start()
+    while not server.started:
+        if not http.is_alive():  # uvicorn said why (a port in use): exit as it would
+            raise SystemExit(1)
+        time.sleep(0.01)
+    try:
+        scheduler.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        http.join()
 
 
 @contextmanager
