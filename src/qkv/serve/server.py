@@ -14,7 +14,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 def serve_forever(app, host: str = "127.0.0.1", port: int = 8000, *, scheduler=None, log_level: str = "info") -> None:
     """Serve ``app`` until Ctrl-C (or ``scheduler.stop()``). With ``scheduler`` (the app's), its steps run in this
     thread, the HTTP server in another: the thread that loaded the model owns the OpenMP threads the steps use,
-    where a second thread's team would leave two teams on the cores and every step slower (docs/serving.md)."""
+    where a second thread's team beside it makes every step slower (docs/serving.md)."""
     import uvicorn
 
     if scheduler is None:
