@@ -394,6 +394,19 @@ def test_the_command_steps_the_model_in_the_thread_that_called_it_and_stops_with
     assert not caller.is_alive() and served.scheduler.stopped.is_set()
 
 
+def test_inside_serve_forever_sigterm_interrupts_the_main_thread_and_the_handler_comes_back():
+    import os
+    import signal
+
+    from qkv.serve.server import interrupted_by
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), interrupted_by(signal.SIGTERM):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # --- the docs' examples ------------------------------------------------------------------------------------------
 
 def docs_block(page: str, needle: str) -> str:

@@ -2,6 +2,7 @@
 a notebook) on a port the system chooses."""
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -28,13 +29,29 @@ def serve_forever(app, host: str = "127.0.0.1", port: int = 8000, *, scheduler=N
         if not http.is_alive():  # uvicorn said why (a port in use): exit as it would
             raise SystemExit(1)
         time.sleep(0.01)
+    with interrupted_by(signal.SIGINT, signal.SIGTERM):
+        try:
+            scheduler.run()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.should_exit = True
+            http.join()
+
+
+@contextmanager
+def interrupted_by(*signals: int) -> Iterator[None]:
+    """Inside, in the main thread: each of ``signals`` raises KeyboardInterrupt (uvicorn, in another thread, sets no
+    handlers; a shell's background job starts with SIGINT ignored); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.signal(s, signal.default_int_handler) for s in signals}
     try:
-        scheduler.run()
-    except KeyboardInterrupt:
-        pass
+        yield
     finally:
-        server.should_exit = True
-        http.join()
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 @contextmanager
