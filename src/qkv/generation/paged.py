@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.latent_attention import LatentCache
@@ -82,6 +82,20 @@ def plan_blocks(model, *, max_batch: int, max_model_len: int, memory: int | None
                     "memory is touched as blocks fill")
 
 
+@contextmanager
+def head_rows(head: nn.Module, rows: Tensor | None) -> Iterator[None]:
+    """Inside: ``head`` (the model's LM head) reads only ``rows`` (k,) of its input's first axis (a forward
+    pre-hook; removed after, also on an error); None: all."""
+    if rows is None:
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda module, args: (args[0].index_select(0, rows), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class PagedModel:
     """``model`` decoding many sequences over one paged cache of ``num_blocks`` blocks: ``blocks`` says which
     block holds what, ``forward`` runs rows over their block tables."""
@@ -103,9 +117,10 @@ class PagedModel:
         self.swapped = False  # inside ``decoding``
         self.cleared: set[int] = set()  # blocks zeroed once: a masked key's value must be finite (0 · NaN is NaN)
 
-    def forward(self, ids: Tensor, starts: list[int], tables: list[list[int]]) -> Tensor:
+    def forward(self, ids: Tensor, starts: list[int], tables: list[list[int]], rows: list[int] | None = None) -> Tensor:
         """Rows b of ids (B, T) continue their sequences at positions starts[b] …, over the blocks tables[b]
-        (every one of those positions included) -> the logits after each row's last token (B, V)."""
+        (every one of those positions included) -> the logits after each row's last token (B, V), or after only
+        the ``rows`` listed (k, V) (the head computes no others: a folded prompt's rows but its last need none)."""
         B, T = ids.shape
         n = max(len(t) for t in tables)
         self.clear({b for t in tables for b in t} - self.cleared)
@@ -114,7 +129,8 @@ class PagedModel:
         start = torch.tensor(starts, device=self.device)[:, None]  # (B, 1)
         input_pos = start + torch.arange(T, device=self.device)  # (B, T)
         written = torch.arange(self.pages.max_len, device=self.device) < start + T  # (B, S)
-        with self.decoding():  # one query a row: grouped products, not the fused kernel
+        keep = None if rows is None or len(rows) == B else torch.tensor(rows, device=self.device)
+        with self.decoding(), head_rows(self.model.lm_head, keep):  # one query a row: grouped products
             out = self.model(ids, mask=written, kv_caches=self.caches, input_pos=input_pos, logits_to_keep=1)
         return out.logits[:, -1]
 
