@@ -9,16 +9,48 @@ scatters the new tokens into their blocks and returns each row's keys gathered i
 what a static cache's ``write`` returns with slots = positions, so attention runs unchanged under the caller's
 mask (B, S) of the positions written. Without autograd the gathered keys land in the ``PageTable``'s workspace,
 one buffer per pool shape that every layer reuses (a layer's keys are read before the next layer writes): valid
-until the next paged ``write`` of the same shape. Blocks are shared between rows (a common prompt prefix) by putting the
+until the next paged ``write`` of the same shape. Rows of one token that share a table (a folded prompt's rest) may be
+given as ``RowGroups``: a ``PagedKVCache`` then gathers each distinct table's keys once, (u, G, S, D), for a reader
+that maps rows to them. Blocks are shared between rows (a common prompt prefix) by putting the
 same id in several tables; a row writes only its own blocks.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ..checks import check_positive_int
 from .latent_attention import LatentCache
+
+
+class RowGroups(NamedTuple):
+    """Rows of one step that continue sequences of the same block table (a folded prompt's rest, one row of one
+    token each) read the same keys: gathered once per table. u tables, W the most rows of one table."""
+
+    table: Tensor  # (u, n) the distinct tables
+    flat: Tensor  # (u · n,) their ids in order
+    places: Tensor  # (B,) row b's place in a (u · W) layout: its table's index · W + its rank among that table's rows
+    width: int  # W
+
+
+def row_groups(tables: list[list[int]], device=None) -> RowGroups:
+    """The distinct tables of ``tables`` (B rows, each padded to n ids), in first-seen order, and each row's place."""
+    index: dict[tuple, int] = {}
+    rows: list[list[int]] = []  # per distinct table, its rows
+    for b, t in enumerate(tables):
+        g = index.setdefault(tuple(t), len(index))
+        if g == len(rows):
+            rows.append([])
+        rows[g].append(b)
+    width = max(len(r) for r in rows)
+    places = [0] * len(tables)
+    for g, members in enumerate(rows):
+        for rank, b in enumerate(members):
+            places[b] = g * width + rank
+    unique = torch.tensor(list(index), device=device)  # (u, n)
+    return RowGroups(unique, unique.flatten(), torch.tensor(places, device=device), width)
 
 
 class PageTable:
@@ -32,22 +64,25 @@ class PageTable:
         self.flat: Tensor | None = None  # the table's ids in row order (B · n,)
         self.workspace: dict[tuple, Tensor] = {}  # (which, shape, dtype, device) -> a buffer gathers reuse
         self.written: tuple | None = None  # (input_pos, its version, slots): see slots
+        self.groups: RowGroups | None = None  # rows sharing tables: a PagedKVCache gathers each table once
 
-    def out(self, which: str, pool: Tensor) -> Tensor | None:
-        """A buffer (B · n, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
+    def out(self, which: str, pool: Tensor, rows: int) -> Tensor | None:
+        """A buffer (rows, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
         of one shape read in the same layer (keys, values). None under autograd: a fresh tensor each time."""
         if torch.is_grad_enabled():  # attention may keep the keys for its backward
             return None
-        rows, key = self.flat.numel(), (which, pool.shape[1:], pool.dtype, pool.device)
+        key = (which, pool.shape[1:], pool.dtype, pool.device)
         buffer = self.workspace.get(key)
         if buffer is None or buffer.size(0) < rows:
             buffer = self.workspace[key] = pool.new_empty((rows, *pool.shape[1:]))
         return buffer[:rows]
 
-    def set(self, table: Tensor) -> None:
+    def set(self, table: Tensor, groups: RowGroups | None = None) -> None:
+        """This step's tables (B, n); ``groups``: its distinct tables, for a reader of keys per table (the paged
+        model's ``DecodeAttention``), or None: keys per row."""
         if table.dim() != 2 or table.is_floating_point():
             raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
-        self.table, self.flat, self.written = table, table.flatten(), None
+        self.table, self.flat, self.written, self.groups = table, table.flatten(), None, groups
 
     def slots(self, input_pos: Tensor) -> Tensor:
         """Where the new tokens at input_pos (B, T) go in a pool viewed as (N · K, …): table[b, p // K] · K + p mod K,
@@ -72,14 +107,17 @@ def scatter_blocks(pool: Tensor, pages: PageTable, input_pos: Tensor, new: Tenso
     pool.view(-1, *pool.shape[2:]).index_copy_(0, pages.slots(input_pos), new.transpose(1, 2).flatten(0, 1))
 
 
-def gather_blocks(pool: Tensor, pages: PageTable, which: str) -> Tensor:
+def gather_blocks(pool: Tensor, pages: PageTable, which: str, grouped: bool = False) -> Tensor:
     """Each row's blocks of pool (N, K, C, W), in ``pages.table`` (B, n) order -> (B, C, n · K, W), one copy
     (a strided view of it: the positions of a block lie together, as vLLM's layout keeps them), into
-    ``pages.out(which, pool)`` when it gives a buffer."""
-    B, n = pages.table.shape
+    ``pages.out(which, pool, …)`` when it gives a buffer. ``grouped`` with ``pages.groups``: each distinct
+    table's blocks once, in ``pages.groups.table`` (u, n) order -> (u, C, n · K, W)."""
+    table = pages.groups.table if grouped and pages.groups is not None else pages.table
+    flat = pages.groups.flat if table is not pages.table else pages.flat
+    B, n = table.shape
     _, K, C, W = pool.shape
-    out = pages.out(which, pool)
-    rows = pool.index_select(0, pages.flat) if out is None else torch.index_select(pool, 0, pages.flat, out=out)
+    out = pages.out(which, pool, flat.numel())
+    rows = pool.index_select(0, flat) if out is None else torch.index_select(pool, 0, flat, out=out)
     return rows.view(B, n * K, C, W).transpose(1, 2)  # (B·n, K, C, W) -> (B, C, n·K, W)
 
 
@@ -116,11 +154,12 @@ class PagedKVCache(nn.Module):
 
     def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k, v (B, G, T, D) at each row's positions input_pos (B, T); return every row's keys and values
-        over its table's blocks, (B, G, S, D) each, in position order."""
+        over its table's blocks, (B, G, S, D) each, in position order; with ``pages.groups``, each distinct
+        table's, (u, G, S, D) (its reader maps rows to them)."""
         check_write(input_pos, k, self.pages)
         scatter_blocks(self.k, self.pages, input_pos, k.to(self.k.dtype))
         scatter_blocks(self.v, self.pages, input_pos, v.to(self.v.dtype))
-        return gather_blocks(self.k, self.pages, "k"), gather_blocks(self.v, self.pages, "v")
+        return gather_blocks(self.k, self.pages, "k", True), gather_blocks(self.v, self.pages, "v", True)
 
 
 class PagedLatentCache(LatentCache):
