@@ -30,7 +30,7 @@ def test_write_then_gather_equals_the_contiguous_cache_through_scattered_blocks(
             written = min(start + T, L)
             assert torch.equal(got_k[b, :, :written], want_k[b, :, :written])
             assert torch.equal(got_v[b, :, :written], want_v[b, :, :written])
-    assert torch.equal(paged.k[2, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
+    assert torch.equal(paged.k[2, :, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
 
 
 def test_without_autograd_gathers_reuse_one_buffer_and_equal_a_fresh_gather():

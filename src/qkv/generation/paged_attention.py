@@ -6,10 +6,10 @@ products (vLLM's paged decode kernel does the same work per block).
 
 ``F.scaled_dot_product_attention`` computes one query per head at a time on a CPU (its flash kernel, slower
 still in bf16); grouping the query heads that read one key head makes each head group one small matrix product.
-The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. The
-paged cache's gathered keys and values are a strided view (B, G, S, D); they are copied once into that order, so
+The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. Keys and
+values are taken contiguous (B, G, S, D) (the paged cache gathers them so; a strided view is copied once), so
 that each product is one batched call over (B, G) (in bf16, oneDNN's batched product is then several times
-faster than one call per key head on the strided view).
+faster than one call per key head on a strided view).
 
 ``DecodeAttention`` is ``MultiHeadAttention`` with this core for one query under a prepared mask (the paged
 model's steps); ``StepRotary`` is ``RotaryEmbedding`` whose cos and sin, the same for every layer of a step, are

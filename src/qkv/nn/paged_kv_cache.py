@@ -30,7 +30,6 @@ class RowGroups(NamedTuple):
     token each) read the same keys: gathered once per table. u tables, W the most rows of one table."""
 
     table: Tensor  # (u, n) the distinct tables
-    flat: Tensor  # (u · n,) their ids in order
     places: Tensor  # (B,) row b's place in a (u · W) layout: its table's index · W + its rank among that table's rows
     width: int  # W
 
@@ -50,7 +49,7 @@ def row_groups(tables: list[list[int]], device=None) -> RowGroups:
         for rank, b in enumerate(members):
             places[b] = g * width + rank
     unique = torch.tensor(list(index), device=device)  # (u, n)
-    return RowGroups(unique, unique.flatten(), torch.tensor(places, device=device), width)
+    return RowGroups(unique, torch.tensor(places, device=device), width)
 
 
 class PageTable:
@@ -65,17 +64,37 @@ class PageTable:
         self.workspace: dict[tuple, Tensor] = {}  # (which, shape, dtype, device) -> a buffer gathers reuse
         self.written: tuple | None = None  # (input_pos, its version, slots): see slots
         self.groups: RowGroups | None = None  # rows sharing tables: a PagedKVCache gathers each table once
+        self.index: dict[tuple, Tensor] = {}  # this step's scatter and gather indices, per pool kind
 
     def out(self, which: str, pool: Tensor, rows: int) -> Tensor | None:
-        """A buffer (rows, K, C, W) for this step's gather of ``pool`` (N, K, C, W); ``which`` tells apart pools
+        """A buffer (rows, K, W) for this step's gather of ``pool`` (N, C, K, W); ``which`` tells apart pools
         of one shape read in the same layer (keys, values). None under autograd: a fresh tensor each time."""
         if torch.is_grad_enabled():  # attention may keep the keys for its backward
             return None
         key = (which, pool.shape[1:], pool.dtype, pool.device)
         buffer = self.workspace.get(key)
         if buffer is None or buffer.size(0) < rows:
-            buffer = self.workspace[key] = pool.new_empty((rows, *pool.shape[1:]))
+            buffer = self.workspace[key] = pool.new_empty((rows, *pool.shape[2:]))
         return buffer[:rows]
+
+    def heads(self, table: Tensor, C: int) -> Tensor:
+        """The rows of a pool (N, C, K, W) viewed as (N · C, K, W) that ``table`` (B, n) reads, head by head:
+        table[b, j] · C + c in (b, c, j) order, (B · C · n,); once a step per table and C."""
+        key = ("gather", table.data_ptr(), C)
+        if key not in self.index:
+            self.index[key] = (table[:, None, :] * C + torch.arange(C, device=table.device)[:, None]).flatten()
+        return self.index[key]
+
+    def places(self, input_pos: Tensor, C: int) -> Tensor:
+        """Where the new tokens at input_pos (B, T) go in a pool (N, C, K, W) viewed as (N · C · K, W): head c of
+        the token in slot s (``slots``) at (s // K) · C · K + c · K + s mod K, in (b, t, c) order (B · T · C,)."""
+        slots = self.slots(input_pos)
+        key = ("scatter", slots.data_ptr(), C)
+        if key not in self.index:
+            K = self.block_size
+            heads = torch.arange(C, device=slots.device) * K
+            self.index[key] = ((slots // K * (C * K) + slots % K)[:, None] + heads).flatten()
+        return self.index[key]
 
     def set(self, table: Tensor, groups: RowGroups | None = None) -> None:
         """This step's tables (B, n); ``groups``: its distinct tables, for a reader of keys per table (the paged
@@ -83,10 +102,11 @@ class PageTable:
         if table.dim() != 2 or table.is_floating_point():
             raise ValueError(f"a block table must be an integer tensor (B, n), got {table.dtype} {tuple(table.shape)}")
         self.table, self.flat, self.written, self.groups = table, table.flatten(), None, groups
+        self.index = {}
 
     def slots(self, input_pos: Tensor) -> Tensor:
-        """Where the new tokens at input_pos (B, T) go in a pool viewed as (N · K, …): table[b, p // K] · K + p mod K,
-        (B · T,). Computed once while the same input_pos tensor comes again unchanged (every layer writes at the
+        """The slots of the new tokens at input_pos (B, T), their block and offset: table[b, p // K] · K + p mod K,
+        (B · T,) (``places`` makes them a pool's rows). Computed once while the same input_pos tensor comes again unchanged (every layer writes at the
         step's one); an inference-mode tensor (no version counter) each time."""
         last = self.written
         if last is not None and last[0] is input_pos and not input_pos.is_inference() and last[1] == input_pos._version:
@@ -94,6 +114,7 @@ class PageTable:
         K = self.block_size
         slots = (self.table.gather(1, input_pos // K) * K + input_pos % K).flatten()  # (B · T,)
         self.written = None if input_pos.is_inference() else (input_pos, input_pos._version, slots)
+        self.index = {k: v for k, v in self.index.items() if k[0] == "gather"}  # new slots, new places
         return slots
 
     @property
@@ -103,22 +124,24 @@ class PageTable:
 
 
 def scatter_blocks(pool: Tensor, pages: PageTable, input_pos: Tensor, new: Tensor) -> None:
-    """new (B, C, T, W) into pool (N, K, C, W) at the rows' positions input_pos (B, T), through pages' table."""
-    pool.view(-1, *pool.shape[2:]).index_copy_(0, pages.slots(input_pos), new.transpose(1, 2).flatten(0, 1))
+    """new (B, C, T, W) into pool (N, C, K, W) at the rows' positions input_pos (B, T), through pages' table."""
+    places = pages.places(input_pos, pool.size(1))
+    pool.view(-1, pool.size(-1)).index_copy_(0, places, new.transpose(1, 2).reshape(places.numel(), -1))
 
 
 def gather_blocks(pool: Tensor, pages: PageTable, which: str, grouped: bool = False) -> Tensor:
-    """Each row's blocks of pool (N, K, C, W), in ``pages.table`` (B, n) order -> (B, C, n · K, W), one copy
-    (a strided view of it: the positions of a block lie together, as vLLM's layout keeps them), into
-    ``pages.out(which, pool, …)`` when it gives a buffer. ``grouped`` with ``pages.groups``: each distinct
-    table's blocks once, in ``pages.groups.table`` (u, n) order -> (u, C, n · K, W)."""
+    """Each row's blocks of pool (N, C, K, W), in ``pages.table`` (B, n) order -> (B, C, n · K, W), one copy in
+    that order (each head's positions of a block lie together), into ``pages.out(which, pool, …)`` when it gives
+    a buffer. ``grouped`` with ``pages.groups``: each distinct table's blocks once, in ``pages.groups.table``
+    (u, n) order -> (u, C, n · K, W)."""
     table = pages.groups.table if grouped and pages.groups is not None else pages.table
-    flat = pages.groups.flat if table is not pages.table else pages.flat
     B, n = table.shape
-    _, K, C, W = pool.shape
-    out = pages.out(which, pool, flat.numel())
-    rows = pool.index_select(0, flat) if out is None else torch.index_select(pool, 0, flat, out=out)
-    return rows.view(B, n * K, C, W).transpose(1, 2)  # (B·n, K, C, W) -> (B, C, n·K, W)
+    _, C, K, W = pool.shape
+    index = pages.heads(table, C)
+    out = pages.out(which, pool, index.numel())
+    flat = pool.view(-1, K, W)  # (N · C, K, W)
+    rows = flat.index_select(0, index) if out is None else torch.index_select(flat, 0, index, out=out)
+    return rows.view(B, C, n * K, W)
 
 
 def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
@@ -132,7 +155,7 @@ def check_write(input_pos: Tensor, new: Tensor, pages: PageTable) -> None:
 
 
 class PagedKVCache(nn.Module):
-    """Keys and values of one layer in blocks, (N, K, G, D) each; the block tables come from ``pages``.
+    """Keys and values of one layer in blocks, (N, G, K, D) each; the block tables come from ``pages``.
 
     The pools are ``torch.empty``: a block's memory is first touched when a token is written to it.
     """
@@ -142,7 +165,7 @@ class PagedKVCache(nn.Module):
         super().__init__()
         for name, value in (("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             check_positive_int(name, value)
-        shape = (num_blocks, pages.block_size, num_kv_heads, head_dim)
+        shape = (num_blocks, num_kv_heads, pages.block_size, head_dim)
         self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.pages = pages
@@ -163,7 +186,7 @@ class PagedKVCache(nn.Module):
 
 
 class PagedLatentCache(LatentCache):
-    """MLA's absorbed cache ([c_KV; k_R] per token, ``LatentCache``) in blocks, (N, K, 1, d_c + d_R)."""
+    """MLA's absorbed cache ([c_KV; k_R] per token, ``LatentCache``) in blocks, (N, 1, K, d_c + d_R)."""
 
     def __init__(self, num_blocks: int, kv_lora_rank: int, qk_rope_head_dim: int, *, pages: PageTable,
                  dtype=None, device=None) -> None:
@@ -171,7 +194,7 @@ class PagedLatentCache(LatentCache):
         for name, value in (("num_blocks", num_blocks), ("kv_lora_rank", kv_lora_rank),
                             ("qk_rope_head_dim", qk_rope_head_dim)):
             check_positive_int(name, value)
-        shape = (num_blocks, pages.block_size, 1, kv_lora_rank + qk_rope_head_dim)
+        shape = (num_blocks, 1, pages.block_size, kv_lora_rank + qk_rope_head_dim)
         self.register_buffer("kv", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.kv_lora_rank, self.qk_rope_head_dim, self.pages, self.pos = kv_lora_rank, qk_rope_head_dim, pages, 0
 
