@@ -106,8 +106,8 @@ class PageTable:
 
     def slots(self, input_pos: Tensor) -> Tensor:
         """The slots of the new tokens at input_pos (B, T), their block and offset: table[b, p // K] · K + p mod K,
-        (B · T,) (``places`` makes them a pool's rows). Computed once while the same input_pos tensor comes again unchanged (every layer writes at the
-        step's one); an inference-mode tensor (no version counter) each time."""
+        (B · T,) (``places`` makes them a pool's rows). Computed once while the same input_pos tensor comes again
+        unchanged (every layer writes at the step's one); an inference-mode tensor (no version counter) each time."""
         last = self.written
         if last is not None and last[0] is input_pos and not input_pos.is_inference() and last[1] == input_pos._version:
             return last[2]
