@@ -177,3 +177,23 @@ def test_row_groups_place_each_row_by_its_table_and_rank():
     groups = row_groups([[1, 2], [3, 4], [3, 4], [1, 2], [3, 4]])
     assert groups.table.tolist() == [[1, 2], [3, 4]]
     assert groups.width == 3 and groups.places.tolist() == [0, 3, 4, 1, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_step_rotary_equals_the_reference_rotation_bit_for_bit(dtype):
+    """StepRotary's whole-width rotation over its step tables: the reference's values exactly, at per-row positions
+    (B, T) and (T,), for queries and keys of other head counts sharing the tables; interleaved, partial and
+    follows-length rotations are the reference's own."""
+    from qkv.nn.positional import RotaryEmbedding
+
+    torch.manual_seed(0)
+    kinds = ({}, {"interleaved": True}, {"rotary_dim": 4})
+    ropes = torch.nn.ModuleList([RotaryEmbedding(8, **kind) for kind in kinds])
+    want_modules = [RotaryEmbedding(8, **kind) for kind in kinds]
+    q, k = torch.randn(3, 6, 2, 8).to(dtype) * 50, torch.randn(3, 2, 2, 8).to(dtype) * 50
+    for positions in (torch.tensor([[3, 4], [70, 71], [1000, 1001]]), torch.tensor([5, 6])):
+        want = [(m(q, positions), m(k, positions)) for m in want_modules]
+        with decode_attention(ropes):
+            got = [(m(q, positions), m(k, positions)) for m in ropes]
+        for (gq, gk), (wq, wk) in zip(got, want):
+            assert torch.equal(gq, wq) and torch.equal(gk, wk)

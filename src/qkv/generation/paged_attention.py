@@ -99,19 +99,38 @@ class DecodeAttention(MultiHeadAttention):
 class StepRotary(RotaryEmbedding):
     """``RotaryEmbedding`` whose ``angles`` come from ``shared`` (one dict for the rotary modules of equal
     frequencies) when the last call there had the same positions: the same tensor, unchanged (its version), so
-    the same values; its tensor is held, so its memory cannot be another's meanwhile."""
+    the same values; its tensor is held, so its memory cannot be another's meanwhile. A whole-width, half-split
+    rotation is x·[cos, cos] + [x₂, x₁]·[−sin, sin] over tables made once a step: the reference's products and
+    sums, each the same rounding (x₂·(−sin) is −(x₂·sin), a + (−b) is a − b), in fewer operations."""
 
     shared: dict
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.tables(positions)[0]
+
+    def tables(self, positions: Tensor) -> list:
+        """[(cos, sin), the whole-width (cos, ±sin) or None until asked] for ``positions``, shared while unchanged."""
         if positions.is_inference():  # no version counter: computed each time
-            return super().angles(positions)
+            return [super().angles(positions), None]
         key = (positions.data_ptr(), positions.shape, positions.stride(), positions._version, positions.dtype,
                self.inv_freq._version)
         last = self.shared.get("last")
         if last is None or last[0] != key:
-            last = self.shared["last"] = (key, positions, super().angles(positions))
+            last = self.shared["last"] = (key, positions, [super().angles(positions), None])
         return last[2]
+
+    def forward(self, x: Tensor, positions: Tensor | int | None = None) -> Tensor:
+        whole = isinstance(x, Tensor) and x.dim() == 4 and x.size(-1) == self.head_dim == self.rotary_dim
+        if self.interleaved or not whole:
+            return super().forward(x, positions)
+        tables = self.tables(self._row_positions(positions, x))
+        if tables[1] is None:
+            cos, sin = tables[0]  # (…, T, D/2)
+            tables[1] = (torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))  # (…, T, D)
+        cos, sin = tables[1]
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return (xf * cos).add_(torch.cat((x2, x1), dim=-1).mul_(sin)).to(x.dtype)
 
 
 def rotary_groups(model: nn.Module) -> dict[tuple, list[RotaryEmbedding]]:
