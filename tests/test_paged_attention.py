@@ -135,3 +135,65 @@ def test_the_paged_model_swaps_once_inside_decoding(monkeypatch):
             assert all(type(m) is DecodeAttention for m in model.modules() if isinstance(m, MultiHeadAttention))
     assert len(swaps) == 2 and torch.equal(alone, inside)
     assert not any(type(m) is DecodeAttention for m in model.modules())
+
+
+@pytest.mark.parametrize("attention", [{}, {"softcap": 5.0}, {"sliding_window": 3}])
+def test_rows_sharing_a_table_read_its_keys_once_with_the_reference_answer(attention, monkeypatch):
+    """Folded prompts' rests (rows of one token over one table) beside a decoding row: with DecodeAttention the
+    keys are gathered once per table (RowGroups) and read by shared_keys_query (a soft cap: taken per row for the
+    reference core); the logits equal the reference attention's."""
+    import contextlib
+
+    import qkv.generation.paged as paged_module
+    from qkv.nn.paged_kv_cache import PagedKVCache
+
+    model = tiny(**attention)
+    a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
+    gathered = []
+    write = PagedKVCache.write
+    monkeypatch.setattr(PagedKVCache, "write", lambda self, *args: gathered.append((w := write(self, *args))[0]) or w)
+
+    def step() -> torch.Tensor:
+        paged = PagedModel(model, 12, block_size=4)
+        ta, tb = [paged.blocks.allocate() for _ in range(3)], [paged.blocks.allocate() for _ in range(2)]
+        with torch.no_grad():
+            paged.forward(a[:, :10], [0], [ta])
+            paged.forward(b[:, :3], [0], [tb])
+            gathered.clear()
+            rows = torch.cat((a[0, 10:11], b[0, 3:7]))[:, None]  # a decodes; b's rest is folded, 4 rows
+            return paged.forward(rows, [10, 3, 4, 5, 6], [ta] + [tb] * 4)
+
+    fast = step()
+    assert all(k.size(0) == 2 for k in gathered)  # two tables, not five rows
+    monkeypatch.setattr(paged_module, "decode_attention", contextlib.nullcontext)
+    reference = step()
+    assert all(k.size(0) == 5 for k in gathered)
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_row_groups_place_each_row_by_its_table_and_rank():
+    from qkv.nn.paged_kv_cache import row_groups
+
+    groups = row_groups([[1, 2], [3, 4], [3, 4], [1, 2], [3, 4]])
+    assert groups.table.tolist() == [[1, 2], [3, 4]]
+    assert groups.width == 3 and groups.places.tolist() == [0, 3, 4, 1, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_step_rotary_equals_the_reference_rotation_bit_for_bit(dtype):
+    """StepRotary's whole-width rotation over its step tables: the reference's values exactly, at per-row positions
+    (B, T) and (T,), for queries and keys of other head counts sharing the tables; interleaved, partial and
+    follows-length rotations are the reference's own."""
+    from qkv.nn.positional import RotaryEmbedding
+
+    torch.manual_seed(0)
+    kinds = ({}, {"interleaved": True}, {"rotary_dim": 4})
+    ropes = torch.nn.ModuleList([RotaryEmbedding(8, **kind) for kind in kinds])
+    want_modules = [RotaryEmbedding(8, **kind) for kind in kinds]
+    q, k = torch.randn(3, 6, 2, 8).to(dtype) * 50, torch.randn(3, 2, 2, 8).to(dtype) * 50
+    for positions in (torch.tensor([[3, 4], [70, 71], [1000, 1001]]), torch.tensor([5, 6])):
+        want = [(m(q, positions), m(k, positions)) for m in want_modules]
+        with decode_attention(ropes):
+            got = [(m(q, positions), m(k, positions)) for m in ropes]
+        for (gq, gk), (wq, wk) in zip(got, want):
+            assert torch.equal(gq, wq) and torch.equal(gk, wk)

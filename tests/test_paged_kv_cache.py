@@ -30,7 +30,7 @@ def test_write_then_gather_equals_the_contiguous_cache_through_scattered_blocks(
             written = min(start + T, L)
             assert torch.equal(got_k[b, :, :written], want_k[b, :, :written])
             assert torch.equal(got_v[b, :, :written], want_v[b, :, :written])
-    assert torch.equal(paged.k[2, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
+    assert torch.equal(paged.k[2, :, 0], flat.k[0, :, 3])  # position 3 of row 0: block 2, offset 0
 
 
 def test_without_autograd_gathers_reuse_one_buffer_and_equal_a_fresh_gather():
@@ -121,3 +121,25 @@ def test_page_table_slots_are_computed_once_per_unchanged_positions_tensor():
     with torch.inference_mode():
         fresh = torch.tensor([[0, 1], [2, 3]])
         assert torch.equal(pages.slots(fresh), torch.tensor([12, 13, 26, 27])) and pages.written is None
+
+
+def test_the_paged_model_computes_logits_for_the_rows_asked_only(monkeypatch):
+    """forward(..., rows): the head reads only those rows (k, V), each equal to the full forward's row; the head
+    takes its whole input again after."""
+    torch.manual_seed(0)
+    model = qkv.GPT(qkv.ModelConfig.preset("tiny", vocab_size=50, max_len=64, position=dict(kind="rope"),
+                                           attention=dict(num_heads=4, num_kv_heads=2))).eval()
+    ids = torch.randint(0, 50, (1, 7))
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].size(0)))
+    paged = PagedModel(model, 4, block_size=4)
+    table = [paged.blocks.allocate() for _ in range(2)]
+    with torch.no_grad():
+        paged.forward(ids[:, :4], [0], [table])
+        rows = torch.tensor(ids[0, 4:7])[:, None]  # (3, 1): a folded prompt's rest, one row per token
+        every = paged.forward(rows, [4, 5, 6], [table] * 3)
+        last = paged.forward(rows, [4, 5, 6], [table] * 3, [2])
+        again = paged.forward(rows, [4, 5, 6], [table] * 3, [0, 1, 2])
+    assert seen == [1, 3, 1, 3] and last.shape == (1, 50)
+    torch.testing.assert_close(last, every[2:], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(again, every, rtol=0, atol=0)

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.latent_attention import LatentCache
-from ..nn.paged_kv_cache import PageTable, PagedKVCache, PagedLatentCache
+from ..nn.paged_kv_cache import PageTable, PagedKVCache, PagedLatentCache, row_groups
 from .blocks import BlockManager
-from .paged_attention import decode_attention
+from .paged_attention import DecodeAttention, decode_attention
 
 BLOCK_SIZE = 16  # tokens per block (vLLM's default)
 MEMORY_SHARE = {"cpu": 0.5, "cuda": 0.9}  # the default budget: this share of the device's free memory
@@ -82,6 +82,20 @@ def plan_blocks(model, *, max_batch: int, max_model_len: int, memory: int | None
                     "memory is touched as blocks fill")
 
 
+@contextmanager
+def head_rows(head: nn.Module, rows: Tensor | None) -> Iterator[None]:
+    """Inside: ``head`` (the model's LM head) reads only ``rows`` (k,) of its input's first axis (a forward
+    pre-hook; removed after, also on an error); None: all."""
+    if rows is None:
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda module, args: (args[0].index_select(0, rows), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class PagedModel:
     """``model`` decoding many sequences over one paged cache of ``num_blocks`` blocks: ``blocks`` says which
     block holds what, ``forward`` runs rows over their block tables."""
@@ -101,22 +115,31 @@ class PagedModel:
                 self.caches.append(PagedKVCache(num_blocks, cache.k.size(1), cache.k.size(3), **kw))
         self.blocks = BlockManager(num_blocks, block_size)
         self.swapped = False  # inside ``decoding``
+        self.shares = False  # inside ``decoding``: rows of one table may read its keys once (``RowGroups``)
         self.cleared: set[int] = set()  # blocks zeroed once: a masked key's value must be finite (0 · NaN is NaN)
 
-    def forward(self, ids: Tensor, starts: list[int], tables: list[list[int]]) -> Tensor:
+    def forward(self, ids: Tensor, starts: list[int], tables: list[list[int]], rows: list[int] | None = None) -> Tensor:
         """Rows b of ids (B, T) continue their sequences at positions starts[b] …, over the blocks tables[b]
-        (every one of those positions included) -> the logits after each row's last token (B, V)."""
+        (every one of those positions included) -> the logits after each row's last token (B, V), or after only
+        the ``rows`` listed (k, V) (the head computes no others: a folded prompt's rows but its last need none)."""
         B, T = ids.shape
-        n = max(len(t) for t in tables)
         self.clear({b for t in tables for b in t} - self.cleared)
-        table = torch.tensor([t + [t[0]] * (n - len(t)) for t in tables], device=self.device)  # (B, n)
-        self.pages.set(table)
         start = torch.tensor(starts, device=self.device)[:, None]  # (B, 1)
         input_pos = start + torch.arange(T, device=self.device)  # (B, T)
-        written = torch.arange(self.pages.max_len, device=self.device) < start + T  # (B, S)
-        with self.decoding():  # one query a row: grouped products, not the fused kernel
+        keep = None if rows is None or len(rows) == B else torch.tensor(rows, device=self.device)
+        with self.decoding(), head_rows(self.model.lm_head, keep):  # one query a row: grouped products
+            self.set_tables(tables, T)
+            written = torch.arange(self.pages.max_len, device=self.device) < start + T  # (B, S)
             out = self.model(ids, mask=written, kv_caches=self.caches, input_pos=input_pos, logits_to_keep=1)
         return out.logits[:, -1]
+
+    def set_tables(self, tables: list[list[int]], T: int) -> None:
+        """The step's tables (B, n), each padded with its first id, into ``pages``; rows of one token that share a
+        table (a folded prompt's rest) as ``RowGroups`` where ``shares``."""
+        n = max(len(t) for t in tables)
+        padded = [t + [t[0]] * (n - len(t)) for t in tables]
+        shared = T == 1 and self.shares and len(set(map(tuple, padded))) < len(padded)
+        self.pages.set(torch.tensor(padded, device=self.device), row_groups(padded, self.device) if shared else None)
 
     @contextmanager
     def decoding(self) -> Iterator[None]:
@@ -126,11 +149,18 @@ class PagedModel:
             yield
             return
         with decode_attention(self.model):
+            readers = [m for m in self.model.modules() if type(m) is DecodeAttention]
+            for m in readers:
+                m.pages = self.pages
+            # rows of one table read its keys once only where every paged layer's reader is a DecodeAttention
             self.swapped = True
+            self.shares = len(readers) == sum(isinstance(c, PagedKVCache) for c in self.caches)
             try:
                 yield
             finally:
-                self.swapped = False
+                self.swapped = self.shares = False
+                for m in readers:
+                    del m.pages
 
     def clear(self, blocks: set[int]) -> None:
         """Zero ``blocks`` in every layer, on their first use (the pools start as ``torch.empty``)."""

@@ -6,10 +6,10 @@ products (vLLM's paged decode kernel does the same work per block).
 
 ``F.scaled_dot_product_attention`` computes one query per head at a time on a CPU (its flash kernel, slower
 still in bf16); grouping the query heads that read one key head makes each head group one small matrix product.
-The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. The
-paged cache's gathered keys and values are a strided view (B, G, S, D); they are copied once into that order, so
+The answer is the reference's (``qkv.nn.attention.reference_attention``: the softmax in fp32) to rounding. Keys and
+values are taken contiguous (B, G, S, D) (the paged cache gathers them so; a strided view is copied once), so
 that each product is one batched call over (B, G) (in bf16, oneDNN's batched product is then several times
-faster than one call per key head on the strided view).
+faster than one call per key head on a strided view).
 
 ``DecodeAttention`` is ``MultiHeadAttention`` with this core for one query under a prepared mask (the paged
 model's steps); ``StepRotary`` is ``RotaryEmbedding`` whose cos and sin, the same for every layer of a step, are
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.masks import PreparedMask
+from ..nn.paged_kv_cache import RowGroups
 from ..nn.positional import RotaryEmbedding
 
 
@@ -48,17 +49,48 @@ def grouped_one_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale
     return out if mask.live is None else out * mask.live
 
 
+def shared_keys_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale: float, groups: RowGroups) -> Tensor:
+    """q (B, H, 1, D), each row over the keys of its table, k, v (u, G, S, D) (``groups``: row b's table is
+    places[b] // W), under ``mask`` (its bias (B, 1, 1, S)) -> (B, H, 1, D): ``grouped_one_query`` with the
+    rows of one table as W queries of one product (a padded query reads no key of its own: zeros, bias 0)."""
+    B, H, _, D = q.shape
+    u, G, S = k.shape[:3]
+    h, W = H // G, groups.width
+    bias = mask.bias if mask.bias.dtype == q.dtype else mask.bias.to(q.dtype)
+    padded = q.new_zeros(u * W, H, D).index_copy_(0, groups.places, q.view(B, H, D))
+    qg = padded.view(u, W, G, h, D).transpose(1, 2).reshape(u, G, W * h, D)  # a table's rows, head group by group
+    bias = bias.new_zeros(u * W, S).index_copy_(0, groups.places, bias.view(B, S)).view(u, 1, W, 1, S)
+    k, v = k.contiguous(), v.contiguous()
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale)  # (u, G, W·h, S)
+    scores.view(u, G, W, h, S).add_(bias)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(weights, v).view(u, G, W, h, D).transpose(1, 2).reshape(u * W, H, D)
+    out = out.index_select(0, groups.places).view(B, H, 1, D)
+    return out if mask.live is None else out * mask.live
+
+
 class DecodeAttention(MultiHeadAttention):
     """``MultiHeadAttention`` whose core, for one query under a prepared mask (B or 1, H or 1, 1, S) (no score
-    bias, soft cap, dropout or weights asked), is ``grouped_one_query``; anything else is the reference's."""
+    bias, soft cap, dropout or weights asked), is ``grouped_one_query``; anything else is the reference's.
+    ``pages`` (a ``PageTable``, set by the paged model) with ``groups``: the keys come once per distinct table
+    (u, G, S, D), read by ``shared_keys_query`` (or taken per row for the reference's core)."""
+
+    pages = None
 
     def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask, is_causal: bool, positions: Tensor | None,
                      return_weights: bool) -> tuple[Tensor, Tensor | None]:
         plain = (self.alibi is None and self.relative_bias is None and self.softcap is None
                  and not (self.training and self.dropout > 0))
         one_query = q.size(-2) == 1 and isinstance(mask, PreparedMask) and mask.bias.dim() == 4
-        if one_query and not (is_causal or return_weights) and plain:
-            scale = 1.0 / math.sqrt(q.size(-1)) if self.scale is None else self.scale
+        fast = one_query and not (is_causal or return_weights) and plain
+        scale = 1.0 / math.sqrt(q.size(-1)) if self.scale is None else self.scale
+        groups = None if self.pages is None else self.pages.groups
+        if groups is not None and k.size(0) == groups.table.size(0) != q.size(0):
+            if fast and mask.bias.shape[:3] == (q.size(0), 1, 1):
+                return shared_keys_query(q, k, v, mask, scale, groups), None
+            rows = groups.places // groups.width  # each row's table
+            k, v = k.index_select(0, rows), v.index_select(0, rows)
+        if fast:
             return grouped_one_query(q, k, v, mask, scale), None
         return super().attend_heads(q, k, v, mask=mask, is_causal=is_causal, positions=positions,
                                     return_weights=return_weights)
@@ -67,19 +99,38 @@ class DecodeAttention(MultiHeadAttention):
 class StepRotary(RotaryEmbedding):
     """``RotaryEmbedding`` whose ``angles`` come from ``shared`` (one dict for the rotary modules of equal
     frequencies) when the last call there had the same positions: the same tensor, unchanged (its version), so
-    the same values; its tensor is held, so its memory cannot be another's meanwhile."""
+    the same values; its tensor is held, so its memory cannot be another's meanwhile. A whole-width, half-split
+    rotation is x·[cos, cos] + [x₂, x₁]·[−sin, sin] over tables made once a step: the reference's products and
+    sums, each the same rounding (x₂·(−sin) is −(x₂·sin), a + (−b) is a − b), in fewer operations."""
 
     shared: dict
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.tables(positions)[0]
+
+    def tables(self, positions: Tensor) -> list:
+        """[(cos, sin), the whole-width (cos, ±sin) or None until asked] for ``positions``, shared while unchanged."""
         if positions.is_inference():  # no version counter: computed each time
-            return super().angles(positions)
+            return [super().angles(positions), None]
         key = (positions.data_ptr(), positions.shape, positions.stride(), positions._version, positions.dtype,
                self.inv_freq._version)
         last = self.shared.get("last")
         if last is None or last[0] != key:
-            last = self.shared["last"] = (key, positions, super().angles(positions))
+            last = self.shared["last"] = (key, positions, [super().angles(positions), None])
         return last[2]
+
+    def forward(self, x: Tensor, positions: Tensor | int | None = None) -> Tensor:
+        whole = isinstance(x, Tensor) and x.dim() == 4 and x.size(-1) == self.head_dim == self.rotary_dim
+        if self.interleaved or not whole:
+            return super().forward(x, positions)
+        tables = self.tables(self._row_positions(positions, x))
+        if tables[1] is None:
+            cos, sin = tables[0]  # (…, T, D/2)
+            tables[1] = (torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))  # (…, T, D)
+        cos, sin = tables[1]
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return (xf * cos).add_(torch.cat((x2, x1), dim=-1).mul_(sin)).to(x.dtype)
 
 
 def rotary_groups(model: nn.Module) -> dict[tuple, list[RotaryEmbedding]]:

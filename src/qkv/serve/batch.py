@@ -120,10 +120,10 @@ class Batch:
                 tables.append(request.blocks)
             last.append(len(ids) - 1)
             request.computed = len(context)
-        logits = self.paged.forward(torch.tensor(ids, device=self.paged.device), starts, tables)  # (rows, V)
+        logits = self.paged.forward(torch.tensor(ids, device=self.paged.device), starts, tables, last)  # (n, V)
         for request in requests:
             self.register(request)
-        self.advance(requests, logits[last] if len(last) < len(ids) else logits)
+        self.advance(requests, logits)
 
     def make_room(self, request: Request) -> None:
         """A block for ``request``'s next token if it needs one: preempting the newest requests until one is free
