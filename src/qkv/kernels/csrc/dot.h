@@ -193,23 +193,38 @@ inline void weighted_sum_reference(const float* __restrict p, const T* __restric
   }
 }
 
+// out[d, d + W·LANES) of weighted_sum: W vectors of sums a row j, each row's W·LANES values read together (one
+// pass down V, not one a vector: the cache streams the rows in order); each lane's sums as weighted_sum's.
+#if defined(QKV_VECTOR)
+template <int W, typename T>
+inline void weighted_columns(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D, int64_t d,
+                             float* __restrict out) {
+  Vec even[W], odd[W];
+  for (int w = 0; w < W; w++) even[w] = odd[w] = vzero();
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) {
+    if (p[j] != 0.f)
+      for (int w = 0; w < W; w++) even[w] = vfmadd(vset1(p[j]), vload(V + j * D + d + w * LANES), even[w]);
+    if (p[j + 1] != 0.f)
+      for (int w = 0; w < W; w++) odd[w] = vfmadd(vset1(p[j + 1]), vload(V + (j + 1) * D + d + w * LANES), odd[w]);
+  }
+  if (j < n && p[j] != 0.f)
+    for (int w = 0; w < W; w++) even[w] = vfmadd(vset1(p[j]), vload(V + j * D + d + w * LANES), even[w]);
+  for (int w = 0; w < W; w++) vstore(out + d + w * LANES, vadd(even[w], odd[w]));
+}
+#endif
+
 // The same with the sums in registers, LANES lanes at a time (D a multiple of LANES): two sets of them, for
-// the even and the odd j, so that each multiply-add waits for the one two rows back.
+// the even and the odd j, so that each multiply-add waits for the one two rows back; four vectors of columns
+// at a time (weighted_columns), the rest one at a time.
 template <typename T>
 inline void weighted_sum(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D,
                          float* __restrict out) {
 #if defined(QKV_VECTOR)
   if (D % LANES == 0) {
-    for (int64_t d = 0; d < D; d += LANES) {
-      Vec even = vzero(), odd = even;
-      int64_t j = 0;
-      for (; j + 2 <= n; j += 2) {
-        if (p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
-        if (p[j + 1] != 0.f) odd = vfmadd(vset1(p[j + 1]), vload(V + (j + 1) * D + d), odd);
-      }
-      if (j < n && p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
-      vstore(out + d, vadd(even, odd));
-    }
+    int64_t d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_columns<4>(p, V, n, D, d, out);
+    for (; d < D; d += LANES) weighted_columns<1>(p, V, n, D, d, out);
     return;
   }
 #endif
