@@ -1,6 +1,6 @@
 // One decoding step of a pre-norm decoder-only Transformer (GPT-2, LLaMA) for a few rows, in one
 // parallel region: the threads stream the weights of every layer back to back and wait for each other
-// only where a result is needed whole (5 barriers a layer, 6 with a gate); a thread done early with its
+// only where a result is needed whole (5 barriers a layer); a thread done early with its
 // rows of a product takes over rows of a slower one (``Share``). A decoder that calls one kernel per weight
 // matrix stops and restarts its threads and its memory streams dozens of times a token; in one region the
 // products stream back to back (docs/design-notes.md has the measurements).
@@ -360,19 +360,31 @@ void product_rows(const T* W, const float* q, const float* b, const float* x, in
       for (int64_t m = 0; m < B; m++) put(m, n, qkv::dot(W + n * K, x + m * K, K));
 }
 
-// out(m, n, W x[m] + b) for every row n of W (N, K), each read once, shared out through ``split`` in chunks
-// of 8-128 KB (then out.done(chunk, B)): stores, adds or activates.
+// out(m, n, W x[m] + b) for the rows r of W (N, K), whatever its Kind.
 template <typename Out>
-void product(const Matrix& W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
+void rows_of(const Matrix& W, const float* b, const float* x, int64_t B, int64_t K, Rows r, const Out& out) {
+  switch (W.kind) {
+    case BF16: product_rows(static_cast<const Bf16*>(W.w), W.scale, b, x, B, K, r, out); break;
+    case I8: product_rows(static_cast<const int8_t*>(W.w), W.scale, b, x, B, K, r, out); break;
+    default: product_rows(static_cast<const float*>(W.w), W.scale, b, x, B, K, r, out);
+  }
+}
+
+// fn(rows) for the rows of a product with rows of W (·, K), shared out through ``split`` in chunks of 8-128 KB of W.
+template <typename Fn>
+void chunks(const Matrix& W, int64_t N, int64_t K, Share* split, Fn fn) {
   constexpr int64_t BYTES[] = {4, 2, 1};  // by Kind
   const int64_t row_bytes = K * BYTES[W.kind];
   const int64_t least = std::max<int64_t>(1, (8 << 10) / row_bytes), most = std::max<int64_t>(1, (128 << 10) / row_bytes);
-  shared_rows(N, split, least, most, [&](Rows r) {
-    switch (W.kind) {
-      case BF16: product_rows(static_cast<const Bf16*>(W.w), W.scale, b, x, B, K, r, out); break;
-      case I8: product_rows(static_cast<const int8_t*>(W.w), W.scale, b, x, B, K, r, out); break;
-      default: product_rows(static_cast<const float*>(W.w), W.scale, b, x, B, K, r, out);
-    }
+  shared_rows(N, split, least, most, fn);
+}
+
+// out(m, n, W x[m] + b) for every row n of W (N, K), each read once, shared out through ``split`` (then
+// out.done(chunk, B)): stores, adds or activates.
+template <typename Out>
+void product(const Matrix& W, const float* b, const float* x, int64_t B, int64_t N, int64_t K, Share* split, Out out) {
+  chunks(W, N, K, split, [&](Rows r) {
+    rows_of(W, b, x, B, K, r, out);
     out.done(r, B);
   });
 }
@@ -449,8 +461,8 @@ void attend_group(const Layer& L, const float* q, const float* k, const float* v
   }
 }
 
-constexpr int64_t SPLITS = 8;  // a layer's work shared out: products q, k, v, o, gate, up, down, then its heads
-constexpr int64_t HEADS = 7;   // the split of a layer's (row, key/value head) pairs for attention
+constexpr int64_t SPLITS = 7;  // a layer's work shared out: products q, k, v, o, [gate and] up, down, then its heads
+constexpr int64_t HEADS = 6;   // the split of a layer's (row, key/value head) pairs for attention
 
 struct Buffers {  // shared by the threads, except h, scratch and the routing (one each)
   Floats x, q, k, v, a, up, gate, inner;  // inner (B·k·I + B·S): a mixture of experts', then its shared expert's
@@ -502,6 +514,19 @@ struct Activate {
   }
 };
 
+// The gated feed-forward's inner value, in one pass: each chunk of rows its gate rows, then its up rows (the
+// gate's values this thread's own), then out.done: no barrier between the gate and the up rows it gates.
+template <typename Out>
+void gated_product(const Projection& gate, const Projection& up, const float* x, int64_t B, int64_t N, int64_t K,
+                   float* gated, Share* split, Out out) {
+  const Store g{gated, N};
+  chunks(up.w, N, K, split, [&](Rows r) {
+    rows_of(gate.w, gate.b, x, B, K, r, g);
+    rows_of(up.w, up.b, x, B, K, r, out);
+    out.done(r, B);
+  });
+}
+
 struct Routed {  // a row's k experts (ascending) and their weights: each thread's own copy, computed alike
   std::vector<int64_t> experts;
   std::vector<float> weights, shared;  // (B·k), and each row's shared expert's weight σ(h·w_s), or 1 (B)
@@ -524,7 +549,7 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
   const int64_t IC = s.I * s.C, BK = s.B * s.K, blocks = BK + (L.s_gate ? s.B : 0);
   const auto start = [&](int64_t b) { return b < BK ? b * s.I : BK * s.I + (b - BK) * s.S; };
   const int64_t rows = std::max<int64_t>(1, (8 << 10) / (4 * s.C));
-  shared_rows(start(blocks), buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // rows of inner
+  shared_rows(start(blocks), buf.split(i, 4), rows, 16 * rows, [&](Rows n) {  // rows of inner
     int64_t b = n.begin < BK * s.I ? n.begin / s.I : BK + (n.begin - BK * s.I) / s.S;
     for (int64_t at = n.begin; at < n.end; at = start(++b)) {  // the run within block b
       const bool routed = b < BK;
@@ -539,7 +564,7 @@ void experts_layer(const Layer& L, int64_t i, Buffers& buf, const float* h, Rout
     }
   });
   buf.barrier.wait();
-  shared_rows(s.C, buf.split(i, 6), rows, 16 * rows, [&](Rows n) {  // each expert's down rows, one after another
+  shared_rows(s.C, buf.split(i, 5), rows, 16 * rows, [&](Rows n) {  // each expert's down rows, one after another
     for (int64_t m = 0; m < s.B; m++) {
       std::fill(r.sums.begin() + n.begin, r.sums.begin() + n.end, 0.f);
       for (int64_t a = m * s.K; a < (m + 1) * s.K; a++)
@@ -573,14 +598,13 @@ void layer(const Layer& L, int64_t i, Buffers& buf, float* h, float* scratch, Ro
   buf.barrier.wait();
   normalise(buf.x.data(), L.norm2_w, L.norm2_b, h, s, eps);
   if (L.router) return experts_layer(L, i, buf, h, r, s);
-  if (L.gate.w) {  // the gate whole before the up rows that it gates, whichever thread takes them
-    product(L.gate.w, L.gate.b, h, s.B, s.F, s.C, buf.split(i, 4), Store{buf.gate.data(), s.F});
-    buf.barrier.wait();
-  }
-  product(L.up.w, L.up.b, h, s.B, s.F, s.C, buf.split(i, 5),
-          Activate{buf.up.data(), L.gate.w ? buf.gate.data() : nullptr, s.F, s.act});
+  const Activate inner{buf.up.data(), L.gate.w ? buf.gate.data() : nullptr, s.F, s.act};
+  if (L.gate.w)
+    gated_product(L.gate, L.up, h, s.B, s.F, s.C, buf.gate.data(), buf.split(i, 4), inner);
+  else
+    product(L.up.w, L.up.b, h, s.B, s.F, s.C, buf.split(i, 4), inner);
   buf.barrier.wait();
-  product(L.down.w, L.down.b, buf.up.data(), s.B, s.C, s.F, buf.split(i, 6), Add{buf.x.data(), s.C});  // x += FFN
+  product(L.down.w, L.down.b, buf.up.data(), s.B, s.C, s.F, buf.split(i, 5), Add{buf.x.data(), s.C});  // x += FFN
   buf.barrier.wait();
 }
 

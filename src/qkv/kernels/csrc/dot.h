@@ -8,7 +8,8 @@
 //
 // The four sums are written once over a vector of LANES floats: AVX-512's 16 or AVX2's 8 (with FMA), chosen
 // by the flags the file is built with (qkv.kernels.build builds an AVX2 variant with -mno-avx512f for CPUs
-// without AVX-512); with neither, the reference loops alone.
+// without AVX-512); with neither, the reference loops alone. An AVX-512 build sums float32 rows in AVX2's 8
+// lanes all the same (dot_f32x8: they streamed faster so).
 //
 // w is float32, bfloat16 (Bf16: its 16 bits are a float32's top half, so widening it is a 16-bit shift, exact)
 // or int8 (a weight-only quantised row: its sum is multiplied by the row's scale by the caller); x and the sums
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -47,6 +49,14 @@ inline float dot_reference(const T* __restrict w, const float* __restrict x, int
   for (int64_t k = 0; k < K; k++) a += widen(w[k]) * x[k];
   return a;
 }
+
+#if defined(QKV_VECTOR)
+inline float vsum8(__m256 v) {  // the two halves added, then the four lanes pairwise, as AVX-512's reduction does
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
 
 #if defined(__AVX512F__)
 using Vec = __m512;
@@ -79,11 +89,7 @@ inline Vec vload(const Bf16* p) {
 inline Vec vload(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
-inline float vsum(Vec v) {  // the two halves added, then the four lanes pairwise, as AVX-512's reduction does
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+inline float vsum(Vec v) { return vsum8(v); }
 #endif
 
 #if defined(QKV_VECTOR)
@@ -122,10 +128,34 @@ inline Sums sums(const T* __restrict w, const float* __restrict x, int64_t whole
 }
 #endif
 
+// Σ_k w[k] x[k] for a float32 row in 256-bit vectors, as the AVX2 build's dot sums it (the same bits): four sums
+// of 8 lanes, then the vectors left into the first, then the rest by the reference loop. An AVX-512 build takes
+// float32 rows this way: on the AVX-512 AMD EPYC it was measured on, the decode step's float32 products streamed
+// faster with 256-bit loads than with 512-bit ones (in one process, builds alternated; the dot16 blocks made no
+// difference), as fast as the AVX2 build's. bf16 and int8 rows keep 512-bit vectors (widened from 256 and 128 bits).
+#if defined(__AVX512F__)
+inline float dot_f32x8(const float* __restrict w, const float* __restrict x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+  const float sum = vsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return k == K ? sum : sum + dot_reference(w + k, x + k, K - k);
+}
+#endif
+
 // sums' four sums, then the vectors left into the first, then the rest (K mod LANES) by the reference
 // loop. Without a vector ISA, the reference loop alone.
 template <typename T>
 inline float dot(const T* __restrict w, const float* __restrict x, int64_t K) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) return dot_f32x8(w, x, K);
+#endif
 #if defined(QKV_VECTOR)
   int64_t k = K - K % PIECE;
   Sums s = sums(w, x, k);
@@ -164,14 +194,14 @@ inline void dot16(const T* __restrict W, const float* __restrict x, int64_t K, f
 }
 #endif
 
-// put(n, Σ_k W[n, k] x[k]) for the rows n in [begin, end) of W (·, K) and one x: 16 rows at a time through
-// dot16 where it runs (AVX-512; measured faster in the decode step than one row at a time), the rest one at a
-// time through dot.
+// put(n, Σ_k W[n, k] x[k]) for the rows n in [begin, end) of W (·, K) and one x: bf16 and int8 rows 16 at a time
+// through dot16 where it runs (AVX-512; measured faster in the decode step than one row at a time), the rest (and
+// float32 rows, dot_f32x8's) one at a time through dot.
 template <typename T, typename Put>
 void dot_rows(const T* W, const float* x, int64_t K, int64_t begin, int64_t end, Put put) {
   int64_t n = begin;
 #if defined(__AVX512F__)
-  if (K % 64 == 0)
+  if (K % 64 == 0 && !std::is_same_v<T, float>)  // float32 rows: dot_f32x8, one at a time
     for (alignas(64) float y[16]; n + 16 <= end; n += 16) {
       dot16(W + n * K, x, K, y);
       for (int64_t i = 0; i < 16; i++) put(n + i, y[i]);
@@ -193,23 +223,38 @@ inline void weighted_sum_reference(const float* __restrict p, const T* __restric
   }
 }
 
+// out[d, d + W·LANES) of weighted_sum: W vectors of sums a row j, each row's W·LANES values read together (one
+// pass down V, not one a vector: the cache streams the rows in order); each lane's sums as weighted_sum's.
+#if defined(QKV_VECTOR)
+template <int W, typename T>
+inline void weighted_columns(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D, int64_t d,
+                             float* __restrict out) {
+  Vec even[W], odd[W];
+  for (int w = 0; w < W; w++) even[w] = odd[w] = vzero();
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) {
+    if (p[j] != 0.f)
+      for (int w = 0; w < W; w++) even[w] = vfmadd(vset1(p[j]), vload(V + j * D + d + w * LANES), even[w]);
+    if (p[j + 1] != 0.f)
+      for (int w = 0; w < W; w++) odd[w] = vfmadd(vset1(p[j + 1]), vload(V + (j + 1) * D + d + w * LANES), odd[w]);
+  }
+  if (j < n && p[j] != 0.f)
+    for (int w = 0; w < W; w++) even[w] = vfmadd(vset1(p[j]), vload(V + j * D + d + w * LANES), even[w]);
+  for (int w = 0; w < W; w++) vstore(out + d + w * LANES, vadd(even[w], odd[w]));
+}
+#endif
+
 // The same with the sums in registers, LANES lanes at a time (D a multiple of LANES): two sets of them, for
-// the even and the odd j, so that each multiply-add waits for the one two rows back.
+// the even and the odd j, so that each multiply-add waits for the one two rows back; four vectors of columns
+// at a time (weighted_columns), the rest one at a time.
 template <typename T>
 inline void weighted_sum(const float* __restrict p, const T* __restrict V, int64_t n, int64_t D,
                          float* __restrict out) {
 #if defined(QKV_VECTOR)
   if (D % LANES == 0) {
-    for (int64_t d = 0; d < D; d += LANES) {
-      Vec even = vzero(), odd = even;
-      int64_t j = 0;
-      for (; j + 2 <= n; j += 2) {
-        if (p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
-        if (p[j + 1] != 0.f) odd = vfmadd(vset1(p[j + 1]), vload(V + (j + 1) * D + d), odd);
-      }
-      if (j < n && p[j] != 0.f) even = vfmadd(vset1(p[j]), vload(V + j * D + d), even);
-      vstore(out + d, vadd(even, odd));
-    }
+    int64_t d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_columns<4>(p, V, n, D, d, out);
+    for (; d < D; d += LANES) weighted_columns<1>(p, V, n, D, d, out);
     return;
   }
 #endif
