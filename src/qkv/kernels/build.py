@@ -5,6 +5,8 @@ reason said where they are not.
                                             or None -> (..., N), fp32 or bf16, in one pass over W (matvec.cpp)
     torch.ops.qkv.moe_swiglu(x, experts,    a few tokens through their chosen SwiGLU experts, each expert's
         weights, gate, up, down)            weights read once in place (moe.cpp, qkv.kernels.moe)
+    torch.ops.qkv.paged_decode_attention(   one query per row and head over its blocks where they lie in a paged
+        q, k, v, table, bias, scale)        cache's pools, no gathered copy (paged_attention.cpp)
     MODULE.DecoderState                     the fused decode step (decoder_step.cpp, qkv.kernels.fused_step)
 
 All are one extension, built at first use by ``torch.utils.cpp_extension`` for this CPU (``-march=native``)
@@ -46,7 +48,8 @@ from torch import Tensor
 from ..fileio import atomic_json
 from ..runtime import cache_dir
 
-SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("matvec.cpp", "moe.cpp", "decoder_step.cpp"))  # one build
+SOURCES = tuple(Path(__file__).parent / "csrc" / f
+                for f in ("matvec.cpp", "moe.cpp", "decoder_step.cpp", "paged_attention.cpp"))  # one build
 HEADERS = tuple(Path(__file__).parent / "csrc" / f
                 for f in ("dot.h", "activations.h", "share.h", "routing.h"))  # part of the name
 # -fno-trapping-math: without it GCC leaves the activations' and softmax's exp_vec loops scalar ("control flow in
