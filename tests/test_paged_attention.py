@@ -5,6 +5,7 @@ import torch
 
 import qkv
 from qkv.generation.paged import PagedModel
+from qkv.kernels import build
 from qkv.generation.paged_attention import DecodeAttention, decode_attention, grouped_one_query
 from qkv.nn.attention import MultiHeadAttention, reference_attention
 from qkv.nn.masks import prepare_mask
@@ -148,6 +149,7 @@ def test_rows_sharing_a_table_read_its_keys_once_with_the_reference_answer(atten
     from qkv.nn.paged_kv_cache import PagedKVCache
 
     model = tiny(**attention)
+    monkeypatch.setattr(paged_module.kernels, "available", lambda: False)  # keys gathered, not read in place
     a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
     gathered = []
     write = PagedKVCache.write
@@ -197,3 +199,37 @@ def test_the_step_rotary_equals_the_reference_rotation_bit_for_bit(dtype):
             got = [(m(q, positions), m(k, positions)) for m in ropes]
         for (gq, gk), (wq, wk) in zip(got, want):
             assert torch.equal(gq, wq) and torch.equal(gk, wk)
+
+
+@pytest.mark.skipif(not build.available(), reason="qkv's C++ kernels are not built here (build.why_not)")
+def test_with_the_kernel_the_keys_are_read_in_place_with_the_reference_answer(monkeypatch):
+    """Where qkv's kernel is built, the paged model's writes hand DecodeAttention the pools themselves (no gathered
+    copy) and paged_one_query reads each row's blocks where they lie: a decoding row and a folded prompt's rest
+    (rows of one table) give the reference attention's logits."""
+    import contextlib
+
+    import qkv.generation.paged as paged_module
+    from qkv.nn.paged_kv_cache import PagedKVCache
+
+    model = tiny()
+    a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
+    returned = []
+    write = PagedKVCache.write
+    monkeypatch.setattr(PagedKVCache, "write", lambda self, *args: returned.append((w := write(self, *args))[0]) or w)
+
+    def step() -> torch.Tensor:
+        paged = PagedModel(model, 12, block_size=4)
+        ta, tb = [paged.blocks.allocate() for _ in range(3)], [paged.blocks.allocate() for _ in range(2)]
+        with torch.no_grad():
+            paged.forward(a[:, :10], [0], [ta])
+            paged.forward(b[:, :3], [0], [tb])
+            returned.clear()
+            rows = torch.cat((a[0, 10:11], b[0, 3:7]))[:, None]
+            return paged.forward(rows, [10, 3, 4, 5, 6], [ta] + [tb] * 4)
+
+    fast = step()
+    assert all(k.size(0) == 12 for k in returned)  # the pools of 12 blocks, as they are
+    monkeypatch.setattr(paged_module, "decode_attention", contextlib.nullcontext)
+    reference = step()
+    assert all(k.size(0) == 5 for k in returned)
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..kernels import build as kernels
 from ..nn.kv_cache import KVCache, RingKVCache
 from ..nn.latent_attention import LatentCache
 from ..nn.paged_kv_cache import PageTable, PagedKVCache, PagedLatentCache, row_groups
@@ -138,7 +139,7 @@ class PagedModel:
         table (a folded prompt's rest) as ``RowGroups`` where ``shares``."""
         n = max(len(t) for t in tables)
         padded = [t + [t[0]] * (n - len(t)) for t in tables]
-        shared = T == 1 and self.shares and len(set(map(tuple, padded))) < len(padded)
+        shared = T == 1 and self.shares and not self.pages.in_place and len(set(map(tuple, padded))) < len(padded)
         self.pages.set(torch.tensor(padded, device=self.device), row_groups(padded, self.device) if shared else None)
 
     @contextmanager
@@ -155,10 +156,12 @@ class PagedModel:
             # rows of one table read its keys once only where every paged layer's reader is a DecodeAttention
             self.swapped = True
             self.shares = len(readers) == sum(isinstance(c, PagedKVCache) for c in self.caches)
+            # and read them in place, through qkv's kernel, where it is built for this device
+            self.pages.in_place = self.shares and self.device.type == "cpu" and kernels.available()
             try:
                 yield
             finally:
-                self.swapped = self.shares = False
+                self.swapped = self.shares = self.pages.in_place = False
                 for m in readers:
                     del m.pages
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import MultiHeadAttention
 from ..nn.masks import PreparedMask
-from ..nn.paged_kv_cache import RowGroups
+from ..nn.paged_kv_cache import RowGroups, gather_blocks
 from ..nn.positional import RotaryEmbedding
 
 
@@ -69,11 +69,23 @@ def shared_keys_query(q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, scale
     return out if mask.live is None else out * mask.live
 
 
+def paged_one_query(q: Tensor, k: Tensor, v: Tensor, table: Tensor, mask: PreparedMask, scale: float) -> Tensor:
+    """q (B, H, 1, D) over each row's blocks of the pools k, v (N, G, K, D) through ``table`` (B, n), read where
+    they lie (``torch.ops.qkv.paged_decode_attention``: fp32 sums) under ``mask`` (its bias (B, 1, 1, n · K)) ->
+    (B, H, 1, D): ``grouped_one_query``'s answer over the gathered keys, to rounding."""
+    B, H, _, D = q.shape
+    bias = mask.bias.reshape(B, -1).float().contiguous()  # (B, S)
+    out = torch.ops.qkv.paged_decode_attention(q.reshape(B, H, D).float().contiguous(), k, v, table, bias, scale)
+    out = out.to(q.dtype).view(B, H, 1, D)
+    return out if mask.live is None else out * mask.live
+
+
 class DecodeAttention(MultiHeadAttention):
     """``MultiHeadAttention`` whose core, for one query under a prepared mask (B or 1, H or 1, 1, S) (no score
     bias, soft cap, dropout or weights asked), is ``grouped_one_query``; anything else is the reference's.
     ``pages`` (a ``PageTable``, set by the paged model) with ``groups``: the keys come once per distinct table
-    (u, G, S, D), read by ``shared_keys_query`` (or taken per row for the reference's core)."""
+    (u, G, S, D), read by ``shared_keys_query`` (or taken per row for the reference's core); with ``in_place``, the
+    pools themselves, read in place by ``paged_one_query`` (or gathered here for the reference's core)."""
 
     pages = None
 
@@ -84,7 +96,12 @@ class DecodeAttention(MultiHeadAttention):
         one_query = q.size(-2) == 1 and isinstance(mask, PreparedMask) and mask.bias.dim() == 4
         fast = one_query and not (is_causal or return_weights) and plain
         scale = 1.0 / math.sqrt(q.size(-1)) if self.scale is None else self.scale
-        groups = None if self.pages is None else self.pages.groups
+        pages = self.pages
+        if pages is not None and pages.in_place:  # k, v are the pools (N, G, K, D)
+            if fast and mask.bias.shape[:3] == (q.size(0), 1, 1):
+                return paged_one_query(q, k, v, pages.table, mask, scale), None
+            k, v = gather_blocks(k, pages, "k"), gather_blocks(v, pages, "v")
+        groups = None if pages is None else pages.groups
         if groups is not None and k.size(0) == groups.table.size(0) != q.size(0):
             if fast and mask.bias.shape[:3] == (q.size(0), 1, 1):
                 return shared_keys_query(q, k, v, mask, scale, groups), None

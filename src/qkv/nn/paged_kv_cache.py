@@ -65,6 +65,7 @@ class PageTable:
         self.written: tuple | None = None  # (input_pos, its version, slots): see slots
         self.groups: RowGroups | None = None  # rows sharing tables: a PagedKVCache gathers each table once
         self.index: dict[tuple, Tensor] = {}  # this step's scatter and gather indices, per pool kind
+        self.in_place = False  # True: a PagedKVCache's write returns its pools, for a reader of blocks in place
 
     def out(self, which: str, pool: Tensor, rows: int) -> Tensor | None:
         """A buffer (rows, K, W) for this step's gather of ``pool`` (N, C, K, W); ``which`` tells apart pools
@@ -178,10 +179,12 @@ class PagedKVCache(nn.Module):
     def write(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k, v (B, G, T, D) at each row's positions input_pos (B, T); return every row's keys and values
         over its table's blocks, (B, G, S, D) each, in position order; with ``pages.groups``, each distinct
-        table's, (u, G, S, D) (its reader maps rows to them)."""
+        table's, (u, G, S, D) (its reader maps rows to them); with ``pages.in_place``, the pools themselves."""
         check_write(input_pos, k, self.pages)
         scatter_blocks(self.k, self.pages, input_pos, k.to(self.k.dtype))
         scatter_blocks(self.v, self.pages, input_pos, v.to(self.v.dtype))
+        if self.pages.in_place:  # the reader takes the pools (N, G, K, D) and the table as they are
+            return self.k, self.v
         return gather_blocks(self.k, self.pages, "k", True), gather_blocks(self.v, self.pages, "v", True)
 
 
