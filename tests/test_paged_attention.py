@@ -138,6 +138,30 @@ def test_the_paged_model_swaps_once_inside_decoding(monkeypatch):
     assert not any(type(m) is DecodeAttention for m in model.modules())
 
 
+def folded_step(model, monkeypatch):
+    """(what each paged layer's write returned, its keys, in the last step; step()): step() prefills two prompts
+    over a fresh paged model, then runs one forward where the first decodes and the second's last 4 tokens are
+    folded (rows of one token over one table) -> that forward's logits (5, V)."""
+    from qkv.nn.paged_kv_cache import PagedKVCache
+
+    a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
+    returned = []
+    write = PagedKVCache.write
+    monkeypatch.setattr(PagedKVCache, "write", lambda self, *args: returned.append((w := write(self, *args))[0]) or w)
+
+    def step() -> torch.Tensor:
+        paged = PagedModel(model, 12, block_size=4)
+        ta, tb = [paged.blocks.allocate() for _ in range(3)], [paged.blocks.allocate() for _ in range(2)]
+        with torch.no_grad():
+            paged.forward(a[:, :10], [0], [ta])
+            paged.forward(b[:, :3], [0], [tb])
+            returned.clear()
+            rows = torch.cat((a[0, 10:11], b[0, 3:7]))[:, None]  # a decodes; b's rest is folded, 4 rows
+            return paged.forward(rows, [10, 3, 4, 5, 6], [ta] + [tb] * 4)
+
+    return returned, step
+
+
 @pytest.mark.parametrize("attention", [{}, {"softcap": 5.0}, {"sliding_window": 3}])
 def test_rows_sharing_a_table_read_its_keys_once_with_the_reference_answer(attention, monkeypatch):
     """Folded prompts' rests (rows of one token over one table) beside a decoding row: with DecodeAttention the
@@ -146,24 +170,10 @@ def test_rows_sharing_a_table_read_its_keys_once_with_the_reference_answer(atten
     import contextlib
 
     import qkv.generation.paged as paged_module
-    from qkv.nn.paged_kv_cache import PagedKVCache
 
     model = tiny(**attention)
     monkeypatch.setattr(paged_module.kernels, "available", lambda: False)  # keys gathered, not read in place
-    a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
-    gathered = []
-    write = PagedKVCache.write
-    monkeypatch.setattr(PagedKVCache, "write", lambda self, *args: gathered.append((w := write(self, *args))[0]) or w)
-
-    def step() -> torch.Tensor:
-        paged = PagedModel(model, 12, block_size=4)
-        ta, tb = [paged.blocks.allocate() for _ in range(3)], [paged.blocks.allocate() for _ in range(2)]
-        with torch.no_grad():
-            paged.forward(a[:, :10], [0], [ta])
-            paged.forward(b[:, :3], [0], [tb])
-            gathered.clear()
-            rows = torch.cat((a[0, 10:11], b[0, 3:7]))[:, None]  # a decodes; b's rest is folded, 4 rows
-            return paged.forward(rows, [10, 3, 4, 5, 6], [ta] + [tb] * 4)
+    gathered, step = folded_step(model, monkeypatch)
 
     fast = step()
     assert all(k.size(0) == 2 for k in gathered)  # two tables, not five rows
@@ -201,7 +211,7 @@ def test_the_step_rotary_equals_the_reference_rotation_bit_for_bit(dtype):
             assert torch.equal(gq, wq) and torch.equal(gk, wk)
 
 
-@pytest.mark.skipif(not build.available(), reason="qkv's C++ kernels are not built here (build.why_not)")
+@pytest.mark.skipif(not build.available(), reason=f"qkv's C++ kernels are not built here: {build.why_not()}")
 def test_with_the_kernel_the_keys_are_read_in_place_with_the_reference_answer(monkeypatch):
     """Where qkv's kernel is built, the paged model's writes hand DecodeAttention the pools themselves (no gathered
     copy) and paged_one_query reads each row's blocks where they lie: a decoding row and a folded prompt's rest
@@ -209,23 +219,8 @@ def test_with_the_kernel_the_keys_are_read_in_place_with_the_reference_answer(mo
     import contextlib
 
     import qkv.generation.paged as paged_module
-    from qkv.nn.paged_kv_cache import PagedKVCache
 
-    model = tiny()
-    a, b = torch.randint(0, 50, (1, 11)), torch.randint(0, 50, (1, 7))
-    returned = []
-    write = PagedKVCache.write
-    monkeypatch.setattr(PagedKVCache, "write", lambda self, *args: returned.append((w := write(self, *args))[0]) or w)
-
-    def step() -> torch.Tensor:
-        paged = PagedModel(model, 12, block_size=4)
-        ta, tb = [paged.blocks.allocate() for _ in range(3)], [paged.blocks.allocate() for _ in range(2)]
-        with torch.no_grad():
-            paged.forward(a[:, :10], [0], [ta])
-            paged.forward(b[:, :3], [0], [tb])
-            returned.clear()
-            rows = torch.cat((a[0, 10:11], b[0, 3:7]))[:, None]
-            return paged.forward(rows, [10, 3, 4, 5, 6], [ta] + [tb] * 4)
+    returned, step = folded_step(tiny(), monkeypatch)
 
     fast = step()
     assert all(k.size(0) == 12 for k in returned)  # the pools of 12 blocks, as they are

@@ -10,7 +10,7 @@ from qkv.generation.paged_attention import grouped_one_query
 from qkv.kernels import build
 from qkv.nn.masks import PreparedMask
 
-pytestmark = pytest.mark.skipif(not build.available(), reason="qkv's C++ kernels are not built here (build.why_not)")
+pytestmark = pytest.mark.skipif(not build.available(), reason=f"qkv's C++ kernels are not built here: {build.why_not()}")
 
 
 def case(dtype, B=5, H=9, G=3, D=64, N=12, K=16, n=3, seed=0):
